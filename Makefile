@@ -1,0 +1,55 @@
+# namm front door. Every target first installs missing Debian packages (scripts/install-deps.sh).
+#   make            configure + build (Release) into build/, binaries in build/bin/
+#   make test       build + the default test suite (ctest, without the `long` label)
+#   make test-long  build + the long soak/scale tests (ctest -L long)
+#   make bench      build + every benchmark
+#   make sanitize   ASan/UBSan build of namm_core and its tests in build-asan/, then run them
+#   make clean      remove build directories
+
+BUILD_DIR   ?= build
+ASAN_DIR    ?= build-asan
+BUILD_TYPE  ?= Release
+JOBS        ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+GENERATOR := $(if $(shell command -v ninja 2>/dev/null),-G Ninja,)
+CCACHE    := $(shell command -v ccache 2>/dev/null)
+ifneq ($(CCACHE),)
+LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
+            -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE)
+# Lets ccache cache compilations that use precompiled headers.
+export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+endif
+
+.PHONY: all deps configure build test test-long bench sanitize clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(LAUNCHER) $(CMAKE_FLAGS)
+
+configure: deps $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -LE long -j $(JOBS)
+
+test-long: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L long
+
+bench: build
+	@for b in $(BUILD_DIR)/bin/*_bench; do echo "== $$b"; $$b || exit 1; done
+
+sanitize: deps
+	cmake -S . -B $(ASAN_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNAMM_SANITIZE=ON \
+	  -DNAMM_BUILD_BENCH=OFF $(LAUNCHER) $(CMAKE_FLAGS)
+	cmake --build $(ASAN_DIR) -j $(JOBS) --target namm_core_tests
+	cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L namm_core -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_DIR)

@@ -1,0 +1,58 @@
+// Online z-score normalization of the spectrogram features (spec §3.5).
+//
+// One 17-dim mean and variance is shared by all layers, heads and tokens. Statistics are gathered while the
+// normalizer is "collecting" (in the reference: the stage-1, generation-0 evaluation of the all-zero NAMM) and
+// then "frozen" and stored with every checkpoint. Statistics from different workers or updates merge exactly
+// (Chan et al.), so the order in which they are gathered does not matter beyond floating-point rounding.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "namm/stft_features.h"
+
+namespace namm {
+
+// Count, mean and population variance (divide by count) of a set of 17-dim feature vectors, in float64.
+struct NormStats {
+  int64_t count = 0;
+  std::array<double, kStftBins> mean{};
+  std::array<double, kStftBins> var{};
+
+  // Statistics of `values` [..., 17] (any float dtype and device).
+  static NormStats Of(const at::Tensor& values);
+  // Statistics of the union of the two sets:
+  //   n = n_a + n_b, mean = (n_a mean_a + n_b mean_b) / n,
+  //   var = (n_a/n) var_a + (n_b/n) var_b + (n_a/n)(n_b/n)(mean_b - mean_a)^2.
+  NormStats Merge(const NormStats& other) const;
+};
+
+enum class NormState {
+  kCollecting,  // every Normalize() call first folds its input into the statistics
+  kFrozen,      // statistics are fixed
+};
+const char* norm_state_name(NormState state);  // "collecting" | "frozen"
+
+// Not thread-safe while collecting (Normalize mutates the statistics).
+class FeatureNormalizer {
+ public:
+  FeatureNormalizer(NormState state, NormStats stats) : state_(state), stats_(stats) {}
+
+  // ema: [..., 17] float32 -> (ema - mean) / max(sqrt(var), 1e-7), float32, same shape and device.
+  // While collecting, the statistics used already include `ema` (the reference normalizes with the running
+  // statistics, current update included, until they are frozen).
+  at::Tensor Normalize(const at::Tensor& ema);
+
+  NormState state() const { return state_; }
+  const NormStats& stats() const { return stats_; }
+  void Freeze() { state_ = NormState::kFrozen; }
+
+ private:
+  NormState state_;
+  NormStats stats_;
+};
+
+}  // namespace namm

@@ -1,0 +1,19 @@
+// Whole-file reads and crash-safe writes.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "namm/status.h"
+
+namespace namm {
+
+// Reads a whole file into memory.
+Result<std::string> read_file(const std::string& path);
+
+// Writes `pieces` back to back into `path` so that a crash or error at any point leaves either the old file or the
+// complete new one: the data goes to a temporary file in the same directory, is fsync'ed, then renamed over `path`.
+Status write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces);
+
+}  // namespace namm

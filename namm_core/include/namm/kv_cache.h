@@ -1,0 +1,74 @@
+// The KV cache of one transformer layer, with per-token memory-policy state (spec §2, §5).
+//
+// For each KV head the cache holds its tokens in chronological order: post-RoPE key and value vectors, each
+// token's absolute position, and any per-token state the memory policy keeps (e.g. the spectrogram EMA). Heads
+// hold different tokens once eviction has happened, but always the same number of them. Gathering with
+// per-head retained indices moves every per-token tensor together; positions never change, so a surviving
+// token keeps its rotary phase and its recency.
+//
+// Storage has spare capacity that grows geometrically, so appending a decoded token costs O(1) amortized
+// copies. Views returned by the accessors are valid until the next Append() or Gather().
+// Not thread-safe: one cache belongs to one sequence being generated.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+
+namespace namm {
+
+// A per-token state tensor a memory policy keeps in the cache: [kv_heads, n, trailing_shape...].
+// New tokens start at zero.
+struct TokenStateSpec {
+  std::string name;
+  std::vector<int64_t> trailing_shape;
+  at::ScalarType dtype = at::kFloat;
+};
+
+class LayerKVCache {
+ public:
+  // head_dim may be 0 for a cache that only tracks positions and policy state (e.g. scoring recorded attention).
+  LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
+               std::vector<TokenStateSpec> token_state = {});
+
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  // Tokens currently held per head.
+  int64_t size() const { return size_; }
+  // Tokens ever appended (evicted ones included): the length of the sequence seen so far.
+  int64_t tokens_seen() const { return tokens_seen_; }
+
+  at::Tensor keys() const;       // [kv_heads, size, head_dim]
+  at::Tensor values() const;     // [kv_heads, size, head_dim]
+  at::Tensor positions() const;  // [kv_heads, size] int64
+  // The named per-token state, [kv_heads, size, trailing...]; writes through the view update the cache.
+  // Throws if `name` was not declared at construction.
+  at::Tensor state(const std::string& name) const;
+
+  // Appends t new tokens to every head: keys/values [kv_heads, t, head_dim] (may be undefined when head_dim is
+  // 0), positions [t] int64. Their policy state starts at zero.
+  Status Append(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& positions);
+
+  // Keeps, per head, the tokens at `indices` [kv_heads, k] (int64, ascending, same k for every head).
+  Status Gather(const at::Tensor& indices);
+
+ private:
+  void Reserve(int64_t capacity);
+  at::Tensor Live(const at::Tensor& buffer) const { return buffer.narrow(1, 0, size_); }
+
+  int64_t kv_heads_;
+  int64_t head_dim_;
+  at::TensorOptions options_;
+  int64_t size_ = 0;
+  int64_t tokens_seen_ = 0;
+  int64_t capacity_ = 0;
+  // Every per-token buffer, [kv_heads, capacity, ...]: keys, values, positions, then the declared states.
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> buffers_;
+};
+
+}  // namespace namm

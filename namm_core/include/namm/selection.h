@@ -1,0 +1,51 @@
+// Token selection: which cached tokens each KV head keeps after scoring (spec §5).
+//
+// All selections share the reference's rules:
+//  - the newest token (the last cache slot) is always kept: its score is raised to +float max first;
+//  - every head of a layer keeps the same number k of tokens (the layer's KV tensors stay rectangular); a head
+//    with fewer qualifying tokens keeps its best-scoring non-qualifying ones too (they stay visible to the LLM);
+//  - each head keeps its k best-scoring tokens; among equal scores the more recent token wins (the reference
+//    sorts ascending with a stable sort and drops the front);
+//  - retained indices are returned in ascending (chronological) order.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace namm {
+
+enum class SelectionKind {
+  kBinary,   // keep s >= 0 (the paper's NAMM)
+  kTopK,     // keep the `budget` best tokens per head once the cache exceeds it
+  kDynamic,  // keep s >= exp(theta) with theta a learned parameter, optionally capped at `budget`
+};
+
+struct SelectionConfig {
+  SelectionKind kind = SelectionKind::kBinary;
+  // kTopK: tokens kept per head (> 0). kDynamic: cap on tokens kept per head (0 = no cap). kBinary: unused (0).
+  int64_t budget = 0;
+  // kDynamic: initial value of the learned log-threshold theta (the reference initializes exp(theta) = 1/2048).
+  double initial_log_threshold = std::log(1.0 / 2048.0);
+};
+
+const char* selection_kind_name(SelectionKind kind);  // "binary" | "topk" | "dynamic"
+
+// Number of learned parameters the selection adds after the scorer's (1 for kDynamic, else 0).
+int64_t selection_param_count(const SelectionConfig& config);
+
+// scores [kv_heads, n] (n >= 1) -> retained indices [kv_heads, k] int64, per the rules above.
+// selection_params: [selection_param_count(config)] (for kDynamic: theta).
+at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config,
+                         const at::Tensor& selection_params = at::Tensor());
+
+// The building blocks, exposed for baseline policies and tests.
+// `scores` with the newest slot raised to +float max.
+at::Tensor force_keep_newest(const at::Tensor& scores);
+// Max over heads of the number of tokens with score >= threshold.
+int64_t max_count_at_least(const at::Tensor& scores, double threshold);
+// Each head's k best tokens (ties to the more recent), as ascending indices [kv_heads, k].
+at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k);
+
+}  // namespace namm

@@ -1,0 +1,60 @@
+#include "namm/bam_scorer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "aten.h"
+#include "scorer_internal.h"
+
+namespace namm {
+
+using internal::linear;
+using internal::param_block;
+
+BamScorer::BamScorer(const ScorerConfig& config, const at::Tensor& params)
+    : config_(config),
+      qkv_weight_(param_block(config, params, "bam.qkv.weight")),
+      qkv_bias_(param_block(config, params, "bam.qkv.bias")),
+      out_weight_(param_block(config, params, "bam.out.weight")),
+      out_bias_(param_block(config, params, "bam.out.bias")),
+      final_weight_(param_block(config, params, "bam.final.weight")),
+      final_bias_(param_block(config, params, "bam.final.bias")) {}
+
+at::Tensor BamScorer::Score(const at::Tensor& features) const {
+  TORCH_CHECK(features.dim() == 3 && features.size(2) == kFeatureDim, "BAM features must be [kv_heads, n, ",
+              kFeatureDim, "], got ", features.sizes());
+  const int64_t h = config_.hidden;
+  const at::Tensor& x = features;
+  at::Tensor qkv = linear(x, qkv_weight_, qkv_bias_);
+  at::Tensor o = backward_masked_attention(qkv.narrow(2, 0, h), qkv.narrow(2, h, h), qkv.narrow(2, 2 * h, h),
+                                           1.0 / std::sqrt(static_cast<double>(h)));
+  at::Tensor u = linear(o, out_weight_, out_bias_);
+  at::Tensor residual = u.narrow(2, 0, kFeatureDim);
+  at::Tensor mult = u.narrow(2, kFeatureDim, kFeatureDim);
+  at::Tensor y = x * (mult + 1.0) + residual;
+  return linear(y, final_weight_, final_bias_).squeeze(2);
+}
+
+at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                     int64_t max_block_elements) {
+  TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.dim() == 3 && v.size(1) == q.size(1),
+              "backward_masked_attention: q, k must be [H, n, d] and v [H, n, dv]");
+  const int64_t heads = q.size(0), n = q.size(1);
+  at::Tensor out = at::empty({heads, n, v.size(2)}, v.options());
+  if (n == 0) return out;
+  const int64_t block = std::max<int64_t>(16, std::min<int64_t>(n, max_block_elements / (heads * n)));
+  // Within a block's leading square (rows i0.., keys i0..), key c is hidden from row r when c < r.
+  const at::Tensor hidden = at::ones({block, block}, q.options().dtype(at::kBool)).tril(-1);
+  const at::Tensor kt = k.transpose(1, 2);
+  for (int64_t i0 = 0; i0 < n; i0 += block) {
+    const int64_t rows = std::min(block, n - i0);
+    // Row i only sees keys j >= i, so the keys before the block never take part.
+    at::Tensor scores = q.narrow(1, i0, rows).matmul(kt.narrow(2, i0, n - i0)).mul_(scale);
+    scores.narrow(2, 0, rows).masked_fill_(hidden.narrow(0, 0, rows).narrow(1, 0, rows),
+                                           -std::numeric_limits<float>::infinity());
+    out.narrow(1, i0, rows).copy_(scores.softmax(2).matmul(v.narrow(1, i0, n - i0)));
+  }
+  return out;
+}
+
+}  // namespace namm

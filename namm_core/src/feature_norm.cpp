@@ -1,0 +1,61 @@
+#include "namm/feature_norm.h"
+
+#include <cmath>
+
+#include "aten.h"
+
+namespace namm {
+
+NormStats NormStats::Of(const at::Tensor& values) {
+  TORCH_CHECK(values.size(-1) == kStftBins, "normalization expects ", kStftBins, " features, got ", values.sizes());
+  NormStats stats;
+  at::Tensor flat = values.reshape({-1, kStftBins}).to(at::kDouble);
+  stats.count = flat.size(0);
+  if (stats.count == 0) return stats;
+  at::Tensor mean = flat.mean(0);
+  at::Tensor var = (flat - mean).square_().mean(0);
+  at::Tensor both = at::stack({mean, var}).cpu();  // one transfer of 34 numbers when on a GPU
+  auto v = both.accessor<double, 2>();
+  for (int64_t f = 0; f < kStftBins; ++f) {
+    stats.mean[static_cast<std::size_t>(f)] = v[0][f];
+    stats.var[static_cast<std::size_t>(f)] = v[1][f];
+  }
+  return stats;
+}
+
+NormStats NormStats::Merge(const NormStats& other) const {
+  if (other.count == 0) return *this;
+  if (count == 0) return other;
+  NormStats merged;
+  merged.count = count + other.count;
+  const double n = static_cast<double>(merged.count);
+  const double wa = static_cast<double>(count) / n;
+  const double wb = static_cast<double>(other.count) / n;
+  for (std::size_t f = 0; f < mean.size(); ++f) {
+    const double delta = other.mean[f] - mean[f];
+    merged.mean[f] = wa * mean[f] + wb * other.mean[f];
+    merged.var[f] = wa * var[f] + wb * other.var[f] + wa * wb * delta * delta;
+  }
+  return merged;
+}
+
+const char* norm_state_name(NormState state) {
+  return state == NormState::kCollecting ? "collecting" : "frozen";
+}
+
+at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
+  if (state_ == NormState::kCollecting) stats_ = stats_.Merge(NormStats::Of(ema));
+  // Statistics are applied in float32, as the reference stores and applies them.
+  at::Tensor mean = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor scale = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat));
+  auto mean_values = mean.accessor<float, 1>();
+  auto scale_values = scale.accessor<float, 1>();
+  for (std::size_t f = 0; f < stats_.mean.size(); ++f) {
+    const auto i = static_cast<int64_t>(f);
+    mean_values[i] = static_cast<float>(stats_.mean[f]);
+    scale_values[i] = std::max(std::sqrt(static_cast<float>(stats_.var[f])), 1e-7f);
+  }
+  return (ema - mean.to(ema.device())) / scale.to(ema.device());
+}
+
+}  // namespace namm

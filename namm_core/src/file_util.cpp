@@ -1,0 +1,80 @@
+#include "namm/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace namm {
+
+namespace {
+std::string ErrnoText() { return std::strerror(errno); }
+
+std::string DirectoryOf(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+}  // namespace
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return Status::NotFound(path + ": no such file");
+    return Status::IOError(path + ": cannot open for reading");
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return Status::IOError(path + ": read failed");
+  return buffer.str();
+}
+
+Status write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError(tmp + ": cannot create: " + ErrnoText());
+  auto fail = [&](const std::string& what) {
+    std::string msg = tmp + ": " + what + ": " + ErrnoText();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return Status::IOError(msg);
+  };
+  for (std::string_view piece : pieces) {
+    const char* p = piece.data();
+    std::size_t left = piece.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return fail("write failed");
+      }
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+  if (::fsync(fd) != 0) return fail("fsync failed");
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return Status::IOError(tmp + ": close failed: " + ErrnoText());
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string msg = "cannot rename " + tmp + " to " + path + ": " + ErrnoText();
+    ::unlink(tmp.c_str());
+    return Status::IOError(msg);
+  }
+  // Make the rename itself durable.
+  int dir = ::open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  return Status::Ok();
+}
+
+}  // namespace namm

@@ -1,0 +1,115 @@
+#include "namm/kv_cache.h"
+
+#include "aten.h"
+#include "namm/dtype.h"
+
+namespace namm {
+
+namespace {
+constexpr std::size_t kKeys = 0, kValues = 1, kPositions = 2;
+constexpr int64_t kInitialCapacity = 64;
+}  // namespace
+
+LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
+                           std::vector<TokenStateSpec> token_state)
+    : kv_heads_(kv_heads), head_dim_(head_dim), options_(options) {
+  TORCH_CHECK(kv_heads > 0 && head_dim >= 0, "a KV cache needs kv_heads > 0 and head_dim >= 0");
+  auto add = [&](const std::string& name, std::vector<int64_t> trailing, at::ScalarType dtype) {
+    std::vector<int64_t> shape = {kv_heads, 0};
+    shape.insert(shape.end(), trailing.begin(), trailing.end());
+    names_.push_back(name);
+    buffers_.push_back(at::zeros(shape, options.dtype(dtype)));
+  };
+  add("keys", {head_dim}, options.dtype().toScalarType());
+  add("values", {head_dim}, options.dtype().toScalarType());
+  add("positions", {}, at::kLong);
+  for (const auto& spec : token_state) {
+    for (const auto& existing : names_) {
+      TORCH_CHECK(existing != spec.name, "duplicate per-token state '", spec.name, "'");
+    }
+    add(spec.name, spec.trailing_shape, spec.dtype);
+  }
+}
+
+at::Tensor LayerKVCache::keys() const { return Live(buffers_[kKeys]); }
+at::Tensor LayerKVCache::values() const { return Live(buffers_[kValues]); }
+at::Tensor LayerKVCache::positions() const { return Live(buffers_[kPositions]); }
+
+at::Tensor LayerKVCache::state(const std::string& name) const {
+  for (std::size_t i = kPositions + 1; i < names_.size(); ++i) {
+    if (names_[i] == name) return Live(buffers_[i]);
+  }
+  TORCH_CHECK(false, "the KV cache has no per-token state '", name, "'");
+}
+
+void LayerKVCache::Reserve(int64_t capacity) {
+  if (capacity <= capacity_) return;
+  const int64_t grown = std::max({capacity, 2 * capacity_, kInitialCapacity});
+  for (auto& buffer : buffers_) {
+    std::vector<int64_t> shape = buffer.sizes().vec();
+    shape[1] = grown;
+    at::Tensor bigger = at::zeros(shape, buffer.options());
+    bigger.narrow(1, 0, size_).copy_(buffer.narrow(1, 0, size_));
+    buffer = bigger;
+  }
+  capacity_ = grown;
+}
+
+Status LayerKVCache::Append(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& positions) {
+  if (!positions.defined() || positions.dim() != 1) {
+    return Status::InvalidArgument("positions of appended tokens must be a 1-D tensor [t]");
+  }
+  const int64_t t = positions.size(0);
+  const std::vector<int64_t> kv_shape = {kv_heads_, t, head_dim_};
+  for (const at::Tensor* tensor : {&keys, &values}) {
+    if (head_dim_ == 0 && !tensor->defined()) continue;
+    if (!tensor->defined() || tensor->sizes().vec() != kv_shape) {
+      return Status::InvalidArgument("appended keys/values must be " + shape_to_string(kv_shape) + ", got " +
+                                     (tensor->defined() ? shape_to_string(tensor->sizes().vec()) : "nothing"));
+    }
+  }
+  Reserve(size_ + t);
+  if (head_dim_ > 0) {
+    buffers_[kKeys].narrow(1, size_, t).copy_(keys);
+    buffers_[kValues].narrow(1, size_, t).copy_(values);
+  }
+  buffers_[kPositions].narrow(1, size_, t).copy_(positions.unsqueeze(0).expand({kv_heads_, t}));
+  for (std::size_t i = kPositions + 1; i < buffers_.size(); ++i) buffers_[i].narrow(1, size_, t).zero_();
+  size_ += t;
+  tokens_seen_ += t;
+  return Status::Ok();
+}
+
+Status LayerKVCache::Gather(const at::Tensor& indices) {
+  if (!indices.defined() || indices.dim() != 2 || indices.size(0) != kv_heads_ ||
+      indices.scalar_type() != at::kLong) {
+    return Status::InvalidArgument("retained indices must be int64 [kv_heads=" + std::to_string(kv_heads_) +
+                                   ", k], got " +
+                                   (indices.defined() ? shape_to_string(indices.sizes().vec()) : "nothing"));
+  }
+  const int64_t k = indices.size(1);
+  if (k > size_) return Status::InvalidArgument("cannot retain " + std::to_string(k) + " of " +
+                                                std::to_string(size_) + " tokens");
+  if (k > 0) {
+    const int64_t lo = indices.min().item<int64_t>(), hi = indices.max().item<int64_t>();
+    if (lo < 0 || hi >= size_) {
+      return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) + ")");
+    }
+    if (k > 1 && !indices.diff(1, 1).gt(0).all().item<bool>()) {
+      return Status::InvalidArgument("retained indices must be strictly ascending per head");
+    }
+  }
+  const at::Tensor index = indices.to(buffers_[kPositions].device());
+  for (auto& buffer : buffers_) {
+    // Broadcast the [kv_heads, k] indices over the trailing dimensions of this buffer.
+    std::vector<int64_t> view_shape = {kv_heads_, k}, expand_shape = buffer.sizes().vec();
+    view_shape.resize(static_cast<std::size_t>(buffer.dim()), 1);
+    expand_shape[1] = k;
+    at::Tensor kept = Live(buffer).gather(1, index.view(view_shape).expand(expand_shape));
+    buffer.narrow(1, 0, k).copy_(kept);
+  }
+  size_ = k;
+  return Status::Ok();
+}
+
+}  // namespace namm

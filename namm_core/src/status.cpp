@@ -1,0 +1,31 @@
+#include "namm/status.h"
+
+namespace namm {
+
+namespace {
+const char* CodeName(Status::Code code) {
+  switch (code) {
+    case Status::Code::kOk: return "OK";
+    case Status::Code::kInvalidArgument: return "invalid argument";
+    case Status::Code::kNotFound: return "not found";
+    case Status::Code::kIOError: return "I/O error";
+    case Status::Code::kCorruption: return "corrupt data";
+    case Status::Code::kFailedPrecondition: return "failed precondition";
+    case Status::Code::kUnimplemented: return "unimplemented";
+    case Status::Code::kInternal: return "internal error";
+  }
+  return "unknown error";
+}
+}  // namespace
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return std::string(CodeName(code_)) + ": " + message_;
+}
+
+Status Status::WithContext(const std::string& context) const {
+  if (ok()) return *this;
+  return Status(code_, context + ": " + message_);
+}
+
+}  // namespace namm

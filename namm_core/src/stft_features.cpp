@@ -1,0 +1,140 @@
+#include "namm/stft_features.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "aten.h"
+
+namespace namm {
+
+namespace {
+
+// DFT basis with the periodic Hann window folded in: [32, 34] = [w(n)cos(2 pi f n/32) | -w(n)sin(2 pi f n/32)].
+at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
+  at::Tensor basis = at::empty({kStftWindow, 2 * kStftBins}, at::TensorOptions().dtype(at::kDouble));
+  auto b = basis.accessor<double, 2>();
+  for (int64_t n = 0; n < kStftWindow; ++n) {
+    const double w = 0.5 - 0.5 * std::cos(2.0 * M_PI * static_cast<double>(n) / kStftWindow);
+    for (int64_t f = 0; f < kStftBins; ++f) {
+      // Reduce f*n mod 32 first so that the angle is exact and sin/cos of multiples of pi/2 come out exact.
+      const double angle = 2.0 * M_PI * static_cast<double>((f * n) % kStftWindow) / kStftWindow;
+      b[n][f] = w * std::cos(angle);
+      b[n][kStftBins + f] = -w * std::sin(angle);
+    }
+  }
+  return basis.to(options.dtype(at::kFloat));
+}
+
+at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
+
+// Round-to-nearest-even to bfloat16, as torch converts (inputs are finite probabilities).
+inline float RoundToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+
+// Writes the GQA-reduced attention of queries [r0, r0 + rows) (all within one hop, starting at hop column
+// `column`) into samples[:, :, 16 + column ...]. CPU, float32, one pass over the input.
+void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t rows, int64_t column,
+                   const at::Tensor& samples) {
+  const int64_t kv_heads = samples.size(0), n = samples.size(1), group = attention.size(0) / kv_heads;
+  const int64_t s0 = attention.stride(0), s1 = attention.stride(1);
+  const float* a = attention.data_ptr<float>();
+  float* out = samples.data_ptr<float>();
+  const int64_t head_stride = samples.stride(0), key_stride = samples.stride(1);
+  constexpr int64_t kKeyBlock = 1024;
+  const int64_t blocks_per_head = (n + kKeyBlock - 1) / kKeyBlock;
+  at::parallel_for(0, kv_heads * blocks_per_head, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(kKeyBlock);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / blocks_per_head, j0 = (task % blocks_per_head) * kKeyBlock;
+      const int64_t len = std::min(kKeyBlock, n - j0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::fill(sum.begin(), sum.begin() + len, 0.0f);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* row = a + (h * group + g) * s0 + (r0 + r) * s1 + j0;
+          if (bf16) {
+            for (int64_t j = 0; j < len; ++j) sum[static_cast<std::size_t>(j)] += RoundToBf16(row[j]);
+          } else {
+            for (int64_t j = 0; j < len; ++j) sum[static_cast<std::size_t>(j)] += row[j];
+          }
+        }
+        float* dst = out + h * head_stride + j0 * key_stride + kStftHop + column + r;
+        const float inv_group = 1.0f / static_cast<float>(group);
+        for (int64_t j = 0; j < len; ++j) {
+          // Divide (not multiply by the reciprocal) unless exact, to match torch's mean bit for bit.
+          const float mean = (group & (group - 1)) == 0 ? sum[static_cast<std::size_t>(j)] * inv_group
+                                                        : sum[static_cast<std::size_t>(j)] / static_cast<float>(group);
+          dst[j * key_stride] = bf16 ? RoundToBf16(mean) : mean;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor gqa_mean(const at::Tensor& attention, int64_t kv_heads, AttentionPrecision precision) {
+  TORCH_CHECK(attention.dim() == 3, "attention must be [q_heads, n_q, n_keys], got ", attention.sizes());
+  const int64_t q_heads = attention.size(0);
+  TORCH_CHECK(kv_heads > 0 && q_heads % kv_heads == 0, "q_heads (", q_heads, ") is not a multiple of kv_heads (",
+              kv_heads, ")");
+  const int64_t group = q_heads / kv_heads;
+  at::Tensor a = attention.to(at::kFloat);
+  if (precision == AttentionPrecision::kBf16) a = RoundToBf16(a);
+  // Sum in float32 then divide: for bfloat16 inputs this is the float accumulation torch uses for bf16 means.
+  at::Tensor mean = a.view({kv_heads, group, a.size(1), a.size(2)}).sum(1).div_(static_cast<double>(group));
+  if (precision == AttentionPrecision::kBf16) mean = RoundToBf16(mean);
+  return mean;
+}
+
+at::Tensor stft_frame_magnitudes(const at::Tensor& samples) {
+  TORCH_CHECK(samples.size(-1) == kStftWindow, "frames must have ", kStftWindow, " samples");
+  at::Tensor spectrum = samples.matmul(WindowedDftBasis(samples.options()));
+  at::Tensor re = spectrum.narrow(-1, 0, kStftBins);
+  at::Tensor im = spectrum.narrow(-1, kStftBins, kStftBins);
+  return (re * re + im * im).sqrt_();
+}
+
+void consume_attention(const at::Tensor& attention, AttentionPrecision precision, int64_t first_query,
+                       const SpectrogramState& state) {
+  TORCH_CHECK(attention.dim() == 3, "attention must be [q_heads, n_q, n_keys]");
+  const int64_t kv_heads = state.samples.size(0);
+  TORCH_CHECK(attention.size(0) % kv_heads == 0 && attention.size(2) == state.samples.size(1),
+              "attention ", attention.sizes(), " does not match the cached tokens ", state.samples.sizes());
+  TORCH_CHECK(first_query >= 0, "first_query must be non-negative");
+  TORCH_CHECK(state.samples.stride(2) == 1 && state.samples.scalar_type() == at::kFloat,
+              "spectrogram samples must be float32 with contiguous rows");
+  static const double a = std::pow(kEmaCoefficientPerQuery, static_cast<double>(kStftHop));
+
+  const bool fused =
+      attention.device().is_cpu() && attention.scalar_type() == at::kFloat && attention.stride(2) == 1;
+  // Elsewhere: reduce with tensor operations, then copy hop by hop.
+  const at::Tensor received = fused ? at::Tensor() : gqa_mean(attention, kv_heads, precision).transpose(1, 2);
+  const int64_t n_q = attention.size(1);
+  at::Tensor previous_hop = state.samples.narrow(2, 0, kStftHop);
+  at::Tensor current_hop = state.samples.narrow(2, kStftHop, kStftHop);
+  for (int64_t i = 0; i < n_q;) {
+    const int64_t column = (first_query + i) % kStftHop;
+    const int64_t len = std::min(kStftHop - column, n_q - i);
+    if (fused) {
+      ScatterHopCpu(attention, precision == AttentionPrecision::kBf16, i, len, column, state.samples);
+    } else {
+      current_hop.narrow(2, column, len).copy_(received.narrow(2, i, len));
+    }
+    i += len;
+    if (column + len == kStftHop) {  // the frame covering the previous and the current hop is complete
+      state.ema.mul_(a).add_(stft_frame_magnitudes(state.samples), 1.0 - a);
+      previous_hop.copy_(current_hop);
+      current_hop.zero_();
+    }
+  }
+}
+
+}  // namespace namm

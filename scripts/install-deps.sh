@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every Debian package namm needs to build, test and run. Idempotent: packages already
+# present are skipped, so `make` and `make test` call it on every run at almost no cost.
+# This script is the single source of build dependencies: CI (.ci/run), `make`, and the README use it.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git
+  # tensor library. Debian's libtorch falls back to reference BLAS unless an optimized BLAS
+  # provider is installed (measured 5 vs 94 GFLOP/s on a 1024^2 float32 matmul).
+  libtorch-dev libopenblas0-pthread libopenblas-dev liblapacke-dev
+  # distribution, storage, observability
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libsqlite3-dev libsqlitecpp-dev sqlite3
+  prometheus-cpp-dev
+  libboost-dev libboost-system-dev
+  # configuration, logging, CLI, JSON, regexes
+  libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # task metrics: jieba's dictionary and HMM tables (read at run time, never copied), MeCab + UniDic
+  python3-jieba libmecab-dev mecab unidic-mecab
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${#missing[@]} missing Debian packages: ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,71 @@
+#include "namm/kv_cache.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace namm {
+namespace {
+
+at::Tensor Positions(int64_t start, int64_t n) { return at::arange(start, start + n, at::TensorOptions().dtype(at::kLong)); }
+
+at::Tensor Index(const std::vector<std::vector<int64_t>>& rows) {
+  at::Tensor t = at::zeros({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())},
+                           at::TensorOptions().dtype(at::kLong));
+  for (std::size_t h = 0; h < rows.size(); ++h)
+    for (std::size_t i = 0; i < rows[h].size(); ++i) t[static_cast<int64_t>(h)][static_cast<int64_t>(i)] = rows[h][i];
+  return t;
+}
+
+TEST(LayerKVCache, AppendThenGatherMovesEveryPerTokenTensorTogether) {
+  LayerKVCache cache(2, 3, at::TensorOptions().dtype(at::kFloat), {{"ema", {2}, at::kFloat}});
+  // Key of token t on head h = [100 h + t, ...]; value = -key; state ema = [t, t].
+  at::Tensor keys = at::arange(5, at::TensorOptions().dtype(at::kFloat)).view({1, 5, 1}).expand({2, 5, 3}).clone();
+  keys.select(0, 1).add_(100);
+  ASSERT_TRUE(cache.Append(keys, -keys, Positions(10, 5)).ok());
+  cache.state("ema").copy_(at::arange(5, at::TensorOptions().dtype(at::kFloat)).view({1, 5, 1}).expand({2, 5, 2}));
+  EXPECT_EQ(cache.size(), 5);
+
+  ASSERT_TRUE(cache.Gather(Index({{0, 2, 4}, {1, 3, 4}})).ok());
+  EXPECT_EQ(cache.size(), 3);
+  EXPECT_EQ(cache.tokens_seen(), 5);
+  EXPECT_EQ(cache.keys()[1][0][0].item<float>(), 101.0f);
+  EXPECT_EQ(cache.values()[0][1][2].item<float>(), -2.0f);
+  EXPECT_EQ(cache.positions()[0][1].item<int64_t>(), 12);  // positions never change
+  EXPECT_EQ(cache.positions()[1][0].item<int64_t>(), 11);
+  EXPECT_EQ(cache.state("ema")[1][1][1].item<float>(), 3.0f);
+
+  // New tokens after a gather: zero state, positions as given.
+  ASSERT_TRUE(cache.Append(at::zeros({2, 1, 3}), at::zeros({2, 1, 3}), Positions(15, 1)).ok());
+  EXPECT_EQ(cache.size(), 4);
+  EXPECT_EQ(cache.positions()[1][3].item<int64_t>(), 15);
+  EXPECT_EQ(cache.state("ema")[0][3][0].item<float>(), 0.0f);
+  EXPECT_EQ(cache.state("ema")[0][2][0].item<float>(), 4.0f);
+}
+
+TEST(LayerKVCache, GrowthPreservesContents) {
+  LayerKVCache cache(1, 0, at::TensorOptions().dtype(at::kFloat), {{"x", {}, at::kFloat}});
+  for (int64_t t = 0; t < 300; ++t) {
+    ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), Positions(t, 1)).ok());
+    cache.state("x")[0][t].fill_(static_cast<double>(t));
+  }
+  EXPECT_EQ(cache.size(), 300);
+  EXPECT_TRUE(cache.state("x")[0].equal(at::arange(300, at::TensorOptions().dtype(at::kFloat))));
+  EXPECT_TRUE(cache.positions()[0].equal(Positions(0, 300)));
+}
+
+TEST(LayerKVCache, RejectsBadIndicesAndShapes) {
+  LayerKVCache cache(2, 4, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_FALSE(cache.Append(at::zeros({2, 3, 5}), at::zeros({2, 3, 4}), Positions(0, 3)).ok());
+  ASSERT_TRUE(cache.Append(at::zeros({2, 3, 4}), at::zeros({2, 3, 4}), Positions(0, 3)).ok());
+  EXPECT_FALSE(cache.Gather(Index({{0, 3}, {0, 1}})).ok());  // out of range
+  EXPECT_FALSE(cache.Gather(Index({{1, 0}, {0, 1}})).ok());  // not ascending
+  EXPECT_FALSE(cache.Gather(Index({{0, 1}})).ok());          // wrong head count
+  EXPECT_EQ(cache.size(), 3);                                // nothing changed
+  EXPECT_THROW(cache.state("nope"), c10::Error);
+}
+
+}  // namespace
+}  // namespace namm

@@ -1,0 +1,158 @@
+// The NAMM policy end to end — streamed attention, cache, features, normalization, BAM, selection, eviction —
+// against the slow reference implementation of the spec, over three consecutive 512-query updates.
+#include "namm/namm_policy.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace namm {
+namespace {
+
+using testing::Array;
+using testing::ToArray;
+
+constexpr int64_t kQHeads = 8, kKvHeads = 2, kNew = 512, kChunk = 128;
+
+std::vector<std::vector<int64_t>> Rows(const at::Tensor& keep) {
+  std::vector<std::vector<int64_t>> out(static_cast<std::size_t>(keep.size(0)));
+  for (int64_t h = 0; h < keep.size(0); ++h)
+    for (int64_t i = 0; i < keep.size(1); ++i) out[static_cast<std::size_t>(h)].push_back(keep[h][i].item<int64_t>());
+  return out;
+}
+
+NammModel BamModel(double scale, uint64_t seed) {
+  NammModel model;
+  model.architecture.scorer = default_scorer_config(ScorerKind::kBam);
+  at::Tensor p = testing::RandomNormal({4172}, seed, scale);
+  model.params.assign(p.data_ptr<float>(), p.data_ptr<float>() + 4172);
+  return model;
+}
+
+Array Concat(const Array& a, const Array& b) {  // along dim 1 of [H, n, F] arrays
+  const int64_t h = a.shape[0], f = a.shape[2];
+  Array out({h, a.shape[1] + b.shape[1], f});
+  for (int64_t i = 0; i < h; ++i) {
+    for (int64_t j = 0; j < a.shape[1]; ++j)
+      for (int64_t c = 0; c < f; ++c) out.at({i, j, c}) = a.at({i, j, c});
+    for (int64_t j = 0; j < b.shape[1]; ++j)
+      for (int64_t c = 0; c < f; ++c) out.at({i, a.shape[1] + j, c}) = b.at({i, j, c});
+  }
+  return out;
+}
+
+// Runs three updates through NammPolicy and through the reference, comparing every update's output.
+void RunAgainstReference(const NammModel& model) {
+  auto policy = NammPolicy::Create(model);
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  (*policy)->set_tracing(true);
+  LayerKVCache cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), (*policy)->token_state());
+
+  testing::RefLayerState ref{Array({kKvHeads, 0, 16}), Array({kKvHeads, 0, 17}), Array({kKvHeads, 0})};
+  Array all_ema({kKvHeads, 0, 17});  // every EMA the collecting statistics have seen
+  int64_t evicted_total = 0;
+  for (int64_t u = 0; u < 3; ++u) {
+    const int64_t n_old = cache.size();
+    ASSERT_EQ(n_old, ref.n());
+    at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, n_old, 1000 + static_cast<uint64_t>(u));
+
+    // namm_core: the engine's protocol, 128 queries at a time.
+    for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
+      at::Tensor positions = at::arange(u * kNew + q0, u * kNew + q0 + kChunk, at::TensorOptions().dtype(at::kLong));
+      ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions).ok());
+      ASSERT_TRUE((*policy)->Observe(0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+    }
+    auto keep = (*policy)->Select(0, cache);
+    ASSERT_TRUE(keep.ok()) << keep.status().ToString();
+    const NammPolicy::Trace trace = (*policy)->last_trace();
+
+    // Reference: the whole update at once.
+    Array carry;
+    Array ema = testing::RefSpectrogramEma(testing::RefGqaMean(ToArray(attention), kKvHeads, true), ref, &carry);
+    Array positions({kKvHeads, n_old + kNew});
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      for (int64_t i = 0; i < n_old; ++i) positions.at({h, i}) = ref.positions.at({h, i});
+      for (int64_t i = 0; i < kNew; ++i) positions.at({h, n_old + i}) = static_cast<double>(u * kNew + i);
+    }
+    testing::RefStats stats;
+    if (model.norm_state == NormState::kCollecting) {
+      all_ema = Concat(all_ema, ema);
+      stats = testing::RefStatsOf(all_ema);
+    } else {
+      stats.mean.assign(model.norm_stats.mean.begin(), model.norm_stats.mean.end());
+      stats.var.assign(model.norm_stats.var.begin(), model.norm_stats.var.end());
+    }
+    Array features = testing::RefFeatures(ema, positions, stats);
+    std::vector<std::vector<double>> scores;
+    Array score_array({kKvHeads, n_old + kNew});
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      scores.push_back(testing::RefBamScores(model.params, 32, features, h));
+      for (int64_t i = 0; i < n_old + kNew; ++i) score_array.at({h, i}) = scores.back()[static_cast<std::size_t>(i)];
+    }
+    auto ref_keep = testing::RefBinarySelect(scores);
+
+    EXPECT_TRUE(testing::AllClose(cache.state("namm.ema"), ema, 1e-7, 1e-5)) << "update " << u;
+    EXPECT_TRUE(testing::AllClose(trace.features, features, 2e-5, 1e-4)) << "update " << u;
+    EXPECT_TRUE(testing::AllClose(trace.scores, score_array, 1e-4, 1e-4)) << "update " << u;
+    ASSERT_EQ(Rows(*keep), ref_keep) << "update " << u;
+
+    evicted_total += cache.size() - (*keep).size(1);
+    ASSERT_TRUE(cache.Gather(*keep).ok());
+    ref = testing::RefGather({carry, ema, positions}, ref_keep);
+    EXPECT_TRUE(testing::AllClose(cache.positions(), ref.positions, 0, 0));
+  }
+  // The comparison is only meaningful if the NAMM actually evicted tokens and kept others.
+  EXPECT_GT(evicted_total, 100);
+  EXPECT_GT(cache.size(), 100);
+}
+
+TEST(NammPolicy, MatchesTheReferenceWhileCollectingStatistics) { RunAgainstReference(BamModel(0.15, 77)); }
+
+TEST(NammPolicy, MatchesTheReferenceWithFrozenStatistics) {
+  NammModel model = BamModel(0.15, 78);
+  model.norm_state = NormState::kFrozen;
+  for (std::size_t f = 0; f < 17; ++f) {
+    model.norm_stats.mean[f] = 0.002 / static_cast<double>(f + 1);
+    model.norm_stats.var[f] = 1e-6 * static_cast<double>(f + 1);
+  }
+  model.norm_stats.count = 1000;
+  RunAgainstReference(model);
+}
+
+TEST(NammPolicy, ZeroParametersKeepEveryTokenAndEqualTheFullCache) {
+  NammModel model;
+  model.params = initial_params(model.architecture);
+  auto policy = NammPolicy::Create(model);
+  ASSERT_TRUE(policy.ok());
+  LayerKVCache cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), (*policy)->token_state());
+  for (int64_t u = 0; u < 2; ++u) {
+    at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, cache.size(), 5 + static_cast<uint64_t>(u));
+    ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), at::arange(u * kNew, (u + 1) * kNew, at::TensorOptions().dtype(at::kLong))).ok());
+    ASSERT_TRUE((*policy)->Observe(0, attention, cache).ok());
+    ASSERT_TRUE(apply_memory_update(**policy, 0, cache).ok());
+    EXPECT_EQ(cache.size(), (u + 1) * kNew);
+  }
+  // Statistics were collected over both updates: 2 heads x (512 + 1024) tokens.
+  EXPECT_EQ((*policy)->normalizer().stats().count, 2 * (512 + 1024));
+}
+
+TEST(NammPolicy, RefusesAnUpdateInTheMiddleOfASpectrogramHop) {
+  NammModel model;
+  model.params = initial_params(model.architecture);
+  auto policy = NammPolicy::Create(model);
+  ASSERT_TRUE(policy.ok());
+  LayerKVCache cache(1, 0, at::TensorOptions().dtype(at::kFloat), (*policy)->token_state());
+  ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), at::arange(20, at::TensorOptions().dtype(at::kLong))).ok());
+  auto keep = (*policy)->Select(0, cache);
+  ASSERT_FALSE(keep.ok());
+  EXPECT_NE(keep.status().message().find("multiple of 16"), std::string::npos);
+  // Attention that does not cover the cache is refused with a message, not a crash.
+  Status bad = (*policy)->Observe(0, at::zeros({1, 4, 19}), cache);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("19 keys"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace namm

@@ -1,0 +1,160 @@
+// namm-tool as a user runs it: a real process, real files.
+#include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include "../namm_core/test_util.h"
+#include "namm/namm_file.h"
+#include "namm/namm_policy.h"
+#include "namm/npy.h"
+
+namespace namm {
+namespace {
+
+struct ToolRun {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+ToolRun Tool(const std::string& args) {
+  const std::string command = std::string(NAMM_TOOL_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string Dir(const std::string& name) {
+  const std::string dir = testing::TempPath(name);
+  std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  return dir;
+}
+
+at::Tensor Load(const std::string& path) {
+  auto t = read_npy(path);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? *t : at::Tensor();
+}
+
+TEST(NammTool, InitInfoAndScoreWithAZeroNammKeepEverything) {
+  const std::string dir = Dir("zero");
+  ToolRun init = Tool("init --arch bam --zero --out " + dir + "/z.safetensors --meta origin=test");
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  ToolRun info = Tool("info " + dir + "/z.safetensors");
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("4172"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("origin: test"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("collecting"), std::string::npos) << info.output;
+
+  ASSERT_TRUE(write_npy(dir + "/a0.npy", testing::RandomCausalAttention(4, 512, 0, 1)).ok());
+  ASSERT_TRUE(write_npy(dir + "/a1.npy", testing::RandomCausalAttention(4, 512, 512, 2)).ok());
+  ToolRun score = Tool("score --namm " + dir + "/z.safetensors --attention " + dir + "/a0.npy --attention " + dir +
+                   "/a1.npy --kv-heads 2 --out " + dir + "/out");
+  ASSERT_EQ(score.exit_code, 0) << score.output;
+  at::Tensor features = Load(dir + "/out/update_1/features.npy");
+  at::Tensor scores = Load(dir + "/out/update_1/scores.npy");
+  at::Tensor keep = Load(dir + "/out/update_1/keep.npy");
+  EXPECT_EQ(features.sizes(), (at::IntArrayRef{2, 1024, 25}));
+  EXPECT_EQ(scores.abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(keep.scalar_type(), at::kLong);
+  EXPECT_TRUE(keep.equal(at::arange(1024).unsqueeze(0).expand({2, 1024})));
+  // Recency of the oldest token at update 1 (positions 0..1023) is 1023: sin(1023).
+  EXPECT_NEAR(features[0][0][0].item<float>(), std::sin(1023.0), 1e-6);
+  EXPECT_EQ(features[0][1023][4].item<float>(), 1.0f);  // newest: cos(0)
+}
+
+TEST(NammTool, ScoreMatchesTheLibraryForAnImportedFrozenNamm) {
+  const std::string dir = Dir("imported");
+  at::Tensor params = testing::RandomNormal({4172}, 31, 0.15);
+  at::Tensor mean = at::arange(17, at::TensorOptions().dtype(at::kFloat)).mul(1e-4).add(1e-3);
+  at::Tensor var = at::arange(17, at::TensorOptions().dtype(at::kFloat)).add(1).mul(1e-6);
+  ASSERT_TRUE(write_npy(dir + "/p.npy", params).ok());
+  ASSERT_TRUE(write_npy(dir + "/m.npy", mean).ok());
+  ASSERT_TRUE(write_npy(dir + "/v.npy", var).ok());
+  ToolRun init = Tool("init --arch bam --params " + dir + "/p.npy --norm-mean " + dir + "/m.npy --norm-var " + dir +
+                  "/v.npy --out " + dir + "/n.safetensors");
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  auto model = read_namm_file(dir + "/n.safetensors");
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(model->norm_state, NormState::kFrozen);
+  EXPECT_EQ(model->norm_stats.var[16], static_cast<double>(var[16].item<float>()));
+
+  // Update 0 starts at position 1000; update 1 has its own positions with a jump.
+  at::Tensor positions = at::zeros({2, 512}, at::TensorOptions().dtype(at::kLong));
+  positions[0].copy_(at::arange(1000, 1512));
+  positions[1].copy_(at::arange(5000, 5512));
+  ASSERT_TRUE(write_npy(dir + "/pos.npy", positions).ok());
+  at::Tensor a0 = testing::RandomCausalAttention(8, 512, 0, 3);
+  ASSERT_TRUE(write_npy(dir + "/a0.npy", a0).ok());
+  ToolRun first = Tool("score --namm " + dir + "/n.safetensors --attention " + dir + "/a0.npy --kv-heads 2 --positions " +
+                   dir + "/pos.npy --out " + dir + "/first");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const int64_t retained = Load(dir + "/first/update_0/keep.npy").size(1);
+  ASSERT_LT(retained, 512) << "this NAMM should evict something";
+  at::Tensor a1 = testing::RandomCausalAttention(8, 512, retained, 4);
+  ASSERT_TRUE(write_npy(dir + "/a1.npy", a1).ok());
+  ToolRun both = Tool("score --namm " + dir + "/n.safetensors --attention " + dir + "/a0.npy --attention " + dir +
+                  "/a1.npy --kv-heads 2 --positions " + dir + "/pos.npy --out " + dir + "/both");
+  ASSERT_EQ(both.exit_code, 0) << both.output;
+
+  // The same two updates through the library.
+  auto policy = NammPolicy::Create(*model);
+  ASSERT_TRUE(policy.ok());
+  (*policy)->set_tracing(true);
+  LayerKVCache cache(2, 0, at::TensorOptions().dtype(at::kFloat), (*policy)->token_state());
+  const at::Tensor updates[2] = {a0, a1};
+  for (int u = 0; u < 2; ++u) {
+    ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions[u]).ok());
+    ASSERT_TRUE((*policy)->Observe(0, updates[u], cache).ok());
+    auto keep = (*policy)->Select(0, cache);
+    ASSERT_TRUE(keep.ok());
+    const std::string out = dir + "/both/update_" + std::to_string(u);
+    EXPECT_TRUE(Load(out + "/keep.npy").equal(*keep)) << "update " << u;
+    EXPECT_TRUE(Load(out + "/scores.npy").equal((*policy)->last_trace().scores)) << "update " << u;
+    EXPECT_TRUE(Load(out + "/features.npy").equal((*policy)->last_trace().features)) << "update " << u;
+    ASSERT_TRUE(cache.Gather(*keep).ok());
+  }
+}
+
+TEST(NammTool, BadInputGetsAClearError) {
+  const std::string dir = Dir("errors");
+  ASSERT_EQ(Tool("init --arch bam --zero --out " + dir + "/z.safetensors").exit_code, 0);
+  ASSERT_TRUE(write_npy(dir + "/a0.npy", testing::RandomCausalAttention(4, 512, 0, 1)).ok());
+  ASSERT_TRUE(write_npy(dir + "/wrong_keys.npy", testing::RandomCausalAttention(4, 512, 3, 2)).ok());
+  ASSERT_TRUE(write_npy(dir + "/odd.npy", testing::RandomCausalAttention(4, 100, 0, 2)).ok());
+  at::Tensor nan = testing::RandomCausalAttention(4, 512, 0, 1);
+  nan[0][5][2] = std::nan("");
+  ASSERT_TRUE(write_npy(dir + "/nan.npy", nan).ok());
+  ASSERT_TRUE(write_npy(dir + "/short_params.npy", at::zeros({100})).ok());
+
+  struct Case {
+    std::string args, message;
+  };
+  const std::string score = "score --namm " + dir + "/z.safetensors --out " + dir + "/out --attention ";
+  const std::vector<Case> cases = {
+      {score + dir + "/a0.npy --attention " + dir + "/wrong_keys.npy", "n_keys = 515, expected 1024"},
+      {score + dir + "/wrong_keys.npy", "n_keys = 515, expected 512"},
+      {score + dir + "/odd.npy", "positive multiple of 16"},
+      {score + dir + "/a0.npy --kv-heads 3", "not a multiple of --kv-heads 3"},
+      {score + dir + "/nan.npy", "non-finite"},
+      {"init --arch bam --params " + dir + "/short_params.npy --out " + dir + "/x.safetensors", "float32 [4172]"},
+      {"init --arch transformer --zero --out " + dir + "/x.safetensors", "unknown --arch 'transformer'"},
+      {"init --arch bam --zero --out " + dir + "/z.safetensors", "already exists"},
+      {"init --arch bam --zero --selection topk --out " + dir + "/y.safetensors", "budget"},
+      {"init --arch mlp --hidden 32 --zero --out " + dir + "/y.safetensors", "hidden size must be 25"},
+      {"info " + dir + "/a0.npy", "header length"},
+  };
+  for (const auto& c : cases) {
+    ToolRun r = Tool(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace namm
