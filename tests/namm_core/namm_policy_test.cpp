@@ -2,6 +2,7 @@
 // against the slow reference implementation of the spec, over three consecutive 512-query updates.
 #include "namm/namm_policy.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
@@ -136,6 +137,29 @@ TEST(NammPolicy, ZeroParametersKeepEveryTokenAndEqualTheFullCache) {
   }
   // Statistics were collected over both updates: 2 heads x (512 + 1024) tokens.
   EXPECT_EQ((*policy)->normalizer().stats().count, 2 * (512 + 1024));
+}
+
+TEST(NammPolicy, CudaMatchesCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build or machine";
+  NammModel model = BamModel(0.15, 79);
+  auto cpu = NammPolicy::Create(model);
+  auto gpu = NammPolicy::Create(model, at::Device(at::kCUDA, 0));
+  ASSERT_TRUE(cpu.ok() && gpu.ok());
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  LayerKVCache cpu_cache(kKvHeads, 0, options, (*cpu)->token_state());
+  LayerKVCache gpu_cache(kKvHeads, 0, options.device(at::kCUDA, 0), (*gpu)->token_state());
+  for (int64_t u = 0; u < 2; ++u) {
+    at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, cpu_cache.size(), 50 + static_cast<uint64_t>(u));
+    at::Tensor positions = at::arange(u * kNew, (u + 1) * kNew, at::TensorOptions().dtype(at::kLong));
+    ASSERT_TRUE(cpu_cache.Append(at::Tensor(), at::Tensor(), positions).ok());
+    ASSERT_TRUE(gpu_cache.Append(at::Tensor(), at::Tensor(), positions.cuda()).ok());
+    ASSERT_TRUE((*cpu)->Observe(0, attention, cpu_cache).ok());
+    ASSERT_TRUE((*gpu)->Observe(0, attention.cuda(), gpu_cache).ok());
+    ASSERT_TRUE(apply_memory_update(**cpu, 0, cpu_cache).ok());
+    ASSERT_TRUE(apply_memory_update(**gpu, 0, gpu_cache).ok());
+    EXPECT_TRUE(testing::AllClose(gpu_cache.state("namm.ema"), ToArray(cpu_cache.state("namm.ema")), 1e-7, 1e-5));
+    EXPECT_TRUE(gpu_cache.positions().cpu().equal(cpu_cache.positions())) << "update " << u;
+  }
 }
 
 TEST(NammPolicy, RefusesAnUpdateInTheMiddleOfASpectrogramHop) {

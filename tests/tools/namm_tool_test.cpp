@@ -50,6 +50,10 @@ TEST(NammTool, InitInfoAndScoreWithAZeroNammKeepEverything) {
   EXPECT_NE(info.output.find("4172"), std::string::npos) << info.output;
   EXPECT_NE(info.output.find("origin: test"), std::string::npos) << info.output;
   EXPECT_NE(info.output.find("collecting"), std::string::npos) << info.output;
+  ToolRun json = Tool("info --json " + dir + "/z.safetensors");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  EXPECT_NE(json.output.find("\"param_count\": 4172"), std::string::npos) << json.output;
+  EXPECT_NE(json.output.find("\"origin\": \"test\""), std::string::npos) << json.output;
 
   ASSERT_TRUE(write_npy(dir + "/a0.npy", testing::RandomCausalAttention(4, 512, 0, 1)).ok());
   ASSERT_TRUE(write_npy(dir + "/a1.npy", testing::RandomCausalAttention(4, 512, 512, 2)).ok());
