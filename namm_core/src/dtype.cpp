@@ -44,6 +44,13 @@ std::optional<int64_t> shape_numel(const std::vector<int64_t>& shape) {
   return numel;
 }
 
+std::optional<int64_t> shape_nbytes(const std::vector<int64_t>& shape, std::size_t element_size) {
+  auto numel = shape_numel(shape);
+  const auto size = static_cast<int64_t>(element_size);
+  if (!numel || (size != 0 && *numel > std::numeric_limits<int64_t>::max() / size)) return std::nullopt;
+  return *numel * size;
+}
+
 std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {

@@ -45,6 +45,8 @@ const char* norm_state_name(NormState state) {
 
 at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
   if (state_ == NormState::kCollecting) stats_ = stats_.Merge(NormStats::Of(ema));
+  // Frozen before anything was collected: the reference skips normalization (with a warning) in this state.
+  if (stats_.count == 0) return ema.clone();
   // Statistics are applied in float32, as the reference stores and applies them.
   at::Tensor mean = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat));
   at::Tensor scale = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat));

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 namespace namm {
 
@@ -24,6 +25,11 @@ Status Get(const nlohmann::json& object, const char* key, T* out, bool required)
   auto it = object.find(key);
   if (it == object.end()) {
     return required ? Status::Corruption(std::string("architecture: missing field '") + key + "'") : Status::Ok();
+  }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!it->is_number_integer()) {
+      return Status::Corruption(std::string("architecture: field '") + key + "' must be an integer: " + it->dump());
+    }
   }
   try {
     *out = it->get<T>();

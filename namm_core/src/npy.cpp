@@ -187,16 +187,21 @@ Result<at::Tensor> read_npy(const std::string& path) {
     return Status::InvalidArgument(path + ": unsupported dtype '" + descr +
                                    "' (supported: f8 f4 f2 i8 i4 i2 i1 u1 b1)");
   }
-  auto numel = shape_numel(shape);
-  if (!numel) return corrupt("invalid shape " + shape_to_string(shape));
+  auto nbytes = shape_nbytes(shape, at::elementSize(*scalar_type));
+  if (!nbytes) return corrupt("shape " + shape_to_string(shape) + " is too large");
   const std::size_t data_start = header_start + header_len;
-  const std::size_t expected = static_cast<std::size_t>(*numel) * at::elementSize(*scalar_type);
+  const auto expected = static_cast<std::size_t>(*nbytes);
   if (bytes.size() - data_start < expected) {
     return corrupt("truncated: shape " + shape_to_string(shape) + " needs " + std::to_string(expected) +
                    " data bytes, file has " + std::to_string(bytes.size() - data_start));
   }
   if (bytes.size() - data_start > expected) {
     return corrupt(std::to_string(bytes.size() - data_start - expected) + " unexpected bytes after the array data");
+  }
+  if (*scalar_type == at::kBool) {
+    for (std::size_t i = 0; i < expected; ++i) {
+      if (static_cast<unsigned char>(bytes[data_start + i]) > 1) return corrupt("bool element " + std::to_string(i) + " is not 0 or 1");
+    }
   }
   at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(*scalar_type));
   if (expected > 0) std::memcpy(tensor.data_ptr(), bytes.data() + data_start, expected);

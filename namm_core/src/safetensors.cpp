@@ -48,8 +48,8 @@ Status ParseTensorEntry(const std::string& name, const nlohmann::json& entry, Sa
     if (!d.is_number_unsigned()) return bad("shape " + shape_it->dump() + " has a non-integer or negative entry");
     info->shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
   }
-  auto numel = shape_numel(info->shape);
-  if (!numel) return bad("shape " + shape_to_string(info->shape) + " overflows");
+  auto nbytes = shape_nbytes(info->shape, dtype_size(info->dtype));
+  if (!nbytes) return bad("shape " + shape_to_string(info->shape) + " is too large");
 
   auto off_it = entry.find("data_offsets");
   if (off_it == entry.end() || !off_it->is_array() || off_it->size() != 2 || !(*off_it)[0].is_number_unsigned() ||
@@ -59,7 +59,7 @@ Status ParseTensorEntry(const std::string& name, const nlohmann::json& entry, Sa
   uint64_t begin = (*off_it)[0].get<uint64_t>();
   uint64_t end = (*off_it)[1].get<uint64_t>();
   if (end < begin) return bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") are reversed");
-  uint64_t expected = static_cast<uint64_t>(*numel) * dtype_size(info->dtype);
+  const auto expected = static_cast<uint64_t>(*nbytes);
   if (end - begin != expected) {
     return bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") hold " +
                std::to_string(end - begin) + " bytes but " + safetensors_dtype_name(info->dtype) + " " +
@@ -210,9 +210,9 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorWr
   for (const auto& t : tensors) {
     if (t.name == kMetadataKey) return Status::InvalidArgument("tensor name '__metadata__' is reserved");
     if (!names.insert(t.name).second) return Status::InvalidArgument("duplicate tensor name '" + t.name + "'");
-    auto numel = shape_numel(t.shape);
-    if (!numel) return Status::InvalidArgument("tensor '" + t.name + "': invalid shape " + shape_to_string(t.shape));
-    uint64_t bytes = static_cast<uint64_t>(*numel) * dtype_size(t.dtype);
+    auto nbytes = shape_nbytes(t.shape, dtype_size(t.dtype));
+    if (!nbytes) return Status::InvalidArgument("tensor '" + t.name + "': invalid shape " + shape_to_string(t.shape));
+    const auto bytes = static_cast<uint64_t>(*nbytes);
     if (bytes > 0 && t.data == nullptr) return Status::InvalidArgument("tensor '" + t.name + "': no data");
     header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
                       {"shape", t.shape},
@@ -226,8 +226,7 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorWr
   pieces.push_back(length);
   pieces.push_back(header_text);
   for (const auto& t : tensors) {
-    uint64_t bytes = static_cast<uint64_t>(*shape_numel(t.shape)) * dtype_size(t.dtype);
-    pieces.emplace_back(static_cast<const char*>(t.data), bytes);
+    pieces.emplace_back(static_cast<const char*>(t.data), *shape_nbytes(t.shape, dtype_size(t.dtype)));
   }
   return write_file_atomically(path, pieces);
 }

@@ -25,8 +25,8 @@ at::Tensor force_keep_newest(const at::Tensor& scores) {
   return forced;
 }
 
-int64_t max_count_at_least(const at::Tensor& scores, double threshold) {
-  return scores.ge(threshold).sum(1).max().item<int64_t>();
+int64_t max_count_not_below(const at::Tensor& scores, double threshold) {
+  return scores.size(1) - scores.lt(threshold).sum(1).min().item<int64_t>();
 }
 
 at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k) {
@@ -45,7 +45,7 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
   int64_t k = n;
   switch (config.kind) {
     case SelectionKind::kBinary:
-      k = max_count_at_least(forced, 0.0);
+      k = max_count_not_below(forced, 0.0);
       break;
     case SelectionKind::kTopK:
       TORCH_CHECK(config.budget > 0, "top-k selection needs a budget > 0");
@@ -55,7 +55,7 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
       TORCH_CHECK(selection_params.defined() && selection_params.numel() == 1,
                   "dynamic selection needs its log-threshold parameter");
       const double threshold = std::exp(selection_params.item<double>());
-      k = std::max<int64_t>(1, max_count_at_least(forced, threshold));  // the newest, even if theta = inf
+      k = std::max<int64_t>(1, max_count_not_below(forced, threshold));  // the newest, even if theta = inf
       if (config.budget > 0) k = std::min(k, config.budget);
       break;
     }

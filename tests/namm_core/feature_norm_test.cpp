@@ -68,6 +68,12 @@ TEST(FeatureNormalizer, FrozenStatisticsNeverChange) {
   EXPECT_EQ(norm.stats().mean[0], 1.0);
 }
 
+TEST(FeatureNormalizer, FrozenWithoutStatisticsLeavesFeaturesUnnormalized) {
+  FeatureNormalizer norm(NormState::kFrozen, NormStats());
+  at::Tensor x = testing::RandomNormal({2, 3, 17}, 9);
+  EXPECT_TRUE(norm.Normalize(x).equal(x));
+}
+
 TEST(FeatureNormalizer, ZeroVarianceIsClampedTo1e7) {
   NormStats stats;
   stats.count = 1;

@@ -102,6 +102,13 @@ TEST(NammFile, ReaderRefusesInconsistentFiles) {
                            m["namm.architecture"] = arch;
                          }),
                 "stft_hop = 8");
+  ExpectRefused(Tampered("hidden.safetensors",
+                         [](auto& m, auto&) {
+                           auto arch = ExampleModel().architecture.ToJson();
+                           arch.replace(arch.find("\"hidden\":16"), 11, "\"hidden\":16.5");
+                           m["namm.architecture"] = arch;
+                         }),
+                "'hidden' must be an integer");
   ExpectRefused(Tampered("state.safetensors", [](auto& m, auto&) { m["namm.norm_state"] = "melting"; }),
                 "unknown normalization state");
   ExpectRefused(Tampered("nometa.safetensors", [](auto& m, auto&) { m.erase("namm.architecture"); }),

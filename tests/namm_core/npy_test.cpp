@@ -65,6 +65,10 @@ TEST(Npy, RejectsWhatItCannotReadCorrectly) {
               "unsupported dtype");
   ExpectError(WriteNpy("trunc.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }\n", std::string(8, '\0')),
               "truncated");
+  ExpectError(WriteNpy("huge.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693952,), }\n", ""),
+              "too large");
+  ExpectError(WriteNpy("bool.npy", "{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }\n", std::string("\x01\x07", 2)),
+              "not 0 or 1");
   ExpectError(WriteNpy("junk.npy", "{'descr': '<f4', 'shape': (1,), }\n", std::string(4, '\0')), "missing");
   const std::string path = testing::TempPath("notnpy.npy");
   ASSERT_TRUE(write_file_atomically(path, {"hello world"}).ok());

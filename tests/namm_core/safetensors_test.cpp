@@ -96,6 +96,8 @@ TEST(Safetensors, RejectsCorruptFiles) {
                 "gap of 4 unused bytes before tensor 'b'");
   ExpectCorrupt(WriteRaw("trailing", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", data8),
                 "4 trailing bytes");
+  ExpectCorrupt(WriteRaw("overflow", R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", ""),
+                "too large");
   ExpectCorrupt(WriteRaw("meta", R"({"__metadata__":{"k":1}})", ""), "metadata value for 'k' is not a string");
   ExpectCorrupt(WriteRaw("offsets", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "1234"),
                 "data_offsets");

@@ -58,6 +58,12 @@ TEST(BinarySelection, AgreesWithTheReferenceSortFormulation) {
   EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), testing::RefBinarySelect(rows));
 }
 
+TEST(BinarySelection, NanScoresCountAsKeptLikeTheReference) {
+  // The reference counts tokens below zero and keeps the rest; its sort puts NaN last (highest).
+  at::Tensor s = Scores({{-1, std::nanf(""), 0.5f, 0.2f, -3, 1}});
+  EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), (Keep{{1, 2, 3, 5}}));
+}
+
 TEST(TopKSelection, KeepsTheBudgetOnceExceededIncludingTheNewest) {
   SelectionConfig topk{SelectionKind::kTopK, 2};
   at::Tensor s = Scores({{5, 4, 3, -9}, {1, 9, 8, -9}});

@@ -87,16 +87,18 @@ TEST(NammTool, ScoreMatchesTheLibraryForAnImportedFrozenNamm) {
   ASSERT_TRUE(model.ok());
   EXPECT_EQ(model->norm_state, NormState::kFrozen);
   EXPECT_EQ(model->norm_stats.var[16], static_cast<double>(var[16].item<float>()));
+  EXPECT_EQ(model->norm_stats.count, 1);
 
   // Update 0 starts at position 1000; update 1 has its own positions with a jump.
   at::Tensor positions = at::zeros({2, 512}, at::TensorOptions().dtype(at::kLong));
   positions[0].copy_(at::arange(1000, 1512));
   positions[1].copy_(at::arange(5000, 5512));
   ASSERT_TRUE(write_npy(dir + "/pos.npy", positions).ok());
+  ASSERT_TRUE(write_npy(dir + "/pos0.npy", positions[0]).ok());  // the 1-D form: first update only
   at::Tensor a0 = testing::RandomCausalAttention(8, 512, 0, 3);
   ASSERT_TRUE(write_npy(dir + "/a0.npy", a0).ok());
   ToolRun first = Tool("score --namm " + dir + "/n.safetensors --attention " + dir + "/a0.npy --kv-heads 2 --positions " +
-                   dir + "/pos.npy --out " + dir + "/first");
+                   dir + "/pos0.npy --out " + dir + "/first");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const int64_t retained = Load(dir + "/first/update_0/keep.npy").size(1);
   ASSERT_LT(retained, 512) << "this NAMM should evict something";
@@ -135,6 +137,7 @@ TEST(NammTool, BadInputGetsAClearError) {
   nan[0][5][2] = std::nan("");
   ASSERT_TRUE(write_npy(dir + "/nan.npy", nan).ok());
   ASSERT_TRUE(write_npy(dir + "/short_params.npy", at::zeros({100})).ok());
+  ASSERT_TRUE(write_npy(dir + "/one_row.npy", at::arange(512).view({1, 512})).ok());
 
   struct Case {
     std::string args, message;
@@ -144,6 +147,8 @@ TEST(NammTool, BadInputGetsAClearError) {
       {score + dir + "/a0.npy --attention " + dir + "/wrong_keys.npy", "n_keys = 515, expected 1024"},
       {score + dir + "/wrong_keys.npy", "n_keys = 515, expected 512"},
       {score + dir + "/odd.npy", "positive multiple of 16"},
+      {score + dir + "/a0.npy --attention " + dir + "/a0.npy --positions " + dir + "/one_row.npy",
+       "has positions for 1 updates, but 2 attention files"},
       {score + dir + "/a0.npy --kv-heads 3", "not a multiple of --kv-heads 3"},
       {score + dir + "/nan.npy", "non-finite"},
       {"init --arch bam --params " + dir + "/short_params.npy --out " + dir + "/x.safetensors", "float32 [4172]"},

@@ -28,6 +28,7 @@ struct InitOptions {
   double scale = 0.0;
   std::string params_path;
   std::string norm_mean_path, norm_var_path;
+  int64_t norm_count = 1;
   std::vector<std::string> meta;
   std::string out;
   bool force = false;
@@ -140,7 +141,9 @@ Result<NammModel> BuildModel(const InitOptions& o) {
       model.norm_stats.mean[f] = mean[f];
       model.norm_stats.var[f] = var[f];
     }
-    model.norm_state = NormState::kFrozen;  // count stays 0: imported statistics do not say how many samples
+    if (o.norm_count < 1) return Status::InvalidArgument("--norm-count must be at least 1");
+    model.norm_stats.count = o.norm_count;
+    model.norm_state = NormState::kFrozen;
   }
   model.metadata["created_by"] = "namm-tool init";
   for (const auto& kv : o.meta) {
@@ -191,8 +194,12 @@ void AddInitCommand(CLI::App& app, Action& run) {
   auto* mean = cmd->add_option("--norm-mean", options->norm_mean_path,
                                "float32 [17] normalization mean (.npy); stored frozen (needs --norm-var)");
   auto* var = cmd->add_option("--norm-var", options->norm_var_path, "float32 [17] normalization variance (.npy)");
+  auto* count = cmd->add_option("--norm-count", options->norm_count,
+                                "Number of samples behind --norm-mean/--norm-var (default 1; the reference's "
+                                "token_embedding_0_output_num)");
   mean->needs(var);
   var->needs(mean);
+  count->needs(mean);
   cmd->add_option("--meta", options->meta, "Provenance metadata KEY=VALUE (repeatable)");
   cmd->add_option("--out", options->out, "Output NAMM file (.safetensors)")->required();
   cmd->add_flag("--force", options->force, "Overwrite --out if it exists");

@@ -36,9 +36,9 @@ Status MakeDirectory(const std::string& path) {
 Result<at::Tensor> UpdatePositions(const at::Tensor& given, const std::string& path, std::size_t u, int64_t n_new,
                                    int64_t last) {
   at::Tensor positions;
-  if (given.defined() && given.dim() == 2 && u < static_cast<std::size_t>(given.size(0))) {
+  if (given.defined() && given.dim() == 2) {
     positions = given[static_cast<int64_t>(u)];
-  } else if (given.defined() && given.dim() == 1 && u == 0) {
+  } else if (given.defined() && u == 0) {
     positions = given;
   } else {
     return at::arange(last + 1, last + 1 + n_new, at::TensorOptions().dtype(at::kLong));
@@ -87,6 +87,12 @@ Status RunScoreImpl(const ScoreOptions& o) {
                                      shape_to_string(given_positions.sizes().vec()));
     }
     given_positions = given_positions.to(at::kLong);
+    const auto updates = static_cast<int64_t>(o.attention_paths.size());
+    if (given_positions.dim() == 2 && given_positions.size(0) != updates) {
+      return Status::InvalidArgument(o.positions_path + ": has positions for " +
+                                     std::to_string(given_positions.size(0)) + " updates, but " +
+                                     std::to_string(updates) + " attention files were given");
+    }
   }
   NAMM_RETURN_IF_ERROR(MakeDirectory(o.out_dir));
 

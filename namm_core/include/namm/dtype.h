@@ -19,6 +19,8 @@ std::optional<DType> dtype_from_safetensors_name(const std::string& name);
 
 // Number of elements of a shape; nullopt if a dimension is negative or the product overflows int64.
 std::optional<int64_t> shape_numel(const std::vector<int64_t>& shape);
+// Bytes of a shape's elements; nullopt if a dimension is negative or the size overflows int64.
+std::optional<int64_t> shape_nbytes(const std::vector<int64_t>& shape, std::size_t element_size);
 // "[2, 3, 4]"
 std::string shape_to_string(const std::vector<int64_t>& shape);
 

@@ -43,7 +43,8 @@ class FeatureNormalizer {
 
   // ema: [..., 17] float32 -> (ema - mean) / max(sqrt(var), 1e-7), float32, same shape and device.
   // While collecting, the statistics used already include `ema` (the reference normalizes with the running
-  // statistics, current update included, until they are frozen).
+  // statistics, current update included, until they are frozen). Frozen with no statistics (count 0), the
+  // input is returned unnormalized, as the reference does.
   at::Tensor Normalize(const at::Tensor& ema);
 
   NormState state() const { return state_; }

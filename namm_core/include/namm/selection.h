@@ -43,8 +43,9 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
 // The building blocks, exposed for baseline policies and tests.
 // `scores` with the newest slot raised to +float max.
 at::Tensor force_keep_newest(const at::Tensor& scores);
-// Max over heads of the number of tokens with score >= threshold.
-int64_t max_count_at_least(const at::Tensor& scores, double threshold);
+// Max over heads of the number of tokens not below threshold (the reference counts those below and keeps the
+// rest, so a NaN score, which the ranking puts first, also counts as kept).
+int64_t max_count_not_below(const at::Tensor& scores, double threshold);
 // Each head's k best tokens (ties to the more recent), as ascending indices [kv_heads, k].
 at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k);
 
