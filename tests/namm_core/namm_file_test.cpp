@@ -95,19 +95,16 @@ TEST(NammFile, ReaderRefusesInconsistentFiles) {
                            m["namm.architecture"] = R"({"scorer":{"kind":"tcn"},"selection":{"kind":"binary"}})";
                          }),
                 "unknown scorer kind 'tcn'");
-  ExpectRefused(Tampered("stft.safetensors",
-                         [](auto& m, auto&) {
-                           auto arch = ExampleModel().architecture.ToJson();
-                           arch.replace(arch.find("\"stft_hop\":16"), 13, "\"stft_hop\":8");
-                           m["namm.architecture"] = arch;
-                         }),
-                "stft_hop = 8");
-  ExpectRefused(Tampered("hidden.safetensors",
-                         [](auto& m, auto&) {
-                           auto arch = ExampleModel().architecture.ToJson();
-                           arch.replace(arch.find("\"hidden\":16"), 11, "\"hidden\":16.5");
-                           m["namm.architecture"] = arch;
-                         }),
+  // The example's architecture JSON with one fragment replaced.
+  auto arch_with = [](std::string from, std::string to) {
+    return [from, to](std::map<std::string, std::string>& m, std::vector<float>&) {
+      std::string arch = ExampleModel().architecture.ToJson();
+      arch.replace(arch.find(from), from.size(), to);
+      m["namm.architecture"] = arch;
+    };
+  };
+  ExpectRefused(Tampered("stft.safetensors", arch_with("\"stft_hop\":16", "\"stft_hop\":8")), "stft_hop = 8");
+  ExpectRefused(Tampered("hidden.safetensors", arch_with("\"hidden\":16", "\"hidden\":16.5")),
                 "'hidden' must be an integer");
   ExpectRefused(Tampered("state.safetensors", [](auto& m, auto&) { m["namm.norm_state"] = "melting"; }),
                 "unknown normalization state");
