@@ -99,6 +99,7 @@ Status LayerKVCache::Gather(const at::Tensor& indices) {
       return Status::InvalidArgument("retained indices must be strictly ascending per head");
     }
   }
+  if (k == size_) return Status::Ok();  // k ascending indices below size: all of them, in order
   const at::Tensor index = indices.to(buffers_[kPositions].device());
   for (auto& buffer : buffers_) {
     // Broadcast the [kv_heads, k] indices over the trailing dimensions of this buffer.

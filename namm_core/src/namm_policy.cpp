@@ -31,6 +31,7 @@ Result<std::unique_ptr<NammPolicy>> NammPolicy::Create(const NammModel& model, a
 NammPolicy::NammPolicy(const NammModel& model, std::unique_ptr<Scorer> scorer, at::Tensor selection_params)
     : architecture_(model.architecture),
       scorer_(std::move(scorer)),
+      constant_score_(constant_score(model.architecture.scorer, model.params)),
       selection_params_(std::move(selection_params)),
       normalizer_(model.norm_state, model.norm_stats) {}
 
@@ -39,11 +40,20 @@ std::string NammPolicy::name() const {
 }
 
 std::vector<TokenStateSpec> NammPolicy::token_state() const {
+  if (!FeaturesNeeded()) return {};
   return {{kSamplesState, {kStftWindow}, at::kFloat}, {kEmaState, {kStftBins}, at::kFloat}};
+}
+
+bool NammPolicy::FeaturesNeeded() const {
+  return !constant_score_ || tracing_ || normalizer_.state() == NormState::kCollecting;
 }
 
 Status NammPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
   NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+  if (!FeaturesNeeded()) {
+    observe_skipped_ = true;
+    return Status::Ok();
+  }
   return internal::catch_torch_errors("NAMM observe", [&] {
     const int64_t first_query = cache.tokens_seen() - attention.size(1);
     consume_attention(attention, architecture_.attention_precision, first_query,
@@ -59,7 +69,16 @@ Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {
                                       std::to_string(cache.tokens_seen()));
   }
   if (cache.size() == 0) return Status::FailedPrecondition("a NAMM update needs at least one cached token");
+  if (tracing_ && observe_skipped_) {
+    return Status::FailedPrecondition("tracing was enabled after Observe calls it would have needed");
+  }
   return internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
+    if (constant_score_ && !tracing_) {
+      if (normalizer_.state() == NormState::kCollecting) normalizer_.Normalize(cache.state(kEmaState));
+      const at::Tensor scores = at::full({cache.kv_heads(), cache.size()}, *constant_score_,
+                                         cache.positions().options().dtype(at::kFloat));
+      return select_tokens(scores, architecture_.selection, selection_params_);
+    }
     const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState));
     const at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
     const at::Tensor scores = scorer_->Score(features);

@@ -1,5 +1,7 @@
 #include "namm/scorer.h"
 
+#include <algorithm>
+
 #include "aten.h"
 #include "namm/dtype.h"
 #include "scorer_internal.h"
@@ -68,6 +70,20 @@ int64_t scorer_param_count(const ScorerConfig& config) {
   int64_t total = 0;
   for (const auto& block : scorer_param_layout(config)) total += block.numel();
   return total;
+}
+
+std::optional<float> constant_score(const ScorerConfig& config, const std::vector<float>& params) {
+  const std::string prefix = config.kind == ScorerKind::kBam ? "bam.final." : "mlp.final.";
+  float bias = 0.0f;
+  for (const auto& block : scorer_param_layout(config)) {
+    if (block.offset + block.numel() > static_cast<int64_t>(params.size())) return std::nullopt;
+    const auto begin = params.begin() + block.offset, end = begin + block.numel();
+    if (block.name == prefix + "weight" && std::any_of(begin, end, [](float p) { return p != 0.0f; })) {
+      return std::nullopt;
+    }
+    if (block.name == prefix + "bias") bias = *begin;
+  }
+  return bias;
 }
 
 Result<std::unique_ptr<Scorer>> make_scorer(const ScorerConfig& config, const at::Tensor& params) {

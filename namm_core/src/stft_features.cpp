@@ -30,6 +30,23 @@ at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
 
 at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
 
+// Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in
+// ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
+// basis rows are rotated by 16.
+at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
+  static const at::Tensor cpu_bases[2] = {WindowedDftBasis(at::TensorOptions()),
+                                          WindowedDftBasis(at::TensorOptions()).roll(kStftHop, 0)};
+  at::Tensor basis = cpu_bases[previous_hop_in_upper_half ? 1 : 0];
+  if (!samples.device().is_cpu()) basis = basis.to(samples.device());
+  return samples.matmul(basis);
+}
+
+at::Tensor Magnitudes(const at::Tensor& spectrum) {
+  const at::Tensor re = spectrum.narrow(-1, 0, kStftBins);
+  const at::Tensor im = spectrum.narrow(-1, kStftBins, kStftBins);
+  return (re * re + im * im).sqrt_();
+}
+
 // Round-to-nearest-even to bfloat16, as torch converts (inputs are finite probabilities).
 inline float RoundToBf16(float x) {
   uint32_t bits;
@@ -39,8 +56,8 @@ inline float RoundToBf16(float x) {
   return x;
 }
 
-// Writes the GQA-reduced attention of queries [r0, r0 + rows) (all within one hop, starting at hop column
-// `column`) into samples[:, :, 16 + column ...]. CPU, float32, one pass over the input.
+// Writes the GQA-reduced attention of queries [r0, r0 + rows) (all within one hop) into samples[:, :, column
+// ...]. CPU, float32, one pass over the input.
 void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t rows, int64_t column,
                    const at::Tensor& samples) {
   const int64_t kv_heads = samples.size(0), n = samples.size(1), group = attention.size(0) / kv_heads;
@@ -65,7 +82,7 @@ void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t r
             for (int64_t j = 0; j < len; ++j) sum[static_cast<std::size_t>(j)] += row[j];
           }
         }
-        float* dst = out + h * head_stride + j0 * key_stride + kStftHop + column + r;
+        float* dst = out + h * head_stride + j0 * key_stride + column + r;
         const float inv_group = 1.0f / static_cast<float>(group);
         for (int64_t j = 0; j < len; ++j) {
           // Divide (not multiply by the reciprocal) unless exact, to match torch's mean bit for bit.
@@ -96,10 +113,7 @@ at::Tensor gqa_mean(const at::Tensor& attention, int64_t kv_heads, AttentionPrec
 
 at::Tensor stft_frame_magnitudes(const at::Tensor& samples) {
   TORCH_CHECK(samples.size(-1) == kStftWindow, "frames must have ", kStftWindow, " samples");
-  at::Tensor spectrum = samples.matmul(WindowedDftBasis(samples.options()));
-  at::Tensor re = spectrum.narrow(-1, 0, kStftBins);
-  at::Tensor im = spectrum.narrow(-1, kStftBins, kStftBins);
-  return (re * re + im * im).sqrt_();
+  return Magnitudes(RingFrameSpectrum(samples, /*previous_hop_in_upper_half=*/false));
 }
 
 void consume_attention(const at::Tensor& attention, AttentionPrecision precision, int64_t first_query,
@@ -118,21 +132,21 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
   // Elsewhere: reduce with tensor operations, then copy hop by hop.
   const at::Tensor received = fused ? at::Tensor() : gqa_mean(attention, kv_heads, precision).transpose(1, 2);
   const int64_t n_q = attention.size(1);
-  at::Tensor previous_hop = state.samples.narrow(2, 0, kStftHop);
-  at::Tensor current_hop = state.samples.narrow(2, kStftHop, kStftHop);
   for (int64_t i = 0; i < n_q;) {
-    const int64_t column = (first_query + i) % kStftHop;
-    const int64_t len = std::min(kStftHop - column, n_q - i);
+    const int64_t query = first_query + i, offset = query % kStftHop;
+    const bool upper_half = (query / kStftHop) % 2 == 1;  // where this hop's samples go
+    const int64_t column = (upper_half ? kStftHop : 0) + offset;
+    const int64_t len = std::min(kStftHop - offset, n_q - i);
     if (fused) {
       ScatterHopCpu(attention, precision == AttentionPrecision::kBf16, i, len, column, state.samples);
     } else {
-      current_hop.narrow(2, column, len).copy_(received.narrow(2, i, len));
+      state.samples.narrow(2, column, len).copy_(received.narrow(2, i, len));
     }
     i += len;
-    if (column + len == kStftHop) {  // the frame covering the previous and the current hop is complete
-      state.ema.mul_(a).add_(stft_frame_magnitudes(state.samples), 1.0 - a);
-      previous_hop.copy_(current_hop);
-      current_hop.zero_();
+    // A complete hop completes the frame [previous hop, this hop]; the next hop overwrites the older half (every
+    // query writes every cached token, and tokens that arrive later start from zeros).
+    if (offset + len == kStftHop) {
+      state.ema.mul_(a).add_(Magnitudes(RingFrameSpectrum(state.samples, !upper_half)), 1.0 - a);
     }
   }
 }

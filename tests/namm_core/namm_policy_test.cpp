@@ -139,6 +139,37 @@ TEST(NammPolicy, ZeroParametersKeepEveryTokenAndEqualTheFullCache) {
   EXPECT_EQ((*policy)->normalizer().stats().count, 2 * (512 + 1024));
 }
 
+TEST(NammPolicy, ConstantScorerShortcutKeepsWhatTheFullPipelineKeeps) {
+  // Random parameters except a zero output layer with bias -1: every score is -1, so each head keeps only
+  // its newest token. The shortcut (no features, no scorer) must decide exactly as the traced full pipeline.
+  NammModel model = BamModel(0.3, 80);
+  for (int i = 4146; i < 4171; ++i) model.params[static_cast<std::size_t>(i)] = 0.0f;
+  model.params[4171] = -1.0f;
+  model.norm_state = NormState::kFrozen;
+  model.norm_stats.count = 1;
+  model.norm_stats.mean.fill(0.001);
+  model.norm_stats.var.fill(1e-6);
+  auto fast = NammPolicy::Create(model);
+  auto full = NammPolicy::Create(model);
+  ASSERT_TRUE(fast.ok() && full.ok());
+  (*full)->set_tracing(true);
+  LayerKVCache fast_cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), (*fast)->token_state());
+  LayerKVCache full_cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), (*full)->token_state());
+  at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, 0, 9);
+  at::Tensor positions = at::arange(kNew, at::TensorOptions().dtype(at::kLong));
+  for (auto* pair : {&fast_cache, &full_cache}) ASSERT_TRUE(pair->Append(at::Tensor(), at::Tensor(), positions).ok());
+  ASSERT_TRUE((*fast)->Observe(0, attention, fast_cache).ok());
+  ASSERT_TRUE((*full)->Observe(0, attention, full_cache).ok());
+  auto a = (*fast)->Select(0, fast_cache), b = (*full)->Select(0, full_cache);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->equal(*b));
+  EXPECT_EQ(a->size(1), 1);
+  EXPECT_EQ((*full)->last_trace().scores.max().item<float>(), -1.0f);
+  // The shortcut skipped the spectrogram, so tracing cannot be switched on afterwards.
+  (*fast)->set_tracing(true);
+  EXPECT_FALSE((*fast)->Select(0, fast_cache).ok());
+}
+
 TEST(NammPolicy, CudaMatchesCpu) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build or machine";
   NammModel model = BamModel(0.15, 79);

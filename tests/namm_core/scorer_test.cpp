@@ -127,6 +127,22 @@ TEST(BamScorer, TokenScoreIgnoresEveryOlderToken) {
   EXPECT_EQ(a[0][n - 1].item<float>(), b[0][n - 1].item<float>());                   // the newest, bit for bit
 }
 
+TEST(ConstantScore, DetectsAnOutputLayerThatIgnoresItsInput) {
+  const ScorerConfig bam = default_scorer_config(ScorerKind::kBam);
+  EXPECT_EQ(constant_score(bam, std::vector<float>(4172, 0.0f)), 0.0f);
+  std::vector<float> p(4172, 0.5f);
+  for (int i = 4146; i < 4171; ++i) p[static_cast<std::size_t>(i)] = 0.0f;  // W_f
+  p[4171] = -2.0f;                                                           // b_f
+  EXPECT_EQ(constant_score(bam, p), -2.0f);
+  auto scorer = make_scorer(bam, Params(p));
+  at::Tensor s = (*scorer)->Score(testing::RandomNormal({2, 40, 25}, 3));
+  EXPECT_EQ(s.min().item<float>(), -2.0f);
+  EXPECT_EQ(s.max().item<float>(), -2.0f);
+  p[4150] = 1e-3f;
+  EXPECT_FALSE(constant_score(bam, p).has_value());
+  EXPECT_EQ(constant_score(default_scorer_config(ScorerKind::kMlp), std::vector<float>(676, 0.0f)), 0.0f);
+}
+
 TEST(MlpScorer, HandCheckedExample) {
   // y = x + ReLU(x W1 + b1); s = y W2 + b2, with W1[0, 0] = 2, b1[1] = -1, W2 = [1, 1, 0...], b2 = 0.5.
   ScorerConfig config = default_scorer_config(ScorerKind::kMlp);

@@ -2,11 +2,9 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-
-#include <cstdio>
 
 #include "../namm_core/test_util.h"
+#include "../process_util.h"
 #include "namm/namm_file.h"
 #include "namm/namm_policy.h"
 #include "namm/npy.h"
@@ -14,20 +12,9 @@
 namespace namm {
 namespace {
 
-struct ToolRun {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using ToolRun = testing::ProcessResult;
 
-ToolRun Tool(const std::string& args) {
-  const std::string command = std::string(NAMM_TOOL_PATH) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
+ToolRun Tool(const std::string& args) { return testing::RunProcess(std::string(NAMM_TOOL_PATH) + " " + args); }
 
 std::string Dir(const std::string& name) {
   const std::string dir = testing::TempPath(name);

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,12 @@ class NammPolicy final : public MemoryPolicy {
   // from the model's statistics and, if they are still collecting, keeps folding in every update it sees.
   static Result<std::unique_ptr<NammPolicy>> Create(const NammModel& model, at::Device device = at::kCPU);
 
+  // When the scorer is constant (constant_score: e.g. all-zero parameters), the features cannot change any
+  // decision: Select skips them and the scorer, and Observe does nothing unless statistics are still being
+  // collected. The kept tokens are exactly those of the full pipeline. Tracing disables the shortcut.
   std::string name() const override;
-  // "namm.samples" [32] and "namm.ema" [17] float32 per token (see SpectrogramState).
+  // "namm.samples" [32] and "namm.ema" [17] float32 per token (see SpectrogramState); none when the
+  // features are not needed (constant scorer, frozen statistics, no tracing).
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
   Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
@@ -37,6 +42,7 @@ class NammPolicy final : public MemoryPolicy {
     at::Tensor scores;    // [kv_heads, n]: raw scorer output, before the newest token is forced to be kept
     at::Tensor keep;      // [kv_heads, k] int64, ascending
   };
+  // Enable before creating the caches (the constant-score shortcut may otherwise have dropped the features).
   void set_tracing(bool on) { tracing_ = on; }
   const Trace& last_trace() const { return trace_; }
 
@@ -46,8 +52,13 @@ class NammPolicy final : public MemoryPolicy {
  private:
   NammPolicy(const NammModel& model, std::unique_ptr<Scorer> scorer, at::Tensor selection_params);
 
+  // The features are needed unless the scorer is constant and no statistics are being gathered.
+  bool FeaturesNeeded() const;
+
   NammArchitecture architecture_;
   std::unique_ptr<Scorer> scorer_;
+  std::optional<float> constant_score_;
+  bool observe_skipped_ = false;
   at::Tensor selection_params_;
   FeatureNormalizer normalizer_;
   bool tracing_ = false;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,11 @@ struct ParamBlock {
 // final.bias [1].
 std::vector<ParamBlock> scorer_param_layout(const ScorerConfig& config);
 int64_t scorer_param_count(const ScorerConfig& config);
+
+// The score every token gets when the scorer's output layer ignores its input (its weights are all zero):
+// the output bias (0 without one), exactly, for any finite features. nullopt otherwise. The all-zero NAMM
+// that CMA-ES starts from is such a scorer.
+std::optional<float> constant_score(const ScorerConfig& config, const std::vector<float>& params);
 
 // A scorer bound to one parameter vector. Score() is const and safe to call from several threads.
 class Scorer {

@@ -43,8 +43,9 @@ at::Tensor stft_frame_magnitudes(const at::Tensor& samples);
 // Per-token streaming state; both tensors are views into the layer's KV cache so that the state travels with
 // its token when the cache is gathered.
 struct SpectrogramState {
-  // [kv_heads, n, 32] float32: columns 0-15 hold the previous hop's samples (zeros for a token that arrived
-  // in the current hop or in a fresh sequence), columns 16-31 the current hop's samples seen so far.
+  // [kv_heads, n, 32] float32: the last two hops' samples as a ring. Query q (absolute index) writes column
+  // 16 * ((q / 16) % 2) + q % 16, so hop h fills one half while the other half holds hop h - 1 (zeros for a
+  // fresh sequence or a token that arrived later). Rotating instead of shifting saves two passes per hop.
   at::Tensor samples;
   // [kv_heads, n, 17] float32: the EMA of the token's frame magnitudes, before normalization.
   at::Tensor ema;

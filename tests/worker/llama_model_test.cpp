@@ -1,0 +1,324 @@
+#include <ATen/ops/arange.h>
+#include <ATen/ops/log_softmax.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "../namm_core/test_util.h"
+#include "namm/h2o_policy.h"
+#include "namm/l2_policy.h"
+#include "namm/namm_policy.h"
+#include "namm/worker/generator.h"
+#include "namm/worker/llama_model.h"
+#include "namm/worker/rope.h"
+#include "shared_data.h"
+
+namespace namm::worker {
+namespace {
+
+using testing::SharedPath;
+
+TEST(Rope, StaticNtkBaseMatchesTheReferenceFormula) {
+  // Llama 3 at 4x with alpha 2 (spec §1.2): base' = 500000 * 7^(64/63) = 3609793.0043.
+  LlamaConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 500000;
+  c.rope_scaling.kind = RopeScaling::Kind::kNtk;
+  c.rope_scaling.factor = 4;
+  c.rope_scaling.alpha = 2;
+  const at::Tensor inv_freq = rope_inverse_frequencies(c);
+  ASSERT_EQ(inv_freq.size(0), 64);
+  for (int64_t i : {0, 1, 17, 63}) {
+    const double expected = 1.0 / std::pow(3609793.0043, 2.0 * static_cast<double>(i) / 128.0);
+    EXPECT_NEAR(inv_freq[i].item<float>(), expected, expected * 2e-6) << i;
+  }
+}
+
+TEST(Rope, LinearAndLlama3Scaling) {
+  LlamaConfig c;
+  c.head_dim = 128;
+  c.rope_theta = 500000;
+  const at::Tensor plain = rope_inverse_frequencies(c);
+  c.rope_scaling.kind = RopeScaling::Kind::kLinear;
+  c.rope_scaling.factor = 2;
+  EXPECT_TRUE(rope_inverse_frequencies(c).allclose(plain / 2));
+  c.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, 8.0, 1.0, 1.0, 4.0, 8192};
+  const at::Tensor llama3 = rope_inverse_frequencies(c);
+  for (int64_t i = 0; i < 64; ++i) {
+    const double f = plain[i].item<float>(), wavelen = 2 * M_PI / f;
+    double expected = f;  // high frequencies (wavelength < 8192 / 4) unchanged
+    if (wavelen > 8192) {
+      expected = f / 8;  // low frequencies divided by the factor
+    } else if (wavelen >= 2048) {
+      const double smooth = (8192 / wavelen - 1) / (4 - 1);
+      expected = (1 - smooth) * f / 8 + smooth * f;
+    }
+    EXPECT_NEAR(llama3[i].item<float>(), expected, expected * 1e-5) << i;
+  }
+}
+
+TEST(RopeScaling, ParsesTheCommandLineForm) {
+  auto ntk = RopeScaling::Parse("ntk:factor=4,alpha=2");
+  ASSERT_TRUE(ntk.ok());
+  EXPECT_EQ(ntk->kind, RopeScaling::Kind::kNtk);
+  EXPECT_EQ(ntk->alpha, 2);
+  EXPECT_EQ(ntk->ToString(), "ntk:factor=4,alpha=2");
+  EXPECT_FALSE(RopeScaling::Parse("ntk:alpha=2").ok());           // factor required
+  EXPECT_FALSE(RopeScaling::Parse("yarn:factor=4").ok());
+  EXPECT_FALSE(RopeScaling::Parse("linear:factor=0.5").ok());
+}
+
+// ---- stories260K -------------------------------------------------------------------------------------------------
+
+struct Stories {
+  LlamaModel model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Stories LoadStories(std::optional<RopeScaling> scaling = std::nullopt) {
+  LoadOptions options;
+  options.rope_scaling = scaling;
+  auto model = LlamaModel::Load(SharedPath(testing::kStoriesModel), options);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  auto tokenizer = load_tokenizer(SharedPath(testing::kStoriesTokenizer));
+  EXPECT_TRUE(tokenizer.ok());
+  return {std::move(model).value(), std::move(tokenizer).value()};
+}
+
+TEST(Stories260K, GreedyContinuationIsTheKnownStory) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories();
+  FullCachePolicy full;
+  GenerationOptions options;
+  options.max_new_tokens = 64;
+  options.eos_ids = {2};
+  auto result = Generator(s.model, *s.tokenizer).Generate(s.tokenizer->EncodeForModel("Once upon a time"), full, options);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  const std::string expected =
+      ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red "
+      "ball. She wanted to play with it, but it was too high.\n";
+  EXPECT_EQ(result->text.substr(0, expected.size()), expected);
+  EXPECT_EQ(result->prompt_tokens, 5);
+  EXPECT_TRUE(result->updates.empty());  // far below 512 tokens: never evicted
+}
+
+TEST(Stories260K, PromptLikelihoodMatchesTheReference) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories();
+  FullCachePolicy full;
+  GenerationOptions options;
+  options.max_new_tokens = 0;
+  options.record_logits = true;
+  const std::vector<int64_t> ids = s.tokenizer->EncodeForModel("Once upon a time");
+  auto result = Generator(s.model, *s.tokenizer).Generate(ids, full, options);
+  ASSERT_TRUE(result.ok());
+  const at::Tensor log_probs = at::log_softmax(result->prompt_logits, -1);
+  double nll = 0;
+  for (std::size_t i = 0; i + 1 < ids.size(); ++i) nll -= log_probs[static_cast<int64_t>(i)][ids[i + 1]].item<double>();
+  EXPECT_NEAR(nll / 4.0, 0.0685, 0.0005);
+}
+
+// A prompt of n tokens: the stories prompt repeated, so that the model's attention has structure.
+std::vector<int64_t> LongPrompt(const Tokenizer& tokenizer, int64_t n) {
+  std::string text;
+  while (static_cast<int64_t>(tokenizer.Encode(text).size()) < n) {
+    text += "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ";
+    text += "One day, she saw a big, red ball and a dog named Max. ";
+  }
+  std::vector<int64_t> ids = tokenizer.EncodeForModel(text);
+  ids.resize(static_cast<std::size_t>(n));
+  return ids;
+}
+
+NammModel NammWith(double scale, uint64_t seed) {
+  NammModel model;
+  model.params = initial_params(model.architecture);
+  if (scale > 0) {
+    at::Tensor p = testing::RandomNormal({4172}, seed, scale);
+    model.params.assign(p.data_ptr<float>(), p.data_ptr<float>() + 4172);
+  }
+  return model;
+}
+
+TEST(Stories260K, ZeroParameterNammReproducesTheFullCacheExactly) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1600);
+  GenerationOptions options;
+  options.max_new_tokens = 40;
+  options.record_logits = true;
+  FullCachePolicy full;
+  auto namm = NammPolicy::Create(NammWith(0, 0));
+  ASSERT_TRUE(namm.ok());
+  Generator generator(s.model, *s.tokenizer);
+  auto base = generator.Generate(prompt, full, options);
+  auto with_namm = generator.Generate(prompt, **namm, options);
+  ASSERT_TRUE(base.ok() && with_namm.ok()) << with_namm.status().ToString();
+  ASSERT_EQ(with_namm->updates.size(), 3u);  // at 512, 1024 and 1536 tokens
+  EXPECT_EQ(with_namm->updates[2].sequence_length, 1536);
+  for (const auto& update : with_namm->updates) {
+    for (int64_t size : update.cache_sizes) EXPECT_EQ(size, update.sequence_length);
+  }
+  EXPECT_EQ(with_namm->token_ids, base->token_ids);
+  EXPECT_TRUE(with_namm->prompt_logits.equal(base->prompt_logits));
+  EXPECT_TRUE(with_namm->generated_logits.equal(base->generated_logits));
+}
+
+// Records, for every memory update of every layer, the absolute positions each KV head keeps.
+class RecordingPolicy final : public MemoryPolicy {
+ public:
+  explicit RecordingPolicy(MemoryPolicy& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  std::vector<TokenStateSpec> token_state() const override { return inner_.token_state(); }
+  bool needs_attention() const override { return inner_.needs_attention(); }
+  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override {
+    return inner_.Observe(layer, attention, cache);
+  }
+  Result<at::Tensor> Select(int layer, LayerKVCache& cache) override {
+    auto keep = inner_.Select(layer, cache);
+    if (keep.ok()) kept[layer].push_back({cache.tokens_seen(), cache.positions().gather(1, *keep)});
+    return keep;
+  }
+  struct Event {
+    int64_t length;       // sequence length at the update
+    at::Tensor positions; // [kv_heads, k] kept absolute positions
+  };
+  std::map<int, std::vector<Event>> kept;
+
+ private:
+  MemoryPolicy& inner_;
+};
+
+// Logits of every position computed without a KV cache: full self-attention over the sequence, where query i
+// of layer l, KV head h sees key j iff j <= i and j survived the latest memory update before i.
+at::Tensor MaskedFullSequenceLogits(const LlamaModel& model, const at::Tensor& tokens,
+                                    const std::map<int, std::vector<RecordingPolicy::Event>>& kept) {
+  const LlamaConfig& c = model.config();
+  const LlamaWeights& w = model.weights();
+  const int64_t n = tokens.size(0), hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+  auto rms = [&](const at::Tensor& x, const at::Tensor& weight) {
+    return weight * (x * at::rsqrt(x.square().mean(-1, true) + c.norm_eps));
+  };
+  const RopeTables rope = rope_tables(rope_inverse_frequencies(c), at::arange(n, at::TensorOptions().dtype(at::kLong)));
+  at::Tensor x = w.token_embedding.index_select(0, tokens);
+  for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
+    const LlamaLayerWeights& lw = w.layers[static_cast<std::size_t>(l)];
+    // visible[h][i][j]
+    at::Tensor visible = at::ones({n, n}, at::TensorOptions().dtype(at::kBool)).tril().unsqueeze(0).repeat({c.n_kv_heads, 1, 1});
+    auto it = kept.find(l);
+    if (it != kept.end()) {
+      for (const auto& event : it->second) {
+        // Queries from event.length on see, among keys before event.length, only the kept ones.
+        at::Tensor survivor = at::zeros({c.n_kv_heads, n}, at::TensorOptions().dtype(at::kBool));
+        survivor.narrow(1, event.length, n - event.length).fill_(true);
+        survivor.scatter_(1, event.positions, true);
+        visible.narrow(1, event.length, n - event.length).logical_and_(survivor.unsqueeze(1));
+      }
+    }
+    const at::Tensor h = rms(x, lw.attention_norm);
+    const at::Tensor q = apply_rope(at::linear(h, lw.wq).view({n, c.n_heads, hd}).transpose(0, 1), rope);
+    const at::Tensor k = apply_rope(at::linear(h, lw.wk).view({n, c.n_kv_heads, hd}).transpose(0, 1), rope);
+    const at::Tensor v = at::linear(h, lw.wv).view({n, c.n_kv_heads, hd}).transpose(0, 1);
+    std::vector<at::Tensor> heads;
+    for (int64_t head = 0; head < c.n_heads; ++head) {
+      const int64_t kv = head / group;
+      at::Tensor scores = q[head].matmul(k[kv].t()) / std::sqrt(static_cast<double>(hd));
+      scores.masked_fill_(visible[kv].logical_not(), -std::numeric_limits<float>::infinity());
+      heads.push_back(scores.softmax(-1).matmul(v[kv]));
+    }
+    x = x + at::linear(at::cat(heads, 1), lw.wo);
+    const at::Tensor g = rms(x, lw.ffn_norm);
+    x = x + at::linear(at::silu(at::linear(g, lw.w_gate)) * at::linear(g, lw.w_up), lw.w_down);
+  }
+  return at::linear(rms(x, w.final_norm), w.lm_head);
+}
+
+TEST(Stories260K, EvictionEqualsMaskingTheEvictedTokens) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1300);
+  auto namm = NammPolicy::Create(NammWith(0.15, 4));
+  ASSERT_TRUE(namm.ok());
+  RecordingPolicy recorder(**namm);
+  GenerationOptions options;
+  options.max_new_tokens = 300;  // decoding crosses 1536: one update during generation
+  options.record_logits = true;
+  auto result = Generator(s.model, *s.tokenizer).Generate(prompt, recorder, options);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  ASSERT_EQ(result->updates.size(), 3u);
+  int64_t evicted = 0;
+  for (const auto& update : result->updates) {
+    for (int64_t size : update.cache_sizes) evicted += update.sequence_length - size;
+  }
+  ASSERT_GT(evicted, 500) << "the NAMM should evict";
+
+  // The whole sequence (prompt + generated tokens fed back), computed from scratch with masks.
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), result->token_ids.begin(), result->token_ids.end() - 1);
+  const at::Tensor tokens = at::from_blob(all.data(), {static_cast<int64_t>(all.size())}, at::TensorOptions().dtype(at::kLong)).clone();
+  const at::Tensor reference = MaskedFullSequenceLogits(s.model, tokens, recorder.kept);
+  const at::Tensor engine = at::cat({result->prompt_logits, result->generated_logits.narrow(0, 1, result->generated_logits.size(0) - 1)}, 0);
+  ASSERT_EQ(engine.sizes(), reference.sizes());
+  EXPECT_LT((engine - reference).abs().max().item<float>(), 2e-4f);
+  // And without masking the logits after the first update do differ: the masks matter.
+  const at::Tensor unmasked = MaskedFullSequenceLogits(s.model, tokens, {});
+  EXPECT_GT((engine - unmasked).narrow(0, 600, 100).abs().max().item<float>(), 1e-2f);
+}
+
+TEST(Stories260K, PrefillChunkSizeDoesNotChangeTheResult) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1100);
+  auto run = [&](int64_t chunk) {
+    auto namm = NammPolicy::Create(NammWith(0.15, 4));
+    GenerationOptions options;
+    options.max_new_tokens = 20;
+    options.chunk_size = chunk;
+    options.record_logits = true;
+    auto result = Generator(s.model, *s.tokenizer).Generate(prompt, **namm, options);
+    EXPECT_TRUE(result.ok());
+    return std::move(result).value();
+  };
+  const GenerationResult a = run(128), b = run(512), c = run(32);
+  EXPECT_EQ(a.token_ids, b.token_ids);
+  EXPECT_EQ(a.token_ids, c.token_ids);
+  EXPECT_EQ(a.final_cache_sizes, c.final_cache_sizes);
+  EXPECT_LT((a.prompt_logits - c.prompt_logits).abs().max().item<float>(), 1e-4f);
+}
+
+TEST(Stories260K, BaselinesKeepTheirBudget) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1100);
+  GenerationOptions options;
+  options.max_new_tokens = 5;
+  auto h2o = H2OPolicy::Create(256, 128);
+  auto with_h2o = Generator(s.model, *s.tokenizer).Generate(prompt, **h2o, options);
+  ASSERT_TRUE(with_h2o.ok());
+  ASSERT_EQ(with_h2o->updates.size(), 2u);
+  for (const auto& update : with_h2o->updates) EXPECT_EQ(update.cache_sizes, std::vector<int64_t>(5, 256));
+  // After the update at 1024: 76 more prompt tokens and 4 decoded ones (the 5th is never fed back).
+  EXPECT_EQ(with_h2o->final_cache_sizes[0], 256 + 76 + 4);
+  auto l2 = L2Policy::Create(300);
+  auto with_l2 = Generator(s.model, *s.tokenizer).Generate(prompt, **l2, options);
+  ASSERT_TRUE(with_l2.ok());
+  EXPECT_EQ(with_l2->updates.back().cache_sizes, std::vector<int64_t>(5, 300));
+}
+
+TEST(Generator, RefusesPromptsThatDoNotFit) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories();  // context 512 without scaling
+  FullCachePolicy full;
+  GenerationOptions options;
+  options.max_new_tokens = 100;
+  auto result = Generator(s.model, *s.tokenizer).Generate(std::vector<int64_t>(500, 1), full, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("exceeds the context of 512"), std::string::npos);
+  options.chunk_size = 100;  // does not divide 512
+  EXPECT_FALSE(Generator(s.model, *s.tokenizer).Generate({1, 2}, full, options).ok());
+}
+
+}  // namespace
+}  // namespace namm::worker

@@ -1,0 +1,91 @@
+// namm-worker generate as a user runs it.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../namm_core/test_util.h"
+#include "../process_util.h"
+#include "namm/file_util.h"
+#include "shared_data.h"
+
+namespace namm::worker {
+namespace {
+
+using testing::SharedPath;
+
+testing::ProcessResult Worker(const std::string& args) {
+  return testing::RunProcess(std::string(NAMM_WORKER_PATH) + " " + args);
+}
+
+std::string StoriesArgs() {
+  return "generate --model " + SharedPath(testing::kStoriesModel) + " --tokenizer " + SharedPath(testing::kStoriesTokenizer);
+}
+
+std::string LongPromptFile() {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
+  const std::string path = testing::TempPath("long_prompt.txt");
+  EXPECT_TRUE(write_file_atomically(path, {text}).ok());
+  return path;
+}
+
+TEST(NammWorkerCli, GeneratesTheKnownStory) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  auto run = Worker(StoriesArgs() + " --prompt 'Once upon a time' --max-new-tokens 20");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.rfind(", there was a little girl named Lily.", 0), 0u) << run.output;
+}
+
+TEST(NammWorkerCli, JsonReportWithANammAtFourTimesTheContext) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const std::string namm = testing::TempPath("cli_zero.safetensors");
+  ASSERT_EQ(testing::RunProcess(std::string(NAMM_TOOL_PATH) + " init --arch bam --zero --force --out " + namm).exit_code, 0);
+  auto run = Worker(StoriesArgs() + " --prompt-file " + LongPromptFile() +
+                    " --rope-scaling ntk:factor=4,alpha=2 --namm " + namm + " --max-new-tokens 8 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto j = nlohmann::json::parse(run.output);
+  EXPECT_GT(j["prompt_tokens"].get<int64_t>(), 1024);
+  ASSERT_EQ(j["memory_updates"].size(), 2u);
+  EXPECT_EQ(j["memory_updates"][1]["sequence_length"], 1024);
+  EXPECT_EQ(j["memory_updates"][1]["cache_sizes"][0], 1024);  // a zero NAMM keeps everything
+  EXPECT_EQ(j["final_cache_sizes"].size(), 5u);
+  EXPECT_EQ(j["token_ids"].size(), 8u);
+  EXPECT_GT(j["prefill_tokens_per_second"].get<double>(), 0);
+  EXPECT_GT(j["peak_kv_bytes"].get<int64_t>(), 0);
+  EXPECT_NE(j["policy"].get<std::string>().find("namm("), std::string::npos);
+}
+
+TEST(NammWorkerCli, BadInputGetsAClearError) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const std::string long_prompt = LongPromptFile();
+  const std::string truncated = testing::TempPath("truncated.bin");
+  auto bytes = read_file(SharedPath(testing::kStoriesModel));
+  ASSERT_TRUE(write_file_atomically(truncated, {std::string_view(*bytes).substr(0, 4000)}).ok());
+  struct Case {
+    std::string args, message;
+  };
+  const std::string tok = " --tokenizer " + SharedPath(testing::kStoriesTokenizer);
+  const std::vector<Case> cases = {
+      {"generate --model /nonexistent/model.bin" + tok + " --prompt hi", "no such file"},
+      {"generate --model " + truncated + tok + " --prompt hi", "the header implies"},
+      {StoriesArgs() + " --prompt-file " + long_prompt, "pass --truncate"},
+      {StoriesArgs() + " --prompt hi --policy h2o", "h2o needs budget=N"},
+      {StoriesArgs() + " --prompt hi --policy lru:budget=3", "unknown policy 'lru'"},
+      {StoriesArgs() + " --prompt hi --rope-scaling ntk:alpha=2", "factor=F is required"},
+      {StoriesArgs() + " --prompt hi --chunk-size 100", "must be positive and divide"},
+      {StoriesArgs() + " --prompt hi --device cuda:0", "CUDA"},
+      {"generate --model " + SharedPath(testing::kStoriesModel) + " --prompt hi", "--tokenizer is required"},
+  };
+  for (const auto& c : cases) {
+    auto run = Worker(c.args);
+    EXPECT_NE(run.exit_code, 0) << c.args;
+    EXPECT_NE(run.output.find(c.message), std::string::npos) << c.args << "\n" << run.output;
+  }
+  // With --truncate the long prompt is cut in the middle to fit 512 - 128 tokens.
+  auto fits = Worker(StoriesArgs() + " --prompt-file " + long_prompt + " --truncate --json");
+  ASSERT_EQ(fits.exit_code, 0) << fits.output;
+  EXPECT_LE(nlohmann::json::parse(fits.output)["prompt_tokens"].get<int64_t>(), 384);
+}
+
+}  // namespace
+}  // namespace namm::worker

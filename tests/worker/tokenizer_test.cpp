@@ -1,0 +1,177 @@
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "namm/worker/hf_tokenizer.h"
+#include "namm/worker/llama2c_tokenizer.h"
+#include "namm/worker/tokenizer.h"
+#include "shared_data.h"
+
+namespace namm::worker {
+namespace {
+
+using testing::SharedPath;
+using Ids = std::vector<int64_t>;
+
+std::unique_ptr<Tokenizer> Load(const std::string& relative) {
+  auto tokenizer = load_tokenizer(SharedPath(relative));
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
+}
+
+TEST(Llama2cTokenizer, EncodesTheKnownStoriesPrompt) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  auto tokenizer = Load(testing::kStoriesTokenizer);
+  EXPECT_EQ(tokenizer->EncodeForModel("Once upon a time"), (Ids{1, 403, 407, 261, 378}));
+  EXPECT_EQ(tokenizer->Decode({1, 403, 407, 261, 378}), "Once upon a time");
+  EXPECT_EQ(tokenizer->vocab_size(), 512);
+  EXPECT_EQ(tokenizer->eos_ids(), (Ids{2}));
+  EXPECT_TRUE(tokenizer->Encode("").empty());
+}
+
+TEST(Llama2cTokenizer, FallsBackToBytesForUnknownCharacters) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  auto tokenizer = Load(testing::kStoriesTokenizer);
+  // "中" (E4 B8 AD) has no token in this 512-piece vocabulary: three byte tokens 3 + byte.
+  const Ids ids = tokenizer->Encode("\xE4\xB8\xAD");
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(Ids(ids.end() - 3, ids.end()), (Ids{3 + 0xE4, 3 + 0xB8, 3 + 0xAD}));
+  EXPECT_EQ(tokenizer->Decode(ids), "\xE4\xB8\xAD");
+}
+
+TEST(Gpt2Tokenizer, KnownEncodings) {
+  NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
+  auto tokenizer = Load(testing::kGpt2Tokenizer);
+  EXPECT_EQ(tokenizer->Encode("Hello world"), (Ids{15496, 995}));
+  EXPECT_EQ(tokenizer->Encode(" Hello"), (Ids{18435}));
+  EXPECT_EQ(tokenizer->Encode("Hello, world!"), (Ids{15496, 11, 995, 0}));
+  // The special token is recognized inside text, kept on request and skipped by default when decoding.
+  const Ids with_special = tokenizer->Encode("Hello<|endoftext|> world");
+  EXPECT_EQ(with_special, (Ids{15496, 50256, 995}));
+  EXPECT_EQ(tokenizer->Decode(with_special), "Hello world");
+  EXPECT_EQ(tokenizer->Decode(with_special, /*skip_special_tokens=*/false), "Hello<|endoftext|> world");
+  EXPECT_EQ(tokenizer->EncodeForModel("Hello world"), (Ids{15496, 995}));  // GPT-2's template adds nothing
+  EXPECT_EQ(tokenizer->eos_ids(), (Ids{50256}));
+}
+
+// Random text from a mix of scripts, emoji, digits, punctuation and whitespace runs.
+std::string RandomUnicodeText(std::mt19937_64& gen) {
+  static const std::vector<std::string> atoms = {
+      "a", "Z", "the", " ", "  ", "\n", "\t", "\r\n", "7", "42", "3.14", ",", "!", "'s", "'ll", "\xC3\xA9",
+      "\xC3\x9F", "\xD0\x96", "\xCE\xA9", "\xE4\xB8\xAD", "\xE6\x96\x87", "\xE3\x81\x82", "\xED\x95\x9C",
+      "\xD8\xB9", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD", "\xE2\x82\xAC", "\xE2\x80\x94", "<|", "|>",
+      "\xC2\xA0", "\xE2\x80\x8B"};
+  std::uniform_int_distribution<std::size_t> pick(0, atoms.size() - 1), length(0, 40);
+  std::string text;
+  for (std::size_t i = 0, n = length(gen); i < n; ++i) text += atoms[pick(gen)];
+  return text;
+}
+
+TEST(Gpt2Tokenizer, DecodeInvertsEncodeOnUnicodeText) {
+  NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
+  auto tokenizer = Load(testing::kGpt2Tokenizer);
+  std::mt19937_64 gen(2024);
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::string text = RandomUnicodeText(gen);
+    const Ids ids = tokenizer->Encode(text);
+    EXPECT_EQ(tokenizer->Decode(ids), text) << "trial " << trial;
+    for (int64_t id : ids) ASSERT_TRUE(id >= 0 && id < tokenizer->vocab_size());
+  }
+}
+
+TEST(Utf8, InvalidBytesBecomeOneReplacementPerMaximalSubpart) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(sanitize_utf8("a\xFF" "b"), "a" + fffd + "b");
+  EXPECT_EQ(sanitize_utf8("\xE2\x82"), fffd);                // truncated 3-byte sequence: one
+  EXPECT_EQ(sanitize_utf8("\xE2\x82" "A"), fffd + "A");
+  EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), fffd + fffd + fffd);  // a surrogate: ED then two stray bytes
+  EXPECT_EQ(sanitize_utf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
+  EXPECT_EQ(sanitize_utf8("\xC0\xAF"), fffd + fffd);            // overlong
+}
+
+// A tiny SentencePiece-style tokenizer.json (the Llama 2 layout): "▁" replaces spaces and is prepended,
+// merges build "▁a", "▁ab", "ab"; unknown characters fall back to byte tokens; BOS from the template.
+constexpr const char* kSentencePieceJson = R"({
+  "added_tokens": [{"id": 0, "content": "<unk>", "special": true}, {"id": 1, "content": "<s>", "special": true},
+                   {"id": 2, "content": "</s>", "special": true}],
+  "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                 {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+  "pre_tokenizer": null,
+  "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [1]}}},
+  "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+              {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+  "model": {"type": "BPE", "byte_fallback": true, "fuse_unk": true, "unk_token": "<unk>",
+            "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "<0xE2>": 3, "<0x82>": 4, "<0xAC>": 5,
+                      "▁": 6, "a": 7, "b": 8, "▁a": 9, "ab": 10, "▁ab": 11},
+            "merges": ["▁ a", "a b", "▁a b"]}
+})";
+
+TEST(HfTokenizer, SentencePieceStyleBpeWithByteFallback) {
+  auto tokenizer = HfTokenizer::FromJson(kSentencePieceJson, "", "inline");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  // "ab ab": normalized "▁ab▁ab"; merges (by rank) "▁ a" -> "▁a", then "▁a b" -> "▁ab".
+  EXPECT_EQ((*tokenizer)->Encode("ab ab"), (Ids{11, 11}));
+  // "ba": "▁" "b" "a": no merge applies to "▁ b" or "b a".
+  EXPECT_EQ((*tokenizer)->Encode("ba"), (Ids{6, 8, 7}));
+  // "€" has no token: its three bytes.
+  EXPECT_EQ((*tokenizer)->Encode("a€"), (Ids{9, 3, 4, 5}));
+  EXPECT_EQ((*tokenizer)->EncodeForModel("ab"), (Ids{1, 11}));
+  EXPECT_EQ((*tokenizer)->Decode({1, 11, 11, 3, 4, 5}), "ab ab€");
+  // A lone continuation byte decodes to U+FFFD.
+  EXPECT_EQ((*tokenizer)->Decode({9, 4}), "a\xEF\xBF\xBD");
+}
+
+TEST(HfTokenizer, LlamaThreeRegexSplitsBeforeByteLevelMerges) {
+  // Byte-level BPE over Llama 3's Split regex: a merge "1 2" exists, but digits are split in groups of at
+  // most three, and letters never merge with a preceding space-less punctuation run.
+  std::string vocab = "{";
+  for (int b = 0; b < 256; ++b) {
+    // Byte-level characters of bytes '!'..'~' are the bytes themselves; include those plus "Ġ" (space).
+    if (b >= '!' && b <= '~' && b != '"' && b != '\\') vocab += "\"" + std::string(1, static_cast<char>(b)) + "\": " + std::to_string(b) + ", ";
+  }
+  vocab += R"("Ġ": 300, "12": 301, "123": 302, "Ġa": 303, "Ġab": 304, "ab": 305})";
+  const std::string json = std::string(R"({"model": {"type": "BPE", "ignore_merges": true, "vocab": )") + vocab +
+      R"(, "merges": ["1 2", "12 3", "Ġ a", "Ġa b", "a b"]},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+         "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+      "decoder": {"type": "ByteLevel"}})";
+  auto tokenizer = HfTokenizer::FromJson(json, "", "inline");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  // "123123" -> "123" "123"; " ab" -> "Ġab" (whole word in vocab: ignore_merges); "1212" -> "121" "2" -> "12" "1", "2".
+  EXPECT_EQ((*tokenizer)->Encode("123123 ab"), (Ids{302, 302, 304}));
+  EXPECT_EQ((*tokenizer)->Encode("1212"), (Ids{301, '1', '2'}));
+  EXPECT_EQ((*tokenizer)->Decode({302, 304}), "123 ab");
+}
+
+TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
+  auto wordpiece = HfTokenizer::FromJson(R"({"model": {"type": "WordPiece", "vocab": {}}})", "", "x.json");
+  ASSERT_FALSE(wordpiece.ok());
+  EXPECT_NE(wordpiece.status().message().find("model"), std::string::npos);
+  auto nfkc = HfTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
+                                        "normalizer": {"type": "NFKC"}})", "", "x.json");
+  ASSERT_FALSE(nfkc.ok());
+  EXPECT_NE(nfkc.status().message().find("NFKC"), std::string::npos);
+  EXPECT_FALSE(load_tokenizer("/nonexistent/tokenizer.json").ok());
+}
+
+TEST(MiddleTruncation, KeepsTheHeadAndTheTail) {
+  NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
+  auto tokenizer = Load(testing::kGpt2Tokenizer);
+  std::string text = "BEGIN ";
+  for (int i = 0; i < 300; ++i) text += "word" + std::to_string(i) + " ";
+  text += "END";
+  const Ids ids = encode_truncated_middle(*tokenizer, text, 100);
+  EXPECT_LE(std::abs(static_cast<int64_t>(ids.size()) - 100), 3);
+  const std::string kept = tokenizer->Decode(ids);
+  EXPECT_EQ(kept.rfind("BEGIN", 0), 0u);
+  EXPECT_EQ(kept.substr(kept.size() - 3), "END");
+  EXPECT_EQ(kept.find("word150 "), std::string::npos);
+  // Short texts are untouched.
+  EXPECT_EQ(encode_truncated_middle(*tokenizer, "Hello world", 100), (Ids{15496, 995}));
+}
+
+}  // namespace
+}  // namespace namm::worker

@@ -1,0 +1,69 @@
+// NAMM-augmented generation (spec §1.4, §1.6, §5.3): chunked prefill, memory updates at every multiple of
+// n_up tokens (prefill and decoding alike), greedy decoding, and the per-generation report.
+//
+// The prompt is cut at absolute multiples of the chunk size (which must divide n_up), so memory updates fall
+// exactly at sequence lengths 512, 1024, ... Each update runs after the chunk's logits have been computed, as
+// in the reference; prompts shorter than n_up are never evicted, and a prompt's tail after its last multiple of
+// n_up is scored at the next boundary, which may come during decoding.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "namm/memory_policy.h"
+#include "namm/status.h"
+#include "namm/worker/llama_model.h"
+#include "namm/worker/tokenizer.h"
+
+namespace namm::worker {
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 128;
+  std::vector<std::string> stop_strings;  // the text is cut before the first occurrence, and generation stops
+  int64_t chunk_size = 128;               // prefill chunk length; must divide memory_update_interval
+  int64_t memory_update_interval = 512;   // n_up
+  std::vector<int64_t> eos_ids;           // generation stops at any of them (not included in the output)
+  bool record_logits = false;             // keep the float32 logits of every position (tests, likelihoods)
+};
+
+// Cache sizes after one memory update.
+struct MemoryUpdateRecord {
+  int64_t sequence_length = 0;      // tokens processed when the update ran (a multiple of n_up)
+  std::vector<int64_t> cache_sizes;  // per layer: tokens kept per KV head
+};
+
+struct GenerationResult {
+  std::string text;                  // decoded answer, special tokens skipped, cut at a stop string
+  std::vector<int64_t> token_ids;    // generated ids (without the EOS that ended generation)
+  int64_t prompt_tokens = 0;
+  std::string stop_reason;           // "eos", "max_new_tokens" or "stop_string"
+  std::vector<MemoryUpdateRecord> updates;
+  std::vector<int64_t> final_cache_sizes;  // per layer, at the end of generation
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t decode_steps = 0;          // forward passes of single generated tokens
+  int64_t peak_kv_bytes = 0;         // keys + values of all layers at their largest
+  int64_t peak_policy_state_bytes = 0;  // the policy's per-token state at the same point
+  at::Tensor prompt_logits;          // [prompt_tokens, vocab] when record_logits
+  at::Tensor generated_logits;       // [n, vocab] when record_logits: logits that chose each generated token
+
+  double prefill_tokens_per_second() const;
+  double decode_tokens_per_second() const;
+};
+
+class Generator {
+ public:
+  Generator(const LlamaModel& model, const Tokenizer& tokenizer) : model_(model), tokenizer_(tokenizer) {}
+
+  // Generates greedily after `prompt_ids` (already templated, e.g. starting with BOS). `policy` serves this
+  // one sequence. Fails if the prompt plus max_new_tokens exceed the model's context length.
+  Result<GenerationResult> Generate(const std::vector<int64_t>& prompt_ids, MemoryPolicy& policy,
+                                    const GenerationOptions& options) const;
+
+ private:
+  const LlamaModel& model_;
+  const Tokenizer& tokenizer_;
+};
+
+}  // namespace namm::worker

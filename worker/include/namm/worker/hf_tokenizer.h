@@ -1,0 +1,41 @@
+// Hugging Face tokenizer.json BPE tokenizers: byte-level BPE (GPT-2, Llama 3: ByteLevel and regex Split
+// pre-tokenizers, PCRE2 for Unicode classes) and SentencePiece-style BPE with byte fallback and the "▁"
+// convention (Llama 2, Mistral: Prepend/Replace normalizers or the Metaspace pre-tokenizer).
+//
+// Supported pieces — normalizers: Sequence, Prepend, Replace; pre-tokenizers: Sequence, ByteLevel, Split
+// (Isolated/Removed), Metaspace; model: BPE (byte_fallback, unk_token, fuse_unk, ignore_merges); post-processors:
+// TemplateProcessing, ByteLevel, Sequence; decoders: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip,
+// Metaspace. Anything else is refused at load time with a message naming it. Added tokens are matched in the raw
+// text (leftmost, longest first). tokenizer_config.json's add_bos_token / add_eos_token, when a Llama tokenizer
+// class sets them, replace the template, as transformers' LlamaTokenizerFast does.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "namm/worker/tokenizer.h"
+
+namespace namm::worker {
+
+class HfTokenizer final : public Tokenizer {
+ public:
+  // `path`: a tokenizer.json file or a directory holding tokenizer.json (and optionally tokenizer_config.json).
+  static Result<std::unique_ptr<HfTokenizer>> Load(const std::string& path);
+  // From the two files' contents; `config_json` may be empty. `source` names them in error messages.
+  static Result<std::unique_ptr<HfTokenizer>> FromJson(const std::string& tokenizer_json,
+                                                       const std::string& config_json, const std::string& source);
+  ~HfTokenizer() override;
+
+  std::vector<int64_t> Encode(const std::string& text) const override;
+  std::vector<int64_t> EncodeForModel(const std::string& text) const override;
+  std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const override;
+  int64_t vocab_size() const override;
+  std::vector<int64_t> eos_ids() const override;
+
+ private:
+  struct Impl;
+  explicit HfTokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace namm::worker

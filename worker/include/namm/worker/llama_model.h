@@ -1,0 +1,56 @@
+// The Llama forward pass over a chunk of tokens, with a per-layer KV cache that a memory policy prunes.
+//
+// For each layer (pre-norm residual blocks):
+//   h = x + W_o · attention(RoPE(W_q · rms(x)), cache ∪ RoPE(W_k · rms(x)), cache ∪ W_v · rms(x))
+//   x = h + W_down · (silu(W_gate · rms(h)) ⊙ W_up · rms(h))
+// logits = W_lm · rms(x). Query head i reads KV head i / (heads / kv_heads). A chunk's queries see every cached
+// token plus the chunk's tokens up to themselves (causal); evicted tokens are simply gone from the cache, and
+// every cached key keeps the rotation of its absolute position.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "namm/kv_cache.h"
+#include "namm/memory_policy.h"
+#include "namm/status.h"
+#include "namm/worker/llama_weights.h"
+
+namespace namm::worker {
+
+class LlamaModel {
+ public:
+  static Result<LlamaModel> Load(const std::string& path, const LoadOptions& options);
+  LlamaModel(LoadedModel loaded, at::TensorOptions options);
+
+  const LlamaConfig& config() const { return config_; }
+  const LlamaWeights& weights() const { return weights_; }
+  const at::TensorOptions& options() const { return options_; }
+
+  // One empty cache per layer, carrying `policy`'s per-token state.
+  std::vector<LayerKVCache> NewCaches(const MemoryPolicy& policy) const;
+
+  // Runs `tokens` [t] (int64) as the next t tokens of the sequence whose state is `caches`: their keys and
+  // values are appended, and if the policy needs_attention() each layer's attention probabilities
+  // [heads, t, cache size] are handed to policy.Observe (then dropped). Positions continue from
+  // caches[0].tokens_seen(). Returns float32 logits [t, vocab] if all_logits, else [1, vocab] for the last token.
+  // Memory updates (eviction) are the caller's business (see Generator).
+  Result<at::Tensor> Forward(const at::Tensor& tokens, std::vector<LayerKVCache>& caches, MemoryPolicy& policy,
+                             bool all_logits) const;
+
+ private:
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  // Attention block of `layer` for the chunk's normalized hidden states x [t, dim].
+  Result<at::Tensor> Attention(int layer, const at::Tensor& x, const at::Tensor& positions, LayerKVCache& cache,
+                               MemoryPolicy& policy) const;
+  at::Tensor FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const;
+
+  LlamaConfig config_;
+  LlamaWeights weights_;
+  at::TensorOptions options_;
+  at::Tensor inv_freq_;
+};
+
+}  // namespace namm::worker

@@ -1,0 +1,45 @@
+// Text <-> token ids. Implementations: Hugging Face tokenizer.json BPE (hf_tokenizer.h) and llama2.c's
+// tokenizer.bin (llama2c_tokenizer.h). All are immutable after loading and safe to use from several threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+
+namespace namm::worker {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Ids of `text` without any template tokens (BOS/EOS); special tokens written literally in the text are
+  // recognized. Invalid UTF-8 is replaced by U+FFFD first.
+  virtual std::vector<int64_t> Encode(const std::string& text) const = 0;
+  // Ids with the tokenizer's template applied (e.g. BOS prepended): Hugging Face's add_special_tokens=True.
+  virtual std::vector<int64_t> EncodeForModel(const std::string& text) const = 0;
+  // Text of `ids`; special tokens are dropped when skip_special_tokens. Invalid UTF-8 becomes U+FFFD.
+  virtual std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const = 0;
+
+  virtual int64_t vocab_size() const = 0;
+  // End-of-sequence ids (generation stops at any of them); may be empty.
+  virtual std::vector<int64_t> eos_ids() const = 0;
+};
+
+// Loads a tokenizer: a tokenizer.json file, a directory containing one (its tokenizer_config.json is read too),
+// or a llama2.c tokenizer .bin file.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
+
+// Ids of `text` for the model, truncated in the middle to at most about max_tokens as the reference does
+// (spec §1.5): encode without template tokens; if longer than max_tokens, decode the first and the last
+// max_tokens / 2 tokens separately (special tokens skipped), join the two strings and encode again (so the
+// result can differ from max_tokens by a few tokens); then apply the template.
+std::vector<int64_t> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text, int64_t max_tokens);
+
+// Replaces invalid UTF-8 sequences by U+FFFD (as Python's errors="replace" does, one per maximal invalid run
+// of bytes that cannot start or continue a valid sequence).
+std::string sanitize_utf8(const std::string& bytes);
+
+}  // namespace namm::worker

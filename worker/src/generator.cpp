@@ -1,0 +1,145 @@
+#include "namm/worker/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "aten.h"
+
+namespace namm::worker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Bookkeeping shared by prefill and decoding: memory updates at multiples of n_up and peak memory.
+class CacheTracker {
+ public:
+  CacheTracker(std::vector<LayerKVCache>& caches, MemoryPolicy& policy, int64_t n_up, GenerationResult& result)
+      : caches_(caches), policy_(policy), n_up_(n_up), result_(result) {}
+
+  // After a forward pass: record the peak, then run a memory update if the length is a multiple of n_up.
+  Status AfterForward() {
+    int64_t kv = 0, state = 0;
+    for (const auto& cache : caches_) {
+      kv += (cache.keys().numel() + cache.values().numel()) * cache.keys().element_size();
+      for (const auto& spec : policy_.token_state()) {
+        const at::Tensor s = cache.state(spec.name);
+        state += s.numel() * s.element_size();
+      }
+    }
+    if (kv > result_.peak_kv_bytes) {
+      result_.peak_kv_bytes = kv;
+      result_.peak_policy_state_bytes = state;
+    }
+    const int64_t length = caches_[0].tokens_seen();
+    if (length % n_up_ != 0) return Status::Ok();
+    MemoryUpdateRecord record{length, {}};
+    for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
+      NAMM_RETURN_IF_ERROR(apply_memory_update(policy_, static_cast<int>(layer), caches_[layer]));
+      record.cache_sizes.push_back(caches_[layer].size());
+    }
+    result_.updates.push_back(std::move(record));
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<LayerKVCache>& caches_;
+  MemoryPolicy& policy_;
+  int64_t n_up_;
+  GenerationResult& result_;
+};
+
+}  // namespace
+
+double GenerationResult::prefill_tokens_per_second() const {
+  return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0.0;
+}
+
+double GenerationResult::decode_tokens_per_second() const {
+  return decode_seconds > 0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
+}
+
+Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_ids, MemoryPolicy& policy,
+                                             const GenerationOptions& options) const {
+  const auto length = static_cast<int64_t>(prompt_ids.size());
+  if (length == 0) return Status::InvalidArgument("the prompt is empty");
+  if (options.chunk_size <= 0 || options.memory_update_interval <= 0 ||
+      options.memory_update_interval % options.chunk_size != 0) {
+    return Status::InvalidArgument("the chunk size (" + std::to_string(options.chunk_size) +
+                                   ") must be positive and divide the memory update interval (" +
+                                   std::to_string(options.memory_update_interval) + ")");
+  }
+  if (options.max_new_tokens < 0) return Status::InvalidArgument("max_new_tokens must be >= 0");
+  const int64_t context = model_.config().context_length();
+  if (length + options.max_new_tokens > context) {
+    return Status::InvalidArgument("the prompt (" + std::to_string(length) + " tokens) plus " +
+                                   std::to_string(options.max_new_tokens) + " new tokens exceeds the context of " +
+                                   std::to_string(context) + " tokens (" + model_.config().rope_scaling.ToString() +
+                                   "); shorten or truncate the prompt");
+  }
+
+  GenerationResult result;
+  result.prompt_tokens = length;
+  std::vector<LayerKVCache> caches = model_.NewCaches(policy);
+  CacheTracker tracker(caches, policy, options.memory_update_interval, result);
+  const at::Tensor prompt = at::from_blob(const_cast<int64_t*>(prompt_ids.data()), {length},
+                                          at::TensorOptions().dtype(at::kLong)).clone();
+
+  // Prefill, cut at absolute multiples of the chunk size.
+  const auto prefill_start = Clock::now();
+  std::vector<at::Tensor> prompt_logits;
+  at::Tensor logits;
+  for (int64_t begin = 0; begin < length;) {
+    const int64_t end = std::min(length, (begin / options.chunk_size + 1) * options.chunk_size);
+    NAMM_ASSIGN_OR_RETURN(logits, model_.Forward(prompt.narrow(0, begin, end - begin), caches, policy,
+                                                 options.record_logits));
+    if (options.record_logits) prompt_logits.push_back(logits);
+    NAMM_RETURN_IF_ERROR(tracker.AfterForward());
+    begin = end;
+  }
+  result.prefill_seconds = Since(prefill_start);
+  if (options.record_logits) {
+    result.prompt_logits = at::cat(prompt_logits, 0);
+    logits = result.prompt_logits.narrow(0, length - 1, 1);
+  }
+
+  // Greedy decoding.
+  const auto decode_start = Clock::now();
+  std::vector<at::Tensor> generated_logits;
+  result.stop_reason = "max_new_tokens";
+  while (static_cast<int64_t>(result.token_ids.size()) < options.max_new_tokens) {
+    if (options.record_logits) generated_logits.push_back(logits);
+    const int64_t next = logits[0].argmax().item<int64_t>();
+    if (std::find(options.eos_ids.begin(), options.eos_ids.end(), next) != options.eos_ids.end()) {
+      result.stop_reason = "eos";
+      break;
+    }
+    result.token_ids.push_back(next);
+    if (!options.stop_strings.empty()) {
+      const std::string text = tokenizer_.Decode(result.token_ids);
+      if (std::any_of(options.stop_strings.begin(), options.stop_strings.end(),
+                      [&](const std::string& stop) { return text.find(stop) != std::string::npos; })) {
+        result.stop_reason = "stop_string";
+        break;
+      }
+    }
+    if (static_cast<int64_t>(result.token_ids.size()) == options.max_new_tokens) break;
+    const at::Tensor token = at::full({1}, next, at::TensorOptions().dtype(at::kLong));
+    NAMM_ASSIGN_OR_RETURN(logits, model_.Forward(token, caches, policy, false));
+    ++result.decode_steps;
+    NAMM_RETURN_IF_ERROR(tracker.AfterForward());
+  }
+  result.decode_seconds = Since(decode_start);
+  if (options.record_logits && !generated_logits.empty()) result.generated_logits = at::cat(generated_logits, 0);
+
+  result.text = tokenizer_.Decode(result.token_ids);
+  for (const auto& stop : options.stop_strings) {
+    const auto pos = result.text.find(stop);
+    if (pos != std::string::npos) result.text.resize(pos);
+  }
+  for (const auto& cache : caches) result.final_cache_sizes.push_back(cache.size());
+  return result;
+}
+
+}  // namespace namm::worker

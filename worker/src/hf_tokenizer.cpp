@@ -1,0 +1,675 @@
+#include "namm/worker/hf_tokenizer.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "namm/file_util.h"
+#include "regex.h"
+#include "utf8.h"
+
+namespace namm::worker {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// The pattern GPT-2's ByteLevel pre-tokenizer splits with (use_regex = true).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's reversible map from bytes to printable characters: printable Latin-1 bytes map to themselves, the
+// others to U+0100 onwards, in byte order.
+struct ByteMap {
+  std::array<std::string, 256> to_char;
+  std::unordered_map<std::string, unsigned char> to_byte;
+};
+
+const ByteMap& GetByteMap() {
+  static const ByteMap map = [] {
+    ByteMap m;
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const std::string c = utf8::Encode(printable ? b : next++);
+      m.to_char[b] = c;
+      m.to_byte[c] = static_cast<unsigned char>(b);
+    }
+    return m;
+  }();
+  return map;
+}
+
+struct NormalizerStep {
+  enum class Kind { kPrepend, kReplace } kind;
+  std::string text;     // kPrepend: the prefix; kReplace: the literal pattern (when no regex)
+  std::optional<Regex> regex;
+  std::string content;  // kReplace: the replacement
+};
+
+struct PreTokenizerStep {
+  enum class Kind { kByteLevel, kSplit, kMetaspace } kind;
+  bool add_prefix_space = false;  // kByteLevel
+  std::optional<Regex> regex;     // kByteLevel (use_regex) and kSplit
+  bool remove_matches = false;    // kSplit with behavior Removed: the matches are dropped
+  std::string literal;            // kSplit on a String pattern
+  std::string replacement;        // kMetaspace
+  enum class Prepend { kAlways, kFirst, kNever } prepend = Prepend::kAlways;
+  bool split = true;              // kMetaspace
+};
+
+struct DecoderStep {
+  enum class Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string pattern, content;  // kReplace; kStrip uses content; kMetaspace uses content as the replacement
+  int start = 0, stop = 0;       // kStrip
+  bool prepend = true;           // kMetaspace: the first token's leading space is dropped
+};
+
+struct AddedToken {
+  std::string content;
+  int64_t id;
+  bool special;
+};
+
+Status Unsupported(const std::string& source, const std::string& what, const Json& j) {
+  return Status::Unimplemented(source + ": " + what + " " + j.dump().substr(0, 200) + " is not supported");
+}
+
+// A String or Regex pattern object: {"String": "..."} or {"Regex": "..."}.
+Status ParsePattern(const Json& j, std::string* literal, std::optional<Regex>* regex, const std::string& source) {
+  if (j.contains("String") && j["String"].is_string()) {
+    *literal = j["String"].get<std::string>();
+    return Status::Ok();
+  }
+  if (j.contains("Regex") && j["Regex"].is_string()) {
+    auto compiled = Regex::Compile(j["Regex"].get<std::string>());
+    if (!compiled.ok()) return compiled.status().WithContext(source);
+    *regex = std::move(compiled).value();
+    return Status::Ok();
+  }
+  return Unsupported(source, "pattern", j);
+}
+
+// Splits `s` around the regex or literal matches: matches and gaps in order (Isolated), or gaps only (Removed).
+std::vector<std::string> SplitAround(const std::string& s, const std::optional<Regex>& regex, const std::string& literal,
+                                     bool remove_matches) {
+  std::vector<std::pair<std::size_t, std::size_t>> matches;
+  if (regex) {
+    matches = regex->FindAll(s);
+  } else if (!literal.empty()) {
+    for (std::size_t pos = s.find(literal); pos != std::string::npos; pos = s.find(literal, pos + literal.size())) {
+      matches.emplace_back(pos, pos + literal.size());
+    }
+  }
+  std::vector<std::string> pieces;
+  std::size_t cursor = 0;
+  for (const auto& [begin, end] : matches) {
+    if (begin > cursor) pieces.push_back(s.substr(cursor, begin - cursor));
+    if (!remove_matches) pieces.push_back(s.substr(begin, end - begin));
+    cursor = end;
+  }
+  if (cursor < s.size()) pieces.push_back(s.substr(cursor));
+  return pieces;
+}
+
+std::string ReplaceAll(std::string s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  for (std::size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size())) {
+    s.replace(pos, from.size(), to);
+  }
+  return s;
+}
+
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+// A "<0xXX>" byte-fallback token's byte, or -1.
+int FallbackByte(const std::string& token) {
+  if (token.size() != 6 || !StartsWith(token, "<0x") || token[5] != '>') return -1;
+  int value = 0;
+  for (int i = 3; i < 5; ++i) {
+    const char c = token[static_cast<std::size_t>(i)];
+    int digit = -1;
+    if (c >= '0' && c <= '9') digit = c - '0';
+    if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
+std::string TokenContent(const Json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+struct HfTokenizer::Impl {
+  std::string source;
+  std::unordered_map<std::string, int64_t> vocab;
+  std::vector<std::string> id_to_token;
+  std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> merges;  // (left, right) -> (rank, merged id)
+  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  int64_t unk_id = -1;
+  std::array<int64_t, 256> byte_token{};  // id of "<0xXX>", or -1
+  std::vector<NormalizerStep> normalizer;
+  std::vector<PreTokenizerStep> pre_tokenizer;
+  std::vector<DecoderStep> decoder;
+  std::vector<AddedToken> added;  // longest first
+  std::array<bool, 256> added_first_byte{};  // bytes an added token can start with
+  std::unordered_set<int64_t> special_ids;
+  std::vector<int64_t> prefix, suffix;
+  std::vector<int64_t> eos;
+
+  static uint64_t PairKey(int64_t a, int64_t b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint64_t>(b); }
+
+  int64_t IdOf(const std::string& token) const {
+    auto it = vocab.find(token);
+    return it == vocab.end() ? -1 : it->second;
+  }
+
+  Status ParseNormalizer(const Json& j) {
+    if (j.is_null()) return Status::Ok();
+    const std::string type = j.value("type", "");
+    if (type == "Sequence") {
+      for (const auto& step : j.value("normalizers", Json::array())) NAMM_RETURN_IF_ERROR(ParseNormalizer(step));
+    } else if (type == "Prepend") {
+      normalizer.push_back({NormalizerStep::Kind::kPrepend, j.value("prepend", ""), std::nullopt, ""});
+    } else if (type == "Replace") {
+      NormalizerStep step{NormalizerStep::Kind::kReplace, "", std::nullopt, j.value("content", "")};
+      NAMM_RETURN_IF_ERROR(ParsePattern(j.value("pattern", Json::object()), &step.text, &step.regex, source));
+      normalizer.push_back(std::move(step));
+    } else {
+      return Unsupported(source, "normalizer", j);
+    }
+    return Status::Ok();
+  }
+
+  Status ParsePreTokenizer(const Json& j) {
+    if (j.is_null()) return Status::Ok();
+    const std::string type = j.value("type", "");
+    PreTokenizerStep step;
+    if (type == "Sequence") {
+      for (const auto& s : j.value("pretokenizers", Json::array())) NAMM_RETURN_IF_ERROR(ParsePreTokenizer(s));
+      return Status::Ok();
+    }
+    if (type == "ByteLevel") {
+      step.kind = PreTokenizerStep::Kind::kByteLevel;
+      step.add_prefix_space = j.value("add_prefix_space", false);
+      if (j.value("use_regex", true)) {
+        auto compiled = Regex::Compile(kGpt2Pattern);
+        if (!compiled.ok()) return compiled.status();
+        step.regex = std::move(compiled).value();
+      }
+    } else if (type == "Split") {
+      step.kind = PreTokenizerStep::Kind::kSplit;
+      const std::string behavior = j.value("behavior", "Isolated");
+      if (j.value("invert", false) || (behavior != "Isolated" && behavior != "Removed")) {
+        return Unsupported(source, "Split pre-tokenizer", j);
+      }
+      step.remove_matches = behavior == "Removed";
+      NAMM_RETURN_IF_ERROR(ParsePattern(j.value("pattern", Json::object()), &step.literal, &step.regex, source));
+    } else if (type == "Metaspace") {
+      step.kind = PreTokenizerStep::Kind::kMetaspace;
+      step.replacement = j.value("replacement", "\xE2\x96\x81");
+      step.split = j.value("split", true);
+      const std::string scheme = j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
+      step.prepend = scheme == "first"   ? PreTokenizerStep::Prepend::kFirst
+                     : scheme == "never" ? PreTokenizerStep::Prepend::kNever
+                                         : PreTokenizerStep::Prepend::kAlways;
+    } else {
+      return Unsupported(source, "pre-tokenizer", j);
+    }
+    pre_tokenizer.push_back(std::move(step));
+    return Status::Ok();
+  }
+
+  Status ParseDecoder(const Json& j) {
+    if (j.is_null()) return Status::Ok();
+    const std::string type = j.value("type", "");
+    DecoderStep step;
+    if (type == "Sequence") {
+      for (const auto& s : j.value("decoders", Json::array())) NAMM_RETURN_IF_ERROR(ParseDecoder(s));
+      return Status::Ok();
+    }
+    if (type == "ByteLevel") {
+      step.kind = DecoderStep::Kind::kByteLevel;
+    } else if (type == "Replace") {
+      step.kind = DecoderStep::Kind::kReplace;
+      std::optional<Regex> regex;
+      NAMM_RETURN_IF_ERROR(ParsePattern(j.value("pattern", Json::object()), &step.pattern, &regex, source));
+      if (regex) return Unsupported(source, "Replace decoder with a regex", j);
+      step.content = j.value("content", "");
+    } else if (type == "ByteFallback") {
+      step.kind = DecoderStep::Kind::kByteFallback;
+    } else if (type == "Fuse") {
+      step.kind = DecoderStep::Kind::kFuse;
+    } else if (type == "Strip") {
+      step.kind = DecoderStep::Kind::kStrip;
+      step.content = j.value("content", " ");
+      step.start = j.value("start", 0);
+      step.stop = j.value("stop", 0);
+    } else if (type == "Metaspace") {
+      step.kind = DecoderStep::Kind::kMetaspace;
+      step.content = j.value("replacement", "\xE2\x96\x81");
+      const std::string scheme = j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
+      step.prepend = scheme != "never";
+    } else {
+      return Unsupported(source, "decoder", j);
+    }
+    decoder.push_back(std::move(step));
+    return Status::Ok();
+  }
+
+  Status ParsePostProcessor(const Json& j) {
+    if (j.is_null()) return Status::Ok();
+    const std::string type = j.value("type", "");
+    if (type == "Sequence") {
+      for (const auto& p : j.value("processors", Json::array())) NAMM_RETURN_IF_ERROR(ParsePostProcessor(p));
+    } else if (type == "ByteLevel") {
+      // Only adjusts offsets.
+    } else if (type == "TemplateProcessing") {
+      const Json specials = j.value("special_tokens", Json::object());
+      bool after_sequence = false;
+      for (const auto& item : j.value("single", Json::array())) {
+        if (item.contains("Sequence")) {
+          after_sequence = true;
+        } else if (item.contains("SpecialToken")) {
+          const std::string name = item["SpecialToken"].value("id", "");
+          if (!specials.contains(name)) {
+            return Status::Corruption(source + ": template token '" + name + "' is not in special_tokens");
+          }
+          for (const auto& id : specials[name].value("ids", Json::array())) {
+            (after_sequence ? suffix : prefix).push_back(id.get<int64_t>());
+          }
+        }
+      }
+    } else {
+      return Unsupported(source, "post-processor", j);
+    }
+    return Status::Ok();
+  }
+
+  Status ParseModel(const Json& m) {
+    if (m.value("type", "BPE") != "BPE") return Unsupported(source, "model", Json(m.value("type", "")));
+    if (!m.value("continuing_subword_prefix", Json()).is_null() && m.value("continuing_subword_prefix", "") != "") {
+      return Unsupported(source, "BPE continuing_subword_prefix", m["continuing_subword_prefix"]);
+    }
+    if (!m.value("end_of_word_suffix", Json()).is_null() && m.value("end_of_word_suffix", "") != "") {
+      return Unsupported(source, "BPE end_of_word_suffix", m["end_of_word_suffix"]);
+    }
+    if (!m.contains("vocab") || !m["vocab"].is_object()) return Status::Corruption(source + ": model has no vocab");
+    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+        return Status::Corruption(source + ": vocab id of '" + it.key() + "' is not a non-negative integer");
+      }
+      vocab[it.key()] = it->get<int64_t>();
+    }
+    byte_fallback = m.value("byte_fallback", false);
+    fuse_unk = m.value("fuse_unk", false);
+    ignore_merges = m.value("ignore_merges", false);
+    if (m.contains("unk_token") && m["unk_token"].is_string()) unk_id = IdOf(m["unk_token"].get<std::string>());
+    int32_t rank = 0;
+    for (const auto& merge : m.value("merges", Json::array())) {
+      std::string left, right;
+      if (merge.is_string()) {  // "left right"
+        const std::string s = merge.get<std::string>();
+        const auto space = s.find(' ', 1);
+        if (space == std::string::npos) return Status::Corruption(source + ": malformed merge '" + s + "'");
+        left = s.substr(0, space);
+        right = s.substr(space + 1);
+      } else if (merge.is_array() && merge.size() == 2) {
+        left = merge[0].get<std::string>();
+        right = merge[1].get<std::string>();
+      } else {
+        return Status::Corruption(source + ": malformed merge " + merge.dump());
+      }
+      const int64_t a = IdOf(left), b = IdOf(right), merged = IdOf(left + right);
+      if (a < 0 || b < 0 || merged < 0) {
+        return Status::Corruption(source + ": merge '" + left + " " + right + "' uses tokens missing from the vocab");
+      }
+      merges.emplace(PairKey(a, b), std::make_pair(rank++, merged));
+    }
+    for (int b = 0; b < 256; ++b) {
+      static const char* hex = "0123456789ABCDEF";
+      byte_token[static_cast<std::size_t>(b)] = IdOf(std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">");
+    }
+    return Status::Ok();
+  }
+
+  std::string Normalize(std::string s) const {
+    for (const auto& step : normalizer) {
+      if (step.kind == NormalizerStep::Kind::kPrepend) {
+        if (!s.empty()) s = step.text + s;
+      } else if (step.regex) {
+        std::string out;
+        std::size_t cursor = 0;
+        for (const auto& [begin, end] : step.regex->FindAll(s)) {
+          out += s.substr(cursor, begin - cursor) + step.content;
+          cursor = end;
+        }
+        s = out + s.substr(cursor);
+      } else {
+        s = ReplaceAll(std::move(s), step.text, step.content);
+      }
+    }
+    return s;
+  }
+
+  // Words of a normalized segment; at_input_start: the segment begins the whole input (Metaspace "first").
+  std::vector<std::string> PreTokenize(const std::string& text, bool at_input_start) const {
+    std::vector<std::string> splits = {text};
+    const ByteMap& bytes = GetByteMap();
+    for (const auto& step : pre_tokenizer) {
+      std::vector<std::string> next;
+      for (std::size_t i = 0; i < splits.size(); ++i) {
+        std::string s = splits[i];
+        switch (step.kind) {
+          case PreTokenizerStep::Kind::kByteLevel: {
+            if (step.add_prefix_space && !StartsWith(s, " ")) s = " " + s;
+            for (const std::string& piece : step.regex ? SplitAround(s, step.regex, "", false)
+                                                       : std::vector<std::string>{s}) {
+              std::string mapped;
+              for (unsigned char b : piece) mapped += bytes.to_char[b];
+              next.push_back(std::move(mapped));
+            }
+            break;
+          }
+          case PreTokenizerStep::Kind::kSplit:
+            for (auto& piece : SplitAround(s, step.regex, step.literal, step.remove_matches)) next.push_back(piece);
+            break;
+          case PreTokenizerStep::Kind::kMetaspace: {
+            s = ReplaceAll(std::move(s), " ", step.replacement);
+            const bool prepend = step.prepend == PreTokenizerStep::Prepend::kAlways ||
+                                 (step.prepend == PreTokenizerStep::Prepend::kFirst && i == 0 && at_input_start);
+            if (prepend && !StartsWith(s, step.replacement)) s = step.replacement + s;
+            if (!step.split) {
+              next.push_back(std::move(s));
+              break;
+            }
+            // Each word keeps the replacement character that precedes it.
+            std::size_t begin = 0;
+            for (std::size_t pos = s.find(step.replacement, 1); pos != std::string::npos;
+                 pos = s.find(step.replacement, pos + step.replacement.size())) {
+              next.push_back(s.substr(begin, pos - begin));
+              begin = pos;
+            }
+            next.push_back(s.substr(begin));
+            break;
+          }
+        }
+      }
+      splits = std::move(next);
+    }
+    splits.erase(std::remove(splits.begin(), splits.end(), std::string()), splits.end());
+    return splits;
+  }
+
+  // Byte-pair encoding of one word: merges applied lowest rank first, leftmost first among equal ranks.
+  void Bpe(const std::string& word, std::vector<int64_t>* out) const {
+    if (ignore_merges) {
+      const int64_t whole = IdOf(word);
+      if (whole >= 0) {
+        out->push_back(whole);
+        return;
+      }
+    }
+    std::vector<int64_t> ids;
+    for (const std::string& c : utf8::Characters(word)) {
+      const int64_t id = IdOf(c);
+      if (id >= 0) {
+        ids.push_back(id);
+      } else if (byte_fallback && std::all_of(c.begin(), c.end(), [&](char b) {
+                   return byte_token[static_cast<unsigned char>(b)] >= 0;
+                 })) {
+        for (unsigned char b : c) ids.push_back(byte_token[b]);
+      } else if (unk_id >= 0) {
+        if (!(fuse_unk && !ids.empty() && ids.back() == unk_id)) ids.push_back(unk_id);
+      }
+    }
+    // Doubly linked symbols and a queue of candidate merges (rank, position).
+    const std::size_t n = ids.size();
+    std::vector<std::ptrdiff_t> prev(n), next(n);
+    std::vector<bool> alive(n, true);
+    for (std::size_t i = 0; i < n; ++i) {
+      prev[i] = static_cast<std::ptrdiff_t>(i) - 1;
+      next[i] = i + 1 < n ? static_cast<std::ptrdiff_t>(i + 1) : -1;
+    }
+    using Candidate = std::tuple<int32_t, std::size_t, int64_t, int64_t>;  // rank, left position, left id, right id
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+    auto consider = [&](std::ptrdiff_t left) {
+      if (left < 0 || next[static_cast<std::size_t>(left)] < 0) return;
+      const auto l = static_cast<std::size_t>(left), r = static_cast<std::size_t>(next[l]);
+      auto it = merges.find(PairKey(ids[l], ids[r]));
+      if (it != merges.end()) queue.emplace(it->second.first, l, ids[l], ids[r]);
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) consider(static_cast<std::ptrdiff_t>(i));
+    while (!queue.empty()) {
+      const auto [rank, l, left_id, right_id] = queue.top();
+      queue.pop();
+      if (!alive[l] || ids[l] != left_id || next[l] < 0 || ids[static_cast<std::size_t>(next[l])] != right_id) continue;
+      const auto r = static_cast<std::size_t>(next[l]);
+      ids[l] = merges.at(PairKey(left_id, right_id)).second;
+      alive[r] = false;
+      next[l] = next[r];
+      if (next[r] >= 0) prev[static_cast<std::size_t>(next[r])] = static_cast<std::ptrdiff_t>(l);
+      consider(prev[l]);
+      consider(static_cast<std::ptrdiff_t>(l));
+      (void)rank;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (alive[i]) out->push_back(ids[i]);
+    }
+  }
+
+  std::vector<std::string> Decode(std::vector<std::string> tokens) const {
+    const ByteMap& bytes = GetByteMap();
+    for (const auto& step : decoder) {
+      std::vector<std::string> next;
+      switch (step.kind) {
+        case DecoderStep::Kind::kByteLevel: {
+          std::string raw;
+          for (const auto& token : tokens) {
+            std::string decoded;
+            bool all_mapped = true;
+            for (const std::string& c : utf8::Characters(token)) {
+              auto it = bytes.to_byte.find(c);
+              if (it == bytes.to_byte.end()) {
+                all_mapped = false;
+                break;
+              }
+              decoded += static_cast<char>(it->second);
+            }
+            raw += all_mapped ? decoded : token;
+          }
+          next.push_back(sanitize_utf8(raw));
+          break;
+        }
+        case DecoderStep::Kind::kReplace:
+          for (auto& token : tokens) next.push_back(ReplaceAll(token, step.pattern, step.content));
+          break;
+        case DecoderStep::Kind::kByteFallback: {
+          std::string pending;
+          auto flush = [&] {
+            if (pending.empty()) return;
+            if (sanitize_utf8(pending) == pending) {
+              next.push_back(pending);
+            } else {
+              for (std::size_t i = 0; i < pending.size(); ++i) next.push_back("\xEF\xBF\xBD");
+            }
+            pending.clear();
+          };
+          for (auto& token : tokens) {
+            const int b = FallbackByte(token);
+            if (b >= 0) {
+              pending += static_cast<char>(b);
+            } else {
+              flush();
+              next.push_back(token);
+            }
+          }
+          flush();
+          break;
+        }
+        case DecoderStep::Kind::kFuse: {
+          std::string joined;
+          for (auto& token : tokens) joined += token;
+          next.push_back(std::move(joined));
+          break;
+        }
+        case DecoderStep::Kind::kStrip:
+          for (auto token : tokens) {
+            for (int k = 0; k < step.start && StartsWith(token, step.content); ++k) token.erase(0, step.content.size());
+            for (int k = 0; k < step.stop && token.size() >= step.content.size() &&
+                            token.compare(token.size() - step.content.size(), step.content.size(), step.content) == 0;
+                 ++k) {
+              token.resize(token.size() - step.content.size());
+            }
+            next.push_back(token);
+          }
+          break;
+        case DecoderStep::Kind::kMetaspace:
+          for (std::size_t i = 0; i < tokens.size(); ++i) {
+            std::string token = ReplaceAll(tokens[i], step.content, " ");
+            if (i == 0 && step.prepend && StartsWith(token, " ")) token.erase(0, 1);
+            next.push_back(token);
+          }
+          break;
+      }
+      tokens = std::move(next);
+    }
+    return tokens;
+  }
+};
+
+HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HfTokenizer::~HfTokenizer() = default;
+
+Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path) {
+  struct stat st {};
+  const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const std::string dir = is_dir ? path : (path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
+  const std::string file = is_dir ? path + "/tokenizer.json" : path;
+  NAMM_ASSIGN_OR_RETURN(std::string tokenizer_json, read_file(file));
+  auto config = read_file(dir + "/tokenizer_config.json");
+  return FromJson(tokenizer_json, config.ok() ? *config : "", file);
+}
+
+Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& tokenizer_json,
+                                                           const std::string& config_json, const std::string& source) {
+  Json j;
+  try {
+    j = Json::parse(tokenizer_json);
+  } catch (const Json::parse_error& e) {
+    return Status::Corruption(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("model")) return Status::Corruption(source + ": not a tokenizer.json (no 'model')");
+  auto impl = std::make_unique<Impl>();
+  impl->source = source;
+  NAMM_RETURN_IF_ERROR(impl->ParseModel(j["model"]));
+  NAMM_RETURN_IF_ERROR(impl->ParseNormalizer(j.value("normalizer", Json())));
+  NAMM_RETURN_IF_ERROR(impl->ParsePreTokenizer(j.value("pre_tokenizer", Json())));
+  NAMM_RETURN_IF_ERROR(impl->ParseDecoder(j.value("decoder", Json())));
+  NAMM_RETURN_IF_ERROR(impl->ParsePostProcessor(j.value("post_processor", Json())));
+  for (const auto& token : j.value("added_tokens", Json::array())) {
+    AddedToken added{token.value("content", ""), token.value("id", int64_t{-1}), token.value("special", false)};
+    if (added.content.empty() || added.id < 0) return Status::Corruption(source + ": malformed added token " + token.dump());
+    impl->vocab[added.content] = added.id;
+    if (added.special) impl->special_ids.insert(added.id);
+    impl->added_first_byte[static_cast<unsigned char>(added.content[0])] = true;
+    impl->added.push_back(std::move(added));
+  }
+  std::stable_sort(impl->added.begin(), impl->added.end(),
+                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  int64_t max_id = -1;
+  for (const auto& [token, id] : impl->vocab) max_id = std::max(max_id, id);
+  impl->id_to_token.assign(static_cast<std::size_t>(max_id + 1), "");
+  for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<std::size_t>(id)] = token;
+
+  if (!config_json.empty()) {
+    Json c = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+    if (c.is_discarded() || !c.is_object()) return Status::Corruption(source + ": tokenizer_config.json is not a JSON object");
+    const int64_t bos = c.contains("bos_token") ? impl->IdOf(TokenContent(c["bos_token"])) : -1;
+    const int64_t eos = c.contains("eos_token") ? impl->IdOf(TokenContent(c["eos_token"])) : -1;
+    if (eos >= 0) impl->eos.push_back(eos);
+    // LlamaTokenizerFast rebuilds its template from these two flags.
+    if (c.value("tokenizer_class", "").find("Llama") != std::string::npos &&
+        (c.contains("add_bos_token") || c.contains("add_eos_token"))) {
+      impl->prefix.clear();
+      impl->suffix.clear();
+      if (c.value("add_bos_token", true) && bos >= 0) impl->prefix.push_back(bos);
+      if (c.value("add_eos_token", false) && eos >= 0) impl->suffix.push_back(eos);
+    }
+  }
+  return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(impl)));
+}
+
+std::vector<int64_t> HfTokenizer::Encode(const std::string& raw) const {
+  const std::string text = sanitize_utf8(raw);
+  std::vector<int64_t> ids;
+  auto encode_segment = [&](std::size_t begin, std::size_t end) {
+    if (end <= begin) return;
+    for (const std::string& word : impl_->PreTokenize(impl_->Normalize(text.substr(begin, end - begin)), begin == 0)) {
+      impl_->Bpe(word, &ids);
+    }
+  };
+  // Added tokens split the text first: at each position the longest one that matches.
+  std::size_t segment_start = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const AddedToken* match = nullptr;
+    if (!impl_->added_first_byte[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
+    for (const auto& token : impl_->added) {
+      if (text.compare(pos, token.content.size(), token.content) == 0) {
+        match = &token;
+        break;
+      }
+    }
+    if (match == nullptr) {
+      ++pos;
+      continue;
+    }
+    encode_segment(segment_start, pos);
+    ids.push_back(match->id);
+    pos += match->content.size();
+    segment_start = pos;
+  }
+  encode_segment(segment_start, text.size());
+  return ids;
+}
+
+std::vector<int64_t> HfTokenizer::EncodeForModel(const std::string& text) const {
+  std::vector<int64_t> ids = impl_->prefix;
+  const std::vector<int64_t> body = Encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), impl_->suffix.begin(), impl_->suffix.end());
+  return ids;
+}
+
+std::string HfTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= static_cast<int64_t>(impl_->id_to_token.size())) continue;
+    if (skip_special_tokens && impl_->special_ids.count(id)) continue;
+    tokens.push_back(impl_->id_to_token[static_cast<std::size_t>(id)]);
+  }
+  std::string text;
+  for (const auto& piece : impl_->Decode(std::move(tokens))) text += piece;
+  return sanitize_utf8(text);
+}
+
+int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
+
+std::vector<int64_t> HfTokenizer::eos_ids() const { return impl_->eos; }
+
+}  // namespace namm::worker

@@ -1,0 +1,212 @@
+#include "namm/worker/llama_config.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "namm/option_spec.h"
+
+namespace namm::worker {
+
+namespace {
+
+std::string Num(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Reads an integer or list-of-integers field (bos/eos ids come in both forms).
+std::vector<int64_t> IdList(const nlohmann::json& j) {
+  std::vector<int64_t> ids;
+  if (j.is_number_integer()) ids.push_back(j.get<int64_t>());
+  if (j.is_array()) {
+    for (const auto& v : j) {
+      if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+Status RopeScaling::Validate() const {
+  auto bad = [&](const std::string& what) { return Status::InvalidArgument("RoPE scaling " + ToString() + ": " + what); };
+  if (kind == Kind::kNone) return Status::Ok();
+  if (!(factor >= 1.0) || !std::isfinite(factor)) return bad("factor must be >= 1");
+  if (kind == Kind::kNtk && !(alpha > 0.0 && std::isfinite(alpha))) return bad("alpha must be > 0");
+  if (kind == Kind::kLlama3) {
+    if (!(high_freq_factor > low_freq_factor) || low_freq_factor <= 0) {
+      return bad("needs 0 < low_freq_factor < high_freq_factor");
+    }
+    if (original_max_position_embeddings <= 0) return bad("needs original_max_position_embeddings > 0");
+  }
+  return Status::Ok();
+}
+
+std::string RopeScaling::ToString() const {
+  switch (kind) {
+    case Kind::kNone: return "none";
+    case Kind::kNtk: return "ntk:factor=" + Num(factor) + ",alpha=" + Num(alpha);
+    case Kind::kLinear: return "linear:factor=" + Num(factor);
+    case Kind::kLlama3:
+      return "llama3:factor=" + Num(factor) + ",low_freq_factor=" + Num(low_freq_factor) +
+             ",high_freq_factor=" + Num(high_freq_factor) +
+             ",original_max_position_embeddings=" + std::to_string(original_max_position_embeddings);
+  }
+  return "?";
+}
+
+Result<RopeScaling> RopeScaling::Parse(const std::string& text) {
+  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
+  RopeScaling s;
+  if (spec.name == "none") {
+    NAMM_RETURN_IF_ERROR(spec.CheckKeys({}));
+    return s;
+  }
+  if (spec.name == "ntk") {
+    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"factor", "alpha"}));
+    s.kind = Kind::kNtk;
+    NAMM_ASSIGN_OR_RETURN(s.alpha, spec.GetDouble("alpha", 1.0));
+  } else if (spec.name == "linear") {
+    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"factor"}));
+    s.kind = Kind::kLinear;
+  } else if (spec.name == "llama3") {
+    NAMM_RETURN_IF_ERROR(
+        spec.CheckKeys({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}));
+    s.kind = Kind::kLlama3;
+    NAMM_ASSIGN_OR_RETURN(s.low_freq_factor, spec.GetDouble("low_freq_factor", 1.0));
+    NAMM_ASSIGN_OR_RETURN(s.high_freq_factor, spec.GetDouble("high_freq_factor", 4.0));
+    NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings,
+                          spec.GetInt("original_max_position_embeddings", 8192));
+  } else {
+    return Status::InvalidArgument("unknown RoPE scaling '" + spec.name + "' (known: none, ntk, linear, llama3)");
+  }
+  if (!spec.options.count("factor")) return Status::InvalidArgument("'" + text + "': factor=F is required");
+  NAMM_ASSIGN_OR_RETURN(s.factor, spec.GetDouble("factor", 1.0));
+  NAMM_RETURN_IF_ERROR(s.Validate());
+  return s;
+}
+
+Status LlamaConfig::Validate() const {
+  auto bad = [&](const std::string& what) { return Status::InvalidArgument("model config: " + what); };
+  if (dim <= 0 || hidden_dim <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 || vocab_size <= 0 ||
+      head_dim <= 0) {
+    return bad("dimensions must be positive (" + Describe() + ")");
+  }
+  if (n_heads % n_kv_heads != 0) {
+    return bad(std::to_string(n_heads) + " query heads are not a multiple of " + std::to_string(n_kv_heads) +
+               " KV heads");
+  }
+  if (head_dim % 2 != 0) return bad("head_dim must be even for RoPE, got " + std::to_string(head_dim));
+  if (!(norm_eps > 0) || !(rope_theta > 0)) return bad("rms_norm_eps and rope_theta must be positive");
+  if (max_position_embeddings <= 0) return bad("max_position_embeddings must be positive");
+  return rope_scaling.Validate();
+}
+
+int64_t LlamaConfig::context_length() const {
+  switch (rope_scaling.kind) {
+    case RopeScaling::Kind::kNtk:
+    case RopeScaling::Kind::kLinear:
+      return static_cast<int64_t>(std::floor(static_cast<double>(max_position_embeddings) * rope_scaling.factor));
+    default:
+      return max_position_embeddings;
+  }
+}
+
+std::string LlamaConfig::Describe() const {
+  std::ostringstream out;
+  out << architecture << " " << n_layers << " layers, dim " << dim << ", " << n_heads << "/" << n_kv_heads
+      << " heads of " << head_dim << ", ffn " << hidden_dim << ", vocab " << vocab_size << ", rope theta "
+      << rope_theta << " " << rope_scaling.ToString() << ", context " << context_length();
+  return out.str();
+}
+
+Result<LlamaConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+  auto bad = [&](const std::string& what) { return Status::InvalidArgument(source + ": " + what); };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return bad(std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) return bad("not a JSON object");
+  LlamaConfig c;
+  if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+      !j["architectures"][0].is_string()) {
+    return bad("missing 'architectures'");
+  }
+  c.architecture = j["architectures"][0].get<std::string>();
+  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM") {
+    return Status::Unimplemented(source + ": architecture '" + c.architecture +
+                                 "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)");
+  }
+  auto integer = [&](const char* key, int64_t* out, bool required) -> Status {
+    if (!j.contains(key) || j[key].is_null()) return required ? bad(std::string("missing '") + key + "'") : Status::Ok();
+    if (!j[key].is_number_integer()) return bad(std::string("'") + key + "' must be an integer");
+    *out = j[key].get<int64_t>();
+    return Status::Ok();
+  };
+  auto number = [&](const char* key, double* out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) return Status::Ok();
+    if (!j[key].is_number()) return bad(std::string("'") + key + "' must be a number");
+    *out = j[key].get<double>();
+    return Status::Ok();
+  };
+  NAMM_RETURN_IF_ERROR(integer("hidden_size", &c.dim, true));
+  NAMM_RETURN_IF_ERROR(integer("intermediate_size", &c.hidden_dim, true));
+  NAMM_RETURN_IF_ERROR(integer("num_hidden_layers", &c.n_layers, true));
+  NAMM_RETURN_IF_ERROR(integer("num_attention_heads", &c.n_heads, true));
+  c.n_kv_heads = c.n_heads;
+  NAMM_RETURN_IF_ERROR(integer("num_key_value_heads", &c.n_kv_heads, false));
+  NAMM_RETURN_IF_ERROR(integer("vocab_size", &c.vocab_size, true));
+  NAMM_RETURN_IF_ERROR(integer("max_position_embeddings", &c.max_position_embeddings, true));
+  if (c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
+  NAMM_RETURN_IF_ERROR(integer("head_dim", &c.head_dim, false));
+  NAMM_RETURN_IF_ERROR(number("rms_norm_eps", &c.norm_eps));
+  NAMM_RETURN_IF_ERROR(number("rope_theta", &c.rope_theta));
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.attention_bias = j.value("attention_bias", false);
+  c.mlp_bias = j.value("mlp_bias", false);
+  if (j.contains("bos_token_id")) c.bos_token_ids = IdList(j["bos_token_id"]);
+  if (j.contains("eos_token_id")) c.eos_token_ids = IdList(j["eos_token_id"]);
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    return Status::Unimplemented(source + ": sliding-window attention (sliding_window = " +
+                                 j["sliding_window"].dump() + ") is not supported; use a model whose "
+                                 "config sets sliding_window to null");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const auto& r = j["rope_scaling"];
+    if (!r.is_object()) return bad("'rope_scaling' must be an object or null");
+    std::string type = r.value("rope_type", r.value("type", std::string("default")));
+    // The reference passes {type: dynamic, override: ntk, factor, alpha}, which it runs as static NTK.
+    if (type == "dynamic" && r.value("override", std::string()) == "ntk") type = "ntk";
+    auto get = [&](const char* key, double fallback) {
+      return r.contains(key) && r[key].is_number() ? r[key].get<double>() : fallback;
+    };
+    RopeScaling& s = c.rope_scaling;
+    s.factor = get("factor", 1.0);
+    if (type == "default") {
+      s.kind = RopeScaling::Kind::kNone;
+    } else if (type == "ntk") {
+      s.kind = RopeScaling::Kind::kNtk;
+      s.alpha = get("alpha", 1.0);
+    } else if (type == "linear") {
+      s.kind = RopeScaling::Kind::kLinear;
+    } else if (type == "llama3") {
+      s.kind = RopeScaling::Kind::kLlama3;
+      s.low_freq_factor = get("low_freq_factor", 1.0);
+      s.high_freq_factor = get("high_freq_factor", 4.0);
+      s.original_max_position_embeddings = static_cast<int64_t>(get("original_max_position_embeddings", 0));
+    } else {
+      return Status::Unimplemented(source + ": rope_scaling type '" + type +
+                                   "' is not supported (supported: default, linear, ntk, llama3; HF's dynamic NTK "
+                                   "depends on the sequence length and is not)");
+    }
+  }
+  Status valid = c.Validate();
+  if (!valid.ok()) return valid.WithContext(source);
+  return c;
+}
+
+}  // namespace namm::worker

@@ -1,0 +1,54 @@
+#include "regex.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+namespace namm::worker {
+
+struct Regex::Code {
+  pcre2_code* code = nullptr;
+  ~Code() { pcre2_code_free(code); }
+};
+
+Result<Regex> Regex::Compile(const std::string& pattern) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &error, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof message);
+    return Status::InvalidArgument("regex '" + pattern + "' does not compile at offset " + std::to_string(offset) +
+                                   ": " + reinterpret_cast<const char*>(message));
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+  Regex regex;
+  regex.code_ = std::make_shared<Code>();
+  regex.code_->code = code;
+  return regex;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> Regex::FindAll(const std::string& text) const {
+  std::vector<std::pair<std::size_t, std::size_t>> matches;
+  pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_->code, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const int rc = pcre2_match(code_->code, subject, text.size(), start, 0, data, nullptr);
+    if (rc < 0) break;
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
+    const std::size_t begin = ovector[0], end = ovector[1];
+    if (end == begin) {  // an empty match: step over one character
+      if (begin >= text.size()) break;
+      start = begin + 1;
+      while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) ++start;
+      continue;
+    }
+    matches.emplace_back(begin, end);
+    start = end;
+  }
+  pcre2_match_data_free(data);
+  return matches;
+}
+
+}  // namespace namm::worker

@@ -1,0 +1,31 @@
+#include "namm/worker/tokenizer.h"
+
+#include <sys/stat.h>
+
+#include "namm/worker/hf_tokenizer.h"
+#include "namm/worker/llama2c_tokenizer.h"
+
+namespace namm::worker {
+
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Status::NotFound(path + ": no such file or directory");
+  const bool json = S_ISDIR(st.st_mode) || (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0);
+  if (json) {
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tokenizer, HfTokenizer::Load(path));
+    return std::unique_ptr<Tokenizer>(std::move(tokenizer));
+  }
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Llama2cTokenizer> tokenizer, Llama2cTokenizer::Load(path));
+  return std::unique_ptr<Tokenizer>(std::move(tokenizer));
+}
+
+std::vector<int64_t> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text, int64_t max_tokens) {
+  const std::vector<int64_t> ids = tokenizer.Encode(text);
+  if (static_cast<int64_t>(ids.size()) <= max_tokens) return tokenizer.EncodeForModel(text);
+  const auto half = static_cast<std::ptrdiff_t>(max_tokens / 2);
+  const std::string head = tokenizer.Decode(std::vector<int64_t>(ids.begin(), ids.begin() + half));
+  const std::string tail = tokenizer.Decode(std::vector<int64_t>(ids.end() - half, ids.end()));
+  return tokenizer.EncodeForModel(head + tail);
+}
+
+}  // namespace namm::worker

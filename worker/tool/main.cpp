@@ -1,0 +1,24 @@
+// namm-worker: runs a Llama-family model with a NAMM (or a baseline memory policy).
+#include <iostream>
+
+#include "commands.h"
+
+namespace namm::worker::cli {
+int Fail(const std::string& message) {
+  std::cerr << "namm-worker: error: " << message << "\n";
+  return 1;
+}
+}  // namespace namm::worker::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"namm-worker: NAMM-augmented inference for Llama-family models (Hugging Face or llama2.c)."};
+  app.require_subcommand(1);
+  namm::worker::cli::Action run;
+  namm::worker::cli::AddGenerateCommand(app, run);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    return namm::worker::cli::Fail(e.what());
+  }
+}
