@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
+#include "namm/file_util.h"
 #include "namm/worker/hf_tokenizer.h"
 #include "namm/worker/llama2c_tokenizer.h"
 #include "namm/worker/tokenizer.h"
@@ -69,7 +71,12 @@ std::string RandomUnicodeText(std::mt19937_64& gen) {
 
 TEST(Gpt2Tokenizer, DecodeInvertsEncodeOnUnicodeText) {
   NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
-  auto tokenizer = Load(testing::kGpt2Tokenizer);
+  // tokenizer.json alone: the tokenizers library's decode, without transformers' clean-up of spaces.
+  auto json = read_file(SharedPath(testing::kGpt2Tokenizer));
+  ASSERT_TRUE(json.ok());
+  auto loaded = HfTokenizer::FromJson(*json, "", "gpt2");
+  ASSERT_TRUE(loaded.ok());
+  const auto& tokenizer = *loaded;
   std::mt19937_64 gen(2024);
   for (int trial = 0; trial < 300; ++trial) {
     const std::string text = RandomUnicodeText(gen);
@@ -77,6 +84,12 @@ TEST(Gpt2Tokenizer, DecodeInvertsEncodeOnUnicodeText) {
     EXPECT_EQ(tokenizer->Decode(ids), text) << "trial " << trial;
     for (int64_t id : ids) ASSERT_TRUE(id >= 0 && id < tokenizer->vocab_size());
   }
+}
+
+TEST(Gpt2Tokenizer, TransformersCleansUpSpacesWhenTheConfigSaysSo) {
+  NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
+  auto tokenizer = Load(testing::kGpt2Tokenizer);  // tokenizer_config.json: clean_up_tokenization_spaces true
+  EXPECT_EQ(tokenizer->Decode(tokenizer->Encode("Hello , world ! It 's done .")), "Hello, world! It's done.");
 }
 
 TEST(Utf8, InvalidBytesBecomeOneReplacementPerMaximalSubpart) {
@@ -146,6 +159,45 @@ TEST(HfTokenizer, LlamaThreeRegexSplitsBeforeByteLevelMerges) {
   EXPECT_EQ((*tokenizer)->Decode({302, 304}), "123 ab");
 }
 
+TEST(HfTokenizer, AddedTokenAttributesAndMetaspace) {
+  // Metaspace pre-tokenizer and decoder (newer Llama 2 layout), an lstrip special token, a single_word token.
+  const std::string json = R"({
+    "added_tokens": [{"id": 0, "content": "<eot>", "special": true, "lstrip": true, "normalized": false},
+                     {"id": 1, "content": "ab", "special": false, "single_word": true, "normalized": false}],
+    "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true},
+    "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"},
+    "model": {"type": "BPE", "vocab": {"▁": 2, "a": 3, "b": 4, "c": 5, "▁c": 6}, "merges": ["▁ c"]}})";
+  auto tokenizer = HfTokenizer::FromJson(json, "", "inline");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  // "c <eot>": lstrip swallows the space before <eot>; "c" is the first word, so it gets the prefix "▁c".
+  EXPECT_EQ((*tokenizer)->Encode("c <eot>"), (Ids{6, 0}));
+  // "ab" alone is a word: the added token; inside "cab" it is not.
+  EXPECT_EQ((*tokenizer)->Encode("ab"), (Ids{1}));
+  EXPECT_EQ((*tokenizer)->Encode("cab"), (Ids{6, 3, 4}));
+  // The first token's "▁" is dropped, later ones become spaces.
+  EXPECT_EQ((*tokenizer)->Decode({6, 6, 3}), "c ca");
+}
+
+TEST(HfTokenizer, WithoutADecoderTokensAreJoinedWithSpaces) {
+  auto tokenizer = HfTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}})", "",
+                                         "inline");
+  ASSERT_TRUE(tokenizer.ok());
+  EXPECT_EQ((*tokenizer)->Decode({0, 1}), "a b");
+}
+
+TEST(HfTokenizer, MalformedFilesAreErrorsNotExceptions) {
+  for (const char* json : {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a", 1]]}})",
+                           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": "x"}]})",
+                           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": 7}})",
+                           R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "dropout": 0.1}})"}) {
+    auto tokenizer = HfTokenizer::FromJson(json, "", "bad.json");
+    EXPECT_FALSE(tokenizer.ok()) << json;
+    if (!tokenizer.ok()) {
+      EXPECT_NE(tokenizer.status().message().find("bad.json"), std::string::npos);
+    }
+  }
+}
+
 TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   auto wordpiece = HfTokenizer::FromJson(R"({"model": {"type": "WordPiece", "vocab": {}}})", "", "x.json");
   ASSERT_FALSE(wordpiece.ok());
@@ -155,6 +207,73 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   ASSERT_FALSE(nfkc.ok());
   EXPECT_NE(nfkc.status().message().find("NFKC"), std::string::npos);
   EXPECT_FALSE(load_tokenizer("/nonexistent/tokenizer.json").ok());
+}
+
+// run.c's encoder, written out as it is there: rescan every adjacent pair after each merge.
+Ids RunCEncode(const std::string& text) {
+  auto bytes = read_file(SharedPath(testing::kStoriesTokenizer));
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  for (std::size_t off = 4; off < bytes->size();) {
+    float score;
+    int32_t len;
+    std::memcpy(&score, bytes->data() + off, 4);
+    std::memcpy(&len, bytes->data() + off + 4, 4);
+    pieces.push_back(bytes->substr(off + 8, static_cast<std::size_t>(len)));
+    scores.push_back(score);
+    off += 8 + static_cast<std::size_t>(len);
+  }
+  auto lookup = [&](const std::string& piece) -> int64_t {
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      if (pieces[i] == piece) return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  Ids tokens = {lookup(" ")};
+  for (std::size_t i = 0; i < text.size();) {  // ASCII test texts: one byte per character
+    tokens.push_back(lookup(text.substr(i, 1)));
+    ++i;
+  }
+  while (true) {
+    float best = -1e10f;
+    int64_t best_id = -1;
+    std::size_t best_at = 0;
+    for (std::size_t i = 0; i + 1 < tokens.size(); ++i) {
+      const int64_t id = lookup(pieces[static_cast<std::size_t>(tokens[i])] + pieces[static_cast<std::size_t>(tokens[i + 1])]);
+      if (id >= 0 && scores[static_cast<std::size_t>(id)] > best) {
+        best = scores[static_cast<std::size_t>(id)];
+        best_id = id;
+        best_at = i;
+      }
+    }
+    if (best_id < 0) break;
+    tokens[best_at] = best_id;
+    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+  }
+  return tokens;
+}
+
+TEST(Llama2cTokenizer, MergesExactlyAsRunC) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  auto tokenizer = Load(testing::kStoriesTokenizer);
+  std::mt19937_64 gen(7);
+  const std::string alphabet = "abcdefghijklmnopqrstuvwxyz      .,!?'ABCLT";
+  std::uniform_int_distribution<std::size_t> pick(0, alphabet.size() - 1), length(1, 60);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string text;
+    for (std::size_t i = 0, n = length(gen); i < n; ++i) text += alphabet[pick(gen)];
+    EXPECT_EQ(tokenizer->Encode(text), RunCEncode(text)) << "'" << text << "'";
+  }
+  EXPECT_EQ(tokenizer->Encode("Once upon a time, there was a little girl."), RunCEncode("Once upon a time, there was a little girl."));
+}
+
+TEST(Llama2cTokenizer, LongTextsRoundTrip) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  auto tokenizer = Load(testing::kStoriesTokenizer);
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += "Once upon a time, there was a little girl named Lily. ";
+  const Ids ids = tokenizer->Encode(text);  // ~110k characters in one merge pass
+  EXPECT_EQ(tokenizer->Decode(ids), text);
 }
 
 TEST(MiddleTruncation, KeepsTheHeadAndTheTail) {

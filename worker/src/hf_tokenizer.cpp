@@ -3,14 +3,15 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "namm/file_util.h"
+#include "pair_merges.h"
 #include "regex.h"
 #include "utf8.h"
 
@@ -75,7 +76,20 @@ struct AddedToken {
   std::string content;
   int64_t id;
   bool special;
+  bool normalized;   // matched in the normalized text (against its normalized content), else in the raw text
+  bool lstrip, rstrip;  // the match absorbs the whitespace on its left / right
+  bool single_word;  // only matches when not inside a word
+  std::string match;  // what is searched for: content, normalized when `normalized`
 };
+
+bool IsWordByte(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u >= 0x80 || std::isalnum(u) || c == '_';
+}
+
+bool IsSpaceByte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+
 
 Status Unsupported(const std::string& source, const std::string& what, const Json& j) {
   return Status::Unimplemented(source + ": " + what + " " + j.dump().substr(0, 200) + " is not supported");
@@ -126,23 +140,16 @@ std::string ReplaceAll(std::string s, const std::string& from, const std::string
   return s;
 }
 
-bool StartsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-
-// A "<0xXX>" byte-fallback token's byte, or -1.
-int FallbackByte(const std::string& token) {
-  if (token.size() != 6 || !StartsWith(token, "<0x") || token[5] != '>') return -1;
-  int value = 0;
-  for (int i = 3; i < 5; ++i) {
-    const char c = token[static_cast<std::size_t>(i)];
-    int digit = -1;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    if (digit < 0) return -1;
-    value = value * 16 + digit;
-  }
-  return value;
+// transformers' clean_up_tokenization, applied when tokenizer_config.json sets clean_up_tokenization_spaces.
+std::string CleanUpTokenizationSpaces(std::string s) {
+  static const std::pair<const char*, const char*> kRules[] = {
+      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kRules) s = ReplaceAll(std::move(s), from, to);
+  return s;
 }
+
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 std::string TokenContent(const Json& j) {
   if (j.is_string()) return j.get<std::string>();
@@ -164,7 +171,8 @@ struct HfTokenizer::Impl {
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<DecoderStep> decoder;
   std::vector<AddedToken> added;  // longest first
-  std::array<bool, 256> added_first_byte{};  // bytes an added token can start with
+  std::array<bool, 256> added_first_byte{};  // bytes an added token's match string can start with
+  bool clean_up_spaces = false;
   std::unordered_set<int64_t> special_ids;
   std::vector<int64_t> prefix, suffix;
   std::vector<int64_t> eos;
@@ -300,6 +308,9 @@ struct HfTokenizer::Impl {
 
   Status ParseModel(const Json& m) {
     if (m.value("type", "BPE") != "BPE") return Unsupported(source, "model", Json(m.value("type", "")));
+    if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() > 0) {
+      return Unsupported(source, "BPE dropout (random merges at encoding time)", m["dropout"]);
+    }
     if (!m.value("continuing_subword_prefix", Json()).is_null() && m.value("continuing_subword_prefix", "") != "") {
       return Unsupported(source, "BPE continuing_subword_prefix", m["continuing_subword_prefix"]);
     }
@@ -336,7 +347,7 @@ struct HfTokenizer::Impl {
       if (a < 0 || b < 0 || merged < 0) {
         return Status::Corruption(source + ": merge '" + left + " " + right + "' uses tokens missing from the vocab");
       }
-      merges.emplace(PairKey(a, b), std::make_pair(rank++, merged));
+      merges[PairKey(a, b)] = std::make_pair(rank++, merged);  // a repeated merge takes its last rank, as in HF
     }
     for (int b = 0; b < 256; ++b) {
       static const char* hex = "0123456789ABCDEF";
@@ -435,39 +446,12 @@ struct HfTokenizer::Impl {
         if (!(fuse_unk && !ids.empty() && ids.back() == unk_id)) ids.push_back(unk_id);
       }
     }
-    // Doubly linked symbols and a queue of candidate merges (rank, position).
-    const std::size_t n = ids.size();
-    std::vector<std::ptrdiff_t> prev(n), next(n);
-    std::vector<bool> alive(n, true);
-    for (std::size_t i = 0; i < n; ++i) {
-      prev[i] = static_cast<std::ptrdiff_t>(i) - 1;
-      next[i] = i + 1 < n ? static_cast<std::ptrdiff_t>(i + 1) : -1;
-    }
-    using Candidate = std::tuple<int32_t, std::size_t, int64_t, int64_t>;  // rank, left position, left id, right id
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
-    auto consider = [&](std::ptrdiff_t left) {
-      if (left < 0 || next[static_cast<std::size_t>(left)] < 0) return;
-      const auto l = static_cast<std::size_t>(left), r = static_cast<std::size_t>(next[l]);
-      auto it = merges.find(PairKey(ids[l], ids[r]));
-      if (it != merges.end()) queue.emplace(it->second.first, l, ids[l], ids[r]);
-    };
-    for (std::size_t i = 0; i + 1 < n; ++i) consider(static_cast<std::ptrdiff_t>(i));
-    while (!queue.empty()) {
-      const auto [rank, l, left_id, right_id] = queue.top();
-      queue.pop();
-      if (!alive[l] || ids[l] != left_id || next[l] < 0 || ids[static_cast<std::size_t>(next[l])] != right_id) continue;
-      const auto r = static_cast<std::size_t>(next[l]);
-      ids[l] = merges.at(PairKey(left_id, right_id)).second;
-      alive[r] = false;
-      next[l] = next[r];
-      if (next[r] >= 0) prev[static_cast<std::size_t>(next[r])] = static_cast<std::ptrdiff_t>(l);
-      consider(prev[l]);
-      consider(static_cast<std::ptrdiff_t>(l));
-      (void)rank;
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (alive[i]) out->push_back(ids[i]);
-    }
+    MergePairs(ids, [this](int64_t left, int64_t right) -> std::optional<std::pair<double, int64_t>> {
+      auto it = merges.find(PairKey(left, right));
+      if (it == merges.end()) return std::nullopt;
+      return std::make_pair(static_cast<double>(it->second.first), it->second.second);
+    });
+    out->insert(out->end(), ids.begin(), ids.end());
   }
 
   std::vector<std::string> Decode(std::vector<std::string> tokens) const {
@@ -508,7 +492,7 @@ struct HfTokenizer::Impl {
             pending.clear();
           };
           for (auto& token : tokens) {
-            const int b = FallbackByte(token);
+            const int b = utf8::ByteTokenValue(token);
             if (b >= 0) {
               pending += static_cast<char>(b);
             } else {
@@ -537,16 +521,49 @@ struct HfTokenizer::Impl {
           }
           break;
         case DecoderStep::Kind::kMetaspace:
+          // As tokenizers does: the replacement becomes a space, except in the first token, where it is dropped.
           for (std::size_t i = 0; i < tokens.size(); ++i) {
-            std::string token = ReplaceAll(tokens[i], step.content, " ");
-            if (i == 0 && step.prepend && StartsWith(token, " ")) token.erase(0, 1);
-            next.push_back(token);
+            next.push_back(ReplaceAll(tokens[i], step.content, i == 0 && step.prepend ? "" : " "));
           }
           break;
       }
       tokens = std::move(next);
     }
     return tokens;
+  }
+
+  // Splits `text` at the added tokens whose `normalized` flag equals `normalized_tokens` (leftmost, longest
+  // first): on_text(begin, end) for the text between them, on_token(id) for each token.
+  template <typename OnText, typename OnToken>
+  void SplitAtAddedTokens(const std::string& text, bool normalized_tokens, const OnText& on_text,
+                          const OnToken& on_token) const {
+    std::size_t segment_start = 0;
+    for (std::size_t pos = 0; pos < text.size(); ++pos) {
+      if (!added_first_byte[static_cast<unsigned char>(text[pos])]) continue;
+      const AddedToken* match = nullptr;
+      for (const auto& token : added) {
+        if (token.normalized != normalized_tokens || text.compare(pos, token.match.size(), token.match) != 0) continue;
+        const std::size_t end = pos + token.match.size();
+        if (token.single_word && ((pos > 0 && IsWordByte(text[pos - 1])) || (end < text.size() && IsWordByte(text[end])))) {
+          continue;
+        }
+        match = &token;
+        break;
+      }
+      if (match == nullptr) continue;
+      std::size_t begin = pos, end = pos + match->match.size();
+      if (match->lstrip) {
+        while (begin > segment_start && IsSpaceByte(text[begin - 1])) --begin;
+      }
+      if (match->rstrip) {
+        while (end < text.size() && IsSpaceByte(text[end])) ++end;
+      }
+      on_text(segment_start, begin);
+      on_token(match->id);
+      segment_start = end;
+      pos = end - 1;
+    }
+    on_text(segment_start, text.size());
   }
 };
 
@@ -565,6 +582,16 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path) 
 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& tokenizer_json,
                                                            const std::string& config_json, const std::string& source) {
+  // Fields of the wrong JSON type make nlohmann throw; they are malformed files, reported as such.
+  try {
+    return Parse(tokenizer_json, config_json, source);
+  } catch (const Json::exception& e) {
+    return Status::Corruption(source + ": malformed tokenizer files: " + e.what());
+  }
+}
+
+Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& tokenizer_json,
+                                                        const std::string& config_json, const std::string& source) {
   Json j;
   try {
     j = Json::parse(tokenizer_json);
@@ -580,15 +607,19 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& to
   NAMM_RETURN_IF_ERROR(impl->ParseDecoder(j.value("decoder", Json())));
   NAMM_RETURN_IF_ERROR(impl->ParsePostProcessor(j.value("post_processor", Json())));
   for (const auto& token : j.value("added_tokens", Json::array())) {
-    AddedToken added{token.value("content", ""), token.value("id", int64_t{-1}), token.value("special", false)};
+    AddedToken added{token.value("content", ""),         token.value("id", int64_t{-1}),
+                     token.value("special", false),       token.value("normalized", !token.value("special", false)),
+                     token.value("lstrip", false),        token.value("rstrip", false),
+                     token.value("single_word", false),   ""};
     if (added.content.empty() || added.id < 0) return Status::Corruption(source + ": malformed added token " + token.dump());
+    added.match = added.normalized ? impl->Normalize(added.content) : added.content;
     impl->vocab[added.content] = added.id;
     if (added.special) impl->special_ids.insert(added.id);
-    impl->added_first_byte[static_cast<unsigned char>(added.content[0])] = true;
+    impl->added_first_byte[static_cast<unsigned char>(added.match[0])] = true;
     impl->added.push_back(std::move(added));
   }
   std::stable_sort(impl->added.begin(), impl->added.end(),
-                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+                   [](const AddedToken& a, const AddedToken& b) { return a.match.size() > b.match.size(); });
   int64_t max_id = -1;
   for (const auto& [token, id] : impl->vocab) max_id = std::max(max_id, id);
   impl->id_to_token.assign(static_cast<std::size_t>(max_id + 1), "");
@@ -600,6 +631,7 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& to
     const int64_t bos = c.contains("bos_token") ? impl->IdOf(TokenContent(c["bos_token"])) : -1;
     const int64_t eos = c.contains("eos_token") ? impl->IdOf(TokenContent(c["eos_token"])) : -1;
     if (eos >= 0) impl->eos.push_back(eos);
+    impl->clean_up_spaces = c.value("clean_up_tokenization_spaces", false);
     // LlamaTokenizerFast rebuilds its template from these two flags.
     if (c.value("tokenizer_class", "").find("Llama") != std::string::npos &&
         (c.contains("add_bos_token") || c.contains("add_eos_token"))) {
@@ -615,36 +647,19 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& to
 std::vector<int64_t> HfTokenizer::Encode(const std::string& raw) const {
   const std::string text = sanitize_utf8(raw);
   std::vector<int64_t> ids;
-  auto encode_segment = [&](std::size_t begin, std::size_t end) {
+  auto push_token = [&](int64_t id) { ids.push_back(id); };
+  // As tokenizers does: split at raw (non-normalized) added tokens, normalize each piece, split that at the
+  // normalized added tokens, then pre-tokenize and run BPE.
+  impl_->SplitAtAddedTokens(text, /*normalized_tokens=*/false, [&](std::size_t begin, std::size_t end) {
     if (end <= begin) return;
-    for (const std::string& word : impl_->PreTokenize(impl_->Normalize(text.substr(begin, end - begin)), begin == 0)) {
-      impl_->Bpe(word, &ids);
-    }
-  };
-  // Added tokens split the text first: at each position the longest one that matches.
-  std::size_t segment_start = 0;
-  for (std::size_t pos = 0; pos < text.size();) {
-    const AddedToken* match = nullptr;
-    if (!impl_->added_first_byte[static_cast<unsigned char>(text[pos])]) {
-      ++pos;
-      continue;
-    }
-    for (const auto& token : impl_->added) {
-      if (text.compare(pos, token.content.size(), token.content) == 0) {
-        match = &token;
-        break;
+    const std::string normalized = impl_->Normalize(text.substr(begin, end - begin));
+    impl_->SplitAtAddedTokens(normalized, /*normalized_tokens=*/true, [&](std::size_t b, std::size_t e) {
+      if (e <= b) return;
+      for (const std::string& word : impl_->PreTokenize(normalized.substr(b, e - b), begin == 0 && b == 0)) {
+        impl_->Bpe(word, &ids);
       }
-    }
-    if (match == nullptr) {
-      ++pos;
-      continue;
-    }
-    encode_segment(segment_start, pos);
-    ids.push_back(match->id);
-    pos += match->content.size();
-    segment_start = pos;
-  }
-  encode_segment(segment_start, text.size());
+    }, push_token);
+  }, push_token);
   return ids;
 }
 
@@ -664,8 +679,13 @@ std::string HfTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_speci
     tokens.push_back(impl_->id_to_token[static_cast<std::size_t>(id)]);
   }
   std::string text;
-  for (const auto& piece : impl_->Decode(std::move(tokens))) text += piece;
-  return sanitize_utf8(text);
+  if (impl_->decoder.empty()) {  // tokenizers joins undecoded tokens with spaces
+    for (std::size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
+  } else {
+    for (const auto& piece : impl_->Decode(std::move(tokens))) text += piece;
+  }
+  text = sanitize_utf8(text);
+  return impl_->clean_up_spaces ? CleanUpTokenizationSpaces(std::move(text)) : text;
 }
 
 int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }

@@ -3,22 +3,11 @@
 #include <cstring>
 
 #include "namm/file_util.h"
+#include "pair_merges.h"
 #include "utf8.h"
 
 namespace namm::worker {
 
-namespace {
-// The byte a "<0xXX>" piece stands for, or -1.
-int FallbackByte(const std::string& piece) {
-  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>') return -1;
-  unsigned value = 0;
-  for (int i = 3; i < 5; ++i) {
-    const char c = piece[static_cast<std::size_t>(i)];
-    value = value * 16 + static_cast<unsigned>(c >= 'A' ? (c >= 'a' ? c - 'a' + 10 : c - 'A' + 10) : c - '0');
-  }
-  return static_cast<int>(value);
-}
-}  // namespace
 
 Result<std::unique_ptr<Llama2cTokenizer>> Llama2cTokenizer::Load(const std::string& path) {
   NAMM_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
@@ -61,22 +50,13 @@ std::vector<int64_t> Llama2cTokenizer::Encode(const std::string& raw) const {
       for (unsigned char b : c) tokens.push_back(3 + static_cast<int64_t>(b));
     }
   }
-  while (true) {
-    float best_score = -1e10f;
-    int64_t best_id = -1;
-    std::size_t best_index = 0;
-    for (std::size_t i = 0; i + 1 < tokens.size(); ++i) {
-      auto it = ids_.find(pieces_[static_cast<std::size_t>(tokens[i])] + pieces_[static_cast<std::size_t>(tokens[i + 1])]);
-      if (it != ids_.end() && scores_[static_cast<std::size_t>(it->second)] > best_score) {
-        best_score = scores_[static_cast<std::size_t>(it->second)];
-        best_id = it->second;
-        best_index = i;
-      }
-    }
-    if (best_id < 0) break;
-    tokens[best_index] = best_id;
-    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_index) + 1);
-  }
+  // run.c rescans all pairs after every merge for the highest score (leftmost on ties); a priority queue on
+  // minus the score gives the same merges in O(n log n).
+  MergePairs(tokens, [this](int64_t left, int64_t right) -> std::optional<std::pair<double, int64_t>> {
+    auto it = ids_.find(pieces_[static_cast<std::size_t>(left)] + pieces_[static_cast<std::size_t>(right)]);
+    if (it == ids_.end()) return std::nullopt;
+    return std::make_pair(-static_cast<double>(scores_[static_cast<std::size_t>(it->second)]), it->second);
+  });
   return tokens;
 }
 
@@ -93,7 +73,7 @@ std::string Llama2cTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_
     if (id < 0 || id >= vocab_size()) continue;
     if (skip_special_tokens && id <= kEos) continue;
     const std::string& piece = pieces_[static_cast<std::size_t>(id)];
-    const int byte = FallbackByte(piece);
+    const int byte = utf8::ByteTokenValue(piece);
     if (byte >= 0) {
       bytes += static_cast<char>(byte);
     } else {

@@ -122,7 +122,8 @@ std::string LlamaConfig::Describe() const {
   return out.str();
 }
 
-Result<LlamaConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+namespace {
+Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::string& source) {
   auto bad = [&](const std::string& what) { return Status::InvalidArgument(source + ": " + what); };
   nlohmann::json j;
   try {
@@ -207,6 +208,16 @@ Result<LlamaConfig> parse_hf_config(const std::string& json_text, const std::str
   Status valid = c.Validate();
   if (!valid.ok()) return valid.WithContext(source);
   return c;
+}
+
+}  // namespace
+
+Result<LlamaConfig> parse_hf_config(const std::string& json_text, const std::string& source) {
+  try {
+    return ParseHfConfig(json_text, source);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+    return Status::InvalidArgument(source + ": malformed config: " + e.what());
+  }
 }
 
 }  // namespace namm::worker

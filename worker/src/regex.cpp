@@ -34,7 +34,9 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::FindAll(const std::strin
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t start = 0;
   while (start <= text.size()) {
-    const int rc = pcre2_match(code_->code, subject, text.size(), start, 0, data, nullptr);
+    // The text is valid UTF-8 (callers sanitize it); without this flag PCRE2 re-validates the rest of the
+    // subject on every call, which makes a long text quadratic.
+    const int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
     if (rc < 0) break;
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
     const std::size_t begin = ovector[0], end = ovector[1];

@@ -13,7 +13,7 @@ namespace namm::worker {
 class Regex {
  public:
   static Result<Regex> Compile(const std::string& pattern);
-  // [begin, end) byte ranges of the successive non-overlapping matches in `text` (valid UTF-8).
+  // [begin, end) byte ranges of the successive non-overlapping matches in `text`, which must be valid UTF-8.
   std::vector<std::pair<std::size_t, std::size_t>> FindAll(const std::string& text) const;
 
  private:

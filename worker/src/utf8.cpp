@@ -75,6 +75,21 @@ uint32_t Decode(const std::string& c) {
   }
 }
 
+int ByteTokenValue(const std::string& token) {
+  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return -1;
+  int value = 0;
+  for (std::size_t i = 3; i < 5; ++i) {
+    const char c = token[i];
+    const int digit = (c >= '0' && c <= '9')   ? c - '0'
+                      : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                      : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                                               : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
 }  // namespace utf8
 
 std::string sanitize_utf8(const std::string& bytes) {

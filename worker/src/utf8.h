@@ -1,4 +1,4 @@
-// UTF-8 helpers for the tokenizers.
+// UTF-8 and byte helpers for the tokenizers.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +19,8 @@ std::string Encode(uint32_t code_point);
 
 // Code point of the valid single character `c`.
 uint32_t Decode(const std::string& c);
+
+// The byte a byte-fallback token "<0xXX>" (hex digits in either case) stands for, or -1.
+int ByteTokenValue(const std::string& token);
 
 }  // namespace namm::worker::utf8

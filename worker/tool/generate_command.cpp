@@ -104,18 +104,22 @@ Status RunGenerate(const GenerateOptions& o) {
     return Status::InvalidArgument("--max-new-tokens " + std::to_string(o.max_new_tokens) +
                                    " leaves no room for a prompt in a context of " + std::to_string(context));
   }
-  std::vector<int64_t> ids = tokenizer->EncodeForModel(prompt);
+  std::vector<int64_t> ids;
+  if (o.truncate) {
+    // The reference's rule (spec §1.5) with its budget, context - new tokens. Template tokens and re-encoding
+    // can push the result a few tokens over; the reference then runs over its context, here the middle is
+    // cut by that much more so that generation stays within it.
+    ids = encode_truncated_middle(*tokenizer, prompt, prompt_budget);
+    const int64_t over = static_cast<int64_t>(ids.size()) - prompt_budget;
+    if (over > 0) ids = encode_truncated_middle(*tokenizer, prompt, prompt_budget - 2 * over);
+  } else {
+    ids = tokenizer->EncodeForModel(prompt);
+  }
   if (static_cast<int64_t>(ids.size()) > prompt_budget) {
-    if (!o.truncate) {
-      return Status::InvalidArgument("the prompt has " + std::to_string(ids.size()) + " tokens but at most " +
-                                     std::to_string(prompt_budget) + " fit (context " + std::to_string(context) +
-                                     " minus " + std::to_string(o.max_new_tokens) +
-                                     " new tokens); pass --truncate to cut its middle");
-    }
-    // Leave room for the template tokens the encoding adds.
-    const int64_t template_tokens = static_cast<int64_t>(tokenizer->EncodeForModel("").size());
-    ids = encode_truncated_middle(*tokenizer, prompt, prompt_budget - template_tokens);
-    if (static_cast<int64_t>(ids.size()) > prompt_budget) ids.resize(static_cast<std::size_t>(prompt_budget));
+    return Status::InvalidArgument("the prompt has " + std::to_string(ids.size()) + " tokens but at most " +
+                                   std::to_string(prompt_budget) + " fit (context " + std::to_string(context) +
+                                   " minus " + std::to_string(o.max_new_tokens) + " new tokens)" +
+                                   (o.truncate ? "" : "; pass --truncate to cut its middle"));
   }
 
   GenerationOptions options;

@@ -5,9 +5,12 @@
 // Supported pieces — normalizers: Sequence, Prepend, Replace; pre-tokenizers: Sequence, ByteLevel, Split
 // (Isolated/Removed), Metaspace; model: BPE (byte_fallback, unk_token, fuse_unk, ignore_merges); post-processors:
 // TemplateProcessing, ByteLevel, Sequence; decoders: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip,
-// Metaspace. Anything else is refused at load time with a message naming it. Added tokens are matched in the raw
-// text (leftmost, longest first). tokenizer_config.json's add_bos_token / add_eos_token, when a Llama tokenizer
-// class sets them, replace the template, as transformers' LlamaTokenizerFast does.
+// Metaspace. Anything else (and BPE dropout) is refused at load time with a message naming it. Added tokens are
+// matched leftmost-longest, in the raw text or, for "normalized" ones, in the normalized text, honouring lstrip,
+// rstrip and single_word. From tokenizer_config.json: add_bos_token / add_eos_token replace the template when a
+// Llama tokenizer class sets them (as transformers' LlamaTokenizerFast does), eos_token names the end of
+// sequence, and clean_up_tokenization_spaces applies transformers' clean-up (" ." -> ".", " 's" -> "'s", ...)
+// to decoded text, as the reference's transformers decode does.
 #pragma once
 
 #include <memory>
@@ -35,6 +38,8 @@ class HfTokenizer final : public Tokenizer {
  private:
   struct Impl;
   explicit HfTokenizer(std::unique_ptr<Impl> impl);
+  static Result<std::unique_ptr<HfTokenizer>> Parse(const std::string& tokenizer_json, const std::string& config_json,
+                                                    const std::string& source);
   std::unique_ptr<Impl> impl_;
 };
 
