@@ -14,19 +14,29 @@ namespace namm {
 namespace {
 std::string ErrnoText() { return std::strerror(errno); }
 
-std::string DirectoryOf(const std::string& path) {
+}  // namespace
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string parent_directory(const std::string& path) {
   auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
-}  // namespace
 
 Result<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return Status::NotFound(path + ": no such file");
+    if (!path_exists(path)) return Status::NotFound(path + ": no such file");
     return Status::IOError(path + ": cannot open for reading");
   }
   std::ostringstream buffer;
@@ -69,7 +79,7 @@ Status write_file_atomically(const std::string& path, const std::vector<std::str
     return Status::IOError(msg);
   }
   // Make the rename itself durable.
-  int dir = ::open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir = ::open(parent_directory(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);

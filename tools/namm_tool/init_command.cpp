@@ -1,6 +1,5 @@
 // namm-tool init: write a new NAMM file (zero, seeded-random or imported parameters).
 #include <ATen/core/Tensor.h>
-#include <sys/stat.h>
 
 #include <cmath>
 #include <iostream>
@@ -9,6 +8,7 @@
 
 #include "commands.h"
 #include "namm/dtype.h"
+#include "namm/file_util.h"
 #include "namm/namm_file.h"
 #include "namm/npy.h"
 #include "namm/option_spec.h"
@@ -156,8 +156,7 @@ Result<NammModel> BuildModel(const InitOptions& o) {
 }
 
 int RunInit(const InitOptions& o) {
-  struct stat st {};
-  if (!o.force && ::stat(o.out.c_str(), &st) == 0) {
+  if (!o.force && path_exists(o.out)) {
     return Fail(o.out + " already exists (pass --force to overwrite it)");
   }
   auto model = BuildModel(o);

@@ -1,7 +1,5 @@
 #include "namm/worker/hf_tokenizer.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cctype>
 #include <array>
@@ -571,9 +569,8 @@ HfTokenizer::HfTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HfTokenizer::~HfTokenizer() = default;
 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path) {
-  struct stat st {};
-  const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-  const std::string dir = is_dir ? path : (path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/')));
+  const bool is_dir = is_directory(path);
+  const std::string dir = is_dir ? path : parent_directory(path);
   const std::string file = is_dir ? path + "/tokenizer.json" : path;
   NAMM_ASSIGN_OR_RETURN(std::string tokenizer_json, read_file(file));
   auto config = read_file(dir + "/tokenizer_config.json");

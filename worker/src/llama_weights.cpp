@@ -1,7 +1,5 @@
 #include "namm/worker/llama_weights.h"
 
-#include <sys/stat.h>
-
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,16 +14,6 @@
 namespace namm::worker {
 
 namespace {
-
-bool IsDirectory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool Exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
 
 std::optional<at::ScalarType> TorchType(DType dtype) {
   switch (dtype) {
@@ -45,7 +33,7 @@ class HfTensorSource {
     const std::string single = dir + "/model.safetensors";
     const std::string index = dir + "/model.safetensors.index.json";
     std::vector<std::string> shard_names;
-    if (Exists(index)) {
+    if (path_exists(index)) {
       NAMM_ASSIGN_OR_RETURN(std::string text, read_file(index));
       nlohmann::json j;
       try {
@@ -65,10 +53,10 @@ class HfTensorSource {
         if (inserted) shard_names.push_back(file);
         source.shard_of_tensor_[it.key()] = pos->second;
       }
-    } else if (Exists(single)) {
+    } else if (path_exists(single)) {
       shard_names.push_back("model.safetensors");
     } else {
-      std::string hint = Exists(dir + "/pytorch_model.bin") ? " (pytorch_model.bin is not supported: convert it to safetensors)" : "";
+      std::string hint = path_exists(dir + "/pytorch_model.bin") ? " (pytorch_model.bin is not supported: convert it to safetensors)" : "";
       return Status::NotFound(dir + ": no model.safetensors or model.safetensors.index.json" + hint);
     }
     for (const auto& name : shard_names) {
@@ -276,8 +264,8 @@ Result<LoadedModel> load_llama2c_model(const std::string& path, const LoadOption
 }
 
 Result<LoadedModel> load_model(const std::string& path, const LoadOptions& options) {
-  if (!Exists(path)) return Status::NotFound(path + ": no such file or directory");
-  return IsDirectory(path) ? load_hf_model(path, options) : load_llama2c_model(path, options);
+  if (!path_exists(path)) return Status::NotFound(path + ": no such file or directory");
+  return is_directory(path) ? load_hf_model(path, options) : load_llama2c_model(path, options);
 }
 
 }  // namespace namm::worker

@@ -1,16 +1,14 @@
 #include "namm/worker/tokenizer.h"
 
-#include <sys/stat.h>
-
+#include "namm/file_util.h"
 #include "namm/worker/hf_tokenizer.h"
 #include "namm/worker/llama2c_tokenizer.h"
 
 namespace namm::worker {
 
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return Status::NotFound(path + ": no such file or directory");
-  const bool json = S_ISDIR(st.st_mode) || (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0);
+  if (!path_exists(path)) return Status::NotFound(path + ": no such file or directory");
+  const bool json = is_directory(path) || (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0);
   if (json) {
     NAMM_ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tokenizer, HfTokenizer::Load(path));
     return std::unique_ptr<Tokenizer>(std::move(tokenizer));

@@ -1,6 +1,5 @@
 // namm-worker generate: one greedy generation, printed as text or as a JSON report.
 #include <ATen/Context.h>
-#include <sys/stat.h>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -22,18 +21,12 @@ struct GenerateOptions {
   bool truncate = false, json = false;
 };
 
-bool IsDirectory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 // The tokenizer to use: --tokenizer, else the model directory, else a tokenizer.bin beside a llama2.c model.
 Result<std::string> TokenizerPath(const GenerateOptions& o) {
   if (!o.tokenizer.empty()) return o.tokenizer;
-  if (IsDirectory(o.model)) return o.model;
-  const std::string dir = o.model.find('/') == std::string::npos ? "." : o.model.substr(0, o.model.rfind('/'));
-  struct stat st {};
-  if (::stat((dir + "/tokenizer.bin").c_str(), &st) == 0) return dir + "/tokenizer.bin";
+  if (is_directory(o.model)) return o.model;
+  const std::string beside = parent_directory(o.model) + "/tokenizer.bin";
+  if (path_exists(beside)) return beside;
   return Status::InvalidArgument("--tokenizer is required for the llama2.c model " + o.model +
                                  " (no tokenizer.bin beside it)");
 }

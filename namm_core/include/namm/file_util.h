@@ -9,6 +9,12 @@
 
 namespace namm {
 
+// Whether something exists at `path` / is a directory there.
+bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
+// The directory part of `path` ("." when it has none).
+std::string parent_directory(const std::string& path);
+
 // Reads a whole file into memory.
 Result<std::string> read_file(const std::string& path);
 
