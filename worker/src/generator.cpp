@@ -16,14 +16,14 @@ double Since(Clock::time_point start) { return std::chrono::duration<double>(Clo
 class CacheTracker {
  public:
   CacheTracker(std::vector<LayerKVCache>& caches, MemoryPolicy& policy, int64_t n_up, GenerationResult& result)
-      : caches_(caches), policy_(policy), n_up_(n_up), result_(result) {}
+      : caches_(caches), policy_(policy), state_specs_(policy.token_state()), n_up_(n_up), result_(result) {}
 
   // After a forward pass: record the peak, then run a memory update if the length is a multiple of n_up.
   Status AfterForward() {
     int64_t kv = 0, state = 0;
     for (const auto& cache : caches_) {
       kv += (cache.keys().numel() + cache.values().numel()) * cache.keys().element_size();
-      for (const auto& spec : policy_.token_state()) {
+      for (const auto& spec : state_specs_) {
         const at::Tensor s = cache.state(spec.name);
         state += s.numel() * s.element_size();
       }
@@ -46,6 +46,7 @@ class CacheTracker {
  private:
   std::vector<LayerKVCache>& caches_;
   MemoryPolicy& policy_;
+  const std::vector<TokenStateSpec> state_specs_;
   int64_t n_up_;
   GenerationResult& result_;
 };
