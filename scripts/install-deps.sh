@@ -16,7 +16,7 @@ packages=(
   prometheus-cpp-dev
   libboost-dev libboost-system-dev
   # configuration, logging, CLI, JSON, regexes
-  libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
+  libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # task metrics: jieba's dictionary and HMM tables (read at run time, never copied), MeCab + UniDic

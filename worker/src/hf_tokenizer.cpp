@@ -10,7 +10,7 @@
 
 #include "namm/file_util.h"
 #include "pair_merges.h"
-#include "regex.h"
+#include "namm/regex.h"
 #include "utf8.h"
 
 namespace namm::worker {

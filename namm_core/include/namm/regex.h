@@ -1,4 +1,5 @@
-// A compiled PCRE2 pattern (UTF + Unicode properties, JIT when available) for the pre-tokenizers.
+// A compiled PCRE2 pattern: UTF-8, Unicode properties for \d \w \s \b (as Python 3's re does for str),
+// JIT when available. Immutable and safe to share between threads.
 #pragma once
 
 #include <memory>
@@ -8,7 +9,7 @@
 
 #include "namm/status.h"
 
-namespace namm::worker {
+namespace namm {
 
 class Regex {
  public:
@@ -21,4 +22,4 @@ class Regex {
   std::shared_ptr<Code> code_;
 };
 
-}  // namespace namm::worker
+}  // namespace namm

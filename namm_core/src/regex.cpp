@@ -1,9 +1,9 @@
-#include "regex.h"
+#include "namm/regex.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-namespace namm::worker {
+namespace namm {
 
 struct Regex::Code {
   pcre2_code* code = nullptr;
@@ -53,4 +53,4 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::FindAll(const std::strin
   return matches;
 }
 
-}  // namespace namm::worker
+}  // namespace namm

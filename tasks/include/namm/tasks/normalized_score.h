@@ -1,0 +1,68 @@
+// Fitness normalized by the base model (spec §7.1-7.2).
+//
+// Per task, the candidate's mean score over the sampled prompts divided by the base model's (full-cache)
+// mean over the same prompts — a ratio of means, not a mean of ratios; the fitness is the unweighted mean over
+// tasks. A candidate as good as the base model scores 1 on every task.
+//
+// When the base model scores 0 on every sampled prompt of a task the ratio is undefined. The reference divides
+// by (100 x base mean + 1e-7), so any non-zero candidate score becomes ~10^7 and swamps every other task. By
+// default namm scores such a task 1 + candidate mean instead: matching the base model (0) gives 1, as
+// everywhere else, and doing better is rewarded in proportion, without the blow-up. The reference's formula
+// is available as ZeroBase::kReferenceEpsilon.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+
+namespace namm::tasks {
+
+// task name -> row index -> score in [0, 1].
+using PromptScores = std::map<std::string, std::map<int64_t, double>>;
+
+// Per-prompt base-model scores. File format (the reference's per_request files): a JSON object
+// {"<task>": {"<row index>": score, ...}, ...}. The reference's aggregate files (a one-element list whose
+// object holds "performance_per_request") are read too.
+class ReferenceScores {
+ public:
+  static Result<ReferenceScores> Load(const std::string& path);
+  // Writes the per-request format, atomically.
+  Status Save(const std::string& path) const;
+
+  std::optional<double> Get(const std::string& task, int64_t row) const;
+  // Refuses scores outside [0, 1] and non-finite ones.
+  Status Set(const std::string& task, int64_t row, double score);
+  const PromptScores& scores() const { return scores_; }
+
+ private:
+  PromptScores scores_;
+};
+
+enum class ZeroBase {
+  kOnePlusCandidate,  // namm's default: 1 + candidate mean
+  kReferenceEpsilon,  // the reference: (100 x candidate mean) / (100 x base mean + 1e-7)
+};
+
+struct TaskFitness {
+  std::string task;
+  int64_t prompts = 0;
+  double candidate_mean = 0;  // in [0, 1]
+  double base_mean = 0;
+  double normalized = 0;
+};
+
+struct Fitness {
+  double value = 0;                 // mean of the tasks' normalized scores
+  std::vector<TaskFitness> tasks;   // in task-name order
+};
+
+// `candidate`: the candidate's per-prompt scores on the sampled prompts of each task. Every prompt needs a
+// reference score; a missing one is an error naming the task and row.
+Result<Fitness> normalized_fitness(const PromptScores& candidate, const ReferenceScores& reference,
+                                   ZeroBase zero_base = ZeroBase::kOnePlusCandidate);
+
+}  // namespace namm::tasks

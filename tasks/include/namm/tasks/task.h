@@ -1,0 +1,93 @@
+// Tasks: what a prompt is, how long the answer may be, and how it is scored (spec §1.5-1.6, §8).
+//
+// Task definitions live in YAML files (tasks/*.yaml, in our own words). LongBench and ChouBun tasks take their
+// prompt templates and answer lengths from the benchmark's config directory (dataset2prompt.json,
+// dataset2maxlen.json), used verbatim as Python str.format templates; InfiniteBench and synthetic tasks carry
+// their own. Rows come from JSONL files, one object per line, indexed from 0 in file order (the reference's
+// dataset order, which its per-prompt reference scores use).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+#include "namm/tasks/metrics.h"
+
+namespace namm::tasks {
+
+// How a task's answer is scored.
+enum class Scoring {
+  kGeneration,     // greedy generation, scored by `metric`
+  kLikelihood,     // teacher-forced continuation: exp(-mean token NLL), in (0, 1]
+  kTokenAccuracy,  // teacher-forced continuation: share of tokens the model ranks first
+};
+const char* scoring_name(Scoring scoring);
+
+// Where a task's prompt comes from.
+enum class PromptSource {
+  kConfig,    // the benchmark's config directory: dataset2prompt.json / dataset2maxlen.json
+  kInline,    // the task definition's own template
+  kTokenIds,  // rows carry token ids (synthetic tasks): "prompt_ids", "continuation_ids"
+};
+
+struct TaskSpec {
+  std::string name;        // "lb/narrativeqa", "choubun/wiki_qa", "ib/passkey", "syn/story_recall_plain"
+  std::string benchmark;   // "longbench" | "choubun" | "infinitebench" | "synthetic"
+  std::string dataset;     // the data file's stem
+  std::string description;
+  PromptSource prompt_source = PromptSource::kInline;
+  std::string prompt_template;  // Python str.format with the row's fields; empty for token-id rows
+  int64_t max_new_tokens = 0;
+  std::string metric;           // for kGeneration
+  Scoring scoring = Scoring::kGeneration;
+  std::vector<std::string> stop_strings;  // cut the generated text at the first one
+  bool first_line = false;      // score pred.lstrip("\n").split("\n")[0] (trec, triviaqa, samsum, lsht)
+  std::string answers_field = "answers";
+  std::string classes_field = "all_classes";
+  std::string rope_scaling;     // the RoPE setting the task is meant for ("" = the model's own)
+  std::string data_path;        // resolved JSONL path
+};
+
+// Where task files live. Data and config directories are per benchmark; a config directory defaults to
+// "<data directory>/config".
+struct TaskPaths {
+  std::string tasks_dir;                            // the YAML definitions
+  std::map<std::string, std::string> data_dirs;     // benchmark -> directory of <dataset>.jsonl
+  std::map<std::string, std::string> config_dirs;   // benchmark -> directory of dataset2prompt.json etc.
+};
+
+// The defaults of this build: the repository's tasks/ directory and ../shared/data/longbench for LongBench.
+TaskPaths default_task_paths();
+
+// Every task defined in paths.tasks_dir, without resolving templates or data (for listings).
+Result<std::vector<TaskSpec>> list_tasks(const TaskPaths& paths);
+
+// One task, with its template, answer length and data path resolved; errors name the task and the missing
+// file.
+Result<TaskSpec> find_task(const std::string& name, const TaskPaths& paths);
+
+struct TaskRow {
+  int64_t index = 0;  // line number among the file's rows, from 0
+  nlohmann::json fields;
+};
+
+// The rows of a task's data file. A missing or malformed file is an error naming the task and the path.
+Result<std::vector<TaskRow>> load_rows(const TaskSpec& task);
+
+// The prompt text of a row (the template filled with its fields).
+Result<std::string> build_prompt(const TaskSpec& task, const TaskRow& row);
+
+// The text that is scored: the generated text, reduced to its first line for first_line tasks.
+std::string scored_text(const TaskSpec& task, const std::string& generated);
+
+// A generated answer's score in [0, 1] (kGeneration tasks).
+Result<double> score_generation(const TaskSpec& task, const TaskRow& row, const std::string& generated,
+                                const MetricOptions& options = {});
+
+// "a:b" row ranges ("0:10", "5:", ":3", "7") into row indices, checked against `count`.
+Result<std::vector<int64_t>> parse_row_range(const std::string& spec, int64_t count);
+
+}  // namespace namm::tasks

@@ -1,0 +1,466 @@
+#include "namm/tasks/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+
+#include "namm/regex.h"
+#include "namm/tasks/jieba.h"
+#include "namm/tasks/mecab_tokenizer.h"
+#include "namm/tasks/python_text.h"
+#include "namm/tasks/sequence_matcher.h"
+
+namespace namm::tasks {
+
+namespace {
+
+using Json = nlohmann::json;
+using Tokens = std::vector<std::string>;
+
+const Regex& CompiledRegex(const char* pattern) {
+  // Patterns are fixed literals; each is compiled once.
+  static std::map<std::string, Regex> cache;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(pattern);
+  if (it == cache.end()) it = cache.emplace(pattern, std::move(Regex::Compile(pattern)).value()).first;
+  return it->second;
+}
+
+// re.findall(pattern, text); for patterns "<literal prefix>(\d+)" pass the prefix's byte length to get the group.
+std::vector<std::string> FindAll(const char* pattern, const std::string& text, std::size_t group_prefix = 0) {
+  std::vector<std::string> out;
+  const std::string clean = to_utf8(to_u32(text));  // PCRE2 needs valid UTF-8
+  for (const auto& [begin, end] : CompiledRegex(pattern).FindAll(clean)) {
+    out.push_back(clean.substr(begin + group_prefix, end - begin - group_prefix));
+  }
+  return out;
+}
+
+std::string JoinWhitespaceSplit(const std::u32string& text, const char* separator) {
+  std::string out;
+  for (const auto& word : py_split(text)) out += (out.empty() ? "" : separator) + to_utf8(word);
+  return out;
+}
+
+// LongBench's normalize_answer.
+std::string NormalizeAnswer(const std::string& s) {
+  std::u32string no_punct;
+  for (char32_t c : to_u32(py_lower(s))) {
+    if (!is_ascii_punctuation(c)) no_punct.push_back(c);
+  }
+  const std::string text = to_utf8(no_punct);
+  std::string no_articles;
+  std::size_t cursor = 0;
+  for (const auto& [begin, end] : CompiledRegex(R"(\b(a|an|the)\b)").FindAll(text)) {
+    no_articles += text.substr(cursor, begin - cursor) + " ";
+    cursor = end;
+  }
+  no_articles += text.substr(cursor);
+  return JoinWhitespaceSplit(to_u32(no_articles), " ");
+}
+
+// LongBench's normalize_zh_answer (also ChouBun's normalize_ja_answer).
+std::string NormalizeCjkAnswer(const std::string& s) {
+  static const std::u32string kCjkPunctuation = to_u32(
+      "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏.");
+  std::u32string kept;
+  for (char32_t c : to_u32(py_lower(s))) {
+    if (!is_ascii_punctuation(c) && kCjkPunctuation.find(c) == std::u32string::npos) kept.push_back(c);
+  }
+  return JoinWhitespaceSplit(kept, "");
+}
+
+// LongBench's f1_score over token lists (Counter intersection).
+double TokenF1(const Tokens& prediction, const Tokens& truth) {
+  std::map<std::string, int64_t> counts;
+  for (const auto& t : truth) ++counts[t];
+  int64_t same = 0;
+  for (const auto& t : prediction) {
+    auto it = counts.find(t);
+    if (it != counts.end() && it->second > 0) {
+      --it->second;
+      ++same;
+    }
+  }
+  if (same == 0) return 0.0;
+  const double precision = 1.0 * static_cast<double>(same) / static_cast<double>(prediction.size());
+  const double recall = 1.0 * static_cast<double>(same) / static_cast<double>(truth.size());
+  return (2 * precision * recall) / (precision + recall);
+}
+
+Tokens SplitWords(const std::string& text) {
+  Tokens out;
+  for (const auto& w : py_split(to_u32(text))) out.push_back(to_utf8(w));
+  return out;
+}
+
+Tokens NormalizedCjkTokens(const Tokens& raw) {
+  Tokens out;
+  for (const auto& t : raw) {
+    std::string n = NormalizeCjkAnswer(t);
+    if (!n.empty()) out.push_back(std::move(n));
+  }
+  return out;
+}
+
+Result<Tokens> JiebaCut(const std::string& text) {
+  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<const Jieba> jieba, Jieba::Default());
+  return jieba->Cut(text);
+}
+
+Result<Tokens> MecabCut(const std::string& text) {
+  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<const MecabTokenizer> mecab, MecabTokenizer::Default());
+  return mecab->Surfaces(text);
+}
+
+std::string Join(const Tokens& tokens, const std::string& separator) {
+  std::string out;
+  for (std::size_t i = 0; i < tokens.size(); ++i) out += (i ? separator : "") + tokens[i];
+  return out;
+}
+
+double NumberMatchShare(const std::string& prediction, const std::string& target) {
+  const Tokens numbers = FindAll(R"(\d+)", prediction);
+  if (numbers.empty()) return 0.0;
+  const auto right = std::count(numbers.begin(), numbers.end(), target);
+  return static_cast<double>(right) / static_cast<double>(numbers.size());
+}
+
+// Python's str() of a JSON value as LongBench rows hold it.
+std::string PyStr(const Json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
+  return value.dump();
+}
+
+// ---- InfiniteBench helpers ---------------------------------------------------------------------------------------
+
+std::string ReplaceEach(std::string text, const std::vector<std::string>& targets, const std::string& with) {
+  for (const auto& target : targets) {
+    for (std::size_t pos = text.find(target); pos != std::string::npos; pos = text.find(target, pos + with.size())) {
+      text.replace(pos, target.size(), with);
+    }
+  }
+  return text;
+}
+
+std::string CollapseDoubleSpaces(std::string text) {  // while "  " in pred: pred = pred.replace("  ", " ")
+  while (text.find("  ") != std::string::npos) text = ReplaceEach(text, {"  "}, " ");
+  return text;
+}
+
+// re.split("[^0-9]", text), non-empty items.
+Tokens AsciiDigitRuns(const std::string& text) {
+  Tokens out;
+  std::string run;
+  for (char c : text) {
+    if (c >= '0' && c <= '9') {
+      run += c;
+    } else if (!run.empty()) {
+      out.push_back(std::move(run));
+      run.clear();
+    }
+  }
+  if (!run.empty()) out.push_back(run);
+  return out;
+}
+
+// InfiniteBench's release wraps every answer in a list; scorers that expect a scalar take its first element.
+Json Scalar(const Json& label) { return label.is_array() && !label.empty() ? label[0] : label; }
+
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+// Python's int(str) for the plain forms: optional sign, ASCII digits, surrounding whitespace.
+std::optional<int64_t> PyInt(const std::string& text) {
+  const std::u32string stripped = py_strip(to_u32(text), U" \t\n\r\x0b\x0c");
+  std::string s = to_utf8(stripped);
+  if (s.empty()) return std::nullopt;
+  std::size_t i = (s[0] == '+' || s[0] == '-') ? 1 : 0;
+  if (i == s.size()) return std::nullopt;
+  for (std::size_t k = i; k < s.size(); ++k) {
+    if (s[k] < '0' || s[k] > '9') return std::nullopt;
+  }
+  try {
+    return std::stoll(s);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+double IbFirstInt(const std::string& prediction, const Json& label) {
+  const Tokens runs = AsciiDigitRuns(prediction);
+  return (runs.empty() ? std::string() : runs[0]) == PyStr(Scalar(label)) ? 1.0 : 0.0;
+}
+
+double IbKvRetrieval(const std::string& prediction, const Json& label) {
+  const std::string cleaned = ReplaceEach(prediction, {"\n", ":", "\"", "'", ".", ",", "?", "!", "{", "}"}, " ");
+  const Tokens words = SplitWords(cleaned);
+  return std::find(words.begin(), words.end(), PyStr(Scalar(label))) != words.end() ? 1.0 : 0.0;
+}
+
+double IbCodeRun(const std::string& prediction, const Json& label) {
+  std::string pred = to_utf8(py_strip(to_u32(prediction), U" \t\n\r\x0b\x0c"));
+  pred = ReplaceEach(pred, {"\n", ".", "`", "'", "\"", ":"}, " ");
+  const Tokens words = SplitWords(pred);
+  if (words.empty()) return 0.0;
+  const auto value = PyInt(words.back());
+  const Json expected = Scalar(label);
+  return value && expected.is_number_integer() && *value == expected.get<int64_t>() ? 1.0 : 0.0;
+}
+
+double IbCodeDebug(const std::string& prediction, const Json& label) {
+  if (!label.is_array() || label.size() < 2) return 0.0;
+  const std::string fn_name = PyStr(label[0]), letter = PyStr(label[1]);
+  const std::u32string p32 = to_u32(prediction);
+  const std::string head = to_utf8(p32.substr(0, 2));
+  if (head == letter + "." || head == letter + ":") return 1.0;
+  std::string pred = to_utf8(py_strip(p32, U" \t\n\r\x0b\x0c"));
+  pred = CollapseDoubleSpaces(ReplaceEach(pred, {"\n", "`", "'", "\"", "-", "*", "Option", "option"}, " "));
+  for (const std::string prefix : {"answer is:", "is:", "answer:"}) {
+    const auto idx = pred.find(prefix);
+    if (idx == std::string::npos) continue;
+    if (pred.size() < idx + prefix.size() + 1) return 0.0;
+    const std::string rest = pred.substr(idx + prefix.size() + 1);
+    return StartsWith(rest, letter) || StartsWith(rest, fn_name) ? 1.0 : 0.0;
+  }
+  return 0.0;
+}
+
+double IbMathFind(const std::string& prediction, const Json& label_in) {
+  const Json label = Scalar(label_in);
+  const Tokens first = FindAll(R"(\d+\.\d+|\d+)", prediction);
+  if (first.empty()) return 0.0;
+  if (label.is_number_integer()) {
+    // int() of a decimal match raises in the reference's scorer; a number that is not an integer scores 0.
+    const auto value = PyInt(first[0]);
+    return value && *value == label.get<int64_t>() ? 1.0 : 0.0;
+  }
+  if (label.is_number_float()) return std::stod(first[0]) == label.get<double>() ? 1.0 : 0.0;
+  return 0.0;
+}
+
+double IbMathCalc(const std::string& prediction, const Json& label) {
+  if (!label.is_array() || label.empty()) return 0.0;
+  const Tokens runs = AsciiDigitRuns(prediction);
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < label.size() && i < runs.size(); ++i) {
+    const auto value = PyInt(runs[i]);
+    if (!label[i].is_number_integer() || !value || *value != label[i].get<int64_t>()) break;
+    ++count;
+  }
+  return static_cast<double>(count) / static_cast<double>(label.size());
+}
+
+double IbLongDialogue(const std::string& prediction, const Json& label) {
+  const std::string name = PyStr(Scalar(label));
+  const std::string cleaned = ReplaceEach(prediction, {"\n", ":", "\"", "'", ".", ",", "?", "!", "{", "}"}, " ");
+  for (const auto& word : SplitWords(cleaned)) {
+    if (py_upper(word) == name) return 1.0;
+  }
+  return 0.0;
+}
+
+double IbChoice(const std::string& prediction, const Json& label) {
+  std::vector<std::string> options;
+  for (const auto& l : label.is_array() ? label : Json::array({label})) options.push_back(PyStr(l));
+  auto in_label = [&](const std::string& s) { return std::find(options.begin(), options.end(), s) != options.end(); };
+  const std::u32string p32 = to_u32(prediction);
+  if (p32.empty()) return 0.0;  // the reference indexes pred[0] and would raise
+  if (p32[0] == 'A' || p32[0] == 'B' || p32[0] == 'C' || p32[0] == 'D') return in_label(to_utf8(p32[0])) ? 1.0 : 0.0;
+  std::string pred = CollapseDoubleSpaces(ReplaceEach(prediction, {"\n", "\"", "'", ".", ",", "?", "!", "{", "}"}, " "));
+  for (const std::string prefix : {"answer is:", "answer:", "answer is", "option is"}) {
+    const auto idx = pred.find(prefix);
+    if (idx == std::string::npos) continue;
+    if (pred.size() < idx + prefix.size() + 1) return 0.0;
+    const std::string after = pred.substr(idx + prefix.size() + 1);
+    for (const auto& option : options) {
+      if (StartsWith(after, option)) return 1.0;
+    }
+    return 0.0;
+  }
+  for (const auto& word : SplitWords(pred)) {
+    if (std::string("ABCD").find(word) != std::string::npos) return in_label(word) ? 1.0 : 0.0;  // `word in "ABCD"`
+  }
+  return 0.0;
+}
+
+double CharF1Zh(const std::string& prediction, const std::string& truth) {
+  Tokens p, t;
+  for (char32_t c : to_u32(NormalizeCjkAnswer(prediction))) p.push_back(to_utf8(c));
+  for (char32_t c : to_u32(NormalizeCjkAnswer(truth))) t.push_back(to_utf8(c));
+  return TokenF1(p, t);
+}
+
+// ---- registry ----------------------------------------------------------------------------------------------------
+
+using AnswerMetric = std::function<Result<double>(const std::string&, const std::string&, const std::vector<std::string>&,
+                                                  const MetricOptions&)>;
+using LabelMetric = std::function<Result<double>(const std::string&, const Json&, const MetricOptions&)>;
+
+const std::map<std::string, AnswerMetric>& AnswerMetrics() {
+  static const std::map<std::string, AnswerMetric> metrics = {
+      {"qa_f1",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         return TokenF1(SplitWords(NormalizeAnswer(p)), SplitWords(NormalizeAnswer(a)));
+       }},
+      {"qa_f1_zh",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         NAMM_ASSIGN_OR_RETURN(Tokens pt, JiebaCut(p));
+         NAMM_ASSIGN_OR_RETURN(Tokens at, JiebaCut(a));
+         return TokenF1(NormalizedCjkTokens(pt), NormalizedCjkTokens(at));
+       }},
+      {"qa_f1_ja",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         NAMM_ASSIGN_OR_RETURN(Tokens pt, MecabCut(p));
+         NAMM_ASSIGN_OR_RETURN(Tokens at, MecabCut(a));
+         return TokenF1(NormalizedCjkTokens(pt), NormalizedCjkTokens(at));
+       }},
+      {"rouge",
+       [](const std::string& p, const std::string& a, const auto&, const MetricOptions& o) -> Result<double> {
+         return rouge_l_f(p, a, o.rouge);
+       }},
+      {"rouge_zh",
+       [](const std::string& p, const std::string& a, const auto&, const MetricOptions& o) -> Result<double> {
+         NAMM_ASSIGN_OR_RETURN(Tokens pt, JiebaCut(p));
+         NAMM_ASSIGN_OR_RETURN(Tokens at, JiebaCut(a));
+         return rouge_l_f(Join(pt, " "), Join(at, " "), o.rouge);
+       }},
+      {"rouge_ja",
+       [](const std::string& p, const std::string& a, const auto&, const MetricOptions& o) -> Result<double> {
+         NAMM_ASSIGN_OR_RETURN(Tokens pt, MecabCut(p));
+         NAMM_ASSIGN_OR_RETURN(Tokens at, MecabCut(a));
+         return rouge_l_f(Join(pt, " "), Join(at, " "), o.rouge);
+       }},
+      {"classification",
+       [](const std::string& p, const std::string& a, const std::vector<std::string>& classes,
+          const auto&) -> Result<double> {
+         std::vector<std::string> matches;
+         for (const auto& c : classes) {
+           if (p.find(c) != std::string::npos) matches.push_back(c);
+         }
+         // Python's `for term in list: list.remove(term)` advances an index over a shrinking list.
+         for (std::size_t i = 0; i < matches.size(); ++i) {
+           const std::string term = matches[i];
+           if (a.find(term) != std::string::npos && term != a) matches.erase(std::find(matches.begin(), matches.end(), term));
+         }
+         const bool hit = std::find(matches.begin(), matches.end(), a) != matches.end();
+         return hit ? 1.0 / static_cast<double>(matches.size()) : 0.0;
+       }},
+      {"retrieval",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         const Tokens ids = FindAll(R"(Paragraph (\d+))", a, std::string("Paragraph ").size());
+         if (ids.empty()) return Status::InvalidArgument("retrieval: the answer '" + a + "' names no 'Paragraph N'");
+         return NumberMatchShare(p, ids[0]);
+       }},
+      {"retrieval_zh",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         const Tokens ids = FindAll(R"(段落(\d+))", a, std::string("段落").size());
+         if (ids.empty()) return Status::InvalidArgument("retrieval_zh: the answer '" + a + "' names no '段落N'");
+         return NumberMatchShare(p, ids[0]);
+       }},
+      {"count",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         return NumberMatchShare(p, a);
+       }},
+      {"code_sim",
+       [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
+         const std::string body = to_utf8(py_lstrip(to_u32(p), U"\n"));
+         std::string line;
+         std::size_t start = 0;
+         while (true) {
+           const auto nl = body.find('\n', start);
+           const std::string candidate = body.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+           if (candidate.find('`') == std::string::npos && candidate.find('#') == std::string::npos &&
+               candidate.find("//") == std::string::npos) {
+             line = candidate;
+             break;
+           }
+           if (nl == std::string::npos) break;
+           start = nl + 1;
+         }
+         return fuzz_ratio(line, a) / 100.0;
+       }},
+  };
+  return metrics;
+}
+
+// Metrics that want the best score over several answer strings.
+Result<double> BestOverAnswers(const Json& answers, const std::function<double(const std::string&)>& score) {
+  double best = 0;
+  for (const auto& a : answers.is_array() ? answers : Json::array({answers})) best = std::max(best, score(PyStr(a)));
+  return best;
+}
+
+const std::map<std::string, LabelMetric>& LabelMetrics() {
+  static const std::map<std::string, LabelMetric> metrics = {
+      {"ib_passkey", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbFirstInt(p, l); }},
+      {"ib_number_string", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbFirstInt(p, l); }},
+      {"ib_kv_retrieval", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbKvRetrieval(p, l); }},
+      {"ib_code_run", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbCodeRun(p, l); }},
+      {"ib_code_debug", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbCodeDebug(p, l); }},
+      {"ib_math_find", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbMathFind(p, l); }},
+      {"ib_math_calc", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbMathCalc(p, l); }},
+      {"ib_longdialogue_qa", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbLongDialogue(p, l); }},
+      {"ib_choice", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbChoice(p, l); }},
+      {"ib_qa_eng",
+       [](const std::string& p, const Json& l, const auto&) -> Result<double> {
+         return BestOverAnswers(l, [&](const std::string& a) {
+           return TokenF1(SplitWords(NormalizeAnswer(p)), SplitWords(NormalizeAnswer(a)));
+         });
+       }},
+      {"ib_qa_chn",
+       [](const std::string& p, const Json& l, const auto&) -> Result<double> {
+         return BestOverAnswers(l, [&](const std::string& a) { return CharF1Zh(p, a); });
+       }},
+      {"ib_sum",
+       [](const std::string& p, const Json& l, const auto&) -> Result<double> {
+         std::vector<std::string> targets;
+         for (const auto& a : l.is_array() ? l : Json::array({l})) targets.push_back(PyStr(a));
+         return rouge_lsum_f(p, targets);
+       }},
+  };
+  return metrics;
+}
+
+}  // namespace
+
+bool is_metric(const std::string& name) { return AnswerMetrics().count(name) || LabelMetrics().count(name); }
+
+std::vector<std::string> metric_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, fn] : AnswerMetrics()) names.push_back(name);
+  for (const auto& [name, fn] : LabelMetrics()) names.push_back(name);
+  return names;
+}
+
+Result<double> score_answer(const std::string& metric, const std::string& prediction, const std::string& answer,
+                            const std::vector<std::string>& all_classes, const MetricOptions& options) {
+  auto it = AnswerMetrics().find(metric);
+  if (it != AnswerMetrics().end()) return it->second(prediction, answer, all_classes, options);
+  return score_prompt(metric, prediction, Json(answer), all_classes, options);
+}
+
+Result<double> score_prompt(const std::string& metric, const std::string& prediction, const Json& answers,
+                            const std::vector<std::string>& all_classes, const MetricOptions& options) {
+  auto answer_metric = AnswerMetrics().find(metric);
+  if (answer_metric != AnswerMetrics().end()) {
+    double best = 0;  // LongBench's get_score: max over the answers, starting at 0
+    for (const auto& a : answers.is_array() ? answers : Json::array({answers})) {
+      NAMM_ASSIGN_OR_RETURN(double s, answer_metric->second(prediction, PyStr(a), all_classes, options));
+      best = std::max(best, s);
+    }
+    return best;
+  }
+  auto label_metric = LabelMetrics().find(metric);
+  if (label_metric != LabelMetrics().end()) return label_metric->second(prediction, answers, options);
+  std::string known;
+  for (const auto& n : metric_names()) known += (known.empty() ? "" : ", ") + n;
+  return Status::InvalidArgument("unknown metric '" + metric + "' (known: " + known + ")");
+}
+
+}  // namespace namm::tasks

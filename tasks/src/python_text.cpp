@@ -1,0 +1,219 @@
+#include "namm/tasks/python_text.h"
+
+#include <unicode/ucasemap.h>
+#include <unicode/ustring.h>
+
+#include <algorithm>
+#include <memory>
+
+namespace namm::tasks {
+
+namespace {
+
+// Length of the well-formed UTF-8 sequence at s[i], or minus the length of the maximal ill-formed subpart.
+int SequenceLength(const std::string& s, std::size_t i) {
+  auto byte = [&](std::size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0x100u; };
+  const unsigned b0 = byte(i);
+  if (b0 < 0x80) return 1;
+  unsigned lo = 0x80, hi = 0xBF;
+  int length = 0;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    length = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    length = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    length = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return -1;
+  }
+  for (int k = 1; k < length; ++k) {
+    const unsigned b = byte(i + static_cast<std::size_t>(k));
+    if (!(k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF))) return -k;
+  }
+  return length;
+}
+
+// Applies an ICU full case mapping (root locale) to UTF-8 text.
+std::string CaseMap(const std::string& utf8, bool lower) {
+  UErrorCode error = U_ZERO_ERROR;
+  std::unique_ptr<UCaseMap, decltype(&ucasemap_close)> map(ucasemap_open("", 0, &error), ucasemap_close);
+  if (U_FAILURE(error)) return utf8;
+  std::string out(utf8.size() * 3 + 16, '\0');
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    error = U_ZERO_ERROR;
+    const int32_t n = lower ? ucasemap_utf8ToLower(map.get(), out.data(), static_cast<int32_t>(out.size()),
+                                                   utf8.data(), static_cast<int32_t>(utf8.size()), &error)
+                            : ucasemap_utf8ToUpper(map.get(), out.data(), static_cast<int32_t>(out.size()),
+                                                   utf8.data(), static_cast<int32_t>(utf8.size()), &error);
+    if (error == U_BUFFER_OVERFLOW_ERROR) {
+      out.assign(static_cast<std::size_t>(n) + 1, '\0');
+      continue;
+    }
+    if (U_FAILURE(error)) return utf8;
+    out.resize(static_cast<std::size_t>(n));
+    return out;
+  }
+  return utf8;
+}
+
+}  // namespace
+
+std::u32string to_u32(const std::string& s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const int n = SequenceLength(s, i);
+    if (n < 0) {
+      out.push_back(0xFFFD);
+      i += static_cast<std::size_t>(-n);
+      continue;
+    }
+    const auto b = [&](std::size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[i + k])); };
+    char32_t c = 0;
+    switch (n) {
+      case 1: c = b(0); break;
+      case 2: c = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F); break;
+      case 3: c = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F); break;
+      default: c = ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F); break;
+    }
+    out.push_back(c);
+    i += static_cast<std::size_t>(n);
+  }
+  return out;
+}
+
+std::string to_utf8(char32_t c) {
+  std::string out;
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return out;
+}
+
+std::string to_utf8(const std::u32string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char32_t c : text) out += to_utf8(c);
+  return out;
+}
+
+bool py_isspace(char32_t c) {
+  switch (c) {
+    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x1C: case 0x1D: case 0x1E: case 0x1F:
+    case 0x20: case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F:
+    case 0x3000:
+      return true;
+    default:
+      return c >= 0x2000 && c <= 0x200A;
+  }
+}
+
+std::vector<std::u32string> py_split(const std::u32string& text) {
+  std::vector<std::u32string> words;
+  std::u32string word;
+  for (char32_t c : text) {
+    if (py_isspace(c)) {
+      if (!word.empty()) words.push_back(std::move(word));
+      word.clear();
+    } else {
+      word.push_back(c);
+    }
+  }
+  if (!word.empty()) words.push_back(std::move(word));
+  return words;
+}
+
+std::string py_lower(const std::string& utf8) { return CaseMap(utf8, true); }
+std::string py_upper(const std::string& utf8) { return CaseMap(utf8, false); }
+
+bool is_ascii_punctuation(char32_t c) {
+  return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
+}
+
+std::u32string py_lstrip(const std::u32string& text, const std::u32string& chars) {
+  std::size_t begin = 0;
+  while (begin < text.size() && chars.find(text[begin]) != std::u32string::npos) ++begin;
+  return text.substr(begin);
+}
+
+std::u32string py_strip(const std::u32string& text, const std::u32string& chars) {
+  std::u32string s = py_lstrip(text, chars);
+  std::size_t end = s.size();
+  while (end > 0 && chars.find(s[end - 1]) != std::u32string::npos) --end;
+  s.resize(end);
+  return s;
+}
+
+Result<std::string> py_format(const std::string& format, const std::map<std::string, FormatValue>& fields) {
+  std::string out;
+  out.reserve(format.size());
+  for (std::size_t i = 0; i < format.size(); ++i) {
+    const char c = format[i];
+    if (c == '}') {
+      if (i + 1 < format.size() && format[i + 1] == '}') {
+        out += '}';
+        ++i;
+        continue;
+      }
+      return Status::InvalidArgument("format string: single '}' at byte " + std::to_string(i));
+    }
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    if (i + 1 < format.size() && format[i + 1] == '{') {
+      out += '{';
+      ++i;
+      continue;
+    }
+    const auto close = format.find('}', i + 1);
+    if (close == std::string::npos) {
+      return Status::InvalidArgument("format string: unmatched '{' at byte " + std::to_string(i));
+    }
+    std::string field = format.substr(i + 1, close - i - 1);
+    if (field.find_first_of(":!") != std::string::npos) {
+      return Status::Unimplemented("format string: conversions and format specs in '{" + field + "}'");
+    }
+    int64_t index = -1;
+    const auto bracket = field.find('[');
+    if (bracket != std::string::npos) {
+      if (field.back() != ']') return Status::InvalidArgument("format string: malformed field '{" + field + "}'");
+      try {
+        index = std::stoll(field.substr(bracket + 1, field.size() - bracket - 2));
+      } catch (const std::exception&) {
+        return Status::InvalidArgument("format string: malformed index in '{" + field + "}'");
+      }
+      field.resize(bracket);
+    }
+    auto it = fields.find(field);
+    if (it == fields.end()) return Status::InvalidArgument("format string uses field '" + field + "', which the row lacks");
+    if (index >= 0) {
+      if (index >= static_cast<int64_t>(it->second.items.size())) {
+        return Status::InvalidArgument("field '" + field + "' has no item " + std::to_string(index));
+      }
+      out += it->second.items[static_cast<std::size_t>(index)];
+    } else {
+      out += it->second.text;
+    }
+    i = close;
+  }
+  return out;
+}
+
+}  // namespace namm::tasks

@@ -1,0 +1,248 @@
+#include "namm/tasks/task.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+#include "namm/file_util.h"
+#include "namm/tasks/python_text.h"
+
+namespace namm::tasks {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// Task files in a directory, sorted.
+std::vector<std::string> YamlFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0) files.push_back(dir + "/" + name);
+    }
+    ::closedir(d);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+Result<Scoring> ParseScoring(const std::string& s, const std::string& where) {
+  if (s == "generation") return Scoring::kGeneration;
+  if (s == "likelihood") return Scoring::kLikelihood;
+  if (s == "token_accuracy") return Scoring::kTokenAccuracy;
+  return Status::InvalidArgument(where + ": unknown scoring '" + s + "' (known: generation, likelihood, token_accuracy)");
+}
+
+// Parses one YAML file of task definitions.
+Status ParseTaskFile(const std::string& path, std::vector<TaskSpec>* out) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return Status::Corruption(path + ": invalid YAML: " + e.what());
+  }
+  try {
+    const std::string benchmark = root["benchmark"].as<std::string>("");
+    if (benchmark.empty()) return Status::Corruption(path + ": missing 'benchmark'");
+    const std::string prompts = root["prompts"].as<std::string>("inline");
+    if (prompts != "config" && prompts != "inline" && prompts != "token_ids") {
+      return Status::Corruption(path + ": 'prompts' must be config, inline or token_ids");
+    }
+    for (const auto& node : root["tasks"]) {
+      TaskSpec spec;
+      spec.benchmark = benchmark;
+      spec.prompt_source = prompts == "config"   ? PromptSource::kConfig
+                           : prompts == "inline" ? PromptSource::kInline
+                                                 : PromptSource::kTokenIds;
+      spec.name = node["name"].as<std::string>("");
+      if (spec.name.empty()) return Status::Corruption(path + ": a task without a name");
+      const std::string where = path + ": task " + spec.name;
+      spec.dataset = node["dataset"].as<std::string>("");
+      if (spec.dataset.empty()) return Status::Corruption(where + ": missing 'dataset'");
+      spec.description = node["description"].as<std::string>("");
+      spec.metric = node["metric"].as<std::string>("");
+      NAMM_ASSIGN_OR_RETURN(spec.scoring, ParseScoring(node["scoring"].as<std::string>("generation"), where));
+      if (spec.scoring == Scoring::kGeneration && !is_metric(spec.metric)) {
+        return Status::Corruption(where + ": unknown metric '" + spec.metric + "'");
+      }
+      spec.first_line = node["first_line"].as<bool>(false);
+      spec.answers_field = node["answers_field"].as<std::string>(root["answers_field"].as<std::string>("answers"));
+      spec.classes_field = node["classes_field"].as<std::string>(root["classes_field"].as<std::string>("all_classes"));
+      spec.rope_scaling = node["rope_scaling"].as<std::string>("");
+      if (node["stop"]) spec.stop_strings = node["stop"].as<std::vector<std::string>>();
+      if (prompts == "inline") {
+        spec.prompt_template = node["template"].as<std::string>("");
+        if (spec.prompt_template.empty()) return Status::Corruption(where + ": missing 'template'");
+      }
+      // For config-prompt tasks the length comes with the template, from the config directory.
+      spec.max_new_tokens = node["max_new_tokens"].as<int64_t>(prompts == "config" ? 0 : -1);
+      if (spec.max_new_tokens < 0) return Status::Corruption(where + ": missing 'max_new_tokens'");
+      out->push_back(std::move(spec));
+    }
+  } catch (const YAML::Exception& e) {
+    return Status::Corruption(path + ": malformed task definition: " + e.what());
+  }
+  return Status::Ok();
+}
+
+// The string form of a JSON field as Python's str() prints it for the values rows hold.
+std::string PyStr(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  return v.dump();
+}
+
+}  // namespace
+
+const char* scoring_name(Scoring scoring) {
+  switch (scoring) {
+    case Scoring::kGeneration: return "generation";
+    case Scoring::kLikelihood: return "likelihood";
+    case Scoring::kTokenAccuracy: return "token_accuracy";
+  }
+  return "?";
+}
+
+TaskPaths default_task_paths() {
+  TaskPaths paths;
+  paths.tasks_dir = NAMM_TASKS_DIR;
+  paths.data_dirs["longbench"] = std::string(NAMM_SHARED_DIR) + "/data/longbench";
+  return paths;
+}
+
+Result<std::vector<TaskSpec>> list_tasks(const TaskPaths& paths) {
+  const std::vector<std::string> files = YamlFiles(paths.tasks_dir);
+  if (files.empty()) return Status::NotFound(paths.tasks_dir + ": no task definitions (*.yaml)");
+  std::vector<TaskSpec> tasks;
+  for (const auto& file : files) NAMM_RETURN_IF_ERROR(ParseTaskFile(file, &tasks));
+  std::set<std::string> names;
+  for (const auto& t : tasks) {
+    if (!names.insert(t.name).second) return Status::Corruption(paths.tasks_dir + ": task '" + t.name + "' is defined twice");
+  }
+  return tasks;
+}
+
+Result<TaskSpec> find_task(const std::string& name, const TaskPaths& paths) {
+  NAMM_ASSIGN_OR_RETURN(std::vector<TaskSpec> tasks, list_tasks(paths));
+  auto it = std::find_if(tasks.begin(), tasks.end(), [&](const TaskSpec& t) { return t.name == name; });
+  if (it == tasks.end()) {
+    std::string known;
+    for (const auto& t : tasks) known += (known.empty() ? "" : ", ") + t.name;
+    return Status::NotFound("unknown task '" + name + "' (defined: " + known + ")");
+  }
+  TaskSpec task = *it;
+  auto data_dir = paths.data_dirs.find(task.benchmark);
+  if (data_dir == paths.data_dirs.end()) {
+    return Status::FailedPrecondition("task " + task.name + ": no data directory for benchmark '" + task.benchmark +
+                                      "' (pass it, e.g. --data-dir " + task.benchmark + "=DIR)");
+  }
+  task.data_path = data_dir->second + "/" + task.dataset + ".jsonl";
+  if (task.prompt_source == PromptSource::kConfig) {
+    auto config = paths.config_dirs.find(task.benchmark);
+    const std::string dir = config != paths.config_dirs.end() ? config->second : data_dir->second + "/config";
+    for (const char* file : {"dataset2prompt.json", "dataset2maxlen.json"}) {
+      const std::string path = dir + "/" + file;
+      auto text = read_file(path);
+      if (!text.ok()) return text.status().WithContext("task " + task.name + ": " + task.benchmark + " config");
+      const Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object()) return Status::Corruption(path + ": not a JSON object");
+      if (!j.contains(task.dataset)) {
+        return Status::NotFound("task " + task.name + ": " + path + " has no entry '" + task.dataset + "'");
+      }
+      if (std::string(file) == "dataset2prompt.json") {
+        if (!j[task.dataset].is_string()) return Status::Corruption(path + ": '" + task.dataset + "' is not a string");
+        task.prompt_template = j[task.dataset].get<std::string>();
+      } else {
+        if (!j[task.dataset].is_number_integer()) return Status::Corruption(path + ": '" + task.dataset + "' is not an integer");
+        task.max_new_tokens = j[task.dataset].get<int64_t>();
+      }
+    }
+  }
+  return task;
+}
+
+Result<std::vector<TaskRow>> load_rows(const TaskSpec& task) {
+  std::ifstream in(task.data_path);
+  if (!in) {
+    return Status::NotFound("task " + task.name + ": data file " + task.data_path + " is missing");
+  }
+  std::vector<TaskRow> rows;
+  std::string line;
+  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return Status::Corruption("task " + task.name + ": " + task.data_path + " line " + std::to_string(lineno) +
+                                " is not a JSON object");
+    }
+    rows.push_back({static_cast<int64_t>(rows.size()), std::move(j)});
+  }
+  return rows;
+}
+
+Result<std::string> build_prompt(const TaskSpec& task, const TaskRow& row) {
+  std::map<std::string, FormatValue> fields;
+  for (auto it = row.fields.begin(); it != row.fields.end(); ++it) {
+    FormatValue value{PyStr(*it), {}};
+    if (it->is_array()) {
+      for (const auto& item : *it) value.items.push_back(PyStr(item));
+    }
+    fields.emplace(it.key(), std::move(value));
+  }
+  auto prompt = py_format(task.prompt_template, fields);
+  if (!prompt.ok()) return prompt.status().WithContext("task " + task.name + " row " + std::to_string(row.index));
+  return prompt;
+}
+
+std::string scored_text(const TaskSpec& task, const std::string& generated) {
+  if (!task.first_line) return generated;
+  const std::string text = to_utf8(py_lstrip(to_u32(generated), U"\n"));
+  return text.substr(0, text.find('\n'));
+}
+
+Result<double> score_generation(const TaskSpec& task, const TaskRow& row, const std::string& generated,
+                                const MetricOptions& options) {
+  if (!row.fields.contains(task.answers_field)) {
+    return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + " has no '" +
+                                   task.answers_field + "' field");
+  }
+  std::vector<std::string> classes;
+  if (row.fields.contains(task.classes_field) && row.fields[task.classes_field].is_array()) {
+    for (const auto& c : row.fields[task.classes_field]) classes.push_back(PyStr(c));
+  }
+  auto score = score_prompt(task.metric, scored_text(task, generated), row.fields[task.answers_field], classes, options);
+  if (!score.ok()) return score.status().WithContext("task " + task.name + " row " + std::to_string(row.index));
+  return score;
+}
+
+Result<std::vector<int64_t>> parse_row_range(const std::string& spec, int64_t count) {
+  auto bad = [&] { return Status::InvalidArgument("row range '" + spec + "': expected N, A:B, A: or :B"); };
+  int64_t begin = 0, end = count;
+  try {
+    const auto colon = spec.find(':');
+    if (colon == std::string::npos) {
+      begin = std::stoll(spec);
+      end = begin + 1;
+    } else {
+      if (colon > 0) begin = std::stoll(spec.substr(0, colon));
+      if (colon + 1 < spec.size()) end = std::stoll(spec.substr(colon + 1));
+    }
+  } catch (const std::exception&) {
+    return bad();
+  }
+  if (begin < 0 || end > count || begin >= end) {
+    return Status::InvalidArgument("row range '" + spec + "' is outside the task's " + std::to_string(count) + " rows");
+  }
+  std::vector<int64_t> rows;
+  for (int64_t i = begin; i < end; ++i) rows.push_back(i);
+  return rows;
+}
+
+}  // namespace namm::tasks

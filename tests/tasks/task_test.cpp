@@ -1,0 +1,137 @@
+#include "namm/tasks/task.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "../namm_core/test_util.h"
+#include "../worker/shared_data.h"
+#include "namm/file_util.h"
+#include "namm/tasks/normalized_score.h"
+
+namespace namm::tasks {
+namespace {
+
+TEST(TaskRegistry, DefinesAllBenchmarks) {
+  auto tasks = list_tasks(default_task_paths());
+  ASSERT_TRUE(tasks.ok()) << tasks.status().ToString();
+  std::map<std::string, int> per_benchmark;
+  for (const auto& t : *tasks) ++per_benchmark[t.benchmark];
+  EXPECT_EQ(per_benchmark["longbench"], 21);
+  EXPECT_EQ(per_benchmark["choubun"], 4);
+  EXPECT_EQ(per_benchmark["infinitebench"], 12);
+  EXPECT_GE(per_benchmark["synthetic"], 1);
+}
+
+TEST(TaskRegistry, LongBenchTemplatesComeFromTheConfigDirectory) {
+  NAMM_REQUIRE_SHARED("data/longbench/config/dataset2prompt.json");
+  auto task = find_task("lb/passage_retrieval_zh", default_task_paths());
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  EXPECT_EQ(task->max_new_tokens, 32);
+  EXPECT_EQ(task->metric, "retrieval_zh");
+  EXPECT_NE(task->prompt_template.find("{context}"), std::string::npos);
+  auto samsum = find_task("lb/samsum", default_task_paths());
+  ASSERT_TRUE(samsum.ok());
+  EXPECT_TRUE(samsum->first_line);
+  EXPECT_EQ(samsum->stop_strings, std::vector<std::string>{"\n"});
+  EXPECT_EQ(samsum->max_new_tokens, 128);
+}
+
+TEST(TaskRegistry, AllFiveSharedSubsetsLoadAndFormat) {
+  NAMM_REQUIRE_SHARED("data/longbench/dureader.jsonl");
+  for (const char* name : {"lb/dureader", "lb/multifieldqa_zh", "lb/passage_retrieval_zh", "lb/vcsum", "lb/lsht"}) {
+    auto task = find_task(name, default_task_paths());
+    ASSERT_TRUE(task.ok()) << task.status().ToString();
+    auto rows = load_rows(*task);
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    EXPECT_EQ(rows->size(), 50u) << name;
+    for (const auto& row : *rows) {
+      auto prompt = build_prompt(*task, row);
+      ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
+      // The row's question text appears verbatim in the prompt.
+      EXPECT_NE(prompt->find(row.fields["input"].get<std::string>()), std::string::npos) << name << " " << row.index;
+    }
+    // The base answer scores itself perfectly (a sanity check of metric wiring per task).
+    const auto& first = (*rows)[0];
+    auto self = score_generation(*task, first, first.fields["answers"][0].get<std::string>());
+    ASSERT_TRUE(self.ok()) << self.status().ToString();
+    EXPECT_NEAR(*self, 1.0, 1e-7) << name;
+  }
+}
+
+TEST(TaskRegistry, MissingFilesAreClearErrors) {
+  TaskPaths paths = default_task_paths();
+  paths.data_dirs["longbench"] = "/nonexistent/longbench";
+  auto task = find_task("lb/narrativeqa", paths);
+  ASSERT_FALSE(task.ok());
+  EXPECT_NE(task.status().message().find("task lb/narrativeqa"), std::string::npos) << task.status().message();
+  EXPECT_NE(task.status().message().find("/nonexistent/longbench/config/dataset2prompt.json"), std::string::npos);
+
+  NAMM_REQUIRE_SHARED("data/longbench/config/dataset2prompt.json");
+  auto narrativeqa = find_task("lb/narrativeqa", default_task_paths());  // config present, data absent
+  ASSERT_TRUE(narrativeqa.ok());
+  auto rows = load_rows(*narrativeqa);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_NE(rows.status().message().find("narrativeqa.jsonl is missing"), std::string::npos);
+  auto choubun = find_task("choubun/wiki_qa", default_task_paths());
+  ASSERT_FALSE(choubun.ok());
+  EXPECT_NE(choubun.status().message().find("no data directory for benchmark 'choubun'"), std::string::npos);
+  EXPECT_FALSE(find_task("lb/does_not_exist", default_task_paths()).ok());
+}
+
+TEST(TaskRegistry, FirstLineRuleAndRowRanges) {
+  TaskSpec trec;
+  trec.first_line = true;
+  EXPECT_EQ(scored_text(trec, "\n\nLocation\nQuestion: next"), "Location");
+  TaskSpec plain;
+  EXPECT_EQ(scored_text(plain, "\nA\nB"), "\nA\nB");
+  EXPECT_EQ(*parse_row_range("0:3", 10), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(*parse_row_range("8:", 10), (std::vector<int64_t>{8, 9}));
+  EXPECT_EQ(*parse_row_range("4", 10), (std::vector<int64_t>{4}));
+  EXPECT_FALSE(parse_row_range("5:20", 10).ok());
+  EXPECT_FALSE(parse_row_range("x", 10).ok());
+}
+
+TEST(ReferenceScores, ImportsTheReferenceFilesAndRoundTrips) {
+  NAMM_REQUIRE_SHARED("data/reference_scores/llama3-8b-32k-x2NTK2alpha-v2.json");
+  auto per_request = ReferenceScores::Load(testing::SharedPath("data/reference_scores/llama3-8b-32k-x2NTK2alpha-v2.per_request.json"));
+  ASSERT_TRUE(per_request.ok()) << per_request.status().ToString();
+  auto aggregate = ReferenceScores::Load(testing::SharedPath("data/reference_scores/llama3-8b-32k-x2NTK2alpha-v2.json"));
+  ASSERT_TRUE(aggregate.ok()) << aggregate.status().ToString();
+  EXPECT_EQ(per_request->scores().size(), 21u);
+  EXPECT_EQ(per_request->scores().at("lb/passage_retrieval_en").size(), 200u);
+  EXPECT_EQ(per_request->scores(), aggregate->scores());
+  // The aggregate file's 12.175 for passage_retrieval_en is 100 x the mean of its per-prompt scores.
+  double sum = 0;
+  for (const auto& [row, s] : per_request->scores().at("lb/passage_retrieval_en")) sum += s;
+  EXPECT_NEAR(100 * sum / 200, 12.175, 1e-9);
+  const std::string path = testing::TempPath("refs.json");
+  ASSERT_TRUE(per_request->Save(path).ok());
+  auto back = ReferenceScores::Load(path);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->scores(), per_request->scores());
+}
+
+TEST(NormalizedFitness, RatioOfMeansAveragedOverTasks) {
+  ReferenceScores reference;
+  ASSERT_TRUE(reference.Set("t1", 0, 0.5).ok());
+  ASSERT_TRUE(reference.Set("t1", 1, 0.1).ok());
+  ASSERT_TRUE(reference.Set("t2", 7, 0.0).ok());
+  ASSERT_FALSE(reference.Set("t2", 8, 1.5).ok());  // outside [0, 1]
+  // t1: candidate mean 0.45 / base mean 0.3 = 1.5 (a mean of ratios would give (0.8 + 1.0) / 2 = 0.9).
+  PromptScores candidate = {{"t1", {{0, 0.4}, {1, 0.5}}}, {"t2", {{7, 0.2}}}};
+  auto fitness = normalized_fitness(candidate, reference);
+  ASSERT_TRUE(fitness.ok());
+  EXPECT_DOUBLE_EQ(fitness->tasks[0].normalized, 0.45 / 0.3);
+  EXPECT_DOUBLE_EQ(fitness->tasks[1].normalized, 1.2);  // base mean 0: 1 + candidate mean
+  EXPECT_DOUBLE_EQ(fitness->value, (0.45 / 0.3 + 1.2) / 2);
+  auto reference_rule = normalized_fitness(candidate, reference, ZeroBase::kReferenceEpsilon);
+  EXPECT_DOUBLE_EQ(reference_rule->tasks[1].normalized, 20.0 / 1e-7);  // the blow-up namm avoids
+  PromptScores unknown_row = {{"t1", {{5, 0.1}}}};
+  auto missing = normalized_fitness(unknown_row, reference);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("t1 row 5"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace namm::tasks
