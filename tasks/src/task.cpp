@@ -74,6 +74,7 @@ Status ParseTaskFile(const std::string& path, std::vector<TaskSpec>* out) {
       spec.answers_field = node["answers_field"].as<std::string>(root["answers_field"].as<std::string>("answers"));
       spec.classes_field = node["classes_field"].as<std::string>(root["classes_field"].as<std::string>("all_classes"));
       spec.rope_scaling = node["rope_scaling"].as<std::string>("");
+      spec.max_context = node["max_context"].as<int64_t>(0);
       if (node["stop"]) spec.stop_strings = node["stop"].as<std::vector<std::string>>();
       if (prompts == "inline") {
         spec.prompt_template = node["template"].as<std::string>("");

@@ -5,6 +5,7 @@
 
 #include "../namm_core/test_util.h"
 #include "../process_util.h"
+#include "namm/file_util.h"
 #include "namm/namm_file.h"
 #include "namm/namm_policy.h"
 #include "namm/npy.h"
@@ -150,6 +151,31 @@ TEST(NammTool, BadInputGetsAClearError) {
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+TEST(NammTool, MetricSingleAndBatch) {
+  ToolRun one = Tool("metric qa_f1 --prediction 'The Eiffel Tower!' --answer 'eiffel tower'");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(one.output, "1.0\n");
+  ToolRun classes = Tool("metric classification --prediction ABC --answer ABC --all-classes A,AB,B,ABC");
+  EXPECT_EQ(classes.output, "0.5\n");
+  const std::string dir = Dir("metric");
+  ASSERT_TRUE(write_file_atomically(dir + "/batch.jsonl",
+                                    {"{\"prediction\": \"Paragraph 3\", \"answers\": [\"Paragraph 3\"]}\n"
+                                     "{\"prediction\": \"3 or 4\", \"answers\": [\"Paragraph 4\", \"Paragraph 3\"]}\n"
+                                     "\n"
+                                     "{\"prediction\": \"none\", \"answers\": [\"Paragraph 9\"]}\n"})
+                  .ok());
+  ToolRun batch = Tool("metric retrieval --jsonl " + dir + "/batch.jsonl");
+  ASSERT_EQ(batch.exit_code, 0) << batch.output;
+  EXPECT_EQ(batch.output, "1.0\n0.5\n0.0\n");
+  ASSERT_TRUE(write_file_atomically(dir + "/bad.jsonl", {"{\"prediction\": 3}\n"}).ok());
+  ToolRun bad = Tool("metric retrieval --jsonl " + dir + "/bad.jsonl");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("bad.jsonl line 1"), std::string::npos) << bad.output;
+  ToolRun unknown = Tool("metric bleu --prediction a --answer b");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.output.find("unknown metric 'bleu'"), std::string::npos);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ using Action = std::function<int()>;
 void AddInitCommand(CLI::App& app, Action& run);
 void AddInfoCommand(CLI::App& app, Action& run);
 void AddScoreCommand(CLI::App& app, Action& run);
+void AddMetricCommand(CLI::App& app, Action& run);
 
 // Prints "namm-tool: error: <message>" to stderr and returns the exit code for failures (1).
 int Fail(const std::string& message);

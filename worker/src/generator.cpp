@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "aten.h"
 
@@ -10,6 +11,35 @@ namespace namm::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// SplitMix64 of (seed, step): a counter-based stream, so step k's draw needs no state.
+double UniformDraw(uint64_t seed, uint64_t step) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (step + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+// The next token: argmax, or a sample from softmax(logits / temperature) computed in float64.
+int64_t ChooseToken(const at::Tensor& logits, const GenerationOptions& options, uint64_t step) {
+  at::Tensor scores = logits.to(at::kDouble).cpu().contiguous();
+  for (int64_t banned : options.banned_ids) {
+    if (banned >= 0 && banned < scores.size(0)) scores[banned] = -std::numeric_limits<double>::infinity();
+  }
+  if (options.temperature <= 0) return scores.argmax().item<int64_t>();
+  const at::Tensor probs = (scores / options.temperature).softmax(0);
+  const double* p = probs.data_ptr<double>();
+  const double u = UniformDraw(options.seed, step);
+  double cumulative = 0;
+  int64_t last_possible = 0;
+  for (int64_t t = 0; t < probs.size(0); ++t) {
+    if (p[t] > 0) last_possible = t;
+    cumulative += p[t];
+    if (u < cumulative) return t;
+  }
+  return last_possible;  // rounding left u just above the total
+}
 double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // Bookkeeping shared by prefill and decoding: memory updates at multiples of n_up and peak memory.
@@ -72,7 +102,7 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
                                    std::to_string(options.memory_update_interval) + ")");
   }
   if (options.max_new_tokens < 0) return Status::InvalidArgument("max_new_tokens must be >= 0");
-  const int64_t context = model_.config().context_length();
+  const int64_t context = options.max_context > 0 ? options.max_context : model_.config().context_length();
   if (length + options.max_new_tokens > context) {
     return Status::InvalidArgument("the prompt (" + std::to_string(length) + " tokens) plus " +
                                    std::to_string(options.max_new_tokens) + " new tokens exceeds the context of " +
@@ -111,7 +141,7 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
   result.stop_reason = "max_new_tokens";
   while (static_cast<int64_t>(result.token_ids.size()) < options.max_new_tokens) {
     if (options.record_logits) generated_logits.push_back(logits);
-    const int64_t next = logits[0].argmax().item<int64_t>();
+    const int64_t next = ChooseToken(logits[0], options, static_cast<uint64_t>(result.token_ids.size()));
     if (std::find(options.eos_ids.begin(), options.eos_ids.end(), next) != options.eos_ids.end()) {
       result.stop_reason = "eos";
       break;

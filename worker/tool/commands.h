@@ -11,6 +11,8 @@ namespace namm::worker::cli {
 using Action = std::function<int()>;
 
 void AddGenerateCommand(CLI::App& app, Action& run);
+void AddRunTaskCommand(CLI::App& app, Action& run);
+void AddBuildSyntheticCommand(CLI::App& app, Action& run);
 
 // Prints "namm-worker: error: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   namm::worker::cli::Action run;
   namm::worker::cli::AddGenerateCommand(app, run);
+  namm::worker::cli::AddRunTaskCommand(app, run);
+  namm::worker::cli::AddBuildSyntheticCommand(app, run);
   CLI11_PARSE(app, argc, argv);
   try {
     return run();

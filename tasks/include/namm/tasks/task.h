@@ -48,6 +48,7 @@ struct TaskSpec {
   std::string answers_field = "answers";
   std::string classes_field = "all_classes";
   std::string rope_scaling;     // the RoPE setting the task is meant for ("" = the model's own)
+  int64_t max_context = 0;      // longest sequence to run, beyond the trained length if larger (0 = the model's)
   std::string data_path;        // resolved JSONL path
 };
 

@@ -1,5 +1,5 @@
 // NAMM-augmented generation (spec §1.4, §1.6, §5.3): chunked prefill, memory updates at every multiple of
-// n_up tokens (prefill and decoding alike), greedy decoding, and the per-generation report.
+// n_up tokens (prefill and decoding alike), greedy decoding (or seeded sampling), and the per-generation report.
 //
 // The prompt is cut at absolute multiples of the chunk size (which must divide n_up), so memory updates fall
 // exactly at sequence lengths 512, 1024, ... Each update runs after the chunk's logits have been computed, as
@@ -24,8 +24,16 @@ struct GenerationOptions {
   std::vector<std::string> stop_strings;  // the text is cut before the first occurrence, and generation stops
   int64_t chunk_size = 128;               // prefill chunk length; must divide memory_update_interval
   int64_t memory_update_interval = 512;   // n_up
+  // Longest sequence (prompt + new tokens) allowed; 0: the model's context length. Larger values run the model
+  // beyond the positions it was trained on (RoPE extrapolates), which evicting policies may make tolerable.
+  int64_t max_context = 0;
   std::vector<int64_t> eos_ids;           // generation stops at any of them (not included in the output)
   bool record_logits = false;             // keep the float32 logits of every position (tests, likelihoods)
+  // Sampling instead of greedy decoding when > 0: token t with probability softmax(logits / temperature)[t],
+  // drawn with a counter-based generator, so the sample is a pure function of (seed, step).
+  double temperature = 0.0;
+  uint64_t seed = 0;
+  std::vector<int64_t> banned_ids;        // never generated (e.g. EOS, to sample text of a fixed length)
 };
 
 // Cache sizes after one memory update.
@@ -57,7 +65,8 @@ class Generator {
   Generator(const LlamaModel& model, const Tokenizer& tokenizer) : model_(model), tokenizer_(tokenizer) {}
 
   // Generates greedily after `prompt_ids` (already templated, e.g. starting with BOS). `policy` serves this
-  // one sequence. Fails if the prompt plus max_new_tokens exceed the model's context length.
+  // one sequence. Fails if the prompt plus max_new_tokens exceed options.max_context (default: the model's
+  // context length).
   Result<GenerationResult> Generate(const std::vector<int64_t>& prompt_ids, MemoryPolicy& policy,
                                     const GenerationOptions& options) const;
 

@@ -1,0 +1,50 @@
+// Running one task prompt end to end: build the prompt (template, tokenizer, the reference's middle truncation
+// to context - max_new_tokens), generate with a memory policy, and score the answer; or, for token-id rows,
+// score the true continuation under teacher forcing.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "namm/memory_policy.h"
+#include "namm/status.h"
+#include "namm/tasks/task.h"
+#include "namm/worker/generator.h"
+
+namespace namm::worker {
+
+struct PromptResult {
+  int64_t row = 0;
+  double score = 0;                // in [0, 1]
+  std::string prediction;          // generated text ("" for teacher-forced scoring)
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;    // or, teacher-forced, the continuation's length
+  std::vector<MemoryUpdateRecord> updates;
+  std::vector<int64_t> final_cache_sizes;
+  double seconds = 0;
+};
+
+struct TaskRunOptions {
+  int64_t max_context = 0;        // 0: the task's `max_context`, else the model's context length
+  bool clean_context = false;     // token-id rows: score with "clean_prompt_ids" (no distractors)
+  tasks::MetricOptions metric;
+  int64_t chunk_size = 128;
+  int64_t memory_update_interval = 512;
+};
+
+class TaskRunner {
+ public:
+  TaskRunner(const LlamaModel& model, const Tokenizer& tokenizer) : model_(model), tokenizer_(tokenizer) {}
+
+  // Runs `row` of `task` with `policy` (which serves this one prompt at a time).
+  Result<PromptResult> Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
+                           const TaskRunOptions& options) const;
+
+ private:
+  std::vector<int64_t> EosIds() const;
+
+  const LlamaModel& model_;
+  const Tokenizer& tokenizer_;
+};
+
+}  // namespace namm::worker

@@ -1,0 +1,108 @@
+#include "namm/worker/task_runner.h"
+
+#include <ATen/ops/log_softmax.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "aten.h"
+
+namespace namm::worker {
+
+namespace {
+
+Result<std::vector<int64_t>> IdField(const tasks::TaskSpec& task, const tasks::TaskRow& row, const char* field) {
+  const auto where = "task " + task.name + " row " + std::to_string(row.index);
+  if (!row.fields.contains(field) || !row.fields[field].is_array()) {
+    return Status::InvalidArgument(where + ": needs an integer array '" + field + "'");
+  }
+  std::vector<int64_t> ids;
+  for (const auto& v : row.fields[field]) {
+    if (!v.is_number_integer()) return Status::InvalidArgument(where + ": '" + field + "' holds a non-integer");
+    ids.push_back(v.get<int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::vector<int64_t> TaskRunner::EosIds() const {
+  std::vector<int64_t> ids = model_.config().eos_token_ids;
+  for (int64_t id : tokenizer_.eos_ids()) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return ids;
+}
+
+Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
+                                     const TaskRunOptions& options) const {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t context = options.max_context > 0   ? options.max_context
+                          : task.max_context > 0    ? task.max_context
+                                                    : model_.config().context_length();
+  GenerationOptions generation;
+  generation.max_context = context;
+  generation.chunk_size = options.chunk_size;
+  generation.memory_update_interval = options.memory_update_interval;
+  generation.eos_ids = EosIds();
+  Generator generator(model_, tokenizer_);
+  PromptResult out;
+  out.row = row.index;
+
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> continuation;
+  if (task.prompt_source == tasks::PromptSource::kTokenIds) {
+    NAMM_ASSIGN_OR_RETURN(prompt, IdField(task, row, options.clean_context ? "clean_prompt_ids" : "prompt_ids"));
+    if (task.scoring != tasks::Scoring::kGeneration) {
+      NAMM_ASSIGN_OR_RETURN(continuation, IdField(task, row, "continuation_ids"));
+    }
+  } else {
+    NAMM_ASSIGN_OR_RETURN(std::string text, tasks::build_prompt(task, row));
+    const int64_t budget = context - task.max_new_tokens;
+    if (budget <= 0) {
+      return Status::InvalidArgument("task " + task.name + ": " + std::to_string(task.max_new_tokens) +
+                                     " new tokens leave no room for a prompt in a context of " + std::to_string(context));
+    }
+    // The reference's middle truncation; re-encoding can add a few tokens, which are cut from the middle too.
+    prompt = encode_truncated_middle(tokenizer_, text, budget);
+    const int64_t over = static_cast<int64_t>(prompt.size()) - budget;
+    if (over > 0) prompt = encode_truncated_middle(tokenizer_, text, budget - 2 * over);
+  }
+  out.prompt_tokens = static_cast<int64_t>(prompt.size());
+
+  if (task.scoring == tasks::Scoring::kGeneration) {
+    generation.max_new_tokens = task.max_new_tokens;
+    generation.stop_strings = task.stop_strings;
+    NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(prompt, policy, generation));
+    NAMM_ASSIGN_OR_RETURN(out.score, tasks::score_generation(task, row, result.text, options.metric));
+    out.prediction = std::move(result.text);
+    out.generated_tokens = static_cast<int64_t>(result.token_ids.size());
+    out.updates = std::move(result.updates);
+    out.final_cache_sizes = std::move(result.final_cache_sizes);
+  } else {
+    // Teacher forcing: the continuation is part of the sequence (and of the memory updates), and the logits at
+    // each of its positions are compared with the next true token.
+    if (continuation.empty()) return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + ": empty continuation");
+    std::vector<int64_t> sequence = prompt;
+    sequence.insert(sequence.end(), continuation.begin(), continuation.end() - 1);
+    generation.max_new_tokens = 0;
+    generation.record_logits = true;
+    NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(sequence, policy, generation));
+    const int64_t n = static_cast<int64_t>(continuation.size());
+    const at::Tensor logits = result.prompt_logits.narrow(0, static_cast<int64_t>(prompt.size()) - 1, n);
+    const at::Tensor targets = at::from_blob(continuation.data(), {n}, at::TensorOptions().dtype(at::kLong)).clone();
+    if (task.scoring == tasks::Scoring::kLikelihood) {
+      const at::Tensor log_probs = at::log_softmax(logits.to(at::kDouble), -1).gather(1, targets.unsqueeze(1));
+      out.score = std::exp(log_probs.mean().item<double>());
+    } else {
+      out.score = logits.argmax(-1).eq(targets).to(at::kDouble).mean().item<double>();
+    }
+    out.generated_tokens = n;
+    out.updates = std::move(result.updates);
+    out.final_cache_sizes = std::move(result.final_cache_sizes);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace namm::worker

@@ -1,0 +1,118 @@
+// namm-worker run-task: run rows of a benchmark task end to end and print per-prompt predictions and scores.
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "namm/worker/task_runner.h"
+#include "setup.h"
+
+namespace namm::worker::cli {
+
+namespace {
+
+struct RunTaskOptions {
+  ModelOptions model;
+  PolicyOptions policy;
+  std::string task, rows = ":", tasks_dir;
+  std::vector<std::string> data_dirs, config_dirs;
+  int64_t max_context = 0;
+  bool clean_context = false, json = false;
+};
+
+Status ApplyDirectories(const std::vector<std::string>& specs, const char* flag, std::map<std::string, std::string>* out) {
+  for (const auto& spec : specs) {
+    const auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      return Status::InvalidArgument(std::string(flag) + " expects BENCHMARK=DIR, got '" + spec + "'");
+    }
+    (*out)[spec.substr(0, eq)] = spec.substr(eq + 1);
+  }
+  return Status::Ok();
+}
+
+Status RunTask(const RunTaskOptions& o) {
+  tasks::TaskPaths paths = tasks::default_task_paths();
+  if (!o.tasks_dir.empty()) paths.tasks_dir = o.tasks_dir;
+  NAMM_RETURN_IF_ERROR(ApplyDirectories(o.data_dirs, "--data-dir", &paths.data_dirs));
+  NAMM_RETURN_IF_ERROR(ApplyDirectories(o.config_dirs, "--config-dir", &paths.config_dirs));
+  NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(o.task, paths));
+  NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
+  NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> selected, tasks::parse_row_range(o.rows, static_cast<int64_t>(rows.size())));
+  NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model, task.rope_scaling));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy, *loaded.model));
+
+  TaskRunner runner(*loaded.model, *loaded.tokenizer);
+  TaskRunOptions options;
+  options.max_context = o.max_context;
+  options.clean_context = o.clean_context;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  double total = 0;
+  for (int64_t index : selected) {
+    NAMM_ASSIGN_OR_RETURN(PromptResult r, runner.Run(task, rows[static_cast<std::size_t>(index)], *policy, options));
+    total += r.score;
+    if (o.json) {
+      nlohmann::ordered_json updates = nlohmann::ordered_json::array();
+      for (const auto& u : r.updates) updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes}});
+      results.push_back({{"row", r.row}, {"score", r.score}, {"prediction", r.prediction},
+                         {"prompt_tokens", r.prompt_tokens}, {"generated_tokens", r.generated_tokens},
+                         {"memory_updates", updates}, {"final_cache_sizes", r.final_cache_sizes}, {"seconds", r.seconds}});
+    } else {
+      double cache = 0;
+      for (int64_t s : r.final_cache_sizes) cache += static_cast<double>(s);
+      if (!r.final_cache_sizes.empty()) cache /= static_cast<double>(r.final_cache_sizes.size());
+      std::cout << "row " << std::setw(4) << r.row << "  score " << std::fixed << std::setprecision(4) << r.score
+                << "  prompt " << r.prompt_tokens << "  cache " << std::setprecision(0) << cache << "  "
+                << std::setprecision(2) << r.seconds << " s";
+      if (!r.prediction.empty()) std::cout << "  | " << r.prediction.substr(0, r.prediction.find('\n'));
+      std::cout << "\n";
+    }
+  }
+  const double mean = total / static_cast<double>(selected.size());
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["task"] = task.name;
+    j["scoring"] = task.scoring == tasks::Scoring::kGeneration ? task.metric : tasks::scoring_name(task.scoring);
+    j["policy"] = policy->name();
+    j["model"] = loaded.model->config().Describe();
+    j["clean_context"] = o.clean_context;
+    j["mean_score"] = mean;
+    j["rows"] = results;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << task.name << ": mean score " << std::setprecision(4) << mean << " over " << selected.size()
+              << " prompts (" << policy->name() << ")\n";
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddRunTaskCommand(CLI::App& app, Action& run) {
+  auto o = std::make_shared<RunTaskOptions>();
+  CLI::App* cmd = app.add_subcommand("run-task", "Run rows of a benchmark task end to end: prompt, generation with a "
+                                                 "memory policy, score");
+  AddModelOptions(cmd, o->model);
+  AddPolicyOptions(cmd, o->policy);
+  cmd->add_option("--task", o->task, "Task name, e.g. lb/passage_retrieval_zh or syn/story_recall")->required();
+  cmd->add_option("--rows", o->rows, "Rows to run: N, A:B, A: or :B (default: all)");
+  cmd->add_option("--tasks-dir", o->tasks_dir, "Directory of task definitions (default: the repository's tasks/)");
+  cmd->add_option("--data-dir", o->data_dirs, "BENCHMARK=DIR holding <dataset>.jsonl (repeatable; longbench defaults "
+                                              "to ../shared/data/longbench)");
+  cmd->add_option("--config-dir", o->config_dirs, "BENCHMARK=DIR holding dataset2prompt.json and dataset2maxlen.json "
+                                                  "(default: <data dir>/config)");
+  cmd->add_option("--max-context", o->max_context,
+                  "Longest prompt + answer to run (default: the task's max_context, else the model's context; "
+                  "larger values run beyond the trained length)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--clean-context", o->clean_context, "Synthetic tasks: score with the distractor-free prompt");
+  cmd->add_flag("--json", o->json, "Print a JSON report");
+  cmd->callback([o, &run] {
+    run = [o] {
+      Status s = RunTask(*o);
+      return s.ok() ? 0 : Fail(s.message());
+    };
+  });
+}
+
+}  // namespace namm::worker::cli

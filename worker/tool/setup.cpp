@@ -1,0 +1,78 @@
+#include "setup.h"
+
+#include <ATen/Context.h>
+
+#include "namm/file_util.h"
+#include "namm/worker/policy_spec.h"
+
+namespace namm::worker::cli {
+
+namespace {
+
+// The tokenizer to use: --tokenizer, else the model directory, else a tokenizer.bin beside a llama2.c model.
+Result<std::string> TokenizerPath(const ModelOptions& o) {
+  if (!o.tokenizer.empty()) return o.tokenizer;
+  if (is_directory(o.model)) return o.model;
+  const std::string beside = parent_directory(o.model) + "/tokenizer.bin";
+  if (path_exists(beside)) return beside;
+  return Status::InvalidArgument("--tokenizer is required for the llama2.c model " + o.model +
+                                 " (no tokenizer.bin beside it)");
+}
+
+Result<at::Device> ParseDevice(const std::string& text) {
+  try {
+    at::Device device(text);
+    if (device.is_cuda() && !at::hasCUDA()) {
+      return Status::FailedPrecondition("--device " + text + ": this build or machine has no CUDA");
+    }
+    if (!device.is_cpu() && !device.is_cuda()) return Status::InvalidArgument("--device must be cpu or cuda:N");
+    return device;
+  } catch (const std::exception&) {
+    return Status::InvalidArgument("--device '" + text + "' is not a device (cpu, cuda:0, ...)");
+  }
+}
+
+}  // namespace
+
+void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_option("--model", o.model, "Hugging Face model directory or llama2.c checkpoint (.bin)")->required();
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json (or its directory) or llama2.c tokenizer .bin (default: the model directory, or a "
+                  "tokenizer.bin beside a llama2.c model)");
+  cmd->add_option("--rope-scaling", o.rope_scaling,
+                  "Override RoPE scaling: none | ntk:factor=4,alpha=2 | linear:factor=F | "
+                  "llama3:factor=F,low_freq_factor=L,high_freq_factor=H,original_max_position_embeddings=N");
+  cmd->add_option("--device", o.device, "cpu (default) or cuda:N");
+}
+
+Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, const std::string& default_rope) {
+  NAMM_ASSIGN_OR_RETURN(at::Device device, ParseDevice(o.device));
+  LoadOptions load;
+  load.device = device;
+  load.dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  const std::string rope = o.rope_scaling.empty() ? default_rope : o.rope_scaling;
+  if (!rope.empty()) {
+    NAMM_ASSIGN_OR_RETURN(RopeScaling scaling, RopeScaling::Parse(rope));
+    load.rope_scaling = scaling;
+  }
+  LoadedModelAndTokenizer out;
+  NAMM_ASSIGN_OR_RETURN(std::string tokenizer_path, TokenizerPath(o));
+  NAMM_ASSIGN_OR_RETURN(out.tokenizer, load_tokenizer(tokenizer_path));
+  NAMM_ASSIGN_OR_RETURN(LlamaModel model, LlamaModel::Load(o.model, load));
+  out.model = std::make_unique<LlamaModel>(std::move(model));
+  return out;
+}
+
+void AddPolicyOptions(CLI::App* cmd, PolicyOptions& o) {
+  auto* namm = cmd->add_option("--namm", o.namm, "NAMM file (.safetensors) to use as the memory policy")
+                   ->check(CLI::ExistingFile);
+  auto* policy = cmd->add_option("--policy", o.policy, "Baseline policy: full (default) | h2o:budget=N[,recent=R] | l2:budget=N");
+  namm->excludes(policy);
+}
+
+Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const PolicyOptions& o, const LlamaModel& model) {
+  if (!o.namm.empty()) return make_namm_policy(o.namm, model.options().device());
+  return make_baseline_policy(o.policy);
+}
+
+}  // namespace namm::worker::cli
