@@ -11,6 +11,7 @@
 #include "../namm_core/test_util.h"
 #include "../process_util.h"
 #include "namm/file_util.h"
+#include "namm/tasks/normalized_score.h"
 #include "namm/worker/synthetic_stories.h"
 #include "shared_data.h"
 
@@ -220,6 +221,22 @@ TEST(NammWorkerRunTask, SyntheticTaskFromBuiltRows) {
     EXPECT_LE(row["score"].get<double>(), 1.0);
     EXPECT_EQ(row["prompt_tokens"], 1 + 500 + 1 + 60);
   }
+  // Base-model scores recorded as reference scores, merged into the file row by row.
+  const std::string refs = dir + "/reference.json";
+  for (const char* rows : {"0:2", "2"}) {
+    auto record = testing::RunProcess(std::string(NAMM_WORKER_PATH) + " run-task" + model + " --task syn/story_recall" +
+                                      " --data-dir synthetic=" + dir + " --rows " + rows + " --record-reference " + refs);
+    ASSERT_EQ(record.exit_code, 0) << record.output;
+  }
+  auto recorded = tasks::ReferenceScores::Load(refs);
+  ASSERT_TRUE(recorded.ok());
+  ASSERT_EQ(recorded->scores().at("syn/story_recall").size(), 3u);
+  EXPECT_DOUBLE_EQ(*recorded->Get("syn/story_recall", 2), j["rows"][2]["score"].get<double>());
+  auto not_base = testing::RunProcess(std::string(NAMM_WORKER_PATH) + " run-task" + model + " --task syn/story_recall" +
+                                      " --data-dir synthetic=" + dir + " --policy l2:budget=64 --record-reference " + refs);
+  EXPECT_NE(not_base.exit_code, 0);
+  EXPECT_NE(not_base.output.find("--policy full"), std::string::npos);
+
   auto missing = testing::RunProcess(std::string(NAMM_WORKER_PATH) + " run-task" + model + " --task syn/story_recall");
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("no data directory for benchmark 'synthetic'"), std::string::npos) << missing.output;

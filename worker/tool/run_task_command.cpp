@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "namm/file_util.h"
+#include "namm/tasks/normalized_score.h"
 #include "namm/worker/task_runner.h"
 #include "setup.h"
 
@@ -14,7 +16,7 @@ namespace {
 struct RunTaskOptions {
   ModelOptions model;
   PolicyOptions policy;
-  std::string task, rows = ":", tasks_dir;
+  std::string task, rows = ":", tasks_dir, record_reference;
   std::vector<std::string> data_dirs, config_dirs;
   int64_t max_context = 0;
   bool clean_context = false, json = false;
@@ -41,6 +43,16 @@ Status RunTask(const RunTaskOptions& o) {
   NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> selected, tasks::parse_row_range(o.rows, static_cast<int64_t>(rows.size())));
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model, task.rope_scaling));
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy, *loaded.model));
+  tasks::ReferenceScores reference;
+  if (!o.record_reference.empty()) {
+    if (!o.policy.namm.empty() || o.policy.policy != "full" || o.clean_context) {
+      return Status::InvalidArgument("--record-reference records the base model's scores: run with --policy full "
+                                     "and without --clean-context");
+    }
+    if (path_exists(o.record_reference)) {
+      NAMM_ASSIGN_OR_RETURN(reference, tasks::ReferenceScores::Load(o.record_reference));
+    }
+  }
 
   TaskRunner runner(*loaded.model, *loaded.tokenizer);
   TaskRunOptions options;
@@ -51,6 +63,7 @@ Status RunTask(const RunTaskOptions& o) {
   for (int64_t index : selected) {
     NAMM_ASSIGN_OR_RETURN(PromptResult r, runner.Run(task, rows[static_cast<std::size_t>(index)], *policy, options));
     total += r.score;
+    if (!o.record_reference.empty()) NAMM_RETURN_IF_ERROR(reference.Set(task.name, r.row, r.score));
     if (o.json) {
       nlohmann::ordered_json updates = nlohmann::ordered_json::array();
       for (const auto& u : r.updates) updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes}});
@@ -69,6 +82,7 @@ Status RunTask(const RunTaskOptions& o) {
     }
   }
   const double mean = total / static_cast<double>(selected.size());
+  if (!o.record_reference.empty()) NAMM_RETURN_IF_ERROR(reference.Save(o.record_reference));
   if (o.json) {
     nlohmann::ordered_json j;
     j["task"] = task.name;
@@ -107,6 +121,9 @@ void AddRunTaskCommand(CLI::App& app, Action& run) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--clean-context", o->clean_context, "Synthetic tasks: score with the distractor-free prompt");
   cmd->add_flag("--json", o->json, "Print a JSON report");
+  cmd->add_option("--record-reference", o->record_reference,
+                  "Merge the per-prompt scores into this base-model reference file (the reference's per-request "
+                  "JSON format; needs --policy full)");
   cmd->callback([o, &run] {
     run = [o] {
       Status s = RunTask(*o);
