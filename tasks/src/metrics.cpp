@@ -131,13 +131,6 @@ double NumberMatchShare(const std::string& prediction, const std::string& target
   return static_cast<double>(right) / static_cast<double>(numbers.size());
 }
 
-// Python's str() of a JSON value as LongBench rows hold it.
-std::string PyStr(const Json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
-  return value.dump();
-}
-
 // ---- InfiniteBench helpers ---------------------------------------------------------------------------------------
 
 std::string ReplaceEach(std::string text, const std::vector<std::string>& targets, const std::string& with) {
@@ -173,62 +166,61 @@ Tokens AsciiDigitRuns(const std::string& text) {
 // InfiniteBench's release wraps every answer in a list; scorers that expect a scalar take its first element.
 Json Scalar(const Json& label) { return label.is_array() && !label.empty() ? label[0] : label; }
 
-bool StartsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
-
-// Python's int(str) for the plain forms: optional sign, ASCII digits, surrounding whitespace.
-std::optional<int64_t> PyInt(const std::string& text) {
-  const std::u32string stripped = py_strip(to_u32(text), U" \t\n\r\x0b\x0c");
-  std::string s = to_utf8(stripped);
-  if (s.empty()) return std::nullopt;
-  std::size_t i = (s[0] == '+' || s[0] == '-') ? 1 : 0;
-  if (i == s.size()) return std::nullopt;
-  for (std::size_t k = i; k < s.size(); ++k) {
-    if (s[k] < '0' || s[k] > '9') return std::nullopt;
-  }
-  try {
-    return std::stoll(s);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
 double IbFirstInt(const std::string& prediction, const Json& label) {
   const Tokens runs = AsciiDigitRuns(prediction);
-  return (runs.empty() ? std::string() : runs[0]) == PyStr(Scalar(label)) ? 1.0 : 0.0;
+  return (runs.empty() ? std::string() : runs[0]) == py_str(Scalar(label)) ? 1.0 : 0.0;
 }
 
 double IbKvRetrieval(const std::string& prediction, const Json& label) {
   const std::string cleaned = ReplaceEach(prediction, {"\n", ":", "\"", "'", ".", ",", "?", "!", "{", "}"}, " ");
   const Tokens words = SplitWords(cleaned);
-  return std::find(words.begin(), words.end(), PyStr(Scalar(label))) != words.end() ? 1.0 : 0.0;
+  return std::find(words.begin(), words.end(), py_str(Scalar(label))) != words.end() ? 1.0 : 0.0;
 }
 
 double IbCodeRun(const std::string& prediction, const Json& label) {
-  std::string pred = to_utf8(py_strip(to_u32(prediction), U" \t\n\r\x0b\x0c"));
+  std::string pred = to_utf8(py_strip(to_u32(prediction)));
   pred = ReplaceEach(pred, {"\n", ".", "`", "'", "\"", ":"}, " ");
   const Tokens words = SplitWords(pred);
   if (words.empty()) return 0.0;
-  const auto value = PyInt(words.back());
+  const auto value = py_int(words.back());
   const Json expected = Scalar(label);
   return value && expected.is_number_integer() && *value == expected.get<int64_t>() ? 1.0 : 0.0;
 }
 
+// The reference's answer-prefix search: the first of `prefixes` found in `pred` and the text after it plus one
+// skipped character (Python's pred[idx + len(prefix) + 1:], in code points). `rest` is nullopt when the
+// prediction ends right after the prefix, which the reference scores as wrong.
+struct AnswerPrefixMatch {
+  bool found = false;
+  std::optional<std::u32string> rest;
+};
+
+AnswerPrefixMatch FindAnswerPrefix(const std::u32string& pred, const std::vector<std::u32string>& prefixes) {
+  for (const auto& prefix : prefixes) {
+    const auto idx = pred.find(prefix);
+    if (idx == std::u32string::npos) continue;
+    const std::size_t begin = idx + prefix.size() + 1;
+    if (begin > pred.size()) return {true, std::nullopt};
+    return {true, pred.substr(begin)};
+  }
+  return {};
+}
+
+bool StartsWith(const std::u32string& s, const std::u32string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
 double IbCodeDebug(const std::string& prediction, const Json& label) {
   if (!label.is_array() || label.size() < 2) return 0.0;
-  const std::string fn_name = PyStr(label[0]), letter = PyStr(label[1]);
+  const std::string fn_name = py_str(label[0]), letter = py_str(label[1]);
   const std::u32string p32 = to_u32(prediction);
-  const std::string head = to_utf8(p32.substr(0, 2));
+  const std::string head = to_utf8(p32.substr(0, 2));  // the reference looks at pred[:2] before stripping
   if (head == letter + "." || head == letter + ":") return 1.0;
-  std::string pred = to_utf8(py_strip(p32, U" \t\n\r\x0b\x0c"));
+  std::string pred = to_utf8(py_strip(p32));
   pred = CollapseDoubleSpaces(ReplaceEach(pred, {"\n", "`", "'", "\"", "-", "*", "Option", "option"}, " "));
-  for (const std::string prefix : {"answer is:", "is:", "answer:"}) {
-    const auto idx = pred.find(prefix);
-    if (idx == std::string::npos) continue;
-    if (pred.size() < idx + prefix.size() + 1) return 0.0;
-    const std::string rest = pred.substr(idx + prefix.size() + 1);
-    return StartsWith(rest, letter) || StartsWith(rest, fn_name) ? 1.0 : 0.0;
-  }
-  return 0.0;
+  const auto match = FindAnswerPrefix(to_u32(pred), {U"answer is:", U"is:", U"answer:"});
+  if (!match.rest) return 0.0;
+  return StartsWith(*match.rest, to_u32(letter)) || StartsWith(*match.rest, to_u32(fn_name)) ? 1.0 : 0.0;
 }
 
 double IbMathFind(const std::string& prediction, const Json& label_in) {
@@ -237,10 +229,13 @@ double IbMathFind(const std::string& prediction, const Json& label_in) {
   if (first.empty()) return 0.0;
   if (label.is_number_integer()) {
     // int() of a decimal match raises in the reference's scorer; a number that is not an integer scores 0.
-    const auto value = PyInt(first[0]);
+    const auto value = py_int(first[0]);
     return value && *value == label.get<int64_t>() ? 1.0 : 0.0;
   }
-  if (label.is_number_float()) return std::stod(first[0]) == label.get<double>() ? 1.0 : 0.0;
+  if (label.is_number_float()) {
+    const auto value = py_float(first[0]);  // \d matches any script's digits; float() reads them too
+    return value && *value == label.get<double>() ? 1.0 : 0.0;
+  }
   return 0.0;
 }
 
@@ -249,7 +244,7 @@ double IbMathCalc(const std::string& prediction, const Json& label) {
   const Tokens runs = AsciiDigitRuns(prediction);
   std::size_t count = 0;
   for (std::size_t i = 0; i < label.size() && i < runs.size(); ++i) {
-    const auto value = PyInt(runs[i]);
+    const auto value = py_int(runs[i]);
     if (!label[i].is_number_integer() || !value || *value != label[i].get<int64_t>()) break;
     ++count;
   }
@@ -257,7 +252,7 @@ double IbMathCalc(const std::string& prediction, const Json& label) {
 }
 
 double IbLongDialogue(const std::string& prediction, const Json& label) {
-  const std::string name = PyStr(Scalar(label));
+  const std::string name = py_str(Scalar(label));
   const std::string cleaned = ReplaceEach(prediction, {"\n", ":", "\"", "'", ".", ",", "?", "!", "{", "}"}, " ");
   for (const auto& word : SplitWords(cleaned)) {
     if (py_upper(word) == name) return 1.0;
@@ -267,19 +262,16 @@ double IbLongDialogue(const std::string& prediction, const Json& label) {
 
 double IbChoice(const std::string& prediction, const Json& label) {
   std::vector<std::string> options;
-  for (const auto& l : label.is_array() ? label : Json::array({label})) options.push_back(PyStr(l));
+  for (const auto& l : label.is_array() ? label : Json::array({label})) options.push_back(py_str(l));
   auto in_label = [&](const std::string& s) { return std::find(options.begin(), options.end(), s) != options.end(); };
   const std::u32string p32 = to_u32(prediction);
   if (p32.empty()) return 0.0;  // the reference indexes pred[0] and would raise
   if (p32[0] == 'A' || p32[0] == 'B' || p32[0] == 'C' || p32[0] == 'D') return in_label(to_utf8(p32[0])) ? 1.0 : 0.0;
   std::string pred = CollapseDoubleSpaces(ReplaceEach(prediction, {"\n", "\"", "'", ".", ",", "?", "!", "{", "}"}, " "));
-  for (const std::string prefix : {"answer is:", "answer:", "answer is", "option is"}) {
-    const auto idx = pred.find(prefix);
-    if (idx == std::string::npos) continue;
-    if (pred.size() < idx + prefix.size() + 1) return 0.0;
-    const std::string after = pred.substr(idx + prefix.size() + 1);
+  const auto match = FindAnswerPrefix(to_u32(pred), {U"answer is:", U"answer:", U"answer is", U"option is"});
+  if (match.found) {
     for (const auto& option : options) {
-      if (StartsWith(after, option)) return 1.0;
+      if (match.rest && StartsWith(*match.rest, to_u32(option))) return 1.0;
     }
     return 0.0;
   }
@@ -392,7 +384,7 @@ const std::map<std::string, AnswerMetric>& AnswerMetrics() {
 // Metrics that want the best score over several answer strings.
 Result<double> BestOverAnswers(const Json& answers, const std::function<double(const std::string&)>& score) {
   double best = 0;
-  for (const auto& a : answers.is_array() ? answers : Json::array({answers})) best = std::max(best, score(PyStr(a)));
+  for (const auto& a : answers.is_array() ? answers : Json::array({answers})) best = std::max(best, score(py_str(a)));
   return best;
 }
 
@@ -420,7 +412,7 @@ const std::map<std::string, LabelMetric>& LabelMetrics() {
       {"ib_sum",
        [](const std::string& p, const Json& l, const auto&) -> Result<double> {
          std::vector<std::string> targets;
-         for (const auto& a : l.is_array() ? l : Json::array({l})) targets.push_back(PyStr(a));
+         for (const auto& a : l.is_array() ? l : Json::array({l})) targets.push_back(py_str(a));
          return rouge_lsum_f(p, targets);
        }},
   };
@@ -451,7 +443,7 @@ Result<double> score_prompt(const std::string& metric, const std::string& predic
   if (answer_metric != AnswerMetrics().end()) {
     double best = 0;  // LongBench's get_score: max over the answers, starting at 0
     for (const auto& a : answers.is_array() ? answers : Json::array({answers})) {
-      NAMM_ASSIGN_OR_RETURN(double s, answer_metric->second(prediction, PyStr(a), all_classes, options));
+      NAMM_ASSIGN_OR_RETURN(double s, answer_metric->second(prediction, py_str(a), all_classes, options));
       best = std::max(best, s);
     }
     return best;

@@ -1,9 +1,17 @@
 #include "namm/tasks/python_text.h"
 
+#include <unicode/uchar.h>
 #include <unicode/ucasemap.h>
 #include <unicode/ustring.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <memory>
 
 namespace namm::tasks {
@@ -58,6 +66,98 @@ std::string CaseMap(const std::string& utf8, bool lower) {
     return out;
   }
   return utf8;
+}
+
+
+// The ASCII form of a number as Python's int()/float() read it: whitespace stripped, decimal digits of any
+// script mapped to '0'-'9', underscores dropped where they sit singly between two digits. Any other non-ASCII
+// character, or a misplaced underscore, makes the text unreadable (nullopt).
+std::optional<std::string> AsciiNumber(const std::string& text) {
+  const std::u32string s = py_strip(to_u32(text));
+  auto digit = [](char32_t c) { return u_charType(static_cast<UChar32>(c)) == U_DECIMAL_DIGIT_NUMBER; };
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char32_t c = s[i];
+    if (c == '_') {
+      if (i == 0 || i + 1 == s.size() || !digit(s[i - 1]) || !digit(s[i + 1])) return std::nullopt;
+    } else if (digit(c)) {
+      out += static_cast<char>('0' + u_charDigitValue(static_cast<UChar32>(c)));
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+bool AllDigits(const std::string& s, std::size_t begin, std::size_t end) {
+  if (begin >= end) return false;
+  for (std::size_t i = begin; i < end; ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+  }
+  return true;
+}
+
+// Python's float() grammar after AsciiNumber: [sign] (digits [. [digits]] | . digits) [(e|E) [sign] digits],
+// or [sign] inf / infinity / nan in any case. strtod alone would also take hex and "nan(...)".
+bool IsPythonFloatLiteral(const std::string& s) {
+  std::size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+  std::string word = s.substr(i);
+  std::transform(word.begin(), word.end(), word.begin(), [](char c) { return static_cast<char>(std::tolower(c)); });
+  if (word == "inf" || word == "infinity" || word == "nan") return true;
+  const std::size_t exponent = s.find_first_of("eE", i);
+  const std::size_t mantissa_end = exponent == std::string::npos ? s.size() : exponent;
+  const std::size_t dot = s.find('.', i);
+  bool mantissa_ok;
+  if (dot == std::string::npos || dot >= mantissa_end) {
+    mantissa_ok = AllDigits(s, i, mantissa_end);
+  } else {
+    const bool whole = AllDigits(s, i, dot), fraction = AllDigits(s, dot + 1, mantissa_end);
+    mantissa_ok = (whole || dot == i) && (fraction || dot + 1 == mantissa_end) && (whole || fraction);
+  }
+  if (!mantissa_ok) return false;
+  if (exponent == std::string::npos) return true;
+  std::size_t e = exponent + 1;
+  if (e < s.size() && (s[e] == '+' || s[e] == '-')) ++e;
+  return AllDigits(s, e, s.size());
+}
+
+// repr() of a str: quotes and escapes as CPython chooses them (printable characters stay as they are).
+std::string PyReprString(const std::u32string& text) {
+  const bool has_single = text.find(U'\'') != std::u32string::npos;
+  const bool has_double = text.find(U'"') != std::u32string::npos;
+  const char quote = has_single && !has_double ? '"' : '\'';
+  std::string out(1, quote);
+  for (char32_t c : text) {
+    const int8_t type = u_charType(static_cast<UChar32>(c));
+    const bool printable = c == ' ' || !(type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_SURROGATE ||
+                                          type == U_PRIVATE_USE_CHAR || type == U_UNASSIGNED ||
+                                          type == U_LINE_SEPARATOR || type == U_PARAGRAPH_SEPARATOR ||
+                                          type == U_SPACE_SEPARATOR);
+    char escape[16];
+    if (c == '\\' || c == static_cast<char32_t>(quote)) {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (printable) {
+      out += to_utf8(c);
+    } else {
+      const char* form = c < 0x100 ? "\\x%02x" : c < 0x10000 ? "\\u%04x" : "\\U%08x";
+      std::snprintf(escape, sizeof escape, form, static_cast<unsigned>(c));
+      out += escape;
+    }
+  }
+  return out + quote;
+}
+
+std::string PyRepr(const nlohmann::json& value) {
+  return value.is_string() ? PyReprString(to_u32(value.get<std::string>())) : py_str(value);
 }
 
 }  // namespace
@@ -158,6 +258,91 @@ std::u32string py_strip(const std::u32string& text, const std::u32string& chars)
   while (end > 0 && chars.find(s[end - 1]) != std::u32string::npos) --end;
   s.resize(end);
   return s;
+}
+
+std::u32string py_strip(const std::u32string& text) {
+  std::size_t begin = 0, end = text.size();
+  while (begin < end && py_isspace(text[begin])) ++begin;
+  while (end > begin && py_isspace(text[end - 1])) --end;
+  return text.substr(begin, end - begin);
+}
+
+std::optional<int64_t> py_int(const std::string& text) {
+  const auto s = AsciiNumber(text);
+  if (!s) return std::nullopt;
+  const std::size_t digits = (!s->empty() && ((*s)[0] == '+' || (*s)[0] == '-')) ? 1 : 0;
+  if (!AllDigits(*s, digits, s->size())) return std::nullopt;
+  errno = 0;
+  const long long value = std::strtoll(s->c_str(), nullptr, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(value);
+}
+
+std::optional<double> py_float(const std::string& text) {
+  const auto s = AsciiNumber(text);
+  if (!s || !IsPythonFloatLiteral(*s)) return std::nullopt;
+  return std::strtod(s->c_str(), nullptr);  // overflow gives ±inf, as float("1e999") does
+}
+
+std::string py_repr_float(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  // Shortest round-trip significand, then CPython's layout: fixed notation for exponents -4..15.
+  char buffer[40];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buffer, sizeof buffer, "%.*e", digits - 1, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
+  const std::string scientific = buffer;
+  const std::size_t e = scientific.find('e');
+  const bool negative = scientific[0] == '-';
+  std::string significand;
+  for (std::size_t i = negative ? 1 : 0; i < e; ++i) {
+    if (scientific[i] != '.') significand += scientific[i];
+  }
+  while (significand.size() > 1 && significand.back() == '0') significand.pop_back();
+  const int exponent = std::atoi(scientific.c_str() + e + 1);
+  const int point = exponent + 1;  // digits before the decimal point
+  std::string out = negative ? "-" : "";
+  if (point > -4 && point <= 16) {
+    if (point <= 0) {
+      out += "0." + std::string(static_cast<std::size_t>(-point), '0') + significand;
+    } else if (static_cast<std::size_t>(point) >= significand.size()) {
+      out += significand + std::string(static_cast<std::size_t>(point) - significand.size(), '0') + ".0";
+    } else {
+      out += significand.substr(0, static_cast<std::size_t>(point)) + "." + significand.substr(static_cast<std::size_t>(point));
+    }
+    return out;
+  }
+  out += significand.substr(0, 1);
+  if (significand.size() > 1) out += "." + significand.substr(1);
+  std::snprintf(buffer, sizeof buffer, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+  return out + buffer;
+}
+
+std::string py_str(const nlohmann::json& value) {
+  switch (value.type()) {
+    case nlohmann::json::value_t::string: return value.get<std::string>();
+    case nlohmann::json::value_t::boolean: return value.get<bool>() ? "True" : "False";
+    case nlohmann::json::value_t::null: return "None";
+    case nlohmann::json::value_t::number_integer: return std::to_string(value.get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: return std::to_string(value.get<uint64_t>());
+    case nlohmann::json::value_t::number_float: return py_repr_float(value.get<double>());
+    case nlohmann::json::value_t::array: {
+      std::string out = "[";
+      for (std::size_t i = 0; i < value.size(); ++i) out += (i ? ", " : "") + PyRepr(value[i]);
+      return out + "]";
+    }
+    case nlohmann::json::value_t::object: {  // nlohmann keeps keys sorted; Python keeps file order
+      std::string out = "{";
+      bool first = true;
+      for (auto it = value.begin(); it != value.end(); ++it, first = false) {
+        out += (first ? "" : ", ") + PyReprString(to_u32(it.key())) + ": " + PyRepr(it.value());
+      }
+      return out + "}";
+    }
+    default: return value.dump();  // binary / discarded: not produced by the JSON parser
+  }
 }
 
 Result<std::string> py_format(const std::string& format, const std::map<std::string, FormatValue>& fields) {

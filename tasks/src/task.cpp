@@ -91,15 +91,6 @@ Status ParseTaskFile(const std::string& path, std::vector<TaskSpec>* out) {
   return Status::Ok();
 }
 
-// The string form of a JSON field as Python's str() prints it for the values rows hold.
-std::string PyStr(const Json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
-  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
-  if (v.is_null()) return "None";
-  return v.dump();
-}
-
 }  // namespace
 
 const char* scoring_name(Scoring scoring) {
@@ -191,9 +182,9 @@ Result<std::vector<TaskRow>> load_rows(const TaskSpec& task) {
 Result<std::string> build_prompt(const TaskSpec& task, const TaskRow& row) {
   std::map<std::string, FormatValue> fields;
   for (auto it = row.fields.begin(); it != row.fields.end(); ++it) {
-    FormatValue value{PyStr(*it), {}};
+    FormatValue value{py_str(*it), {}};
     if (it->is_array()) {
-      for (const auto& item : *it) value.items.push_back(PyStr(item));
+      for (const auto& item : *it) value.items.push_back(py_str(item));
     }
     fields.emplace(it.key(), std::move(value));
   }
@@ -216,7 +207,7 @@ Result<double> score_generation(const TaskSpec& task, const TaskRow& row, const 
   }
   std::vector<std::string> classes;
   if (row.fields.contains(task.classes_field) && row.fields[task.classes_field].is_array()) {
-    for (const auto& c : row.fields[task.classes_field]) classes.push_back(PyStr(c));
+    for (const auto& c : row.fields[task.classes_field]) classes.push_back(py_str(c));
   }
   auto score = score_prompt(task.metric, scored_text(task, generated), row.fields[task.answers_field], classes, options);
   if (!score.ok()) return score.status().WithContext("task " + task.name + " row " + std::to_string(row.index));

@@ -2,6 +2,9 @@
 // with CPython's own difflib while writing the test.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <nlohmann/json.hpp>
+
 #include "namm/tasks/mecab_tokenizer.h"
 #include "namm/tasks/metrics.h"
 #include "namm/tasks/python_text.h"
@@ -29,6 +32,44 @@ TEST(PythonText, SplitLowerAndFormat) {
   EXPECT_NE(missing.status().message().find("'nope'"), std::string::npos);
 }
 
+TEST(PythonText, IntAndFloatReadAnyScriptsDigits) {
+  EXPECT_EQ(py_int(" \u0663\u0664\u3000"), 34);  // int(" ٣٤\u3000"): Arabic-Indic digits, Unicode whitespace
+  EXPECT_EQ(py_int("+1_000"), 1000);
+  EXPECT_EQ(py_int("-7"), -7);
+  for (const char* bad : {"", "+", "1__0", "_1", "1_", "1.0", "0x10", "\u00b2", "99999999999999999999"}) {
+    EXPECT_FALSE(py_int(bad).has_value()) << bad;  // "²" is a digit but not decimal (Nd) in Python either
+  }
+  EXPECT_EQ(py_float("\u0663.\u0665"), 3.5);
+  EXPECT_EQ(py_float(".5"), 0.5);
+  EXPECT_EQ(py_float("5."), 5.0);
+  EXPECT_EQ(py_float("1_0.5e1"), 105.0);
+  EXPECT_EQ(py_float(" -Infinity "), -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(py_float("1e999"), std::numeric_limits<double>::infinity());
+  for (const char* bad : {".", "e5", "1e", "0x10", "nan(1)", "1._5", "--1"}) {
+    EXPECT_FALSE(py_float(bad).has_value()) << bad;
+  }
+}
+
+TEST(PythonText, ReprAndStrFollowCPython) {
+  EXPECT_EQ(py_repr_float(1.0), "1.0");
+  EXPECT_EQ(py_repr_float(0.1), "0.1");
+  EXPECT_EQ(py_repr_float(-0.0), "-0.0");
+  EXPECT_EQ(py_repr_float(0.0001), "0.0001");
+  EXPECT_EQ(py_repr_float(0.00001), "1e-05");
+  EXPECT_EQ(py_repr_float(1.5e-7), "1.5e-07");
+  EXPECT_EQ(py_repr_float(1e15), "1000000000000000.0");
+  EXPECT_EQ(py_repr_float(1e16), "1e+16");
+  EXPECT_EQ(py_repr_float(123456789012345678.0), "1.2345678901234568e+17");
+  EXPECT_EQ(py_repr_float(1e100), "1e+100");
+  EXPECT_EQ(py_repr_float(2.0 / 3.0), "0.6666666666666666");
+  using nlohmann::json;
+  EXPECT_EQ(py_str(json::parse(R"(["a", 1, true, null, 2.5, "it's", "a\nb\u0007\u200b\u00e9\\"])")),
+            R"(['a', 1, True, None, 2.5, "it's", 'a\nb\x07\u200bé\\'])");
+  EXPECT_EQ(py_str(json::parse(R"({"k": ["v"]})")), "{'k': ['v']}");
+  EXPECT_EQ(py_str(json("plain")), "plain");
+  EXPECT_EQ(py_str(json(false)), "False");
+}
+
 TEST(QaF1, NormalizesLikeLongBench) {
   EXPECT_DOUBLE_EQ(Score("qa_f1", "The Eiffel Tower!", "eiffel tower"), 1.0);
   // pred tokens [apple, and, banana], truth [banana, apple, apple]: 2 in common, P = R = 2/3.
@@ -36,6 +77,15 @@ TEST(QaF1, NormalizesLikeLongBench) {
   EXPECT_DOUBLE_EQ(Score("qa_f1", "ÉCOLE", "école"), 1.0);                 // Unicode lower-casing
   EXPECT_DOUBLE_EQ(Score("qa_f1", "theater", "the ater"), 0.0);          // "the" only as a whole word
   EXPECT_DOUBLE_EQ(Score("qa_f1", "", "anything"), 0.0);
+}
+
+// Python's \w is str.isalnum() plus '_': a combining mark (Mn) is not a word character, so "a\u0301" still
+// holds the article "a" between word boundaries. PCRE2 10.43 and later count Mn as \w under UCP; this pins
+// the Python behaviour should the library change under us.
+TEST(QaF1, WordBoundariesFollowPythonAroundCombiningMarks) {
+  EXPECT_DOUBLE_EQ(Score("qa_f1", "a\u0301 cat", "\u0301 cat"), 1.0);
+  EXPECT_DOUBLE_EQ(Score("qa_f1", "the\u0301 cat", "\u0301 cat"), 1.0);
+  EXPECT_DOUBLE_EQ(Score("qa_f1", "an\u0301 cat", "cat"), 2.0 / 3.0);  // tokens [\u0301, cat] against [cat]
 }
 
 TEST(QaF1Zh, SegmentsThenDropsPunctuation) {
@@ -177,6 +227,13 @@ TEST(InfiniteBench, ScorersFollowComputeScores) {
   EXPECT_EQ(ib("ib_math_find", "17 is it", json::array({17})), 1.0);
   EXPECT_EQ(ib("ib_math_find", "3.0", json::array({3})), 0.0);  // int("3.0") fails in the reference
   EXPECT_EQ(ib("ib_math_find", "2.5", json::array({2.5})), 1.0);
+  EXPECT_EQ(ib("ib_math_find", "\u0663.\u0665!", json::array({3.5})), 1.0);  // \d and float() take any Nd digit
+  EXPECT_EQ(ib("ib_math_find", "x \u0663\u0664", json::array({34})), 1.0);
+  EXPECT_EQ(ib("ib_code_run", "value: \u0664\u0662\u3000", json::array({42})), 1.0);
+  // The character after an answer prefix is skipped whole, even when it takes several bytes.
+  EXPECT_EQ(ib("ib_code_debug", "The answer is:\u00e9B", json::array({"func_b", "B"})), 1.0);
+  EXPECT_EQ(ib("ib_code_debug", "The answer is:", json::array({"func_b", "B"})), 0.0);
+  EXPECT_EQ(ib("ib_choice", "the answer is:\u00e9C", json::array({"C"})), 1.0);
   EXPECT_EQ(ib("ib_math_calc", "[1, 4, 8, 9]", json::array({1, 4, 8, 2})), 0.75);
   EXPECT_EQ(ib("ib_longdialogue_qa", "It is john.", json::array({"JOHN"})), 1.0);
   EXPECT_EQ(ib("ib_choice", "C", json::array({"C"})), 1.0);

@@ -6,6 +6,7 @@
 #include "../namm_core/test_util.h"
 #include "../process_util.h"
 #include "namm/file_util.h"
+#include "namm/worker/tokenizer.h"
 #include "shared_data.h"
 
 namespace namm::worker {
@@ -81,10 +82,16 @@ TEST(NammWorkerCli, BadInputGetsAClearError) {
     EXPECT_NE(run.exit_code, 0) << c.args;
     EXPECT_NE(run.output.find(c.message), std::string::npos) << c.args << "\n" << run.output;
   }
-  // With --truncate the long prompt is cut in the middle to fit 512 - 128 tokens.
+  // With --truncate the long prompt is cut in the middle exactly as the reference cuts it, to 512 - 128 tokens
+  // before BOS and re-encoding (which may add a few): no second cut.
   auto fits = Worker(StoriesArgs() + " --prompt-file " + long_prompt + " --truncate --json");
   ASSERT_EQ(fits.exit_code, 0) << fits.output;
-  EXPECT_LE(nlohmann::json::parse(fits.output)["prompt_tokens"].get<int64_t>(), 384);
+  auto tokenizer = load_tokenizer(SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(tokenizer.ok());
+  auto text = read_file(long_prompt);
+  ASSERT_TRUE(text.ok());
+  const auto expected = encode_truncated_middle(**tokenizer, *text, 384);
+  EXPECT_EQ(nlohmann::json::parse(fits.output)["prompt_tokens"].get<int64_t>(), static_cast<int64_t>(expected.size()));
 }
 
 }  // namespace

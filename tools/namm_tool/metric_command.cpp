@@ -1,12 +1,12 @@
 // namm-tool metric: score predictions with a benchmark metric, bit-compatible with the reference scorers.
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
 #include "namm/tasks/metrics.h"
+#include "namm/tasks/python_text.h"
 
 namespace namm::tool {
 
@@ -25,27 +25,13 @@ std::vector<std::string> SplitClasses(const std::string& text) {
   return out;
 }
 
-// Python's repr(float) for a score: the shortest decimal that reads back to the same double ("1.0", "0.5").
-std::string Repr(double value) {
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::ostringstream attempt;
-    attempt << std::setprecision(precision) << value;
-    if (std::stod(attempt.str()) == value) {
-      std::string text = attempt.str();
-      if (text.find_first_of(".e") == std::string::npos) text += ".0";
-      return text;
-    }
-  }
-  return std::to_string(value);
-}
-
 Status RunMetric(const MetricOptions& o) {
   tasks::MetricOptions options;
   options.rouge.recursion_limit_zero = !o.exact_rouge;
   if (o.jsonl.empty()) {
     NAMM_ASSIGN_OR_RETURN(double score, tasks::score_prompt(o.name, o.prediction, nlohmann::json(o.answer),
                                                             SplitClasses(o.all_classes), options));
-    std::cout << Repr(score) << "\n";
+    std::cout << tasks::py_repr_float(score) << "\n";
     return Status::Ok();
   }
   std::ifstream in(o.jsonl);
@@ -68,7 +54,7 @@ Status RunMetric(const MetricOptions& o) {
     }
     auto score = tasks::score_prompt(o.name, row["prediction"].get<std::string>(), row["answers"], classes, options);
     if (!score.ok()) return score.status().WithContext(where);
-    std::cout << Repr(*score) << "\n";
+    std::cout << tasks::py_repr_float(*score) << "\n";
   }
   return Status::Ok();
 }

@@ -58,15 +58,10 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
     }
   } else {
     NAMM_ASSIGN_OR_RETURN(std::string text, tasks::build_prompt(task, row));
-    const int64_t budget = context - task.max_new_tokens;
-    if (budget <= 0) {
-      return Status::InvalidArgument("task " + task.name + ": " + std::to_string(task.max_new_tokens) +
-                                     " new tokens leave no room for a prompt in a context of " + std::to_string(context));
-    }
-    // The reference's middle truncation; re-encoding can add a few tokens, which are cut from the middle too.
-    prompt = encode_truncated_middle(tokenizer_, text, budget);
-    const int64_t over = static_cast<int64_t>(prompt.size()) - budget;
-    if (over > 0) prompt = encode_truncated_middle(tokenizer_, text, budget - 2 * over);
+    auto fitted = truncate_to_context(tokenizer_, text, context, task.max_new_tokens);
+    if (!fitted.ok()) return fitted.status().WithContext("task " + task.name);
+    prompt = std::move(fitted->ids);
+    generation.max_context = fitted->context;
   }
   out.prompt_tokens = static_cast<int64_t>(prompt.size());
 

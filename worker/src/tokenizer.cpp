@@ -1,5 +1,7 @@
 #include "namm/worker/tokenizer.h"
 
+#include <algorithm>
+
 #include "namm/file_util.h"
 #include "namm/worker/hf_tokenizer.h"
 #include "namm/worker/llama2c_tokenizer.h"
@@ -24,6 +26,19 @@ std::vector<int64_t> encode_truncated_middle(const Tokenizer& tokenizer, const s
   const std::string head = tokenizer.Decode(std::vector<int64_t>(ids.begin(), ids.begin() + half));
   const std::string tail = tokenizer.Decode(std::vector<int64_t>(ids.end() - half, ids.end()));
   return tokenizer.EncodeForModel(head + tail);
+}
+
+Result<ContextPrompt> truncate_to_context(const Tokenizer& tokenizer, const std::string& text, int64_t context,
+                                         int64_t max_new_tokens) {
+  const int64_t budget = context - max_new_tokens;
+  if (budget <= 0) {
+    return Status::InvalidArgument(std::to_string(max_new_tokens) + " new tokens leave no room for a prompt in a context of " +
+                                   std::to_string(context));
+  }
+  ContextPrompt out;
+  out.ids = encode_truncated_middle(tokenizer, text, budget);
+  out.context = context + std::max<int64_t>(0, static_cast<int64_t>(out.ids.size()) - budget);
+  return out;
 }
 
 }  // namespace namm::worker

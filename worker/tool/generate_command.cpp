@@ -54,27 +54,19 @@ Status RunGenerate(const GenerateOptions& o) {
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy, model));
 
   const int64_t context = o.max_context > 0 ? o.max_context : model.config().context_length();
-  const int64_t prompt_budget = context - o.max_new_tokens;
-  if (prompt_budget <= 0) {
-    return Status::InvalidArgument("--max-new-tokens " + std::to_string(o.max_new_tokens) +
-                                   " leaves no room for a prompt in a context of " + std::to_string(context));
-  }
   std::vector<int64_t> ids;
+  int64_t generation_context = context;
   if (o.truncate) {
-    // The reference's rule (spec §1.5) with its budget, context - new tokens. Template tokens and re-encoding
-    // can push the result a few tokens over; the reference then runs over its context, here the middle is
-    // cut by that much more so that generation stays within it.
-    ids = encode_truncated_middle(*tokenizer, prompt, prompt_budget);
-    const int64_t over = static_cast<int64_t>(ids.size()) - prompt_budget;
-    if (over > 0) ids = encode_truncated_middle(*tokenizer, prompt, prompt_budget - 2 * over);
+    NAMM_ASSIGN_OR_RETURN(ContextPrompt fitted, truncate_to_context(*tokenizer, prompt, context, o.max_new_tokens));
+    ids = std::move(fitted.ids);
+    generation_context = fitted.context;
   } else {
     ids = tokenizer->EncodeForModel(prompt);
-  }
-  if (static_cast<int64_t>(ids.size()) > prompt_budget) {
-    return Status::InvalidArgument("the prompt has " + std::to_string(ids.size()) + " tokens but at most " +
-                                   std::to_string(prompt_budget) + " fit (context " + std::to_string(context) +
-                                   " minus " + std::to_string(o.max_new_tokens) + " new tokens)" +
-                                   (o.truncate ? "" : "; pass --truncate to cut its middle"));
+    if (static_cast<int64_t>(ids.size()) + o.max_new_tokens > context) {
+      return Status::InvalidArgument("the prompt has " + std::to_string(ids.size()) + " tokens, which with " +
+                                     std::to_string(o.max_new_tokens) + " new tokens exceed the context of " +
+                                     std::to_string(context) + "; pass --truncate to cut its middle");
+    }
   }
 
   GenerationOptions options;
@@ -82,7 +74,7 @@ Status RunGenerate(const GenerateOptions& o) {
   options.stop_strings = o.stop;
   options.chunk_size = o.chunk_size;
   options.memory_update_interval = o.update_interval;
-  options.max_context = context;
+  options.max_context = generation_context;
   options.eos_ids = model.config().eos_token_ids;
   for (int64_t id : tokenizer->eos_ids()) {
     if (std::find(options.eos_ids.begin(), options.eos_ids.end(), id) == options.eos_ids.end()) options.eos_ids.push_back(id);

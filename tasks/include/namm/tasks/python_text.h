@@ -3,7 +3,11 @@
 // Scores must be bit-compatible with the reference, so these follow Python rather than C++ locales.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,9 +31,24 @@ std::string py_upper(const std::string& utf8);
 // Python's string.punctuation: the 32 ASCII punctuation characters.
 bool is_ascii_punctuation(char32_t c);
 
-// Python's str.strip(chars) / lstrip(chars) on code points.
+// Python's str.strip(chars) / lstrip(chars) on code points; py_strip(text) is str.strip() (py_isspace).
 std::u32string py_strip(const std::u32string& text, const std::u32string& chars);
 std::u32string py_lstrip(const std::u32string& text, const std::u32string& chars);
+std::u32string py_strip(const std::u32string& text);
+
+// Python's int(text) / float(text) for a str: surrounding whitespace, an optional sign, decimal digits of any
+// script (Unicode Nd: int("٣") == 3), single underscores between digits; float() also takes a fraction, an
+// exponent, "inf"/"infinity"/"nan" and overflows to inf. nullopt where Python raises ValueError, and for ints
+// outside int64 (the scorers compare against int64 labels, which such a value can never equal).
+std::optional<int64_t> py_int(const std::string& text);
+std::optional<double> py_float(const std::string& text);
+
+// Python's repr(float): the shortest decimal that reads back to the same double, laid out as CPython does
+// ("1.0", "0.0001", "1e-05", "1e+16", "inf", "nan").
+std::string py_repr_float(double value);
+// Python's str(value) of a JSON value as json.loads returns it: strings as they are, True/False/None, floats
+// as repr(float), lists and dicts with repr() of their items (['a', 1]).
+std::string py_str(const nlohmann::json& value);
 
 // Python's `template.format(**fields)` for named fields: "{name}", "{name[0]}" (list items), "{{" and "}}".
 // Values are the fields' string forms (JSON strings as they are, numbers as Python prints them, lists as

@@ -38,6 +38,17 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
 // result can differ from max_tokens by a few tokens); then apply the template.
 std::vector<int64_t> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text, int64_t max_tokens);
 
+// A prompt cut to fit a context as the reference does it: encode_truncated_middle to context - max_new_tokens,
+// nothing more. BOS and re-encoding can leave the prompt a few tokens over that budget; the reference then runs
+// that far past its context, and so do we: `context` is the limit to give the generator, the requested context
+// plus the overshoot. An error when max_new_tokens leaves no room for a prompt.
+struct ContextPrompt {
+  std::vector<int64_t> ids;
+  int64_t context = 0;
+};
+Result<ContextPrompt> truncate_to_context(const Tokenizer& tokenizer, const std::string& text, int64_t context,
+                                         int64_t max_new_tokens);
+
 // Replaces invalid UTF-8 sequences by U+FFFD (as Python's errors="replace" does, one per maximal invalid run
 // of bytes that cannot start or continue a valid sequence).
 std::string sanitize_utf8(const std::string& bytes);
