@@ -12,7 +12,7 @@ packages=(
   libtorch-dev libopenblas0-pthread libopenblas-dev liblapacke-dev
   # distribution, storage, observability
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libsqlite3-dev libsqlitecpp-dev sqlite3
+  libsqlite3-dev libsqlitecpp-dev sqlite3 zlib1g-dev
   prometheus-cpp-dev
   libboost-dev libboost-system-dev
   # configuration, logging, CLI, JSON, regexes

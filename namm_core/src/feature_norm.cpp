@@ -6,7 +6,7 @@
 
 namespace namm {
 
-NormStats NormStats::Of(const at::Tensor& values) {
+NormStats norm_stats_of(const at::Tensor& values) {
   TORCH_CHECK(values.size(-1) == kStftBins, "normalization expects ", kStftBins, " features, got ", values.sizes());
   NormStats stats;
   at::Tensor flat = values.reshape({-1, kStftBins}).to(at::kDouble);
@@ -23,28 +23,8 @@ NormStats NormStats::Of(const at::Tensor& values) {
   return stats;
 }
 
-NormStats NormStats::Merge(const NormStats& other) const {
-  if (other.count == 0) return *this;
-  if (count == 0) return other;
-  NormStats merged;
-  merged.count = count + other.count;
-  const double n = static_cast<double>(merged.count);
-  const double wa = static_cast<double>(count) / n;
-  const double wb = static_cast<double>(other.count) / n;
-  for (std::size_t f = 0; f < mean.size(); ++f) {
-    const double delta = other.mean[f] - mean[f];
-    merged.mean[f] = wa * mean[f] + wb * other.mean[f];
-    merged.var[f] = wa * var[f] + wb * other.var[f] + wa * wb * delta * delta;
-  }
-  return merged;
-}
-
-const char* norm_state_name(NormState state) {
-  return state == NormState::kCollecting ? "collecting" : "frozen";
-}
-
 at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
-  if (state_ == NormState::kCollecting) stats_ = stats_.Merge(NormStats::Of(ema));
+  if (state_ == NormState::kCollecting) stats_ = stats_.Merge(norm_stats_of(ema));
   // Frozen before anything was collected: the reference skips normalization (with a warning) in this state.
   if (stats_.count == 0) return ema.clone();
   // Statistics are applied in float32, as the reference stores and applies them.

@@ -6,19 +6,6 @@
 
 namespace namm {
 
-const char* selection_kind_name(SelectionKind kind) {
-  switch (kind) {
-    case SelectionKind::kBinary: return "binary";
-    case SelectionKind::kTopK: return "topk";
-    case SelectionKind::kDynamic: return "dynamic";
-  }
-  return "?";
-}
-
-int64_t selection_param_count(const SelectionConfig& config) {
-  return config.kind == SelectionKind::kDynamic ? 1 : 0;
-}
-
 at::Tensor force_keep_newest(const at::Tensor& scores) {
   at::Tensor forced = scores.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   forced.select(1, forced.size(1) - 1).fill_(std::numeric_limits<float>::max());

@@ -14,9 +14,9 @@ using testing::ToArray;
 TEST(NormStats, MergedStatisticsEqualDirectStatistics) {
   at::Tensor all = testing::RandomNormal({3, 100, 17}, 3).mul_(2.0).add_(0.5);
   // Unequal pieces, merged in a tree and in a chain.
-  NormStats a = NormStats::Of(all.narrow(1, 0, 7));
-  NormStats b = NormStats::Of(all.narrow(1, 7, 60));
-  NormStats c = NormStats::Of(all.narrow(1, 67, 33));
+  NormStats a = norm_stats_of(all.narrow(1, 0, 7));
+  NormStats b = norm_stats_of(all.narrow(1, 7, 60));
+  NormStats c = norm_stats_of(all.narrow(1, 67, 33));
   NormStats chain = a.Merge(b).Merge(c);
   NormStats tree = a.Merge(b.Merge(c));
   testing::RefStats direct = testing::RefStatsOf(ToArray(all.reshape({1, 300, 17})));
@@ -31,7 +31,7 @@ TEST(NormStats, MergedStatisticsEqualDirectStatistics) {
 }
 
 TEST(NormStats, MergingWithEmptyIsIdentity) {
-  NormStats a = NormStats::Of(testing::RandomNormal({5, 17}, 4));
+  NormStats a = norm_stats_of(testing::RandomNormal({5, 17}, 4));
   NormStats empty;
   EXPECT_EQ(a.Merge(empty).mean, a.mean);
   EXPECT_EQ(empty.Merge(a).var, a.var);

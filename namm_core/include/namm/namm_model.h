@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "namm/feature_norm.h"
-#include "namm/scorer.h"
-#include "namm/selection.h"
+#include "namm/feature_constants.h"
+#include "namm/norm_stats.h"
+#include "namm/scorer_config.h"
+#include "namm/selection_config.h"
 #include "namm/status.h"
-#include "namm/stft_features.h"
 
 namespace namm {
 

@@ -10,10 +10,9 @@
 
 #include <cstdint>
 
-namespace namm {
+#include "namm/feature_constants.h"
 
-constexpr int64_t kRecencyDims = 8;
-constexpr double kRecencyMaxFrequency = 50000.0;
+namespace namm {
 
 // positions: [kv_heads, n] int64, chronological per head (newest last), n >= 1 -> [kv_heads, n, 8] float32.
 at::Tensor recency_embedding(const at::Tensor& positions);

@@ -11,29 +11,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <cmath>
 #include <cstdint>
 
+#include "namm/selection_config.h"
+
 namespace namm {
-
-enum class SelectionKind {
-  kBinary,   // keep s >= 0 (the paper's NAMM)
-  kTopK,     // keep the `budget` best tokens per head once the cache exceeds it
-  kDynamic,  // keep s >= exp(theta) with theta a learned parameter, optionally capped at `budget`
-};
-
-struct SelectionConfig {
-  SelectionKind kind = SelectionKind::kBinary;
-  // kTopK: tokens kept per head (> 0). kDynamic: cap on tokens kept per head (0 = no cap). kBinary: unused (0).
-  int64_t budget = 0;
-  // kDynamic: initial value of the learned log-threshold theta (the reference initializes exp(theta) = 1/2048).
-  double initial_log_threshold = std::log(1.0 / 2048.0);
-};
-
-const char* selection_kind_name(SelectionKind kind);  // "binary" | "topk" | "dynamic"
-
-// Number of learned parameters the selection adds after the scorer's (1 for kDynamic, else 0).
-int64_t selection_param_count(const SelectionConfig& config);
 
 // scores [kv_heads, n] (n >= 1) -> retained indices [kv_heads, k] int64, per the rules above.
 // selection_params: [selection_param_count(config)] (for kDynamic: theta).

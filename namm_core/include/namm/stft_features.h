@@ -20,17 +20,9 @@
 
 #include <cstdint>
 
+#include "namm/feature_constants.h"
+
 namespace namm {
-
-constexpr int64_t kStftWindow = 32;                 // n_fft = win_length
-constexpr int64_t kStftHop = 16;                    // = kStftWindow - kStftHop samples carried between hops
-constexpr int64_t kStftBins = kStftWindow / 2 + 1;  // 17 one-sided bins
-constexpr double kEmaCoefficientPerQuery = 0.99;    // the EMA decays by this per query, 0.99^16 per frame
-
-// Precision of the attention probabilities the features are computed from. The reference hands bfloat16
-// probabilities to the NAMM and averages them over query heads in bfloat16 (spec §9.7); kBf16 reproduces
-// that rounding bit for bit, kF32 keeps full precision.
-enum class AttentionPrecision { kBf16, kF32 };
 
 // Mean over the G = q_heads / kv_heads query heads of each KV group; query head h belongs to KV head h / G (the
 // Hugging Face repeat_kv layout). attention: [q_heads, n_q, n_keys] floating point -> [kv_heads, n_q, n_keys]

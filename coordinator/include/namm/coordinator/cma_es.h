@@ -1,0 +1,128 @@
+// CMA-ES with the active (negative-weight) rank-mu update, as the reference trains NAMMs (spec §6), after
+// Hansen's tutorial (arXiv:1604.00772). Fitness is "higher is better", as in the reference.
+//
+// Parameters (CmaesParams) are derived once from the dimension and the options; the state (CmaesState) is plain
+// data; ask() and tell() are functions of the two. Nothing here knows about storage, networks or NAMMs.
+//
+// Deliberate differences from the reference, each an option or invisible to the optimization:
+//  - State is float64 (the reference: float32 on the GPU). Only the lower triangle of C is stored and updated
+//    (C is symmetric by construction, so the reference's symmetrization before eigh is the identity).
+//  - The eigendecomposition can be lazy (EigenSchedule::kLazy, Hansen's rule): it is redone only when
+//    gap_factor / (N (c_1 + c_mu)) generations have passed since the last one, which keeps a generation at
+//    O(lambda N^2). kEveryGeneration decomposes every generation and adds the reference's 1e-6 jitter to every
+//    entry of C at generation 0, for parity runs.
+//  - Samples come from Philox keyed by (seed, draw index), so the population of a generation is a pure function
+//    of the state and the draw index (the reference draws from a stateful torch generator).
+//  - The separable variant (Covariance::kDiagonal, Ros & Hansen 2008) keeps only the diagonal of C, with the
+//    learning rates c_1, c_mu multiplied by (N + 2) / 3, for dimensions where an N x N matrix is too large.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+
+namespace namm::coordinator {
+
+enum class EigenSchedule {
+  kLazy,             // Hansen's rule: decompose again after gap_factor / (N (c_1 + c_mu)) generations
+  kEveryGeneration,  // the reference: every generation, with its generation-0 jitter
+};
+
+enum class Covariance {
+  kFull,      // N x N covariance (the reference)
+  kDiagonal,  // separable CMA-ES: diagonal covariance, O(N) memory and time per sample
+};
+
+struct CmaesOptions {
+  int64_t population = 32;    // lambda
+  double elite_ratio = 0.5;   // mu = max(1, floor(lambda * elite_ratio))
+  double sigma0 = 0.065;      // the reference's initial step size (the paper's table says 0.65; the code 0.065)
+  double c_m = 1.0;           // learning rate of the mean
+  uint64_t seed = 1337;
+  EigenSchedule eigen_schedule = EigenSchedule::kLazy;
+  // Lazy gap in units of 1 / (N (c_1 + c_mu)) generations. 0.5 is pycma/purecma's choice (the decomposition then
+  // costs about as much as the generations it serves); cmaes.m uses 0.1.
+  double eigen_gap_factor = 0.5;
+  Covariance covariance = Covariance::kFull;
+};
+
+// The strategy parameters, derived once (spec §6.1). With N = 4172, lambda = 32: mu_eff = 9.178829,
+// c_1 = 1.148340e-7, c_mu = 8.366038e-7, alpha_min = 1.137262, c_sigma = 2.670414e-3, d_sigma = 1.002670,
+// c_c = 9.583802e-4, chi_N = 64.587151.
+struct CmaesParams {
+  int64_t dimension = 0;   // N
+  int64_t population = 0;  // lambda
+  int64_t mu = 0;
+  CmaesOptions options;
+  std::vector<double> weights;            // w_i, ranked best first: positives sum to 1, negatives to -alpha_min
+  double mu_eff = 0, mu_eff_minus = 0;
+  double c_1 = 0, c_mu = 0, alpha_min = 0;
+  double c_sigma = 0, d_sigma = 0, c_c = 0, c_m = 1;
+  double chi_n = 0;
+  // Generations between eigendecompositions (0: every generation).
+  double eigen_gap_generations = 0;
+
+  // One line per parameter, for logs.
+  std::string Describe() const;
+};
+
+// Refuses dimensions < 1, populations < 2, elite ratios outside (0, 1], non-positive sigma0 or c_m, and a full
+// covariance too large to store (N^2 doubles must fit a 1 GB SQLite blob: N <= 11180; use kDiagonal beyond).
+Result<CmaesParams> make_cmaes_params(int64_t dimension, const CmaesOptions& options);
+
+// The sampling distribution's eigendecomposition C = B diag(D^2) B^T, computed from C at `generation`.
+struct Eigensystem {
+  int64_t generation = -1;
+  // kFull: N x N row-major, row k = the k-th unit eigenvector (B transposed). kDiagonal: empty (B = I).
+  std::vector<double> basis;
+  std::vector<double> scales;  // D: square roots of the eigenvalues (non-positive eigenvalues become 1e-20 first)
+};
+
+// Everything that changes during a run. Plain data: copy it, compare it, serialize it.
+struct CmaesState {
+  int64_t generation = 0;            // g: completed tell() calls
+  std::vector<double> mean;          // m
+  double sigma = 0;                  // step size
+  // kFull: N x N row-major, only the lower triangle (row >= column) is meaningful. kDiagonal: the N variances.
+  std::vector<double> covariance;
+  std::vector<double> path_c;        // p_c
+  std::vector<double> path_sigma;    // p_sigma
+  Eigensystem eigen;                 // what ask() samples with and tell() whitens with
+  std::vector<double> best_member;   // best candidate seen by tell()
+  double best_fitness = -std::numeric_limits<double>::infinity();
+  int64_t best_generation = -1;      // the g of the tell() that saw it
+
+  bool operator==(const CmaesState& other) const;
+};
+
+// The initial state: mean = `initial_mean` (the reference: zeros), sigma = sigma0, C = I, paths zero, and the
+// first eigendecomposition done.
+Result<CmaesState> initial_cmaes_state(const CmaesParams& params, const std::vector<double>& initial_mean);
+
+// One generation's candidates: x_k = m + sigma y_k with y_k = B D z_k, z_k ~ N(0, I).
+struct Population {
+  int64_t generation = 0;         // the state's g when sampled
+  uint64_t draw = 0;              // the draw index the noise came from
+  int64_t size = 0, dimension = 0;
+  std::vector<double> x;          // [lambda, N] row-major
+  std::vector<double> y;          // [lambda, N] row-major
+
+  const double* candidate(int64_t k) const { return x.data() + k * dimension; }
+};
+
+// Samples generation `state.generation`'s population from noise block `draw` (a pure function of params,
+// state and draw). The reference's run keys its draws by generation; a caller that rewinds the state (the stage
+// hand-over restores an earlier checkpoint) passes a fresh draw index so that no noise is reused.
+Population ask(const CmaesParams& params, const CmaesState& state, uint64_t draw);
+
+// Updates the state with the fitness of each candidate of `population` (higher is better; ties keep candidate
+// order). Refuses a population sampled from another generation, a wrong number of values, and any non-finite
+// fitness (naming the candidate), leaving the state untouched. Ends with the eigendecomposition the schedule
+// calls for, so that the next ask() is cheap.
+Status tell(const CmaesParams& params, CmaesState& state, const Population& population,
+            const std::vector<double>& fitness);
+
+}  // namespace namm::coordinator

@@ -1,0 +1,215 @@
+// The coordinator's SQLite store: the only code that speaks SQL.
+//
+// One database file holds any number of training runs: their specs, stages, per-generation summaries, every
+// evaluation (candidate x task x prompt), base-model reference scores, checkpoints of the optimizer state and
+// metric time series. The file is in WAL mode with foreign keys on; its application_id marks it as a namm
+// database and its user_version is the schema version, upgraded in place by forward migrations. A database from
+// a newer build or from another application is refused before anything is written to it.
+//
+// Durability: every public call that writes is one transaction, so a crash at any instant leaves either all or
+// none of it. In particular CommitGeneration() writes everything a generation's tell() changes (the generation,
+// its candidates, the new optimizer state, stage progress, metrics) at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "namm/coordinator/cma_es.h"
+#include "namm/norm_stats.h"
+#include "namm/status.h"
+#include "namm/tasks/normalized_score.h"
+
+namespace SQLite {
+class Database;
+}
+
+namespace namm::coordinator {
+
+// "NAMM" in ASCII, the value of PRAGMA application_id in every namm database.
+constexpr int32_t kStoreApplicationId = 0x4E414D4D;
+// The schema version this build writes (PRAGMA user_version).
+constexpr int kStoreSchemaVersion = 2;
+
+enum class OpenMode {
+  kCreate,    // create the file if missing, migrate an older schema
+  kExisting,  // the file must exist; migrate an older schema
+  kReadOnly,  // the file must exist at the current schema version; nothing is written
+};
+
+struct StoreOptions {
+  // Migrate no further than this version (tests build old databases with it).
+  int target_schema_version = kStoreSchemaVersion;
+  // Called inside CommitGeneration()'s transaction just before COMMIT. Crash tests kill the process there.
+  std::function<void()> before_commit;
+};
+
+// A prompt of a task, as rows of the task's data file.
+using PromptSample = std::map<std::string, std::vector<int64_t>>;  // task -> row indices
+
+struct RunRecord {
+  int64_t id = 0;
+  std::string name;
+  std::string created_at;  // ISO 8601, UTC
+  std::string spec_yaml;   // the run spec as given
+  int64_t dimension = 0;
+  std::string model_fingerprint;
+  std::string status;      // "running" | "finished"
+  int64_t stage = 0;       // the stage the next generation belongs to (the last one when finished)
+  int64_t generation = 0;  // the next generation to run (run-global, never rewinds)
+  std::optional<NormStats> norm_stats;  // frozen normalization statistics, once collected
+};
+
+struct StageRecord {
+  int64_t stage = 0;
+  std::vector<std::string> tasks;
+  int64_t generations = 0;                     // planned
+  std::optional<int64_t> start_generation;     // run generation of its first generation, once started
+  std::optional<int64_t> end_generation;       // one past its last, once finished
+  std::optional<double> best_eval_fitness;     // best evaluation of the mean eligible for hand-over
+  std::optional<int64_t> best_eval_generation;
+};
+
+struct EvaluationRecord {
+  int64_t generation = 0;
+  int64_t candidate = 0;  // 0..lambda-1, or kMeanCandidate for an evaluation of the mean
+  std::string task;
+  int64_t prompt = 0;     // row index
+  double score = 0;       // in [0, 1]
+  double cache_size_mean = 0;   // mean KV-cache size over the run (tokens per layer)
+  int64_t cache_size_final = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  std::string worker;
+  double duration_seconds = 0;
+  std::optional<NormStats> norm_stats;  // features seen, when the evaluation collected statistics
+};
+constexpr int64_t kMeanCandidate = -1;
+
+struct TaskScore {
+  double raw = 0;         // mean score over the prompts, in [0, 1]
+  double normalized = 0;  // divided by the base model's mean on the same prompts
+};
+
+struct CandidateRecord {
+  int64_t candidate = 0;
+  double fitness = 0;
+  std::map<std::string, TaskScore> tasks;
+};
+
+struct GenerationRecord {
+  int64_t generation = 0;        // run-global
+  int64_t stage = 0;
+  int64_t cmaes_generation = 0;  // the optimizer's g when sampled
+  uint64_t draw = 0;             // the noise block the population came from
+  double sigma = 0;              // the step size the population was sampled with
+  double fitness_best = 0, fitness_mean = 0, fitness_std = 0, fitness_worst = 0;
+  int64_t best_candidate = 0;
+  PromptSample samples;          // the prompts every candidate was scored on
+  std::optional<double> eval_fitness;               // evaluation of the mean, if this generation had one
+  std::map<std::string, TaskScore> eval_tasks;
+  double eigen_min = 0, eigen_max = 0;              // of C (D^2), after tell()
+  double tell_seconds = 0;
+  std::string completed_at;
+  // Loaded by GetGeneration() only:
+  std::vector<double> mean;         // the mean the population was sampled around
+  std::vector<double> best_params;  // the generation's best candidate
+};
+
+// A checkpoint: the optimizer state a generation starts from, plus the frozen normalization statistics.
+struct CheckpointRecord {
+  std::string role;          // "latest" | "stage_best"
+  int64_t stage = 0;
+  int64_t generation = 0;    // the run generation that starts from this state
+  std::optional<double> eval_fitness;
+  CmaesState state;          // complete, eigensystem included
+  std::optional<NormStats> norm_stats;
+  uint32_t checksum = 0;     // CRC-32 of the state record
+  std::string created_at;
+};
+
+struct NewRun {
+  std::string name;
+  std::string spec_yaml;
+  std::string model_fingerprint;
+  std::vector<StageRecord> stages;  // stage numbers 0.., tasks and planned generations
+  const CmaesState* initial_state = nullptr;
+};
+
+// Everything one generation's tell() changes.
+struct GenerationCommit {
+  int64_t run_id = 0;
+  GenerationRecord generation;  // with mean and best_params
+  std::vector<CandidateRecord> candidates;
+  // The evaluation of the mean (the generation's start state) beat the stage's best: the start state becomes
+  // the stage's best checkpoint.
+  bool new_stage_best = false;
+  // The state the next generation starts from.
+  const CmaesState* next_state = nullptr;
+  // The stage ends with this generation: the next state is the stage's best checkpoint (spec §7.3) instead, and
+  // next_stage starts (or the run finishes when there is none).
+  bool stage_ends = false;
+  std::optional<int64_t> next_stage;
+  std::map<std::string, double> metrics;
+};
+
+struct ReferenceImport {
+  int64_t added = 0, unchanged = 0, replaced = 0;
+};
+
+class Store {
+ public:
+  static Result<std::unique_ptr<Store>> Open(const std::string& path, OpenMode mode, StoreOptions options = {});
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& path() const { return path_; }
+  int schema_version() const;
+
+  // Runs. CreateRun writes the run, its stages and the initial state as its latest checkpoint.
+  Result<int64_t> CreateRun(const NewRun& run);
+  Result<RunRecord> GetRun(int64_t run_id) const;
+  Result<std::vector<RunRecord>> ListRuns() const;
+  Result<std::vector<StageRecord>> GetStages(int64_t run_id) const;
+  // Freezes the run's normalization statistics (once; a different second value is refused).
+  Status FreezeNormStats(int64_t run_id, const NormStats& stats);
+
+  // Evaluations are idempotent per (generation, candidate, task, prompt): the first result wins. Returns how
+  // many of `records` were new.
+  Result<int64_t> RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records);
+  Result<std::vector<EvaluationRecord>> GetEvaluations(int64_t run_id, int64_t generation) const;
+
+  Status CommitGeneration(const GenerationCommit& commit);
+  // Summaries, in generation order, without the parameter vectors.
+  Result<std::vector<GenerationRecord>> GetGenerations(int64_t run_id) const;
+  Result<GenerationRecord> GetGeneration(int64_t run_id, int64_t generation) const;
+  Result<std::vector<CandidateRecord>> GetCandidates(int64_t run_id, int64_t generation) const;
+
+  // role "latest" ignores `stage`. `params` checks the state's shape.
+  Result<CheckpointRecord> GetCheckpoint(int64_t run_id, const std::string& role, int64_t stage,
+                                         const CmaesParams& params) const;
+  // (role, stage, generation, eval fitness) of the run's checkpoints, without loading them.
+  Result<std::vector<CheckpointRecord>> ListCheckpoints(int64_t run_id) const;
+
+  Result<std::map<std::string, double>> GetMetrics(int64_t run_id, int64_t generation) const;
+
+  // Base-model reference scores per (model fingerprint, task, prompt). An import that would change a stored
+  // score is refused as a whole (naming the first conflict) unless `replace`.
+  Result<ReferenceImport> ImportReferenceScores(const std::string& model_fingerprint,
+                                                const tasks::ReferenceScores& scores, const std::string& source,
+                                                bool replace);
+  Result<tasks::ReferenceScores> GetReferenceScores(const std::string& model_fingerprint) const;
+
+ private:
+  Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOptions options);
+  std::string path_;
+  std::unique_ptr<SQLite::Database> db_;
+  StoreOptions options_;
+};
+
+}  // namespace namm::coordinator

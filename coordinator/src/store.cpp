@@ -1,0 +1,916 @@
+#include "namm/coordinator/store.h"
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "byte_codec.h"
+#include "namm/coordinator/checkpoint_codec.h"
+
+namespace namm::coordinator {
+
+namespace {
+
+using nlohmann::json;
+
+// Migration k takes the schema from version k to k + 1. Never edit a shipped migration: add one.
+const char* const kMigrations[] = {
+    // 0 -> 1: runs, stages, generations, candidates, evaluations, reference scores, checkpoints.
+    R"sql(
+CREATE TABLE runs(
+  id INTEGER PRIMARY KEY,
+  name TEXT NOT NULL,
+  created_at TEXT NOT NULL,
+  spec_yaml TEXT NOT NULL,
+  dimension INTEGER NOT NULL CHECK(dimension > 0),
+  model_fingerprint TEXT NOT NULL,
+  status TEXT NOT NULL CHECK(status IN ('running', 'finished')),
+  stage INTEGER NOT NULL,
+  generation INTEGER NOT NULL CHECK(generation >= 0),
+  norm_stats BLOB
+);
+CREATE TABLE stages(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  stage INTEGER NOT NULL CHECK(stage >= 0),
+  tasks TEXT NOT NULL,
+  generations INTEGER NOT NULL CHECK(generations > 0),
+  start_generation INTEGER,
+  end_generation INTEGER,
+  best_eval_fitness REAL,
+  best_eval_generation INTEGER,
+  PRIMARY KEY(run_id, stage)
+);
+CREATE TABLE generations(
+  run_id INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  stage INTEGER NOT NULL,
+  cmaes_generation INTEGER NOT NULL,
+  draw INTEGER NOT NULL,
+  sigma REAL NOT NULL,
+  fitness_best REAL NOT NULL,
+  fitness_mean REAL NOT NULL,
+  fitness_std REAL NOT NULL,
+  fitness_worst REAL NOT NULL,
+  best_candidate INTEGER NOT NULL,
+  samples TEXT NOT NULL,
+  eval_fitness REAL,
+  eval_tasks TEXT,
+  mean BLOB NOT NULL,
+  best_params BLOB NOT NULL,
+  eigen_min REAL NOT NULL,
+  eigen_max REAL NOT NULL,
+  tell_seconds REAL NOT NULL,
+  completed_at TEXT NOT NULL,
+  PRIMARY KEY(run_id, generation),
+  FOREIGN KEY(run_id, stage) REFERENCES stages(run_id, stage) ON DELETE CASCADE
+);
+CREATE TABLE candidates(
+  run_id INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  candidate INTEGER NOT NULL CHECK(candidate >= 0),
+  fitness REAL NOT NULL,
+  tasks TEXT NOT NULL,
+  PRIMARY KEY(run_id, generation, candidate),
+  FOREIGN KEY(run_id, generation) REFERENCES generations(run_id, generation) ON DELETE CASCADE
+);
+CREATE TABLE evaluations(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  generation INTEGER NOT NULL,
+  candidate INTEGER NOT NULL CHECK(candidate >= -1),
+  task TEXT NOT NULL,
+  prompt INTEGER NOT NULL CHECK(prompt >= 0),
+  score REAL NOT NULL CHECK(score >= 0 AND score <= 1),
+  cache_size_mean REAL NOT NULL,
+  cache_size_final INTEGER NOT NULL,
+  prompt_tokens INTEGER NOT NULL,
+  generated_tokens INTEGER NOT NULL,
+  worker TEXT NOT NULL,
+  duration_seconds REAL NOT NULL,
+  norm_stats BLOB,
+  recorded_at TEXT NOT NULL,
+  PRIMARY KEY(run_id, generation, candidate, task, prompt)
+);
+CREATE TABLE reference_scores(
+  model_fingerprint TEXT NOT NULL,
+  task TEXT NOT NULL,
+  prompt INTEGER NOT NULL CHECK(prompt >= 0),
+  score REAL NOT NULL CHECK(score >= 0 AND score <= 1),
+  source TEXT NOT NULL,
+  recorded_at TEXT NOT NULL,
+  PRIMARY KEY(model_fingerprint, task, prompt)
+);
+CREATE TABLE decompositions(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  cmaes_generation INTEGER NOT NULL,
+  record BLOB NOT NULL
+);
+CREATE TABLE checkpoints(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  role TEXT NOT NULL CHECK(role IN ('latest', 'stage_best')),
+  stage INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  eval_fitness REAL,
+  state BLOB NOT NULL,
+  checksum INTEGER NOT NULL,
+  decomposition_id INTEGER NOT NULL REFERENCES decompositions(id),
+  norm_stats BLOB,
+  created_at TEXT NOT NULL
+);
+CREATE UNIQUE INDEX one_latest_checkpoint ON checkpoints(run_id) WHERE role = 'latest';
+CREATE UNIQUE INDEX one_best_checkpoint_per_stage ON checkpoints(run_id, stage) WHERE role = 'stage_best';
+)sql",
+    // 1 -> 2: metric time series, and evaluations by worker (for per-worker accounting).
+    R"sql(
+CREATE TABLE metrics(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  generation INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  value REAL NOT NULL,
+  PRIMARY KEY(run_id, generation, name)
+);
+CREATE INDEX evaluations_by_worker ON evaluations(run_id, worker);
+)sql",
+};
+static_assert(std::size(kMigrations) == kStoreSchemaVersion);
+
+std::string NowUtc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::string_view BlobOf(const SQLite::Column& c) {
+  return {static_cast<const char*>(c.getBlob()), static_cast<std::size_t>(c.getBytes())};
+}
+
+void BindBlob(SQLite::Statement& q, int index, const std::string& bytes) {
+  q.bindNoCopy(index, static_cast<const void*>(bytes.data()), static_cast<int>(bytes.size()));
+}
+
+void BindDoubles(SQLite::Statement& q, int index, const std::vector<double>& values) {
+  q.bindNoCopy(index, static_cast<const void*>(values.data()), static_cast<int>(values.size() * sizeof(double)));
+}
+
+std::vector<double> DoublesOf(const SQLite::Column& c) {
+  std::vector<double> v(static_cast<std::size_t>(c.getBytes()) / sizeof(double));
+  if (!v.empty()) std::memcpy(v.data(), c.getBlob(), v.size() * sizeof(double));
+  return v;
+}
+
+void BindOptional(SQLite::Statement& q, int index, const std::optional<double>& v) {
+  if (v) {
+    q.bind(index, *v);
+  } else {
+    q.bind(index);
+  }
+}
+
+std::optional<double> OptionalDouble(const SQLite::Column& c) {
+  if (c.isNull()) return std::nullopt;
+  return c.getDouble();
+}
+std::optional<int64_t> OptionalInt(const SQLite::Column& c) {
+  if (c.isNull()) return std::nullopt;
+  return c.getInt64();
+}
+
+json TaskScoresJson(const std::map<std::string, TaskScore>& tasks) {
+  json j = json::object();
+  for (const auto& [task, s] : tasks) j[task] = {{"raw", s.raw}, {"normalized", s.normalized}};
+  return j;
+}
+std::map<std::string, TaskScore> TaskScoresOf(const std::string& text) {
+  std::map<std::string, TaskScore> tasks;
+  if (text.empty()) return tasks;
+  for (const auto& [task, s] : json::parse(text).items()) {
+    tasks[task] = TaskScore{s.at("raw").get<double>(), s.at("normalized").get<double>()};
+  }
+  return tasks;
+}
+
+Result<std::optional<NormStats>> NormStatsOf(const SQLite::Column& c, const std::string& what) {
+  if (c.isNull()) return std::optional<NormStats>();
+  NAMM_ASSIGN_OR_RETURN(NormStats stats, decode_norm_stats(BlobOf(c), what));
+  return std::optional<NormStats>(stats);
+}
+
+// Runs `body` and turns SQLite's exceptions into a Status naming `what` and the file.
+template <typename F>
+auto Guard(const std::string& path, const std::string& what, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const SQLite::Exception& e) {
+    return Status::IOError(what + " failed on " + path + ": " + e.what());
+  } catch (const json::exception& e) {
+    return Status::Corruption(what + ": malformed JSON in " + path + ": " + e.what());
+  }
+}
+
+// The latest checkpoint's decomposition: (id, optimizer generation it was computed at).
+std::optional<std::pair<int64_t, int64_t>> LatestDecomposition(SQLite::Database& db, int64_t run_id) {
+  SQLite::Statement q(db,
+                      "SELECT d.id, d.cmaes_generation FROM checkpoints c JOIN decompositions d "
+                      "ON d.id = c.decomposition_id WHERE c.run_id = ? AND c.role = 'latest'");
+  q.bind(1, run_id);
+  if (!q.executeStep()) return std::nullopt;
+  return std::make_pair(q.getColumn(0).getInt64(), q.getColumn(1).getInt64());
+}
+
+// Writes `state` as the run's latest checkpoint, reusing the stored decomposition when the state still samples
+// with it (a state only ever rewinds by copying a checkpoint row, so equal optimizer generations mean the same
+// eigensystem).
+void WriteLatest(SQLite::Database& db, int64_t run_id, int64_t stage, int64_t generation, const CmaesState& state,
+                 const std::optional<NormStats>& norm) {
+  int64_t decomposition_id = 0;
+  const auto previous = LatestDecomposition(db, run_id);
+  if (previous && previous->second == state.eigen.generation) {
+    decomposition_id = previous->first;
+  } else {
+    const std::string record = encode_eigensystem(state.eigen);
+    SQLite::Statement insert(db, "INSERT INTO decompositions(run_id, cmaes_generation, record) VALUES(?, ?, ?)");
+    insert.bind(1, run_id);
+    insert.bind(2, state.eigen.generation);
+    BindBlob(insert, 3, record);
+    insert.exec();
+    decomposition_id = db.getLastInsertRowid();
+  }
+  const std::string record = encode_cmaes_state(state);
+  SQLite::Statement drop(db, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'latest'");
+  drop.bind(1, run_id);
+  drop.exec();
+  SQLite::Statement insert(db,
+                           "INSERT INTO checkpoints(run_id, role, stage, generation, eval_fitness, state, checksum, "
+                           "decomposition_id, norm_stats, created_at) VALUES(?, 'latest', ?, ?, NULL, ?, ?, ?, ?, ?)");
+  insert.bind(1, run_id);
+  insert.bind(2, stage);
+  insert.bind(3, generation);
+  BindBlob(insert, 4, record);
+  insert.bind(5, static_cast<int64_t>(crc32_of(record)));
+  insert.bind(6, decomposition_id);
+  const std::string norm_record = norm ? encode_norm_stats(*norm) : std::string();
+  if (norm) {
+    BindBlob(insert, 7, norm_record);
+  } else {
+    insert.bind(7);
+  }
+  insert.bind(8, NowUtc());
+  insert.exec();
+}
+
+void DropUnreferencedDecompositions(SQLite::Database& db, int64_t run_id) {
+  SQLite::Statement q(db,
+                      "DELETE FROM decompositions WHERE run_id = ? AND id NOT IN "
+                      "(SELECT decomposition_id FROM checkpoints WHERE run_id = ?)");
+  q.bind(1, run_id);
+  q.bind(2, run_id);
+  q.exec();
+}
+
+Status CheckFinite(const std::string& what, double value) {
+  if (!std::isfinite(value)) return Status::InvalidArgument(what + " is not finite");
+  return Status::Ok();
+}
+
+// Reads application_id, user_version and whether there are tables, without writing anything.
+struct FileIdentity {
+  int32_t application_id = 0;
+  int user_version = 0;
+  bool has_tables = false;
+};
+
+Result<FileIdentity> Identify(const std::string& path) {
+  try {
+    SQLite::Database db(path, SQLite::OPEN_READONLY);
+    FileIdentity id;
+    id.application_id = db.execAndGet("PRAGMA application_id").getInt();
+    id.user_version = db.execAndGet("PRAGMA user_version").getInt();
+    id.has_tables = db.execAndGet("SELECT count(*) FROM sqlite_master").getInt() > 0;
+    return id;
+  } catch (const SQLite::Exception& e) {
+    return Status::InvalidArgument(path + " is not a readable SQLite database: " + e.what());
+  }
+}
+
+char HexDigit(int v) { return "0123456789abcdef"[v & 15]; }
+std::string Hex32(int32_t v) {
+  std::string s = "0x";
+  for (int shift = 28; shift >= 0; shift -= 4) s += HexDigit(static_cast<int>(static_cast<uint32_t>(v) >> shift));
+  return s;
+}
+
+}  // namespace
+
+Store::Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOptions options)
+    : path_(std::move(path)), db_(std::move(db)), options_(std::move(options)) {}
+
+Store::~Store() = default;
+
+Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mode, StoreOptions options) {
+  if (options.target_schema_version < 1 || options.target_schema_version > kStoreSchemaVersion) {
+    return Status::InvalidArgument("schema version " + std::to_string(options.target_schema_version) +
+                                   " is not one this build can create");
+  }
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(path, ec);
+  if (!exists && mode != OpenMode::kCreate) return Status::NotFound("no database at " + path);
+  if (exists && std::filesystem::file_size(path, ec) > 0) {
+    NAMM_ASSIGN_OR_RETURN(FileIdentity id, Identify(path));
+    if (id.application_id != kStoreApplicationId && (id.application_id != 0 || id.has_tables)) {
+      return Status::InvalidArgument(path + " belongs to another application (SQLite application_id " +
+                                     Hex32(id.application_id) + ", namm uses " + Hex32(kStoreApplicationId) +
+                                     "); refusing to open it");
+    }
+    if (id.user_version > kStoreSchemaVersion) {
+      return Status::FailedPrecondition(path + " has schema version " + std::to_string(id.user_version) +
+                                        ", newer than this build's " + std::to_string(kStoreSchemaVersion) +
+                                        "; use a newer namm-coordinator (the file was not modified)");
+    }
+    if (mode == OpenMode::kReadOnly && id.user_version != kStoreSchemaVersion) {
+      return Status::FailedPrecondition(path + " has schema version " + std::to_string(id.user_version) +
+                                        "; open it once with a writing command to migrate it to " +
+                                        std::to_string(kStoreSchemaVersion));
+    }
+  } else if (mode == OpenMode::kReadOnly) {
+    return Status::NotFound(path + " is empty, not a namm database");
+  }
+  return Guard(path, "opening the database", [&]() -> Result<std::unique_ptr<Store>> {
+    const int flags = mode == OpenMode::kReadOnly ? SQLite::OPEN_READONLY
+                                                  : SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE;
+    auto db = std::make_unique<SQLite::Database>(path, flags, /*busy timeout ms=*/10000);
+    db->exec("PRAGMA foreign_keys = ON");
+    if (mode != OpenMode::kReadOnly) {
+      db->exec("PRAGMA journal_mode = WAL");
+      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss.
+      db->exec("PRAGMA synchronous = FULL");
+      int version = db->execAndGet("PRAGMA user_version").getInt();
+      for (; version < options.target_schema_version; ++version) {
+        SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);
+        db->exec(kMigrations[version]);
+        db->exec("PRAGMA application_id = " + std::to_string(kStoreApplicationId));
+        db->exec("PRAGMA user_version = " + std::to_string(version + 1));
+        tx.commit();
+      }
+    }
+    return std::unique_ptr<Store>(new Store(path, std::move(db), std::move(options)));
+  });
+}
+
+int Store::schema_version() const { return db_->execAndGet("PRAGMA user_version").getInt(); }
+
+Result<int64_t> Store::CreateRun(const NewRun& run) {
+  if (run.initial_state == nullptr) return Status::InvalidArgument("a new run needs an initial optimizer state");
+  if (run.stages.empty()) return Status::InvalidArgument("a run needs at least one stage");
+  return Guard(path_, "creating run '" + run.name + "'", [&]() -> Result<int64_t> {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement insert(*db_,
+                             "INSERT INTO runs(name, created_at, spec_yaml, dimension, model_fingerprint, status, "
+                             "stage, generation) VALUES(?, ?, ?, ?, ?, 'running', 0, 0)");
+    insert.bind(1, run.name);
+    insert.bind(2, NowUtc());
+    insert.bind(3, run.spec_yaml);
+    insert.bind(4, static_cast<int64_t>(run.initial_state->mean.size()));
+    insert.bind(5, run.model_fingerprint);
+    insert.exec();
+    const int64_t id = db_->getLastInsertRowid();
+    for (std::size_t k = 0; k < run.stages.size(); ++k) {
+      const StageRecord& s = run.stages[k];
+      SQLite::Statement stage(*db_, "INSERT INTO stages(run_id, stage, tasks, generations) VALUES(?, ?, ?, ?)");
+      stage.bind(1, id);
+      stage.bind(2, static_cast<int64_t>(k));
+      stage.bind(3, json(s.tasks).dump());
+      stage.bind(4, s.generations);
+      stage.exec();
+    }
+    WriteLatest(*db_, id, 0, 0, *run.initial_state, std::nullopt);
+    tx.commit();
+    return id;
+  });
+}
+
+Result<RunRecord> Store::GetRun(int64_t run_id) const {
+  NAMM_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, ListRuns());
+  for (RunRecord& r : runs) {
+    if (r.id == run_id) return std::move(r);
+  }
+  return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+}
+
+Result<std::vector<RunRecord>> Store::ListRuns() const {
+  return Guard(path_, "listing runs", [&]() -> Result<std::vector<RunRecord>> {
+    SQLite::Statement q(*db_,
+                        "SELECT id, name, created_at, spec_yaml, dimension, model_fingerprint, status, stage, "
+                        "generation, norm_stats FROM runs ORDER BY id");
+    std::vector<RunRecord> runs;
+    while (q.executeStep()) {
+      RunRecord r;
+      r.id = q.getColumn(0).getInt64();
+      r.name = q.getColumn(1).getString();
+      r.created_at = q.getColumn(2).getString();
+      r.spec_yaml = q.getColumn(3).getString();
+      r.dimension = q.getColumn(4).getInt64();
+      r.model_fingerprint = q.getColumn(5).getString();
+      r.status = q.getColumn(6).getString();
+      r.stage = q.getColumn(7).getInt64();
+      r.generation = q.getColumn(8).getInt64();
+      NAMM_ASSIGN_OR_RETURN(r.norm_stats,
+                            NormStatsOf(q.getColumn(9), "normalization statistics of run " + std::to_string(r.id)));
+      runs.push_back(std::move(r));
+    }
+    return runs;
+  });
+}
+
+Result<std::vector<StageRecord>> Store::GetStages(int64_t run_id) const {
+  return Guard(path_, "reading stages", [&]() -> Result<std::vector<StageRecord>> {
+    SQLite::Statement q(*db_,
+                        "SELECT stage, tasks, generations, start_generation, end_generation, best_eval_fitness, "
+                        "best_eval_generation FROM stages WHERE run_id = ? ORDER BY stage");
+    q.bind(1, run_id);
+    std::vector<StageRecord> stages;
+    while (q.executeStep()) {
+      StageRecord s;
+      s.stage = q.getColumn(0).getInt64();
+      s.tasks = json::parse(q.getColumn(1).getString()).get<std::vector<std::string>>();
+      s.generations = q.getColumn(2).getInt64();
+      s.start_generation = OptionalInt(q.getColumn(3));
+      s.end_generation = OptionalInt(q.getColumn(4));
+      s.best_eval_fitness = OptionalDouble(q.getColumn(5));
+      s.best_eval_generation = OptionalInt(q.getColumn(6));
+      stages.push_back(std::move(s));
+    }
+    if (stages.empty()) return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+    return stages;
+  });
+}
+
+Status Store::FreezeNormStats(int64_t run_id, const NormStats& stats) {
+  NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(run_id));
+  const std::string record = encode_norm_stats(stats);
+  if (run.norm_stats) {
+    if (encode_norm_stats(*run.norm_stats) == record) return Status::Ok();
+    return Status::FailedPrecondition("run " + std::to_string(run_id) +
+                                      " already has frozen normalization statistics; they never change");
+  }
+  return Guard(path_, "freezing normalization statistics", [&]() -> Status {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement q(*db_, "UPDATE runs SET norm_stats = ? WHERE id = ? AND norm_stats IS NULL");
+    BindBlob(q, 1, record);
+    q.bind(2, run_id);
+    q.exec();
+    // The latest checkpoint carries them from now on, like every later one.
+    SQLite::Statement c(*db_, "UPDATE checkpoints SET norm_stats = ? WHERE run_id = ? AND role = 'latest'");
+    BindBlob(c, 1, record);
+    c.bind(2, run_id);
+    c.exec();
+    tx.commit();
+    return Status::Ok();
+  });
+}
+
+Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records) {
+  for (const EvaluationRecord& e : records) {
+    const std::string what = "evaluation (generation " + std::to_string(e.generation) + ", candidate " +
+                             std::to_string(e.candidate) + ", " + e.task + " prompt " + std::to_string(e.prompt) + ")";
+    if (!(e.score >= 0 && e.score <= 1)) return Status::InvalidArgument(what + ": score outside [0, 1]");
+    NAMM_RETURN_IF_ERROR(CheckFinite(what + ": cache size", e.cache_size_mean));
+    NAMM_RETURN_IF_ERROR(CheckFinite(what + ": duration", e.duration_seconds));
+    if (e.candidate < kMeanCandidate || e.prompt < 0 || e.task.empty()) {
+      return Status::InvalidArgument(what + ": bad candidate, prompt or task");
+    }
+  }
+  return Guard(path_, "recording evaluations", [&]() -> Result<int64_t> {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement q(*db_,
+                        "INSERT OR IGNORE INTO evaluations(run_id, generation, candidate, task, prompt, score, "
+                        "cache_size_mean, cache_size_final, prompt_tokens, generated_tokens, worker, "
+                        "duration_seconds, norm_stats, recorded_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    const std::string now = NowUtc();
+    int64_t added = 0;
+    for (const EvaluationRecord& e : records) {
+      q.reset();
+      q.bind(1, run_id);
+      q.bind(2, e.generation);
+      q.bind(3, e.candidate);
+      q.bind(4, e.task);
+      q.bind(5, e.prompt);
+      q.bind(6, e.score);
+      q.bind(7, e.cache_size_mean);
+      q.bind(8, e.cache_size_final);
+      q.bind(9, e.prompt_tokens);
+      q.bind(10, e.generated_tokens);
+      q.bind(11, e.worker);
+      q.bind(12, e.duration_seconds);
+      const std::string norm = e.norm_stats ? encode_norm_stats(*e.norm_stats) : std::string();
+      if (e.norm_stats) {
+        q.bind(13, static_cast<const void*>(norm.data()), static_cast<int>(norm.size()));
+      } else {
+        q.bind(13);
+      }
+      q.bind(14, now);
+      added += q.exec();
+    }
+    tx.commit();
+    return added;
+  });
+}
+
+Result<std::vector<EvaluationRecord>> Store::GetEvaluations(int64_t run_id, int64_t generation) const {
+  return Guard(path_, "reading evaluations", [&]() -> Result<std::vector<EvaluationRecord>> {
+    SQLite::Statement q(*db_,
+                        "SELECT candidate, task, prompt, score, cache_size_mean, cache_size_final, prompt_tokens, "
+                        "generated_tokens, worker, duration_seconds, norm_stats FROM evaluations "
+                        "WHERE run_id = ? AND generation = ? ORDER BY candidate, task, prompt");
+    q.bind(1, run_id);
+    q.bind(2, generation);
+    std::vector<EvaluationRecord> out;
+    while (q.executeStep()) {
+      EvaluationRecord e;
+      e.generation = generation;
+      e.candidate = q.getColumn(0).getInt64();
+      e.task = q.getColumn(1).getString();
+      e.prompt = q.getColumn(2).getInt64();
+      e.score = q.getColumn(3).getDouble();
+      e.cache_size_mean = q.getColumn(4).getDouble();
+      e.cache_size_final = q.getColumn(5).getInt64();
+      e.prompt_tokens = q.getColumn(6).getInt64();
+      e.generated_tokens = q.getColumn(7).getInt64();
+      e.worker = q.getColumn(8).getString();
+      e.duration_seconds = q.getColumn(9).getDouble();
+      NAMM_ASSIGN_OR_RETURN(e.norm_stats, NormStatsOf(q.getColumn(10), "normalization statistics of an evaluation"));
+      out.push_back(std::move(e));
+    }
+    return out;
+  });
+}
+
+Status Store::CommitGeneration(const GenerationCommit& c) {
+  const GenerationRecord& g = c.generation;
+  if (c.next_state == nullptr && !c.stage_ends) return Status::InvalidArgument("a commit needs the next state");
+  NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(c.run_id));
+  if (run.status != "running") return Status::FailedPrecondition("run " + std::to_string(c.run_id) + " is finished");
+  if (g.generation != run.generation || g.stage != run.stage) {
+    return Status::FailedPrecondition("run " + std::to_string(c.run_id) + " is at generation " +
+                                      std::to_string(run.generation) + " of stage " + std::to_string(run.stage) +
+                                      "; refusing a commit of generation " + std::to_string(g.generation) +
+                                      " of stage " + std::to_string(g.stage));
+  }
+  return Guard(path_, "committing generation " + std::to_string(g.generation), [&]() -> Status {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement gen(*db_,
+                          "INSERT INTO generations(run_id, generation, stage, cmaes_generation, draw, sigma, "
+                          "fitness_best, fitness_mean, fitness_std, fitness_worst, best_candidate, samples, "
+                          "eval_fitness, eval_tasks, mean, best_params, eigen_min, eigen_max, tell_seconds, "
+                          "completed_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    gen.bind(1, c.run_id);
+    gen.bind(2, g.generation);
+    gen.bind(3, g.stage);
+    gen.bind(4, g.cmaes_generation);
+    gen.bind(5, static_cast<int64_t>(g.draw));
+    gen.bind(6, g.sigma);
+    gen.bind(7, g.fitness_best);
+    gen.bind(8, g.fitness_mean);
+    gen.bind(9, g.fitness_std);
+    gen.bind(10, g.fitness_worst);
+    gen.bind(11, g.best_candidate);
+    gen.bind(12, json(g.samples).dump());
+    BindOptional(gen, 13, g.eval_fitness);
+    if (g.eval_fitness) {
+      gen.bind(14, TaskScoresJson(g.eval_tasks).dump());
+    } else {
+      gen.bind(14);
+    }
+    BindDoubles(gen, 15, g.mean);
+    BindDoubles(gen, 16, g.best_params);
+    gen.bind(17, g.eigen_min);
+    gen.bind(18, g.eigen_max);
+    gen.bind(19, g.tell_seconds);
+    gen.bind(20, NowUtc());
+    gen.exec();
+
+    SQLite::Statement cand(*db_, "INSERT INTO candidates(run_id, generation, candidate, fitness, tasks) "
+                                 "VALUES(?, ?, ?, ?, ?)");
+    for (const CandidateRecord& k : c.candidates) {
+      cand.reset();
+      cand.bind(1, c.run_id);
+      cand.bind(2, g.generation);
+      cand.bind(3, k.candidate);
+      cand.bind(4, k.fitness);
+      cand.bind(5, TaskScoresJson(k.tasks).dump());
+      cand.exec();
+    }
+
+    if (c.new_stage_best) {
+      if (!g.eval_fitness) return Status::InvalidArgument("a new stage best needs an evaluation fitness");
+      SQLite::Statement best(*db_, "UPDATE stages SET best_eval_fitness = ?, best_eval_generation = ? "
+                                   "WHERE run_id = ? AND stage = ?");
+      best.bind(1, *g.eval_fitness);
+      best.bind(2, g.generation);
+      best.bind(3, c.run_id);
+      best.bind(4, g.stage);
+      best.exec();
+    }
+    if (c.new_stage_best) {
+      // The generation's start state (the current latest checkpoint) is the state whose mean was evaluated.
+      SQLite::Statement drop(*db_, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'stage_best' AND stage = ?");
+      drop.bind(1, c.run_id);
+      drop.bind(2, g.stage);
+      drop.exec();
+      SQLite::Statement copy(*db_,
+                             "INSERT INTO checkpoints(run_id, role, stage, generation, eval_fitness, state, checksum, "
+                             "decomposition_id, norm_stats, created_at) SELECT run_id, 'stage_best', stage, "
+                             "generation, ?, state, checksum, decomposition_id, norm_stats, ? FROM checkpoints "
+                             "WHERE run_id = ? AND role = 'latest'");
+      copy.bind(1, *g.eval_fitness);
+      copy.bind(2, NowUtc());
+      copy.bind(3, c.run_id);
+      copy.exec();
+    }
+    SQLite::Statement start(*db_, "UPDATE stages SET start_generation = ? WHERE run_id = ? AND stage = ? AND "
+                                  "start_generation IS NULL");
+    start.bind(1, g.generation);
+    start.bind(2, c.run_id);
+    start.bind(3, g.stage);
+    start.exec();
+
+    const int64_t next_generation = g.generation + 1;
+    int64_t next_stage = g.stage;
+    std::string status = "running";
+    if (c.stage_ends) {
+      SQLite::Statement end(*db_, "UPDATE stages SET end_generation = ? WHERE run_id = ? AND stage = ?");
+      end.bind(1, next_generation);
+      end.bind(2, c.run_id);
+      end.bind(3, g.stage);
+      end.exec();
+      if (c.next_stage) {
+        next_stage = *c.next_stage;
+      } else {
+        status = "finished";
+      }
+      // Hand-over (spec §7.3): the next stage continues from this stage's best checkpoint, or from where the
+      // stage ended if no evaluation was eligible.
+      SQLite::Statement has_best(*db_, "SELECT count(*) FROM checkpoints WHERE run_id = ? AND role = 'stage_best' "
+                                       "AND stage = ?");
+      has_best.bind(1, c.run_id);
+      has_best.bind(2, g.stage);
+      has_best.executeStep();
+      if (has_best.getColumn(0).getInt() > 0) {
+        SQLite::Statement drop(*db_, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'latest'");
+        drop.bind(1, c.run_id);
+        drop.exec();
+        SQLite::Statement copy(*db_,
+                               "INSERT INTO checkpoints(run_id, role, stage, generation, eval_fitness, state, "
+                               "checksum, decomposition_id, norm_stats, created_at) SELECT run_id, 'latest', ?, ?, "
+                               "NULL, state, checksum, decomposition_id, norm_stats, ? FROM checkpoints "
+                               "WHERE run_id = ? AND role = 'stage_best' AND stage = ?");
+        copy.bind(1, next_stage);
+        copy.bind(2, next_generation);
+        copy.bind(3, NowUtc());
+        copy.bind(4, c.run_id);
+        copy.bind(5, g.stage);
+        copy.exec();
+      } else if (c.next_state != nullptr) {
+        WriteLatest(*db_, c.run_id, next_stage, next_generation, *c.next_state, run.norm_stats);
+      } else {
+        return Status::InvalidArgument("stage " + std::to_string(g.stage) +
+                                       " has no best checkpoint and the commit no next state");
+      }
+    } else {
+      WriteLatest(*db_, c.run_id, next_stage, next_generation, *c.next_state, run.norm_stats);
+    }
+    DropUnreferencedDecompositions(*db_, c.run_id);
+
+    SQLite::Statement progress(*db_, "UPDATE runs SET stage = ?, generation = ?, status = ? WHERE id = ?");
+    progress.bind(1, next_stage);
+    progress.bind(2, next_generation);
+    progress.bind(3, status);
+    progress.bind(4, c.run_id);
+    progress.exec();
+
+    SQLite::Statement metric(*db_, "INSERT INTO metrics(run_id, generation, name, value) VALUES(?, ?, ?, ?)");
+    for (const auto& [name, value] : c.metrics) {
+      if (!std::isfinite(value)) continue;  // a metric with no value this generation (e.g. no evaluation)
+      metric.reset();
+      metric.bind(1, c.run_id);
+      metric.bind(2, g.generation);
+      metric.bind(3, name);
+      metric.bind(4, value);
+      metric.exec();
+    }
+    if (options_.before_commit) options_.before_commit();
+    tx.commit();
+    return Status::Ok();
+  });
+}
+
+namespace {
+
+GenerationRecord GenerationOf(SQLite::Statement& q) {
+  GenerationRecord g;
+  g.generation = q.getColumn(0).getInt64();
+  g.stage = q.getColumn(1).getInt64();
+  g.cmaes_generation = q.getColumn(2).getInt64();
+  g.draw = static_cast<uint64_t>(q.getColumn(3).getInt64());
+  g.sigma = q.getColumn(4).getDouble();
+  g.fitness_best = q.getColumn(5).getDouble();
+  g.fitness_mean = q.getColumn(6).getDouble();
+  g.fitness_std = q.getColumn(7).getDouble();
+  g.fitness_worst = q.getColumn(8).getDouble();
+  g.best_candidate = q.getColumn(9).getInt64();
+  g.samples = json::parse(q.getColumn(10).getString()).get<PromptSample>();
+  g.eval_fitness = OptionalDouble(q.getColumn(11));
+  if (!q.getColumn(12).isNull()) g.eval_tasks = TaskScoresOf(q.getColumn(12).getString());
+  g.eigen_min = q.getColumn(13).getDouble();
+  g.eigen_max = q.getColumn(14).getDouble();
+  g.tell_seconds = q.getColumn(15).getDouble();
+  g.completed_at = q.getColumn(16).getString();
+  return g;
+}
+
+constexpr const char* kGenerationColumns =
+    "generation, stage, cmaes_generation, draw, sigma, fitness_best, fitness_mean, fitness_std, fitness_worst, "
+    "best_candidate, samples, eval_fitness, eval_tasks, eigen_min, eigen_max, tell_seconds, completed_at";
+
+}  // namespace
+
+Result<std::vector<GenerationRecord>> Store::GetGenerations(int64_t run_id) const {
+  return Guard(path_, "reading generations", [&]() -> Result<std::vector<GenerationRecord>> {
+    SQLite::Statement q(*db_, std::string("SELECT ") + kGenerationColumns +
+                                  " FROM generations WHERE run_id = ? ORDER BY generation");
+    q.bind(1, run_id);
+    std::vector<GenerationRecord> out;
+    while (q.executeStep()) out.push_back(GenerationOf(q));
+    return out;
+  });
+}
+
+Result<GenerationRecord> Store::GetGeneration(int64_t run_id, int64_t generation) const {
+  return Guard(path_, "reading generation " + std::to_string(generation), [&]() -> Result<GenerationRecord> {
+    SQLite::Statement q(*db_, std::string("SELECT ") + kGenerationColumns +
+                                  ", mean, best_params FROM generations WHERE run_id = ? AND generation = ?");
+    q.bind(1, run_id);
+    q.bind(2, generation);
+    if (!q.executeStep()) {
+      return Status::NotFound("run " + std::to_string(run_id) + " has no completed generation " +
+                              std::to_string(generation));
+    }
+    GenerationRecord g = GenerationOf(q);
+    g.mean = DoublesOf(q.getColumn(17));
+    g.best_params = DoublesOf(q.getColumn(18));
+    return g;
+  });
+}
+
+Result<std::vector<CandidateRecord>> Store::GetCandidates(int64_t run_id, int64_t generation) const {
+  return Guard(path_, "reading candidates", [&]() -> Result<std::vector<CandidateRecord>> {
+    SQLite::Statement q(*db_, "SELECT candidate, fitness, tasks FROM candidates WHERE run_id = ? AND generation = ? "
+                              "ORDER BY candidate");
+    q.bind(1, run_id);
+    q.bind(2, generation);
+    std::vector<CandidateRecord> out;
+    while (q.executeStep()) {
+      out.push_back(CandidateRecord{q.getColumn(0).getInt64(), q.getColumn(1).getDouble(),
+                                    TaskScoresOf(q.getColumn(2).getString())});
+    }
+    return out;
+  });
+}
+
+Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string& role, int64_t stage,
+                                              const CmaesParams& params) const {
+  const std::string what = "the " + role + " checkpoint of run " + std::to_string(run_id) +
+                           (role == "latest" ? "" : " stage " + std::to_string(stage));
+  return Guard(path_, "reading " + what, [&]() -> Result<CheckpointRecord> {
+    SQLite::Statement q(*db_,
+                        "SELECT c.stage, c.generation, c.eval_fitness, c.state, c.checksum, c.norm_stats, "
+                        "c.created_at, d.record FROM checkpoints c JOIN decompositions d ON d.id = c.decomposition_id "
+                        "WHERE c.run_id = ? AND c.role = ? AND (c.role = 'latest' OR c.stage = ?)");
+    q.bind(1, run_id);
+    q.bind(2, role);
+    q.bind(3, stage);
+    if (!q.executeStep()) return Status::NotFound("there is no " + what);
+    CheckpointRecord c;
+    c.role = role;
+    c.stage = q.getColumn(0).getInt64();
+    c.generation = q.getColumn(1).getInt64();
+    c.eval_fitness = OptionalDouble(q.getColumn(2));
+    const std::string_view state = BlobOf(q.getColumn(3));
+    c.checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
+    if (crc32_of(state) != c.checksum) return Status::Corruption(what + " does not match its stored checksum");
+    NAMM_ASSIGN_OR_RETURN(c.state, decode_cmaes_state(state, params, what));
+    NAMM_ASSIGN_OR_RETURN(c.norm_stats, NormStatsOf(q.getColumn(5), what + " (normalization statistics)"));
+    c.created_at = q.getColumn(6).getString();
+    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decode_eigensystem(BlobOf(q.getColumn(7)), params, what + " (eigensystem)"));
+    if (eigen.generation != c.state.eigen.generation) {
+      return Status::Corruption(what + " refers to the eigensystem of generation " +
+                                std::to_string(c.state.eigen.generation) + " but holds that of " +
+                                std::to_string(eigen.generation));
+    }
+    c.state.eigen = std::move(eigen);
+    return c;
+  });
+}
+
+Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) const {
+  return Guard(path_, "listing checkpoints", [&]() -> Result<std::vector<CheckpointRecord>> {
+    SQLite::Statement q(*db_, "SELECT role, stage, generation, eval_fitness, checksum, created_at FROM checkpoints "
+                              "WHERE run_id = ? ORDER BY role, stage");
+    q.bind(1, run_id);
+    std::vector<CheckpointRecord> out;
+    while (q.executeStep()) {
+      CheckpointRecord c;
+      c.role = q.getColumn(0).getString();
+      c.stage = q.getColumn(1).getInt64();
+      c.generation = q.getColumn(2).getInt64();
+      c.eval_fitness = OptionalDouble(q.getColumn(3));
+      c.checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
+      c.created_at = q.getColumn(5).getString();
+      out.push_back(std::move(c));
+    }
+    return out;
+  });
+}
+
+Result<std::map<std::string, double>> Store::GetMetrics(int64_t run_id, int64_t generation) const {
+  return Guard(path_, "reading metrics", [&]() -> Result<std::map<std::string, double>> {
+    SQLite::Statement q(*db_, "SELECT name, value FROM metrics WHERE run_id = ? AND generation = ?");
+    q.bind(1, run_id);
+    q.bind(2, generation);
+    std::map<std::string, double> out;
+    while (q.executeStep()) out[q.getColumn(0).getString()] = q.getColumn(1).getDouble();
+    return out;
+  });
+}
+
+Result<ReferenceImport> Store::ImportReferenceScores(const std::string& fingerprint,
+                                                     const tasks::ReferenceScores& scores, const std::string& source,
+                                                     bool replace) {
+  if (fingerprint.empty()) return Status::InvalidArgument("reference scores need a model fingerprint");
+  return Guard(path_, "importing reference scores", [&]() -> Result<ReferenceImport> {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement get(*db_, "SELECT score FROM reference_scores WHERE model_fingerprint = ? AND task = ? AND "
+                                "prompt = ?");
+    SQLite::Statement put(*db_,
+                          "INSERT OR REPLACE INTO reference_scores(model_fingerprint, task, prompt, score, source, "
+                          "recorded_at) VALUES(?, ?, ?, ?, ?, ?)");
+    const std::string now = NowUtc();
+    ReferenceImport summary;
+    for (const auto& [task, rows] : scores.scores()) {
+      for (const auto& [row, score] : rows) {
+        get.reset();
+        get.bind(1, fingerprint);
+        get.bind(2, task);
+        get.bind(3, row);
+        if (get.executeStep()) {
+          const double stored = get.getColumn(0).getDouble();
+          if (stored == score) {
+            ++summary.unchanged;
+            continue;
+          }
+          if (!replace) {
+            return Status::FailedPrecondition(
+                "the database already holds reference score " + std::to_string(stored) + " for " + task +
+                " prompt " + std::to_string(row) + " of model " + fingerprint + " and the import says " +
+                std::to_string(score) + "; nothing was imported (pass --replace to overwrite)");
+          }
+          ++summary.replaced;
+        } else {
+          ++summary.added;
+        }
+        put.reset();
+        put.bind(1, fingerprint);
+        put.bind(2, task);
+        put.bind(3, row);
+        put.bind(4, score);
+        put.bind(5, source);
+        put.bind(6, now);
+        put.exec();
+      }
+    }
+    tx.commit();
+    return summary;
+  });
+}
+
+Result<tasks::ReferenceScores> Store::GetReferenceScores(const std::string& fingerprint) const {
+  return Guard(path_, "reading reference scores", [&]() -> Result<tasks::ReferenceScores> {
+    SQLite::Statement q(*db_, "SELECT task, prompt, score FROM reference_scores WHERE model_fingerprint = ?");
+    q.bind(1, fingerprint);
+    tasks::ReferenceScores out;
+    while (q.executeStep()) {
+      NAMM_RETURN_IF_ERROR(out.Set(q.getColumn(0).getString(), q.getColumn(1).getInt64(), q.getColumn(2).getDouble()));
+    }
+    return out;
+  });
+}
+
+}  // namespace namm::coordinator
