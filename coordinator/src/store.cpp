@@ -192,7 +192,8 @@ json TaskScoresJson(const std::map<std::string, TaskScore>& tasks) {
 std::map<std::string, TaskScore> TaskScoresOf(const std::string& text) {
   std::map<std::string, TaskScore> tasks;
   if (text.empty()) return tasks;
-  for (const auto& [task, s] : json::parse(text).items()) {
+  const json parsed = json::parse(text);
+  for (const auto& [task, s] : parsed.items()) {
     tasks[task] = TaskScore{s.at("raw").get<double>(), s.at("normalized").get<double>()};
   }
   return tasks;

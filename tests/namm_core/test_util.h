@@ -1,6 +1,8 @@
 // Helpers shared by namm_core's tests.
 #pragma once
 
+#include "../temp_path.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
@@ -70,11 +72,5 @@ inline ::testing::AssertionResult AllClose(const at::Tensor& actual, const Array
   return ::testing::AssertionSuccess();
 }
 
-inline std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string base = dir ? dir : ::testing::TempDir();
-  if (!base.empty() && base.back() != '/') base += '/';
-  return base + std::to_string(::getpid()) + "_" + name;
-}
 
 }  // namespace namm::testing

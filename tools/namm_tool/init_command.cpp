@@ -11,7 +11,6 @@
 #include "namm/file_util.h"
 #include "namm/namm_file.h"
 #include "namm/npy.h"
-#include "namm/option_spec.h"
 
 namespace namm::tool {
 
@@ -33,28 +32,6 @@ struct InitOptions {
   std::string out;
   bool force = false;
 };
-
-Result<SelectionConfig> ParseSelection(const std::string& text) {
-  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
-  SelectionConfig config;
-  if (spec.name == "binary") {
-    NAMM_RETURN_IF_ERROR(spec.CheckKeys({}));
-    config.kind = SelectionKind::kBinary;
-  } else if (spec.name == "topk") {
-    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"budget"}));
-    config.kind = SelectionKind::kTopK;
-    NAMM_ASSIGN_OR_RETURN(config.budget, spec.GetInt("budget", 0));
-    if (config.budget <= 0) return Status::InvalidArgument("'" + text + "': topk needs budget=N with N > 0");
-  } else if (spec.name == "dynamic") {
-    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"cap", "init"}));
-    config.kind = SelectionKind::kDynamic;
-    NAMM_ASSIGN_OR_RETURN(config.budget, spec.GetInt("cap", 0));
-    NAMM_ASSIGN_OR_RETURN(config.initial_log_threshold, spec.GetDouble("init", config.initial_log_threshold));
-  } else {
-    return Status::InvalidArgument("unknown selection '" + spec.name + "' (known: binary, topk, dynamic)");
-  }
-  return config;
-}
 
 // Reads a 1-D float32/float64 .npy of `expected` values.
 Result<std::vector<double>> ReadVector(const std::string& path, int64_t expected, const std::string& what) {
@@ -105,7 +82,7 @@ Result<NammModel> BuildModel(const InitOptions& o) {
     if (o.arch == "bam") model.architecture.scorer.attention_bias = false;
     if (o.arch == "mlp") model.architecture.scorer.mlp_bias = false;
   }
-  NAMM_ASSIGN_OR_RETURN(model.architecture.selection, ParseSelection(o.selection));
+  NAMM_ASSIGN_OR_RETURN(model.architecture.selection, parse_selection_spec(o.selection));
   if (o.precision == "bf16") {
     model.architecture.attention_precision = AttentionPrecision::kBf16;
   } else if (o.precision == "f32") {

@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+
+#include "namm/status.h"
 
 namespace namm {
 
@@ -24,5 +27,9 @@ const char* selection_kind_name(SelectionKind kind);  // "binary" | "topk" | "dy
 
 // Number of learned parameters the selection adds after the scorer's (1 for kDynamic, else 0).
 int64_t selection_param_count(const SelectionConfig& config);
+
+// Parses "binary", "topk:budget=N" or "dynamic[:cap=N,init=T]" (the --selection syntax of namm-tool init and
+// of run specs).
+Result<SelectionConfig> parse_selection_spec(const std::string& text);
 
 }  // namespace namm

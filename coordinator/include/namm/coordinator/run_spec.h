@@ -1,0 +1,49 @@
+// A training run's specification (YAML): the model, the NAMM architecture, the optimizer, the incremental
+// stages, and how prompts are sampled and the mean is evaluated. See coordinator/runs/*.yaml for examples and
+// docs/coordinator.md for every key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "namm/coordinator/cma_es.h"
+#include "namm/namm_model.h"
+#include "namm/status.h"
+#include "namm/tasks/normalized_score.h"
+
+namespace namm::coordinator {
+
+struct ModelSpec {
+  std::string path;          // Hugging Face directory or llama2.c checkpoint, as workers see it
+  std::string tokenizer;     // optional, as namm-worker --tokenizer
+  std::string rope_scaling;  // optional override, as namm-worker --rope-scaling
+  std::string fingerprint;   // identifies the model for reference scores; required
+};
+
+struct StageSpec {
+  std::vector<std::string> tasks;  // the stage's tasks (the incremental recipe adds one per stage)
+  int64_t generations = 0;
+};
+
+struct RunSpec {
+  std::string name;
+  ModelSpec model;
+  NammArchitecture architecture;
+  CmaesOptions cmaes;
+  int64_t prompts_per_task = 64;  // sampled per task per generation, the same for every candidate
+  int64_t eval_interval = 10;     // evaluate the mean every this many generations (and at each stage's start)
+  int64_t eval_prompts = 0;       // per task: 0 = every prompt (the reference), else a fixed seeded subset
+  tasks::ZeroBase zero_base = tasks::ZeroBase::kOnePlusCandidate;
+  std::vector<StageSpec> stages;
+  std::string yaml;               // the text it was parsed from, stored with the run
+
+  int64_t total_generations() const;
+  // Every task of every stage, sorted, without repeats.
+  std::vector<std::string> all_tasks() const;
+};
+
+// Parses and validates a spec; errors name the key (and `source`).
+Result<RunSpec> parse_run_spec(const std::string& yaml, const std::string& source);
+Result<RunSpec> load_run_spec(const std::string& path);
+
+}  // namespace namm::coordinator

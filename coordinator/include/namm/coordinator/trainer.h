@@ -1,0 +1,109 @@
+// The training loop of a run (spec §7), independent of how evaluations are computed: it plans each
+// generation's work (candidates x sampled prompts, and evaluations of the mean), accepts results, turns them
+// into normalized fitness, runs tell(), and commits everything to the store in one transaction. The
+// distribution layer hands the planned units to workers; tests hand them to a function.
+//
+// Life of a run:
+//  - generation 0 of stage 0 starts with a phase that only evaluates the zero mean on the evaluation prompts
+//    and collects feature-normalization statistics (spec §3.5, §7.6); Advance() merges them in (task, prompt)
+//    order and freezes them for the rest of the run;
+//  - every generation then evaluates the population on freshly sampled prompts (and the mean when the schedule
+//    says so); Advance() tells and commits;
+//  - a stage's last generation hands over: the next stage continues from the stage's best checkpoint.
+// All of it is a pure function of the spec and the recorded evaluations, so a resumed run plans exactly the work
+// an uninterrupted one would have.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "namm/coordinator/cma_es.h"
+#include "namm/coordinator/run_spec.h"
+#include "namm/coordinator/stage_schedule.h"
+#include "namm/coordinator/store.h"
+
+namespace namm::coordinator {
+
+struct WorkUnit {
+  int64_t candidate = 0;  // or kMeanCandidate
+  std::string task;
+  int64_t prompt = 0;
+  bool operator<(const WorkUnit& o) const;
+};
+
+struct GenerationPlan {
+  int64_t generation = 0;
+  ScheduledGeneration schedule;
+  bool collect_norm_stats = false;   // the first phase of the run: the mean only, collecting statistics
+  PromptSample samples;              // per task: what every candidate runs
+  PromptSample eval_prompts;         // per task: what the mean runs (empty without an evaluation)
+  Population population;             // the candidates (x in float64)
+  std::vector<double> mean;          // the mean, i.e. the solution evaluated
+  std::optional<NormStats> norm_stats;  // frozen statistics every unit runs with (none while collecting)
+  std::vector<WorkUnit> units;       // all the phase's units, sorted
+  // Prompts with no base-model reference score for the run's model: Advance() fails until they are imported.
+  std::vector<std::pair<std::string, int64_t>> missing_references;
+
+  // The parameters a unit runs with.
+  std::vector<double> params_of(int64_t candidate) const;
+};
+
+struct AdvanceSummary {
+  int64_t generation = 0;
+  int64_t stage = 0;
+  bool froze_norm_stats = false;     // this call ended the statistics phase (no tell)
+  GenerationRecord record;           // the committed generation (when !froze_norm_stats)
+  bool stage_ended = false;
+  bool finished = false;
+};
+
+class Trainer {
+ public:
+  // Starts a new run of `spec` in `store`. `task_rows`: the number of prompts (rows) of every task of the spec.
+  static Result<std::unique_ptr<Trainer>> Create(Store& store, const RunSpec& spec,
+                                                 const std::map<std::string, int64_t>& task_rows);
+  // Continues run `run_id` from its latest checkpoint.
+  static Result<std::unique_ptr<Trainer>> Resume(Store& store, int64_t run_id,
+                                                 const std::map<std::string, int64_t>& task_rows);
+
+  int64_t run_id() const { return run_id_; }
+  bool finished() const { return finished_; }
+  const RunSpec& spec() const { return spec_; }
+  const CmaesParams& params() const { return params_; }
+  const CmaesState& state() const { return state_; }
+  const GenerationPlan& plan() const { return plan_; }
+
+  // Stores results of the current phase (the first one for a unit wins). Refuses units outside the plan,
+  // another generation, and statistics-phase results without statistics. Returns how many were new.
+  Result<int64_t> Record(const std::vector<EvaluationRecord>& results);
+  // The plan's units with no recorded result yet.
+  Result<std::vector<WorkUnit>> Missing() const;
+  // Ends the current phase once every unit has a result: freezes the statistics, or tells and commits the
+  // generation and plans the next one.
+  Result<AdvanceSummary> Advance();
+
+ private:
+  Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
+  Status Load();      // state, progress and plan from the store
+  Status MakePlan();
+  Result<AdvanceSummary> FreezeNormStats();
+  Result<AdvanceSummary> TellAndCommit();
+
+  Store& store_;
+  RunSpec spec_;
+  CmaesParams params_;
+  StageSchedule schedule_;
+  std::map<std::string, int64_t> task_rows_;
+  int64_t run_id_ = 0;
+  int64_t generation_ = 0;
+  bool finished_ = false;
+  std::optional<NormStats> norm_stats_;
+  CmaesState state_;
+  GenerationPlan plan_;
+};
+
+}  // namespace namm::coordinator

@@ -1,0 +1,192 @@
+#include "namm/coordinator/run_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <set>
+
+#include "namm/file_util.h"
+
+namespace namm::coordinator {
+
+namespace {
+
+// Reads keys of one YAML map, refusing unknown keys (a typo must not silently fall back to a default).
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string where) : node_(node), where_(std::move(where)) {}
+
+  Status Check(const std::set<std::string>& known) const {
+    if (!node_.IsMap()) return Status::InvalidArgument(where_ + " must be a mapping");
+    for (const auto& item : node_) {
+      const std::string key = item.first.as<std::string>();
+      if (!known.count(key)) return Status::InvalidArgument(where_ + ": unknown key '" + key + "'");
+    }
+    return Status::Ok();
+  }
+
+  template <typename T>
+  Status Get(const std::string& key, T* value, bool required = false) const {
+    const YAML::Node v = node_[key];
+    if (!v) {
+      if (required) return Status::InvalidArgument(where_ + ": missing '" + key + "'");
+      return Status::Ok();
+    }
+    try {
+      *value = v.as<T>();
+    } catch (const YAML::Exception&) {
+      return Status::InvalidArgument(where_ + "." + key + ": '" + YAML::Dump(v) + "' is not a valid value");
+    }
+    return Status::Ok();
+  }
+
+  YAML::Node Child(const std::string& key) const { return node_[key]; }
+  const std::string& where() const { return where_; }
+
+ private:
+  YAML::Node node_;
+  std::string where_;
+};
+
+Status Positive(const std::string& where, int64_t value) {
+  if (value <= 0) return Status::InvalidArgument(where + " must be > 0, got " + std::to_string(value));
+  return Status::Ok();
+}
+
+Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammArchitecture* arch) {
+  if (!node) return Status::Ok();  // the paper's BAM with binary selection
+  MapReader r(node, where);
+  NAMM_RETURN_IF_ERROR(r.Check({"scorer", "hidden", "attention_bias", "mlp_bias", "selection", "attention_precision"}));
+  std::string scorer = "bam", selection = "binary", precision = "bf16";
+  NAMM_RETURN_IF_ERROR(r.Get("scorer", &scorer));
+  if (scorer != "bam" && scorer != "mlp") {
+    return Status::InvalidArgument(where + ".scorer: '" + scorer + "' is not bam or mlp");
+  }
+  arch->scorer = default_scorer_config(scorer == "bam" ? ScorerKind::kBam : ScorerKind::kMlp);
+  NAMM_RETURN_IF_ERROR(r.Get("hidden", &arch->scorer.hidden));
+  NAMM_RETURN_IF_ERROR(r.Get("attention_bias", &arch->scorer.attention_bias));
+  NAMM_RETURN_IF_ERROR(r.Get("mlp_bias", &arch->scorer.mlp_bias));
+  NAMM_RETURN_IF_ERROR(r.Get("selection", &selection));
+  NAMM_ASSIGN_OR_RETURN(arch->selection, parse_selection_spec(selection));
+  NAMM_RETURN_IF_ERROR(r.Get("attention_precision", &precision));
+  if (precision != "bf16" && precision != "f32") {
+    return Status::InvalidArgument(where + ".attention_precision: '" + precision + "' is not bf16 or f32");
+  }
+  arch->attention_precision = precision == "bf16" ? AttentionPrecision::kBf16 : AttentionPrecision::kF32;
+  return arch->Validate().WithContext(where);
+}
+
+Status ParseCmaes(const YAML::Node& node, const std::string& where, CmaesOptions* o) {
+  if (!node) return Status::Ok();
+  MapReader r(node, where);
+  NAMM_RETURN_IF_ERROR(
+      r.Check({"population", "elite_ratio", "sigma0", "c_m", "seed", "eigen", "eigen_gap_factor", "covariance"}));
+  NAMM_RETURN_IF_ERROR(r.Get("population", &o->population));
+  NAMM_RETURN_IF_ERROR(r.Get("elite_ratio", &o->elite_ratio));
+  NAMM_RETURN_IF_ERROR(r.Get("sigma0", &o->sigma0));
+  NAMM_RETURN_IF_ERROR(r.Get("c_m", &o->c_m));
+  NAMM_RETURN_IF_ERROR(r.Get("seed", &o->seed));
+  NAMM_RETURN_IF_ERROR(r.Get("eigen_gap_factor", &o->eigen_gap_factor));
+  std::string eigen = "lazy", covariance = "full";
+  NAMM_RETURN_IF_ERROR(r.Get("eigen", &eigen));
+  NAMM_RETURN_IF_ERROR(r.Get("covariance", &covariance));
+  if (eigen != "lazy" && eigen != "every_generation") {
+    return Status::InvalidArgument(where + ".eigen: '" + eigen + "' is not lazy or every_generation");
+  }
+  if (covariance != "full" && covariance != "diagonal") {
+    return Status::InvalidArgument(where + ".covariance: '" + covariance + "' is not full or diagonal");
+  }
+  o->eigen_schedule = eigen == "lazy" ? EigenSchedule::kLazy : EigenSchedule::kEveryGeneration;
+  o->covariance = covariance == "full" ? Covariance::kFull : Covariance::kDiagonal;
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t RunSpec::total_generations() const {
+  int64_t total = 0;
+  for (const StageSpec& s : stages) total += s.generations;
+  return total;
+}
+
+std::vector<std::string> RunSpec::all_tasks() const {
+  std::set<std::string> tasks;
+  for (const StageSpec& s : stages) tasks.insert(s.tasks.begin(), s.tasks.end());
+  return {tasks.begin(), tasks.end()};
+}
+
+Result<RunSpec> parse_run_spec(const std::string& yaml, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(source + ": not valid YAML: " + e.what());
+  }
+  RunSpec spec;
+  spec.yaml = yaml;
+  MapReader r(root, source);
+  NAMM_RETURN_IF_ERROR(r.Check({"name", "model", "namm", "cmaes", "prompts_per_task", "eval_interval",
+                                "eval_prompts", "zero_base", "stages"}));
+  NAMM_RETURN_IF_ERROR(r.Get("name", &spec.name, true));
+
+  MapReader model(r.Child("model"), source + ".model");
+  if (!r.Child("model")) return Status::InvalidArgument(source + ": missing 'model'");
+  NAMM_RETURN_IF_ERROR(model.Check({"path", "tokenizer", "rope_scaling", "fingerprint"}));
+  NAMM_RETURN_IF_ERROR(model.Get("path", &spec.model.path, true));
+  NAMM_RETURN_IF_ERROR(model.Get("tokenizer", &spec.model.tokenizer));
+  NAMM_RETURN_IF_ERROR(model.Get("rope_scaling", &spec.model.rope_scaling));
+  NAMM_RETURN_IF_ERROR(model.Get("fingerprint", &spec.model.fingerprint, true));
+
+  NAMM_RETURN_IF_ERROR(ParseArchitecture(r.Child("namm"), source + ".namm", &spec.architecture));
+  NAMM_RETURN_IF_ERROR(ParseCmaes(r.Child("cmaes"), source + ".cmaes", &spec.cmaes));
+  NAMM_RETURN_IF_ERROR(r.Get("prompts_per_task", &spec.prompts_per_task));
+  NAMM_RETURN_IF_ERROR(Positive(source + ".prompts_per_task", spec.prompts_per_task));
+  NAMM_RETURN_IF_ERROR(r.Get("eval_interval", &spec.eval_interval));
+  NAMM_RETURN_IF_ERROR(Positive(source + ".eval_interval", spec.eval_interval));
+  std::string eval_prompts = "all";
+  NAMM_RETURN_IF_ERROR(r.Get("eval_prompts", &eval_prompts));
+  if (eval_prompts != "all") {
+    try {
+      std::size_t used = 0;
+      spec.eval_prompts = std::stoll(eval_prompts, &used);
+      if (used != eval_prompts.size() || spec.eval_prompts <= 0) throw std::invalid_argument(eval_prompts);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(source + ".eval_prompts: '" + eval_prompts + "' is not 'all' or a count > 0");
+    }
+  }
+  std::string zero_base = "one_plus_candidate";
+  NAMM_RETURN_IF_ERROR(r.Get("zero_base", &zero_base));
+  if (zero_base == "reference_epsilon") {
+    spec.zero_base = tasks::ZeroBase::kReferenceEpsilon;
+  } else if (zero_base != "one_plus_candidate") {
+    return Status::InvalidArgument(source + ".zero_base: '" + zero_base +
+                                   "' is not one_plus_candidate or reference_epsilon");
+  }
+
+  const YAML::Node stages = r.Child("stages");
+  if (!stages || !stages.IsSequence() || stages.size() == 0) {
+    return Status::InvalidArgument(source + ": 'stages' must be a non-empty list");
+  }
+  for (std::size_t k = 0; k < stages.size(); ++k) {
+    const std::string where = source + ".stages[" + std::to_string(k) + "]";
+    MapReader s(stages[k], where);
+    NAMM_RETURN_IF_ERROR(s.Check({"tasks", "generations"}));
+    StageSpec stage;
+    NAMM_RETURN_IF_ERROR(s.Get("tasks", &stage.tasks, true));
+    NAMM_RETURN_IF_ERROR(s.Get("generations", &stage.generations, true));
+    NAMM_RETURN_IF_ERROR(Positive(where + ".generations", stage.generations));
+    if (stage.tasks.empty()) return Status::InvalidArgument(where + ".tasks must not be empty");
+    if (std::set<std::string>(stage.tasks.begin(), stage.tasks.end()).size() != stage.tasks.size()) {
+      return Status::InvalidArgument(where + ".tasks lists a task twice");
+    }
+    spec.stages.push_back(std::move(stage));
+  }
+  NAMM_RETURN_IF_ERROR(make_cmaes_params(spec.architecture.param_count(), spec.cmaes).status().WithContext(source));
+  return spec;
+}
+
+Result<RunSpec> load_run_spec(const std::string& path) {
+  NAMM_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  return parse_run_spec(text, path);
+}
+
+}  // namespace namm::coordinator

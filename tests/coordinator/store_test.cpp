@@ -1,0 +1,243 @@
+#include "namm/coordinator/store.h"
+
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "../temp_path.h"
+#include "namm/coordinator/checkpoint_codec.h"
+#include "namm/file_util.h"
+
+namespace namm::coordinator {
+namespace {
+
+using namm::testing::TempPath;
+
+std::string FreshPath(const std::string& name) {
+  const std::string path = TempPath(name);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
+
+std::string Bytes(const std::string& path) { return *read_file(path); }
+
+CmaesParams SmallParams(Covariance covariance = Covariance::kFull) {
+  CmaesOptions o;
+  o.population = 6;
+  o.covariance = covariance;
+  return *make_cmaes_params(9, o);
+}
+
+// A state after a few generations, so that every field holds something non-trivial.
+CmaesState EvolvedState(const CmaesParams& p) {
+  CmaesState s = *initial_cmaes_state(p, std::vector<double>(static_cast<std::size_t>(p.dimension), 0.25));
+  for (int g = 0; g < 5; ++g) {
+    const Population pop = ask(p, s, static_cast<uint64_t>(g));
+    std::vector<double> fit;
+    for (int64_t k = 0; k < pop.size; ++k) fit.push_back(-pop.candidate(k)[0] * pop.candidate(k)[1] - k);
+    EXPECT_TRUE(tell(p, s, pop, fit).ok());
+  }
+  return s;
+}
+
+NewRun OneStageRun(const CmaesState& state) {
+  NewRun run;
+  run.name = "r";
+  run.spec_yaml = "name: r";
+  run.model_fingerprint = "m";
+  StageRecord stage;
+  stage.tasks = {"t/a"};
+  stage.generations = 3;
+  run.stages = {stage};
+  run.initial_state = &state;
+  return run;
+}
+
+TEST(CheckpointCodec, RoundTripsFullAndDiagonalStatesBitForBit) {
+  for (Covariance cov : {Covariance::kFull, Covariance::kDiagonal}) {
+    const CmaesParams p = SmallParams(cov);
+    const CmaesState s = EvolvedState(p);
+    auto back = decode_cmaes_state(encode_cmaes_state(s), p, "state");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    auto eigen = decode_eigensystem(encode_eigensystem(s.eigen), p, "eigen");
+    ASSERT_TRUE(eigen.ok()) << eigen.status().ToString();
+    back->eigen = *eigen;
+    EXPECT_TRUE(*back == s);
+  }
+}
+
+TEST(CheckpointCodec, RefusesDamagedForeignAndMismatchedRecords) {
+  const CmaesParams p = SmallParams();
+  std::string record = encode_cmaes_state(EvolvedState(p));
+  std::string flipped = record;
+  flipped[40] = static_cast<char>(flipped[40] ^ 1);
+  auto bad = decode_cmaes_state(flipped, p, "checkpoint 3");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Status::Code::kCorruption);
+  EXPECT_NE(bad.status().message().find("checkpoint 3 is corrupt: its CRC-32"), std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(decode_cmaes_state(record.substr(0, record.size() - 9), p, "x").ok());
+  EXPECT_FALSE(decode_cmaes_state(encode_norm_stats(NormStats{}), p, "x").ok());  // another record kind
+  auto wrong_dim = decode_cmaes_state(record, SmallParams(Covariance::kDiagonal), "x");
+  ASSERT_FALSE(wrong_dim.ok());
+  EXPECT_NE(wrong_dim.status().message().find("full-covariance state of dimension 9"), std::string::npos);
+}
+
+TEST(Store, MigratesAnOlderSchemaForwardKeepingItsData) {
+  const std::string path = FreshPath("old.db");
+  const CmaesParams p = SmallParams();
+  const CmaesState s = EvolvedState(p);
+  {
+    StoreOptions v1;
+    v1.target_schema_version = 1;
+    auto store = Store::Open(path, OpenMode::kCreate, v1);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_EQ((*store)->schema_version(), 1);
+    ASSERT_TRUE((*store)->CreateRun(OneStageRun(s)).ok());
+  }
+  auto ro = Store::Open(path, OpenMode::kReadOnly);
+  ASSERT_FALSE(ro.ok());
+  EXPECT_NE(ro.status().message().find("open it once with a writing command"), std::string::npos);
+
+  auto store = Store::Open(path, OpenMode::kExisting);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->schema_version(), kStoreSchemaVersion);
+  auto run = (*store)->GetRun(1);
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->name, "r");
+  auto latest = (*store)->GetCheckpoint(1, "latest", 0, p);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_TRUE(latest->state == s);
+  EXPECT_TRUE((*store)->GetMetrics(1, 0).ok());  // the table migration 2 added
+}
+
+TEST(Store, RefusesNewerForeignAndNonDatabasesWithoutTouchingThem) {
+  const std::string newer = FreshPath("newer.db");
+  {
+    auto store = Store::Open(newer, OpenMode::kCreate);
+    ASSERT_TRUE(store.ok());
+  }
+  {
+    SQLite::Database db(newer, SQLite::OPEN_READWRITE);
+    db.exec("PRAGMA journal_mode = DELETE");
+    db.exec("PRAGMA user_version = 99");
+  }
+  const std::string newer_bytes = Bytes(newer);
+  auto s1 = Store::Open(newer, OpenMode::kExisting);
+  ASSERT_FALSE(s1.ok());
+  EXPECT_NE(s1.status().message().find("schema version 99, newer than this build's"), std::string::npos)
+      << s1.status().message();
+  EXPECT_EQ(Bytes(newer), newer_bytes);
+  EXPECT_FALSE(std::filesystem::exists(newer + "-wal"));
+
+  const std::string foreign = FreshPath("foreign.db");
+  {
+    SQLite::Database db(foreign, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    db.exec("CREATE TABLE accounts(id INTEGER PRIMARY KEY, balance REAL)");
+    db.exec("INSERT INTO accounts VALUES(1, 100.0)");
+  }
+  const std::string foreign_bytes = Bytes(foreign);
+  auto s2 = Store::Open(foreign, OpenMode::kCreate);
+  ASSERT_FALSE(s2.ok());
+  EXPECT_NE(s2.status().message().find("belongs to another application"), std::string::npos) << s2.status().message();
+  EXPECT_EQ(Bytes(foreign), foreign_bytes);
+
+  const std::string junk = FreshPath("junk.db");
+  {
+    std::ofstream out(junk, std::ios::binary);
+    out << "this is a text file, not a database, and it is long enough to have a header page........";
+  }
+  const std::string junk_bytes = Bytes(junk);
+  auto s3 = Store::Open(junk, OpenMode::kCreate);
+  ASSERT_FALSE(s3.ok());
+  EXPECT_NE(s3.status().message().find("is not a readable SQLite database"), std::string::npos)
+      << s3.status().message();
+  EXPECT_EQ(Bytes(junk), junk_bytes);
+
+  auto missing = Store::Open(FreshPath("missing.db"), OpenMode::kReadOnly);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), Status::Code::kNotFound);
+}
+
+TEST(Store, EvaluationsAreIdempotentPerUnitAndValidated) {
+  auto store = Store::Open(FreshPath("evals.db"), OpenMode::kCreate).value();
+  const CmaesParams p = SmallParams();
+  const CmaesState s = EvolvedState(p);
+  const int64_t run = *store->CreateRun(OneStageRun(s));
+  EvaluationRecord e;
+  e.candidate = 2;
+  e.task = "t/a";
+  e.prompt = 5;
+  e.score = 0.25;
+  e.worker = "w1";
+  EXPECT_EQ(*store->RecordEvaluations(run, {e}), 1);
+  EvaluationRecord late = e;
+  late.score = 0.75;
+  late.worker = "w2";
+  EXPECT_EQ(*store->RecordEvaluations(run, {late}), 0);
+  auto stored = store->GetEvaluations(run, 0);
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ((*stored)[0].score, 0.25);
+  EXPECT_EQ((*stored)[0].worker, "w1");
+
+  EvaluationRecord bad = e;
+  bad.prompt = 6;
+  bad.score = 1.5;
+  auto refused = store->RecordEvaluations(run, {bad});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("score outside [0, 1]"), std::string::npos);
+  bad.score = 0.5;
+  bad.cache_size_mean = std::nan("");
+  EXPECT_FALSE(store->RecordEvaluations(run, {bad}).ok());
+  EXPECT_EQ(store->GetEvaluations(run, 0)->size(), 1u);
+}
+
+TEST(Store, ReferenceImportRefusesConflictsAsAWhole) {
+  auto store = Store::Open(FreshPath("refs.db"), OpenMode::kCreate).value();
+  tasks::ReferenceScores a;
+  ASSERT_TRUE(a.Set("lb/x", 0, 0.5).ok());
+  ASSERT_TRUE(a.Set("lb/x", 1, 0.25).ok());
+  auto first = store->ImportReferenceScores("m", a, "a.json", false);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->added, 2);
+
+  tasks::ReferenceScores b;
+  ASSERT_TRUE(b.Set("lb/x", 1, 0.25).ok());
+  ASSERT_TRUE(b.Set("lb/x", 2, 1.0).ok());
+  ASSERT_TRUE(b.Set("lb/y", 0, 0.0).ok());
+  ASSERT_TRUE(b.Set("lb/x", 0, 0.75).ok());  // differs from the stored 0.5
+  auto conflict = store->ImportReferenceScores("m", b, "b.json", false);
+  ASSERT_FALSE(conflict.ok());
+  EXPECT_NE(conflict.status().message().find("lb/x prompt 0"), std::string::npos) << conflict.status().message();
+  EXPECT_EQ(store->GetReferenceScores("m")->scores().at("lb/x").size(), 2u);  // nothing of b was imported
+
+  auto replaced = store->ImportReferenceScores("m", b, "b.json", true);
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_EQ(replaced->added, 2);
+  EXPECT_EQ(replaced->unchanged, 1);
+  EXPECT_EQ(replaced->replaced, 1);
+  EXPECT_EQ(*store->GetReferenceScores("m")->Get("lb/x", 0), 0.75);
+  EXPECT_TRUE(store->GetReferenceScores("other")->scores().empty());
+}
+
+TEST(Store, ImportsTheReferencesPerPromptFile) {
+  const std::string file = std::string(NAMM_SHARED_DIR) + "/data/reference_scores/llama3-8b-32k-x2NTK2alpha-v2.per_request.json";
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "needs ../shared/data/reference_scores (absent: " << file << ")";
+  auto scores = tasks::ReferenceScores::Load(file);
+  ASSERT_TRUE(scores.ok()) << scores.status().ToString();
+  auto store = Store::Open(FreshPath("refs_file.db"), OpenMode::kCreate).value();
+  auto summary = store->ImportReferenceScores("llama3-8b-32k-x2NTK2alpha-v2", *scores, file, false);
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->added, 4750);  // 21 tasks: 200 prompts, multifieldqa_en 150, lcc and repobench-p 500
+  auto back = store->GetReferenceScores("llama3-8b-32k-x2NTK2alpha-v2");
+  EXPECT_EQ(back->scores(), scores->scores());
+  double sum = 0;
+  for (const auto& [row, score] : back->scores().at("lb/passage_retrieval_en")) sum += score;
+  EXPECT_NEAR(100 * sum / 200, 12.175, 1e-9);  // the aggregate file's value (spec §7.2)
+}
+
+}  // namespace
+}  // namespace namm::coordinator

@@ -1,0 +1,243 @@
+#include "namm/coordinator/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "../temp_path.h"
+#include "namm/coordinator/prompt_sampler.h"
+#include "namm/coordinator/stage_schedule.h"
+#include "synthetic_run.h"
+
+namespace namm::coordinator {
+namespace {
+
+using namespace namm::coordinator::testing;
+
+std::string FreshPath(const std::string& name) {
+  const std::string path = namm::testing::TempPath(name);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
+}
+
+struct SyntheticRun {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Trainer> trainer;
+};
+
+SyntheticRun StartSyntheticRun(const std::string& db, const std::string& yaml = SyntheticSpecYaml()) {
+  SyntheticRun r;
+  r.store = Store::Open(db, OpenMode::kCreate).value();
+  const RunSpec spec = *parse_run_spec(yaml, "spec");
+  EXPECT_TRUE(r.store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                             "test", false)
+                  .ok());
+  auto t = Trainer::Create(*r.store, spec, SyntheticTaskRows());
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  r.trainer = std::move(*t);
+  return r;
+}
+
+TEST(StageSchedule, FollowsTheReferenceRecipe) {
+  const StageSchedule s({300, 250, 120}, 10);
+  EXPECT_EQ(s.total_generations(), 670);
+  const ScheduledGeneration g0 = s.At(0), g10 = s.At(10), g299 = s.At(299), g300 = s.At(300), g305 = s.At(305),
+                            g550 = s.At(550), g669 = s.At(669);
+  EXPECT_TRUE(g0.evaluate_mean && g0.stage_start && !g0.eval_eligible);
+  EXPECT_TRUE(g10.evaluate_mean && g10.eval_eligible);
+  EXPECT_TRUE(g299.stage_end && !g299.evaluate_mean && g299.stage == 0);
+  EXPECT_TRUE(g300.stage == 1 && g300.stage_start && g300.evaluate_mean && !g300.eval_eligible);
+  EXPECT_FALSE(g305.evaluate_mean);
+  EXPECT_EQ(g550.stage, 2);
+  EXPECT_EQ(g550.index_in_stage, 0);
+  EXPECT_TRUE(g669.stage_end && g669.stage == 2);
+  // A stage start off the interval is still evaluated (forced), and not eligible.
+  const StageSchedule odd({7, 5}, 10);
+  EXPECT_TRUE(odd.At(7).evaluate_mean && !odd.At(7).eval_eligible);
+  EXPECT_FALSE(odd.At(8).evaluate_mean);
+}
+
+TEST(PromptSampler, DrawsDistinctSortedPromptsAsAPureFunctionOfSeedGenerationAndTask) {
+  const auto a = sample_prompts(1337, 4, "lb/dureader", 200, 64);
+  ASSERT_EQ(a.size(), 64u);
+  EXPECT_TRUE(std::is_sorted(a.begin(), a.end()));
+  EXPECT_EQ(std::set<int64_t>(a.begin(), a.end()).size(), 64u);
+  EXPECT_GE(a.front(), 0);
+  EXPECT_LT(a.back(), 200);
+  EXPECT_EQ(sample_prompts(1337, 4, "lb/dureader", 200, 64), a);
+  EXPECT_NE(sample_prompts(1337, 5, "lb/dureader", 200, 64), a);
+  EXPECT_NE(sample_prompts(1337, 4, "lb/narrativeqa", 200, 64), a);
+  EXPECT_NE(sample_prompts(1338, 4, "lb/dureader", 200, 64), a);
+  EXPECT_EQ(sample_prompts(1, 1, "t", 10, 64).size(), 10u);  // fewer rows than asked: all of them
+
+  // Every prompt equally likely: over 2000 generations each of 200 rows is drawn 640 times on average
+  // (binomial sd 21); a biased shuffle would leave rows far outside +-6 sd.
+  std::vector<int> hits(200, 0);
+  for (uint64_t g = 0; g < 2000; ++g) {
+    for (int64_t row : sample_prompts(1337, g, "lb/passage_retrieval_en", 200, 64)) ++hits[static_cast<std::size_t>(row)];
+  }
+  for (int h : hits) {
+    EXPECT_GT(h, 640 - 6 * 21);
+    EXPECT_LT(h, 640 + 6 * 21);
+  }
+}
+
+TEST(RunSpec, ParsesTheShippedSpecsAndNamesBadKeys) {
+  for (const char* name : {"namm-bam-incremental.yaml", "stories-cpu.yaml"}) {
+    auto spec = load_run_spec(std::string(NAMM_RUNS_DIR) + "/" + name);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    EXPECT_EQ(spec->architecture.param_count(), 4172);
+  }
+  const RunSpec paper = *load_run_spec(std::string(NAMM_RUNS_DIR) + "/namm-bam-incremental.yaml");
+  EXPECT_EQ(paper.total_generations(), 670);
+  EXPECT_EQ(paper.stages[2].tasks.size(), 3u);
+  EXPECT_EQ(paper.cmaes.population, 32);
+  EXPECT_EQ(paper.cmaes.sigma0, 0.065);
+  EXPECT_EQ(paper.prompts_per_task, 64);
+  EXPECT_EQ(paper.eval_prompts, 0);
+
+  auto typo = parse_run_spec(SyntheticSpecYaml() + "eval_intervall: 3\n", "typo.yaml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("unknown key 'eval_intervall'"), std::string::npos);
+  auto zero = parse_run_spec("name: x\nmodel: {path: p, fingerprint: f}\nstages: [{tasks: [a], generations: 0}]\n",
+                             "zero.yaml");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("stages[0].generations must be > 0"), std::string::npos);
+  auto no_fp = parse_run_spec("name: x\nmodel: {path: p}\nstages: [{tasks: [a], generations: 1}]\n", "fp.yaml");
+  ASSERT_FALSE(no_fp.ok());
+  EXPECT_NE(no_fp.status().message().find("missing 'fingerprint'"), std::string::npos);
+  EXPECT_FALSE(parse_run_spec("name: x\nmodel: {path: p, fingerprint: f}\ncmaes: {population: 1}\n"
+                              "stages: [{tasks: [a], generations: 1}]\n", "pop.yaml").ok());
+}
+
+TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
+  SyntheticRun r = StartSyntheticRun(FreshPath("trainer.db"));
+  Trainer& t = *r.trainer;
+  // Phase 1: only the zero mean on the 6 evaluation prompts, collecting statistics.
+  ASSERT_TRUE(t.plan().collect_norm_stats);
+  ASSERT_EQ(t.plan().units.size(), 6u);
+  for (const WorkUnit& u : t.plan().units) EXPECT_EQ(u.candidate, kMeanCandidate);
+  auto early = t.Advance();
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.status().message().find("6 units of generation 0 have no result yet"), std::string::npos);
+  ASSERT_TRUE(DriveRun(t, 1).ok());
+  ASSERT_FALSE(t.plan().collect_norm_stats);
+  NormStats expected;
+  for (int64_t prompt : t.plan().eval_prompts.at("t/a")) expected = expected.Merge(SyntheticNormStats("t/a", prompt));
+  ASSERT_TRUE(r.store->GetRun(t.run_id())->norm_stats.has_value());
+  EXPECT_EQ(r.store->GetRun(t.run_id())->norm_stats->mean, expected.mean);
+  // Generation 0 then needs only the population: the mean's evaluation is already recorded.
+  EXPECT_EQ(t.Missing()->size(), 8u * 4u);
+
+  std::vector<CmaesState> starts;  // the state each generation starts from
+  while (!t.finished()) {
+    starts.push_back(t.state());
+    ASSERT_TRUE(DriveRun(t, 1).ok());
+  }
+  auto generations = *r.store->GetGenerations(t.run_id());
+  ASSERT_EQ(generations.size(), 5u);
+  // Evaluations at 0 (stage start), 2 (eligible), 3 (stage 1 start, forced), 4 (eligible).
+  EXPECT_TRUE(generations[0].eval_fitness && generations[2].eval_fitness && generations[3].eval_fitness &&
+              generations[4].eval_fitness);
+  EXPECT_FALSE(generations[1].eval_fitness);
+  EXPECT_EQ(generations[3].samples.size(), 2u);  // stage 1 adds t/b
+  EXPECT_EQ(generations[0].samples.at("t/a").size(), 4u);
+
+  // Stage 0's best checkpoint is generation 2's start state (its only eligible evaluation), and stage 1 started
+  // from it: same mean, covariance and optimizer generation, with fresh noise (draw = run generation 3).
+  const CmaesParams& p = t.params();
+  auto best = r.store->GetCheckpoint(t.run_id(), "stage_best", 0, p);
+  ASSERT_TRUE(best.ok()) << best.status().ToString();
+  EXPECT_EQ(best->generation, 2);
+  EXPECT_EQ(*best->eval_fitness, *generations[2].eval_fitness);
+  EXPECT_TRUE(best->state == starts[2]);
+  EXPECT_TRUE(starts[3] == starts[2]);
+  EXPECT_EQ(generations[3].cmaes_generation, 2);
+  EXPECT_EQ(generations[3].draw, 3u);
+  EXPECT_TRUE(best->norm_stats.has_value());
+  EXPECT_EQ(r.store->GetStages(t.run_id())->at(0).end_generation, 3);
+
+  // Normalized fitness: the zero mean scores the base model exactly, 1 on every task.
+  EXPECT_DOUBLE_EQ(*generations[0].eval_fitness, 1.0);
+  auto metrics = *r.store->GetMetrics(t.run_id(), 2);
+  EXPECT_EQ(metrics.at("eval_fitness"), *generations[2].eval_fitness);
+  EXPECT_EQ(metrics.at("fitness_best"), generations[2].fitness_best);
+  EXPECT_TRUE(metrics.count("eval_normalized/t/a"));
+  EXPECT_EQ(r.store->GetRun(t.run_id())->status, "finished");
+  EXPECT_EQ(r.store->GetCandidates(t.run_id(), 4)->size(), 8u);
+}
+
+TEST(Trainer, RefusesResultsOutsideThePlan) {
+  SyntheticRun r = StartSyntheticRun(FreshPath("refuse.db"));
+  Trainer& t = *r.trainer;
+  auto results = EvaluateUnits(t, {t.plan().units[0]});
+  auto wrong_generation = results;
+  wrong_generation[0].generation = 1;
+  EXPECT_EQ(t.Record(wrong_generation).status().code(), Status::Code::kFailedPrecondition);
+  auto unknown = results;
+  unknown[0].prompt = 19;  // a row, but not one of the evaluation prompts
+  if (!std::binary_search(t.plan().units.begin(), t.plan().units.end(), WorkUnit{kMeanCandidate, "t/a", 19})) {
+    auto st = t.Record(unknown).status();
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(st.message().find("not a unit of the current plan"), std::string::npos);
+  }
+  auto no_stats = results;
+  no_stats[0].norm_stats.reset();
+  EXPECT_NE(t.Record(no_stats).status().message().find("needs the features' normalization statistics"),
+            std::string::npos);
+  EXPECT_EQ(t.Missing()->size(), t.plan().units.size());  // nothing was stored
+  EXPECT_EQ(*t.Record(results), 1);
+  EXPECT_EQ(*t.Record(results), 0);  // a duplicate is not counted twice
+}
+
+TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {
+  auto store = Store::Open(FreshPath("norefs.db"), OpenMode::kCreate).value();
+  const RunSpec spec = *parse_run_spec(SyntheticSpecYaml(), "spec");
+  auto t = Trainer::Create(*store, spec, SyntheticTaskRows()).value();
+  EXPECT_EQ(t->plan().missing_references.size(), 6u);
+  ASSERT_TRUE(DriveRun(*t, 1).ok());  // the statistics phase needs no reference
+  ASSERT_TRUE(t->Record(EvaluateUnits(*t, *t->Missing())).ok());
+  auto st = t->Advance();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("t/a"), std::string::npos) << st.status().message();
+  EXPECT_EQ(store->GetRun(t->run_id())->generation, 0);
+}
+
+// Stopping anywhere (between any two calls) and resuming from the database gives the same run, bit for bit.
+TEST(Trainer, AResumedRunEqualsAnUninterruptedOne) {
+  SyntheticRun straight = StartSyntheticRun(FreshPath("straight.db"));
+  ASSERT_TRUE(DriveRun(*straight.trainer).ok());
+  const CmaesParams p = straight.trainer->params();
+  const CheckpointRecord expected = *straight.store->GetCheckpoint(1, "latest", 0, p);
+
+  const std::string db = FreshPath("resumed.db");
+  std::size_t remaining = 0;
+  {
+    SyntheticRun first = StartSyntheticRun(db);
+    ASSERT_TRUE(DriveRun(*first.trainer, 3).ok());  // statistics, generations 0 and 1
+    // Half of generation 2's results arrive, then the process goes away.
+    auto missing = *first.trainer->Missing();
+    remaining = missing.size() - missing.size() / 2;
+    missing.resize(missing.size() / 2);
+    ASSERT_TRUE(first.trainer->Record(EvaluateUnits(*first.trainer, missing)).ok());
+  }
+  auto store = Store::Open(db, OpenMode::kExisting).value();
+  auto resumed = Trainer::Resume(*store, 1, SyntheticTaskRows());
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ((*resumed)->plan().generation, 2);
+  EXPECT_EQ((*resumed)->Missing()->size(), remaining);
+  ASSERT_TRUE(DriveRun(**resumed).ok());
+  const CheckpointRecord got = *store->GetCheckpoint(1, "latest", 0, p);
+  EXPECT_TRUE(got.state == expected.state);
+  const auto a = *straight.store->GetGenerations(1), b = *store->GetGenerations(1);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t g = 0; g < a.size(); ++g) {
+    EXPECT_EQ(a[g].fitness_best, b[g].fitness_best);
+    EXPECT_EQ(a[g].samples, b[g].samples);
+    EXPECT_EQ(a[g].eval_fitness, b[g].eval_fitness);
+  }
+}
+
+}  // namespace
+}  // namespace namm::coordinator
