@@ -23,6 +23,12 @@ uint32_t crc32_of(std::string_view bytes) {
   return static_cast<uint32_t>(crc);
 }
 
+uint32_t record_checksum(std::string_view record) {
+  uint32_t crc = 0;
+  if (record.size() >= kCrcBytes) std::memcpy(&crc, record.data() + record.size() - kCrcBytes, kCrcBytes);
+  return crc;
+}
+
 ByteWriter::ByteWriter(const char (&magic)[9], uint32_t version) {
   bytes_.append(magic, kMagicBytes);
   Put(version);

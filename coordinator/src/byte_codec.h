@@ -18,6 +18,9 @@
 namespace namm::coordinator {
 
 uint32_t crc32_of(std::string_view bytes);
+// The CRC-32 a record carries (of everything before it); 0 for a record too short to carry one. (The CRC of a
+// whole record, CRC included, is the same constant for every record, so it is no checksum.)
+uint32_t record_checksum(std::string_view record);
 
 class ByteWriter {
  public:

@@ -256,7 +256,7 @@ void WriteLatest(SQLite::Database& db, int64_t run_id, int64_t stage, int64_t ge
   insert.bind(2, stage);
   insert.bind(3, generation);
   BindBlob(insert, 4, record);
-  insert.bind(5, static_cast<int64_t>(crc32_of(record)));
+  insert.bind(5, static_cast<int64_t>(record_checksum(record)));
   insert.bind(6, decomposition_id);
   const std::string norm_record = norm ? encode_norm_stats(*norm) : std::string();
   if (norm) {
@@ -658,13 +658,13 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
         status = "finished";
       }
       // Hand-over (spec §7.3): the next stage continues from this stage's best checkpoint, or from where the
-      // stage ended if no evaluation was eligible.
+      // stage ended if no evaluation was eligible. After the last stage, the latest checkpoint is the final state.
       SQLite::Statement has_best(*db_, "SELECT count(*) FROM checkpoints WHERE run_id = ? AND role = 'stage_best' "
                                        "AND stage = ?");
       has_best.bind(1, c.run_id);
       has_best.bind(2, g.stage);
       has_best.executeStep();
-      if (has_best.getColumn(0).getInt() > 0) {
+      if (c.next_stage && has_best.getColumn(0).getInt() > 0) {
         SQLite::Statement drop(*db_, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'latest'");
         drop.bind(1, c.run_id);
         drop.exec();
@@ -806,7 +806,7 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
     c.eval_fitness = OptionalDouble(q.getColumn(2));
     const std::string_view state = BlobOf(q.getColumn(3));
     c.checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
-    if (crc32_of(state) != c.checksum) return Status::Corruption(what + " does not match its stored checksum");
+    if (record_checksum(state) != c.checksum) return Status::Corruption(what + " does not match its stored checksum");
     NAMM_ASSIGN_OR_RETURN(c.state, decode_cmaes_state(state, params, what));
     NAMM_ASSIGN_OR_RETURN(c.norm_stats, NormStatsOf(q.getColumn(5), what + " (normalization statistics)"));
     c.created_at = q.getColumn(6).getString();

@@ -1,7 +1,6 @@
 // A separate process for the crash tests: runs (or resumes) the synthetic training run in a database, and with
 // --pause-in-commit G stops inside generation G's commit transaction, announces it on stdout and waits to be
-// killed. --long
-// runs 70 generations instead of 5.
+// killed. --long runs 70 generations instead of 5.
 #include <unistd.h>
 
 #include <cstdio>

@@ -128,7 +128,7 @@ struct CheckpointRecord {
   std::optional<double> eval_fitness;
   CmaesState state;          // complete, eigensystem included
   std::optional<NormStats> norm_stats;
-  uint32_t checksum = 0;     // CRC-32 of the state record
+  uint32_t checksum = 0;     // the CRC-32 the state record carries (also checked on load)
   std::string created_at;
 };
 
@@ -150,8 +150,8 @@ struct GenerationCommit {
   bool new_stage_best = false;
   // The state the next generation starts from.
   const CmaesState* next_state = nullptr;
-  // The stage ends with this generation: the next state is the stage's best checkpoint (spec §7.3) instead, and
-  // next_stage starts (or the run finishes when there is none).
+  // The stage ends with this generation: next_stage starts from the stage's best checkpoint (spec §7.3) rather
+  // than from next_state; without a next stage the run finishes at next_state.
   bool stage_ends = false;
   std::optional<int64_t> next_stage;
   std::map<std::string, double> metrics;

@@ -1,0 +1,127 @@
+// export: a NAMM file from a run — the mean (the solution, spec §6.5) or the best candidate, at a generation,
+// at the latest checkpoint, or at the best checkpoint — with its normalization statistics and provenance.
+#include <cmath>
+#include <iostream>
+#include <limits>
+
+#include "commands.h"
+#include "namm/namm_file.h"
+
+namespace namm::coordinator::cli {
+
+namespace {
+
+struct ExportOptions {
+  std::string db, out, params = "mean";
+  int64_t run = 0;
+  int64_t generation = -1;
+  bool best = false, latest = false;
+};
+
+// What was picked from the run.
+struct Picked {
+  std::vector<double> params;
+  int64_t stage = 0, generation = 0;
+  std::optional<double> fitness;
+  std::string source;
+};
+
+Result<Picked> Pick(const Store& store, const OpenedRun& r, const ExportOptions& o) {
+  const bool mean = o.params == "mean";
+  Picked p;
+  if (o.generation >= 0) {
+    NAMM_ASSIGN_OR_RETURN(GenerationRecord g, store.GetGeneration(r.run.id, o.generation));
+    p.params = mean ? g.mean : g.best_params;
+    p.fitness = mean ? g.eval_fitness : std::optional<double>(g.fitness_best);
+    p.stage = g.stage;
+    p.generation = g.generation;
+    p.source = mean ? "generation mean" : "generation best candidate";
+    return p;
+  }
+  CheckpointRecord c;
+  if (o.best) {
+    // The best checkpoint of the latest stage that has one: what that stage handed (or will hand) over.
+    NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store.GetStages(r.run.id));
+    int64_t stage = -1;
+    for (const StageRecord& s : stages) {
+      if (s.best_eval_fitness) stage = s.stage;
+    }
+    if (stage < 0) {
+      return Status::NotFound("run " + std::to_string(r.run.id) +
+                              " has no best checkpoint yet (no eligible evaluation of the mean); use --latest");
+    }
+    NAMM_ASSIGN_OR_RETURN(c, store.GetCheckpoint(r.run.id, "stage_best", stage, r.params));
+    p.source = "stage best checkpoint";
+  } else {
+    NAMM_ASSIGN_OR_RETURN(c, store.GetCheckpoint(r.run.id, "latest", 0, r.params));
+    p.source = "latest checkpoint";
+  }
+  p.params = mean ? c.state.mean : c.state.best_member;
+  p.fitness = mean ? c.eval_fitness
+                   : (std::isfinite(c.state.best_fitness) ? std::optional<double>(c.state.best_fitness) : std::nullopt);
+  p.stage = c.stage;
+  p.generation = c.generation;
+  p.source += mean ? " (mean)" : " (best member)";
+  return p;
+}
+
+int RunExport(const ExportOptions& o) {
+  if (o.params != "mean" && o.params != "best") return Fail("--params must be mean or best, got '" + o.params + "'");
+  auto store = Store::Open(o.db, OpenMode::kReadOnly);
+  if (!store.ok()) return Fail(store.status().message());
+  auto opened = OpenRun(**store, o.run);
+  if (!opened.ok()) return Fail(opened.status().message());
+  auto picked = Pick(**store, *opened, o);
+  if (!picked.ok()) return Fail(picked.status().message());
+
+  NammModel model;
+  model.architecture = opened->spec.architecture;
+  for (double v : picked->params) {
+    if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max()) {
+      return Fail("the picked parameters hold a value that is not a finite float32: " + std::to_string(v));
+    }
+    model.params.push_back(static_cast<float>(v));
+  }
+  if (opened->run.norm_stats) {
+    model.norm_state = NormState::kFrozen;
+    model.norm_stats = *opened->run.norm_stats;
+  }
+  model.metadata = {{"run", std::to_string(opened->run.id)},
+                    {"run_name", opened->run.name},
+                    {"database", o.db},
+                    {"model_fingerprint", opened->run.model_fingerprint},
+                    {"stage", std::to_string(picked->stage)},
+                    {"generation", std::to_string(picked->generation)},
+                    {"params", o.params},
+                    {"source", picked->source}};
+  if (picked->fitness) model.metadata["fitness"] = std::to_string(*picked->fitness);
+  const Status written = write_namm_file(o.out, model);
+  if (!written.ok()) return Fail(written.message());
+  std::cout << "wrote " << o.out << ": run " << opened->run.id << " '" << opened->run.name << "', "
+            << picked->source << ", stage " << picked->stage << ", generation " << picked->generation
+            << (picked->fitness ? ", fitness " + std::to_string(*picked->fitness) : std::string()) << ", "
+            << model.params.size() << " parameters"
+            << (opened->run.norm_stats ? "" : " (no normalization statistics collected yet)") << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddExportCommand(CLI::App& app, Action& run) {
+  auto options = std::make_shared<ExportOptions>();
+  CLI::App* cmd = app.add_subcommand("export", "Write a NAMM file (.safetensors) from a run");
+  cmd->add_option("--db", options->db, "Run database")->required();
+  cmd->add_option("--run", options->run, "Run id (default: the newest run)");
+  auto* generation = cmd->add_option("--generation", options->generation,
+                                     "A completed generation: its mean (as sampled around) or its best candidate");
+  auto* best = cmd->add_flag("--best", options->best,
+                             "The best checkpoint (best evaluation of the mean) of the latest stage that has one");
+  auto* latest = cmd->add_flag("--latest", options->latest, "The latest checkpoint (the default)");
+  generation->excludes(best)->excludes(latest);
+  best->excludes(latest);
+  cmd->add_option("--params", options->params, "mean (the solution, default) or best (best candidate seen)");
+  cmd->add_option("--out", options->out, "Output NAMM file")->required();
+  cmd->callback([options, &run] { run = [options] { return RunExport(*options); }; });
+}
+
+}  // namespace namm::coordinator::cli

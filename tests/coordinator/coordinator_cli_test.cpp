@@ -1,0 +1,125 @@
+// namm-coordinator's status, export and import-reference as real processes, on a database a real training run
+// (the crash tests' helper, run to completion) wrote.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "../process_util.h"
+#include "../temp_path.h"
+#include "namm/file_util.h"
+#include "namm/namm_file.h"
+
+namespace namm::coordinator {
+namespace {
+
+using namm::testing::RunProcess;
+using nlohmann::json;
+
+const std::string kCoordinator = NAMM_COORDINATOR_PATH;
+
+class CoordinatorCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    db_ = new std::string(namm::testing::TempPath("cli.db"));
+    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(*db_ + suffix);
+    const auto r = RunProcess(std::string(STORE_CRASH_HELPER) + " " + *db_);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete db_; }
+  static std::string* db_;
+};
+std::string* CoordinatorCli::db_ = nullptr;
+
+TEST_F(CoordinatorCli, StatusReportsStageGenerationFitnessAndCheckpoints) {
+  const auto text = RunProcess(kCoordinator + " status --db " + *db_);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("run 1 'synthetic' (finished)"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("stage 2 of 2 [t/a, t/b], 5 of 5 generations done"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("checkpoint stage_best stage 0, starts generation 2"), std::string::npos) << text.output;
+
+  const auto j = RunProcess(kCoordinator + " status --json --db " + *db_);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  const json runs = json::parse(j.output);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0]["generations_done"], 5);
+  EXPECT_EQ(runs[0]["last_generation"]["generation"], 4);
+  EXPECT_TRUE(runs[0]["norm_stats_frozen"].get<bool>());
+  std::set<uint32_t> checksums;
+  for (const json& c : runs[0]["checkpoints"]) checksums.insert(c["checksum"].get<uint32_t>());
+  EXPECT_EQ(checksums.size(), 3u) << "three different states carry three different checksums";
+}
+
+TEST_F(CoordinatorCli, ExportsANammFileWithStatisticsAndProvenance) {
+  const std::string out = namm::testing::TempPath("best.safetensors");
+  const auto r = RunProcess(kCoordinator + " export --db " + *db_ + " --best --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto model = read_namm_file(out);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_EQ(model->params.size(), 676u);
+  EXPECT_EQ(model->norm_state, NormState::kFrozen);
+  EXPECT_GT(model->norm_stats.count, 0);
+  EXPECT_EQ(model->metadata.at("run"), "1");
+  EXPECT_EQ(model->metadata.at("stage"), "1");
+  EXPECT_EQ(model->metadata.at("generation"), "4");
+  EXPECT_EQ(model->metadata.at("params"), "mean");
+  EXPECT_TRUE(model->metadata.count("fitness"));
+
+  const std::string gen = namm::testing::TempPath("gen1.safetensors");
+  const auto g = RunProcess(kCoordinator + " export --db " + *db_ + " --generation 1 --params best --out " + gen);
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  auto best1 = read_namm_file(gen);
+  ASSERT_TRUE(best1.ok());
+  EXPECT_NE(best1->params, model->params);
+  EXPECT_EQ(best1->metadata.at("source"), "generation best candidate");
+
+  const auto info = RunProcess(std::string(NAMM_TOOL_PATH) + " info " + out);
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("normalization: frozen"), std::string::npos) << info.output;
+
+  const std::string model_path = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  if (std::filesystem::exists(model_path)) {
+    const auto run = RunProcess(std::string(NAMM_WORKER_PATH) + " generate --model " + model_path + " --tokenizer " +
+                                std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin --namm " + out +
+                                " --prompt 'Once upon a time' --max-new-tokens 8");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find(", there was a little girl"), std::string::npos) << run.output;
+  }
+}
+
+TEST_F(CoordinatorCli, BadRequestsGetClearErrorsAndChangeNothing) {
+  const std::string before = *read_file(*db_);
+  const std::string out = namm::testing::TempPath("never.safetensors");
+  auto r = RunProcess(kCoordinator + " export --db " + *db_ + " --generation 9 --out " + out);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("run 1 has no completed generation 9"), std::string::npos) << r.output;
+  r = RunProcess(kCoordinator + " export --db " + *db_ + " --params worst --out " + out);
+  EXPECT_NE(r.output.find("--params must be mean or best"), std::string::npos) << r.output;
+  r = RunProcess(kCoordinator + " export --db " + *db_ + " --run 7 --out " + out);
+  EXPECT_NE(r.output.find("no run 7"), std::string::npos) << r.output;
+  r = RunProcess(kCoordinator + " status --db " + namm::testing::TempPath("absent.db"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("no database at"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_EQ(*read_file(*db_), before);
+}
+
+TEST_F(CoordinatorCli, ImportsReferenceScoresAndRefusesConflicts) {
+  const std::string db = namm::testing::TempPath("refs_cli.db");
+  std::filesystem::remove(db);
+  const std::string a = namm::testing::TempPath("a.json"), b = namm::testing::TempPath("b.json");
+  ASSERT_TRUE(write_file_atomically(a, {R"({"lb/x": {"0": 0.5, "1": 0.25}})"}).ok());
+  ASSERT_TRUE(write_file_atomically(b, {R"({"lb/x": {"0": 0.75}})"}).ok());
+  auto r = RunProcess(kCoordinator + " import-reference --db " + db + " --model-fingerprint m --json " + a);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 added, 0 unchanged, 0 replaced"), std::string::npos) << r.output;
+  r = RunProcess(kCoordinator + " import-reference --db " + db + " --model-fingerprint m --json " + b);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("lb/x prompt 0"), std::string::npos) << r.output;
+  r = RunProcess(kCoordinator + " import-reference --db " + db + " --model-fingerprint m --replace --json " + b);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0 added, 0 unchanged, 1 replaced"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace namm::coordinator
