@@ -1,6 +1,7 @@
 // export: a NAMM file from a run — the mean (the solution, spec §6.5) or the best candidate, at a generation,
 // at the latest checkpoint, or at the best checkpoint — with its normalization statistics and provenance.
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 
@@ -15,7 +16,7 @@ struct ExportOptions {
   std::string db, out, params = "mean";
   int64_t run = 0;
   int64_t generation = -1;
-  bool best = false, latest = false;
+  bool best = false, latest = false, force = false;
 };
 
 // What was picked from the run.
@@ -67,6 +68,7 @@ Result<Picked> Pick(const Store& store, const OpenedRun& r, const ExportOptions&
 
 int RunExport(const ExportOptions& o) {
   if (o.params != "mean" && o.params != "best") return Fail("--params must be mean or best, got '" + o.params + "'");
+  if (!o.force && std::filesystem::exists(o.out)) return Fail(o.out + " exists; pass --force to overwrite it");
   auto store = Store::Open(o.db, OpenMode::kReadOnly);
   if (!store.ok()) return Fail(store.status().message());
   auto opened = OpenRun(**store, o.run);
@@ -121,6 +123,7 @@ void AddExportCommand(CLI::App& app, Action& run) {
   best->excludes(latest);
   cmd->add_option("--params", options->params, "mean (the solution, default) or best (best candidate seen)");
   cmd->add_option("--out", options->out, "Output NAMM file")->required();
+  cmd->add_flag("--force", options->force, "Overwrite --out if it exists");
   cmd->callback([options, &run] { run = [options] { return RunExport(*options); }; });
 }
 

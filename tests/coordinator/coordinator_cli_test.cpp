@@ -52,7 +52,7 @@ TEST_F(CoordinatorCli, StatusReportsStageGenerationFitnessAndCheckpoints) {
 
 TEST_F(CoordinatorCli, ExportsANammFileWithStatisticsAndProvenance) {
   const std::string out = namm::testing::TempPath("best.safetensors");
-  const auto r = RunProcess(kCoordinator + " export --db " + *db_ + " --best --out " + out);
+  const auto r = RunProcess(kCoordinator + " export --db " + *db_ + " --best --force --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto model = read_namm_file(out);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -66,7 +66,7 @@ TEST_F(CoordinatorCli, ExportsANammFileWithStatisticsAndProvenance) {
   EXPECT_TRUE(model->metadata.count("fitness"));
 
   const std::string gen = namm::testing::TempPath("gen1.safetensors");
-  const auto g = RunProcess(kCoordinator + " export --db " + *db_ + " --generation 1 --params best --out " + gen);
+  const auto g = RunProcess(kCoordinator + " export --db " + *db_ + " --generation 1 --params best --force --out " + gen);
   ASSERT_EQ(g.exit_code, 0) << g.output;
   auto best1 = read_namm_file(gen);
   ASSERT_TRUE(best1.ok());
@@ -101,6 +101,11 @@ TEST_F(CoordinatorCli, BadRequestsGetClearErrorsAndChangeNothing) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("no database at"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(out));
+  const std::string kept = namm::testing::TempPath("kept.safetensors");
+  ASSERT_TRUE(write_file_atomically(kept, {"precious"}).ok());
+  r = RunProcess(kCoordinator + " export --db " + *db_ + " --out " + kept);
+  EXPECT_NE(r.output.find("exists; pass --force"), std::string::npos) << r.output;
+  EXPECT_EQ(*read_file(kept), "precious");
   EXPECT_EQ(*read_file(*db_), before);
 }
 
