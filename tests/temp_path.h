@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace namm::testing {
@@ -14,6 +15,13 @@ inline std::string TempPath(const std::string& name) {
   std::string base = dir ? dir : ::testing::TempDir();
   if (!base.empty() && base.back() != '/') base += '/';
   return base + std::to_string(::getpid()) + "_" + name;
+}
+
+// TempPath(name) with no leftover database there (nor its WAL and shared-memory files).
+inline std::string FreshDatabasePath(const std::string& name) {
+  const std::string path = TempPath(name);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  return path;
 }
 
 }  // namespace namm::testing

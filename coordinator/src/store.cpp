@@ -399,18 +399,20 @@ Result<int64_t> Store::CreateRun(const NewRun& run) {
 }
 
 Result<RunRecord> Store::GetRun(int64_t run_id) const {
-  NAMM_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, ListRuns());
-  for (RunRecord& r : runs) {
-    if (r.id == run_id) return std::move(r);
-  }
-  return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+  NAMM_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, ReadRuns(run_id));
+  if (runs.empty()) return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+  return std::move(runs.front());
 }
 
-Result<std::vector<RunRecord>> Store::ListRuns() const {
-  return Guard(path_, "listing runs", [&]() -> Result<std::vector<RunRecord>> {
+Result<std::vector<RunRecord>> Store::ListRuns() const { return ReadRuns(std::nullopt); }
+
+Result<std::vector<RunRecord>> Store::ReadRuns(std::optional<int64_t> run_id) const {
+  return Guard(path_, "reading runs", [&]() -> Result<std::vector<RunRecord>> {
     SQLite::Statement q(*db_,
-                        "SELECT id, name, created_at, spec_yaml, dimension, model_fingerprint, status, stage, "
-                        "generation, norm_stats FROM runs ORDER BY id");
+                        std::string("SELECT id, name, created_at, spec_yaml, dimension, model_fingerprint, status, "
+                                    "stage, generation, norm_stats FROM runs") +
+                            (run_id ? " WHERE id = ?" : " ORDER BY id"));
+    if (run_id) q.bind(1, *run_id);
     std::vector<RunRecord> runs;
     while (q.executeStep()) {
       RunRecord r;
@@ -513,7 +515,7 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
       q.bind(12, e.duration_seconds);
       const std::string norm = e.norm_stats ? encode_norm_stats(*e.norm_stats) : std::string();
       if (e.norm_stats) {
-        q.bind(13, static_cast<const void*>(norm.data()), static_cast<int>(norm.size()));
+        BindBlob(q, 13, norm);
       } else {
         q.bind(13);
       }

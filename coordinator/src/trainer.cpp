@@ -196,6 +196,10 @@ Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
 
 Result<std::vector<WorkUnit>> Trainer::Missing() const {
   NAMM_ASSIGN_OR_RETURN(std::vector<EvaluationRecord> done, store_.GetEvaluations(run_id_, generation_));
+  return MissingFrom(done);
+}
+
+std::vector<WorkUnit> Trainer::MissingFrom(const std::vector<EvaluationRecord>& done) const {
   std::set<WorkUnit> recorded;
   for (const EvaluationRecord& e : done) recorded.insert(WorkUnit{e.candidate, e.task, e.prompt});
   std::vector<WorkUnit> missing;
@@ -207,7 +211,8 @@ Result<std::vector<WorkUnit>> Trainer::Missing() const {
 
 Result<AdvanceSummary> Trainer::Advance() {
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
-  NAMM_ASSIGN_OR_RETURN(std::vector<WorkUnit> missing, Missing());
+  NAMM_ASSIGN_OR_RETURN(std::vector<EvaluationRecord> done, store_.GetEvaluations(run_id_, generation_));
+  const std::vector<WorkUnit> missing = MissingFrom(done);
   if (!missing.empty()) {
     const WorkUnit& u = missing.front();
     return Status::FailedPrecondition(std::to_string(missing.size()) + " units of generation " +
@@ -215,11 +220,10 @@ Result<AdvanceSummary> Trainer::Advance() {
                                       std::to_string(u.candidate) + ", " + u.task + " prompt " +
                                       std::to_string(u.prompt) + ")");
   }
-  return plan_.collect_norm_stats ? FreezeNormStats() : TellAndCommit();
+  return plan_.collect_norm_stats ? FreezeNormStats(done) : TellAndCommit(done);
 }
 
-Result<AdvanceSummary> Trainer::FreezeNormStats() {
-  NAMM_ASSIGN_OR_RETURN(std::vector<EvaluationRecord> done, store_.GetEvaluations(run_id_, generation_));
+Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationRecord>& done) {
   // In (task, prompt) order, whichever worker finished first: the merged statistics do not depend on timing.
   NormStats merged;
   for (const EvaluationRecord& e : done) {
@@ -239,9 +243,8 @@ Result<AdvanceSummary> Trainer::FreezeNormStats() {
   return s;
 }
 
-Result<AdvanceSummary> Trainer::TellAndCommit() {
+Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord>& done) {
   const GenerationPlan& p = plan_;
-  NAMM_ASSIGN_OR_RETURN(std::vector<EvaluationRecord> done, store_.GetEvaluations(run_id_, generation_));
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
   GenerationCommit c;

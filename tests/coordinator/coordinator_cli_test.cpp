@@ -21,8 +21,7 @@ const std::string kCoordinator = NAMM_COORDINATOR_PATH;
 class CoordinatorCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    db_ = new std::string(namm::testing::TempPath("cli.db"));
-    for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(*db_ + suffix);
+    db_ = new std::string(namm::testing::FreshDatabasePath("cli.db"));
     const auto r = RunProcess(std::string(STORE_CRASH_HELPER) + " " + *db_);
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }

@@ -18,11 +18,7 @@
 namespace namm::coordinator {
 namespace {
 
-std::string FreshPath(const std::string& name) {
-  const std::string path = namm::testing::TempPath(name);
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using namm::testing::FreshDatabasePath;
 
 struct Child {
   pid_t pid = -1;
@@ -77,7 +73,7 @@ CmaesState UninterruptedFinalState(bool long_run, const CmaesParams** params_out
   std::unique_ptr<Store>& store = stores[long_run];
   std::unique_ptr<Trainer>& trainer = trainers[long_run];
   if (!trainer) {
-    store = Store::Open(FreshPath(long_run ? "crash_reference_long.db" : "crash_reference.db"), OpenMode::kCreate).value();
+    store = Store::Open(FreshDatabasePath(long_run ? "crash_reference_long.db" : "crash_reference.db"), OpenMode::kCreate).value();
     const RunSpec spec =
         parse_run_spec(long_run ? testing::SyntheticSpecYaml("synthetic", 40, 30) : testing::SyntheticSpecYaml(), "spec")
             .value();
@@ -114,7 +110,7 @@ void ExpectConsistent(const std::string& db, const CmaesParams& params) {
 TEST(StoreCrash, KilledInsideTheCommitTransactionReopensAtTheOldGeneration) {
   const CmaesParams* params = nullptr;
   const CmaesState expected = UninterruptedFinalState(false, &params);
-  const std::string db = FreshPath("crash_commit.db");
+  const std::string db = FreshDatabasePath("crash_commit.db");
 
   Child child = Spawn({STORE_CRASH_HELPER, db, "--pause-in-commit", "2"});
   ASSERT_EQ(ReadLine(child.out), "IN_COMMIT 2");
@@ -138,7 +134,7 @@ TEST(StoreCrash, KilledInsideTheCommitTransactionReopensAtTheOldGeneration) {
 TEST(StoreCrash, KilledAtRandomInstantsStillEndsLikeAnUninterruptedRun) {
   const CmaesParams* params = nullptr;
   const CmaesState expected = UninterruptedFinalState(true, &params);
-  const std::string db = FreshPath("crash_random.db");
+  const std::string db = FreshDatabasePath("crash_random.db");
   std::mt19937 rng(2024);
   int kills = 0;
   for (int attempt = 0; attempt < 12; ++attempt) {

@@ -16,11 +16,7 @@ namespace {
 
 using namm::testing::TempPath;
 
-std::string FreshPath(const std::string& name) {
-  const std::string path = TempPath(name);
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using namm::testing::FreshDatabasePath;
 
 std::string Bytes(const std::string& path) { return *read_file(path); }
 
@@ -87,7 +83,7 @@ TEST(CheckpointCodec, RefusesDamagedForeignAndMismatchedRecords) {
 }
 
 TEST(Store, MigratesAnOlderSchemaForwardKeepingItsData) {
-  const std::string path = FreshPath("old.db");
+  const std::string path = FreshDatabasePath("old.db");
   const CmaesParams p = SmallParams();
   const CmaesState s = EvolvedState(p);
   {
@@ -115,7 +111,7 @@ TEST(Store, MigratesAnOlderSchemaForwardKeepingItsData) {
 }
 
 TEST(Store, RefusesNewerForeignAndNonDatabasesWithoutTouchingThem) {
-  const std::string newer = FreshPath("newer.db");
+  const std::string newer = FreshDatabasePath("newer.db");
   {
     auto store = Store::Open(newer, OpenMode::kCreate);
     ASSERT_TRUE(store.ok());
@@ -133,7 +129,7 @@ TEST(Store, RefusesNewerForeignAndNonDatabasesWithoutTouchingThem) {
   EXPECT_EQ(Bytes(newer), newer_bytes);
   EXPECT_FALSE(std::filesystem::exists(newer + "-wal"));
 
-  const std::string foreign = FreshPath("foreign.db");
+  const std::string foreign = FreshDatabasePath("foreign.db");
   {
     SQLite::Database db(foreign, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
     db.exec("CREATE TABLE accounts(id INTEGER PRIMARY KEY, balance REAL)");
@@ -145,7 +141,7 @@ TEST(Store, RefusesNewerForeignAndNonDatabasesWithoutTouchingThem) {
   EXPECT_NE(s2.status().message().find("belongs to another application"), std::string::npos) << s2.status().message();
   EXPECT_EQ(Bytes(foreign), foreign_bytes);
 
-  const std::string junk = FreshPath("junk.db");
+  const std::string junk = FreshDatabasePath("junk.db");
   {
     std::ofstream out(junk, std::ios::binary);
     out << "this is a text file, not a database, and it is long enough to have a header page........";
@@ -157,13 +153,13 @@ TEST(Store, RefusesNewerForeignAndNonDatabasesWithoutTouchingThem) {
       << s3.status().message();
   EXPECT_EQ(Bytes(junk), junk_bytes);
 
-  auto missing = Store::Open(FreshPath("missing.db"), OpenMode::kReadOnly);
+  auto missing = Store::Open(FreshDatabasePath("missing.db"), OpenMode::kReadOnly);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), Status::Code::kNotFound);
 }
 
 TEST(Store, EvaluationsAreIdempotentPerUnitAndValidated) {
-  auto store = Store::Open(FreshPath("evals.db"), OpenMode::kCreate).value();
+  auto store = Store::Open(FreshDatabasePath("evals.db"), OpenMode::kCreate).value();
   const CmaesParams p = SmallParams();
   const CmaesState s = EvolvedState(p);
   const int64_t run = *store->CreateRun(OneStageRun(s));
@@ -196,7 +192,7 @@ TEST(Store, EvaluationsAreIdempotentPerUnitAndValidated) {
 }
 
 TEST(Store, ReferenceImportRefusesConflictsAsAWhole) {
-  auto store = Store::Open(FreshPath("refs.db"), OpenMode::kCreate).value();
+  auto store = Store::Open(FreshDatabasePath("refs.db"), OpenMode::kCreate).value();
   tasks::ReferenceScores a;
   ASSERT_TRUE(a.Set("lb/x", 0, 0.5).ok());
   ASSERT_TRUE(a.Set("lb/x", 1, 0.25).ok());
@@ -228,7 +224,7 @@ TEST(Store, ImportsTheReferencesPerPromptFile) {
   if (!std::filesystem::exists(file)) GTEST_SKIP() << "needs ../shared/data/reference_scores (absent: " << file << ")";
   auto scores = tasks::ReferenceScores::Load(file);
   ASSERT_TRUE(scores.ok()) << scores.status().ToString();
-  auto store = Store::Open(FreshPath("refs_file.db"), OpenMode::kCreate).value();
+  auto store = Store::Open(FreshDatabasePath("refs_file.db"), OpenMode::kCreate).value();
   auto summary = store->ImportReferenceScores("llama3-8b-32k-x2NTK2alpha-v2", *scores, file, false);
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
   EXPECT_EQ(summary->added, 4750);  // 21 tasks: 200 prompts, multifieldqa_en 150, lcc and repobench-p 500

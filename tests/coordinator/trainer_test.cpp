@@ -15,11 +15,7 @@ namespace {
 
 using namespace namm::coordinator::testing;
 
-std::string FreshPath(const std::string& name) {
-  const std::string path = namm::testing::TempPath(name);
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
-  return path;
-}
+using namm::testing::FreshDatabasePath;
 
 struct SyntheticRun {
   std::unique_ptr<Store> store;
@@ -112,7 +108,7 @@ TEST(RunSpec, ParsesTheShippedSpecsAndNamesBadKeys) {
 }
 
 TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
-  SyntheticRun r = StartSyntheticRun(FreshPath("trainer.db"));
+  SyntheticRun r = StartSyntheticRun(FreshDatabasePath("trainer.db"));
   Trainer& t = *r.trainer;
   // Phase 1: only the zero mean on the 6 evaluation prompts, collecting statistics.
   ASSERT_TRUE(t.plan().collect_norm_stats);
@@ -169,7 +165,7 @@ TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
 }
 
 TEST(Trainer, RefusesResultsOutsideThePlan) {
-  SyntheticRun r = StartSyntheticRun(FreshPath("refuse.db"));
+  SyntheticRun r = StartSyntheticRun(FreshDatabasePath("refuse.db"));
   Trainer& t = *r.trainer;
   auto results = EvaluateUnits(t, {t.plan().units[0]});
   auto wrong_generation = results;
@@ -192,7 +188,7 @@ TEST(Trainer, RefusesResultsOutsideThePlan) {
 }
 
 TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {
-  auto store = Store::Open(FreshPath("norefs.db"), OpenMode::kCreate).value();
+  auto store = Store::Open(FreshDatabasePath("norefs.db"), OpenMode::kCreate).value();
   const RunSpec spec = *parse_run_spec(SyntheticSpecYaml(), "spec");
   auto t = Trainer::Create(*store, spec, SyntheticTaskRows()).value();
   EXPECT_EQ(t->plan().missing_references.size(), 6u);
@@ -206,12 +202,12 @@ TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {
 
 // Stopping anywhere (between any two calls) and resuming from the database gives the same run, bit for bit.
 TEST(Trainer, AResumedRunEqualsAnUninterruptedOne) {
-  SyntheticRun straight = StartSyntheticRun(FreshPath("straight.db"));
+  SyntheticRun straight = StartSyntheticRun(FreshDatabasePath("straight.db"));
   ASSERT_TRUE(DriveRun(*straight.trainer).ok());
   const CmaesParams p = straight.trainer->params();
   const CheckpointRecord expected = *straight.store->GetCheckpoint(1, "latest", 0, p);
 
-  const std::string db = FreshPath("resumed.db");
+  const std::string db = FreshDatabasePath("resumed.db");
   std::size_t remaining = 0;
   {
     SyntheticRun first = StartSyntheticRun(db);

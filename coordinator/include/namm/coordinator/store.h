@@ -207,6 +207,8 @@ class Store {
 
  private:
   Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOptions options);
+  // One run, or every run in id order.
+  Result<std::vector<RunRecord>> ReadRuns(std::optional<int64_t> run_id) const;
   std::string path_;
   std::unique_ptr<SQLite::Database> db_;
   StoreOptions options_;

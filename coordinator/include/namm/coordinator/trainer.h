@@ -90,8 +90,10 @@ class Trainer {
   Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
   Status Load();      // state, progress and plan from the store
   Status MakePlan();
-  Result<AdvanceSummary> FreezeNormStats();
-  Result<AdvanceSummary> TellAndCommit();
+  std::vector<WorkUnit> MissingFrom(const std::vector<EvaluationRecord>& done) const;
+  // `done`: the generation's recorded evaluations.
+  Result<AdvanceSummary> FreezeNormStats(const std::vector<EvaluationRecord>& done);
+  Result<AdvanceSummary> TellAndCommit(const std::vector<EvaluationRecord>& done);
 
   Store& store_;
   RunSpec spec_;
