@@ -1,0 +1,168 @@
+// Handing a phase's units of work to workers as leases (no network, no clock of its own: callers pass `now`).
+//
+//  - Units (one prompt of one candidate, or of the base model) are grouped into leases of at most
+//    `max_prompts_per_lease` prompts of the same candidate and task, balanced by cost (prompt tokens), and
+//    handed out longest first: the longest-processing-time rule keeps the generation's tail short.
+//  - A worker holds at most `slots` leases. A lease lives until `lease_timeout` after its last heartbeat; then
+//    its unfinished units go back to the front of the queue.
+//  - When the queue is empty, an idle worker gets a copy of the oldest running lease (straggler duplication, at
+//    most `max_copies` holders per unit). The first result for a unit wins; the other copies are cancelled.
+//  - Results are idempotent: a result for a unit that already has one is a duplicate; a result on an expired or
+//    returned lease is still accepted ("late") while its unit has none.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+
+namespace namm::coordinator {
+
+enum class UnitKind {
+  kCandidate,  // a NAMM candidate (or the mean) of the current generation
+  kReference,  // the base model with the full cache: a reference score
+};
+
+struct UnitKey {
+  UnitKind kind = UnitKind::kCandidate;
+  int64_t candidate = 0;  // kCandidate only
+  std::string task;
+  int64_t prompt = 0;
+};
+
+struct ScheduledUnit {
+  UnitKey key;
+  double cost = 1;  // relative running time, e.g. prompt tokens
+};
+
+struct LeaseGrant {
+  uint64_t id = 0;
+  UnitKind kind = UnitKind::kCandidate;
+  int64_t candidate = 0;
+  std::string task;
+  std::vector<int64_t> prompts;  // longest first
+  bool duplicate = false;        // a copy of a straggling lease
+};
+
+enum class ResultOutcome {
+  kAccepted,   // the unit's first result
+  kLate,       // the first result, on a lease that had expired or been returned
+  kDuplicate,  // the unit already had a result: ignored
+};
+
+struct SchedulerOptions {
+  int64_t max_prompts_per_lease = 4;
+  std::chrono::milliseconds lease_timeout{30000};
+  int max_copies = 2;  // workers running one unit at once, straggler copies included
+};
+
+struct SchedulerCounters {
+  int64_t leases_issued = 0;
+  int64_t leases_duplicated = 0;  // straggler copies among leases_issued
+  int64_t leases_expired = 0;
+  int64_t leases_returned = 0;    // drained or disconnected workers
+  int64_t results_accepted = 0;   // late ones included
+  int64_t results_late = 0;
+  int64_t results_duplicate = 0;
+};
+
+class LeaseScheduler {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit LeaseScheduler(SchedulerOptions options);
+
+  // Replaces the work with a new phase. Leases of the previous phase are forgotten (their holders are told to
+  // cancel them) and results for them count as duplicates.
+  void StartPhase(const std::vector<ScheduledUnit>& units);
+
+  // Workers. RemoveWorker returns the worker's leases to the queue.
+  void AddWorker(const std::string& worker, int slots);
+  void RemoveWorker(const std::string& worker);
+  // No new leases for the worker; `returned` of its leases go back to the queue (unknown ids are ignored).
+  void Drain(const std::string& worker, const std::vector<uint64_t>& returned);
+  // Leases the worker holds.
+  std::vector<uint64_t> LeasesOf(const std::string& worker) const;
+
+  // Whether Acquire(worker) would return a lease.
+  bool HasWorkFor(const std::string& worker) const;
+  // The next lease for `worker`, or none when it has no free slot or nothing is left that it could run.
+  std::optional<LeaseGrant> Acquire(const std::string& worker, Clock::time_point now);
+
+  // The unit that a result for `prompt` on lease `lease` from `worker` is about. NotFound for an unknown lease
+  // (or one of an earlier phase: `stale` is then set and the result counts as a duplicate), InvalidArgument
+  // for a lease of another worker or a prompt the lease does not hold.
+  Result<UnitKey> Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale = nullptr) const;
+  // Records a result that Check() accepted.
+  ResultOutcome Complete(uint64_t lease, int64_t prompt);
+  // Counts a result for a lease of an earlier phase.
+  void CountStale() { ++counters_.results_duplicate; }
+
+  // Extends the worker's leases among `ids`; returns the ids it no longer holds.
+  std::vector<uint64_t> Heartbeat(const std::string& worker, const std::vector<uint64_t>& ids, Clock::time_point now);
+  // Leases past their deadline go back to the queue. Returns how many expired.
+  int64_t ExpireLeases(Clock::time_point now);
+  // Leases of `worker` cancelled since the last call (finished by a copy, or of an ended phase).
+  std::vector<uint64_t> TakeCancelled(const std::string& worker);
+
+  bool Done() const { return done_count_ == static_cast<int64_t>(units_.size()); }
+  int64_t units_total() const { return static_cast<int64_t>(units_.size()); }
+  int64_t units_done() const { return done_count_; }
+  int64_t leases_active() const { return static_cast<int64_t>(active_.size()); }
+  const SchedulerCounters& counters() const { return counters_; }
+
+ private:
+  struct Unit {
+    ScheduledUnit scheduled;
+    bool done = false;
+    std::set<uint64_t> holders;  // active leases running it
+  };
+  struct Pending {  // a lease waiting in the queue: unit indices, longest first
+    std::vector<int64_t> units;
+    double cost = 0;
+  };
+  struct Active {
+    std::string worker;
+    std::vector<int64_t> units;
+    Clock::time_point started, deadline;
+  };
+  struct Worker {
+    int slots = 1;
+    bool draining = false;
+    std::set<uint64_t> leases;
+    std::vector<uint64_t> cancelled;
+  };
+
+  // Pending leases of at most max_prompts_per_lease units of one (kind, candidate, task), balanced by cost.
+  std::vector<Pending> Pack(const std::vector<int64_t>& unit_indices) const;
+  // The active lease whose still-unfinished units a copy for `worker` would run (oldest first), if any.
+  std::optional<uint64_t> StragglerFor(const std::string& worker) const;
+  // Undone units of `lease` that no other active lease runs.
+  std::vector<int64_t> Orphans(uint64_t lease) const;
+  uint64_t Issue(const std::string& worker, std::vector<int64_t> units, bool duplicate, Clock::time_point now,
+                 LeaseGrant* grant);
+  // Ends an active lease; results on it are still taken (as late results or duplicates).
+  void EndLease(uint64_t lease, bool cancel);
+  // Ends an active lease whose worker is not coming back for it: its orphaned units go back to the queue.
+  void Requeue(uint64_t lease);
+  bool FreeSlot(const Worker& w) const { return !w.draining && static_cast<int>(w.leases.size()) < w.slots; }
+
+  SchedulerOptions options_;
+  std::vector<Unit> units_;
+  int64_t done_count_ = 0;
+  std::deque<Pending> queue_;
+  std::map<uint64_t, Active> active_;
+  std::map<uint64_t, std::vector<int64_t>> retired_;  // ended leases of this phase
+  std::map<std::string, Worker> workers_;
+  uint64_t next_lease_ = 1;
+  uint64_t phase_first_lease_ = 1;
+  SchedulerCounters counters_;
+};
+
+}  // namespace namm::coordinator

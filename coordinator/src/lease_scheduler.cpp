@@ -1,0 +1,286 @@
+#include "namm/coordinator/lease_scheduler.h"
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
+namespace namm::coordinator {
+
+namespace {
+
+auto GroupOf(const UnitKey& k) { return std::tie(k.kind, k.candidate, k.task); }
+
+}  // namespace
+
+LeaseScheduler::LeaseScheduler(SchedulerOptions options) : options_(options) {
+  options_.max_prompts_per_lease = std::max<int64_t>(1, options_.max_prompts_per_lease);
+  options_.max_copies = std::max(1, options_.max_copies);
+}
+
+void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
+  for (auto& [id, lease] : active_) workers_[lease.worker].cancelled.push_back(id);
+  for (auto& [name, w] : workers_) w.leases.clear();
+  active_.clear();
+  retired_.clear();
+  queue_.clear();
+  units_.clear();
+  done_count_ = 0;
+  phase_first_lease_ = next_lease_;
+  for (const ScheduledUnit& u : units) units_.push_back(Unit{u, false, {}});
+
+  // Group by (kind, candidate, task), pack each group, then hand out the longest leases first.
+  std::vector<int64_t> order(units_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return GroupOf(units_[a].scheduled.key) < GroupOf(units_[b].scheduled.key);
+  });
+  std::vector<Pending> leases;
+  for (std::size_t begin = 0; begin < order.size();) {
+    std::size_t end = begin;
+    while (end < order.size() &&
+           GroupOf(units_[order[end]].scheduled.key) == GroupOf(units_[order[begin]].scheduled.key)) {
+      ++end;
+    }
+    std::vector<Pending> group = Pack({order.begin() + static_cast<std::ptrdiff_t>(begin),
+                                       order.begin() + static_cast<std::ptrdiff_t>(end)});
+    leases.insert(leases.end(), group.begin(), group.end());
+    begin = end;
+  }
+  std::stable_sort(leases.begin(), leases.end(), [](const Pending& a, const Pending& b) { return a.cost > b.cost; });
+  queue_.assign(leases.begin(), leases.end());
+}
+
+std::vector<LeaseScheduler::Pending> LeaseScheduler::Pack(const std::vector<int64_t>& unit_indices) const {
+  std::vector<int64_t> by_cost = unit_indices;
+  std::stable_sort(by_cost.begin(), by_cost.end(),
+                   [&](int64_t a, int64_t b) { return units_[a].scheduled.cost > units_[b].scheduled.cost; });
+  const auto count = static_cast<int64_t>(by_cost.size());
+  const int64_t bins = (count + options_.max_prompts_per_lease - 1) / options_.max_prompts_per_lease;
+  std::vector<Pending> out(static_cast<std::size_t>(bins));
+  // Longest first onto the least loaded lease that still has room.
+  for (int64_t u : by_cost) {
+    Pending* best = nullptr;
+    for (Pending& p : out) {
+      if (static_cast<int64_t>(p.units.size()) >= options_.max_prompts_per_lease) continue;
+      if (best == nullptr || p.cost < best->cost) best = &p;
+    }
+    best->units.push_back(u);
+    best->cost += units_[u].scheduled.cost;
+  }
+  return out;
+}
+
+void LeaseScheduler::AddWorker(const std::string& worker, int slots) {
+  Worker& w = workers_[worker];
+  w.slots = std::max(1, slots);
+  w.draining = false;
+}
+
+void LeaseScheduler::RemoveWorker(const std::string& worker) {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) return;
+  const std::set<uint64_t> leases = it->second.leases;
+  for (uint64_t id : leases) {
+    Requeue(id);
+    ++counters_.leases_returned;
+  }
+  workers_.erase(worker);
+}
+
+void LeaseScheduler::Drain(const std::string& worker, const std::vector<uint64_t>& returned) {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) return;
+  it->second.draining = true;
+  for (uint64_t id : returned) {
+    const auto a = active_.find(id);
+    if (a == active_.end() || a->second.worker != worker) continue;
+    Requeue(id);
+    ++counters_.leases_returned;
+  }
+}
+
+std::vector<uint64_t> LeaseScheduler::LeasesOf(const std::string& worker) const {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) return {};
+  return {it->second.leases.begin(), it->second.leases.end()};
+}
+
+bool LeaseScheduler::HasWorkFor(const std::string& worker) const {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end() || !FreeSlot(it->second)) return false;
+  for (const Pending& p : queue_) {
+    for (int64_t u : p.units) {
+      if (!units_[u].done) return true;
+    }
+  }
+  return StragglerFor(worker).has_value();
+}
+
+std::optional<uint64_t> LeaseScheduler::StragglerFor(const std::string& worker) const {
+  std::optional<uint64_t> best;
+  for (const auto& [id, lease] : active_) {
+    if (lease.worker == worker) continue;
+    const bool copyable = std::any_of(lease.units.begin(), lease.units.end(), [&](int64_t u) {
+      return !units_[u].done && static_cast<int>(units_[u].holders.size()) < options_.max_copies;
+    });
+    if (copyable && (!best || lease.started < active_.at(*best).started)) best = id;
+  }
+  return best;
+}
+
+std::optional<LeaseGrant> LeaseScheduler::Acquire(const std::string& worker, Clock::time_point now) {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end() || !FreeSlot(it->second)) return std::nullopt;
+  LeaseGrant grant;
+  while (!queue_.empty()) {
+    Pending p = std::move(queue_.front());
+    queue_.pop_front();
+    std::vector<int64_t> units;
+    for (int64_t u : p.units) {
+      if (!units_[u].done) units.push_back(u);
+    }
+    if (units.empty()) continue;  // finished meanwhile by a late result
+    Issue(worker, std::move(units), false, now, &grant);
+    return grant;
+  }
+  const std::optional<uint64_t> straggler = StragglerFor(worker);
+  if (!straggler) return std::nullopt;
+  std::vector<int64_t> units;
+  for (int64_t u : active_.at(*straggler).units) {
+    if (!units_[u].done && static_cast<int>(units_[u].holders.size()) < options_.max_copies) units.push_back(u);
+  }
+  Issue(worker, std::move(units), true, now, &grant);
+  ++counters_.leases_duplicated;
+  return grant;
+}
+
+uint64_t LeaseScheduler::Issue(const std::string& worker, std::vector<int64_t> units, bool duplicate,
+                               Clock::time_point now, LeaseGrant* grant) {
+  const uint64_t id = next_lease_++;
+  const UnitKey& first = units_[units.front()].scheduled.key;
+  grant->id = id;
+  grant->kind = first.kind;
+  grant->candidate = first.candidate;
+  grant->task = first.task;
+  grant->duplicate = duplicate;
+  grant->prompts.clear();
+  for (int64_t u : units) {
+    grant->prompts.push_back(units_[u].scheduled.key.prompt);
+    units_[u].holders.insert(id);
+  }
+  active_[id] = Active{worker, std::move(units), now, now + options_.lease_timeout};
+  workers_[worker].leases.insert(id);
+  ++counters_.leases_issued;
+  return id;
+}
+
+Result<UnitKey> LeaseScheduler::Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale) const {
+  if (stale != nullptr) *stale = false;
+  const std::vector<int64_t>* units = nullptr;
+  if (const auto a = active_.find(lease); a != active_.end()) {
+    if (a->second.worker != worker) {
+      return Status::InvalidArgument("lease " + std::to_string(lease) + " belongs to another worker");
+    }
+    units = &a->second.units;
+  } else if (const auto r = retired_.find(lease); r != retired_.end()) {
+    units = &r->second;
+  } else if (lease > 0 && lease < phase_first_lease_) {
+    if (stale != nullptr) *stale = true;
+    return Status::NotFound("lease " + std::to_string(lease) + " belongs to a finished phase");
+  } else {
+    return Status::NotFound("unknown lease " + std::to_string(lease));
+  }
+  for (int64_t u : *units) {
+    if (units_[u].scheduled.key.prompt == prompt) return units_[u].scheduled.key;
+  }
+  return Status::InvalidArgument("prompt " + std::to_string(prompt) + " is not part of lease " + std::to_string(lease));
+}
+
+ResultOutcome LeaseScheduler::Complete(uint64_t lease, int64_t prompt) {
+  const bool late = active_.count(lease) == 0;
+  const std::vector<int64_t>& units = late ? retired_.at(lease) : active_.at(lease).units;
+  const int64_t u = *std::find_if(units.begin(), units.end(),
+                                  [&](int64_t i) { return units_[i].scheduled.key.prompt == prompt; });
+  if (units_[u].done) {
+    ++counters_.results_duplicate;
+    return ResultOutcome::kDuplicate;
+  }
+  units_[u].done = true;
+  ++done_count_;
+  ++counters_.results_accepted;
+  if (late) ++counters_.results_late;
+  // Leases (this one or copies) with nothing left to do end; copies held by other workers are cancelled.
+  const std::set<uint64_t> holders = units_[u].holders;
+  for (uint64_t h : holders) {
+    const Active& a = active_.at(h);
+    if (std::all_of(a.units.begin(), a.units.end(), [&](int64_t i) { return units_[i].done; })) {
+      EndLease(h, h != lease);
+    }
+  }
+  return late ? ResultOutcome::kLate : ResultOutcome::kAccepted;
+}
+
+void LeaseScheduler::EndLease(uint64_t lease, bool cancel) {
+  Active a = std::move(active_.at(lease));
+  active_.erase(lease);
+  for (int64_t u : a.units) units_[u].holders.erase(lease);
+  Worker& w = workers_[a.worker];
+  w.leases.erase(lease);
+  if (cancel) w.cancelled.push_back(lease);
+  retired_[lease] = std::move(a.units);
+}
+
+std::vector<int64_t> LeaseScheduler::Orphans(uint64_t lease) const {
+  std::vector<int64_t> out;
+  for (int64_t u : active_.at(lease).units) {
+    if (!units_[u].done && units_[u].holders.size() == 1) out.push_back(u);
+  }
+  return out;
+}
+
+void LeaseScheduler::Requeue(uint64_t lease) {
+  std::vector<int64_t> orphans = Orphans(lease);
+  EndLease(lease, false);
+  if (orphans.empty()) return;
+  Pending p;
+  for (int64_t u : orphans) p.cost += units_[u].scheduled.cost;
+  p.units = std::move(orphans);
+  queue_.push_front(std::move(p));  // already late: next in line
+}
+
+std::vector<uint64_t> LeaseScheduler::Heartbeat(const std::string& worker, const std::vector<uint64_t>& ids,
+                                                Clock::time_point now) {
+  std::vector<uint64_t> gone;
+  for (uint64_t id : ids) {
+    const auto a = active_.find(id);
+    if (a == active_.end() || a->second.worker != worker) {
+      gone.push_back(id);
+      continue;
+    }
+    a->second.deadline = now + options_.lease_timeout;
+  }
+  return gone;
+}
+
+int64_t LeaseScheduler::ExpireLeases(Clock::time_point now) {
+  std::vector<uint64_t> expired;
+  for (const auto& [id, a] : active_) {
+    if (a.deadline <= now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    workers_[active_.at(id).worker].cancelled.push_back(id);
+    Requeue(id);
+  }
+  counters_.leases_expired += static_cast<int64_t>(expired.size());
+  return static_cast<int64_t>(expired.size());
+}
+
+std::vector<uint64_t> LeaseScheduler::TakeCancelled(const std::string& worker) {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) return {};
+  std::vector<uint64_t> out;
+  out.swap(it->second.cancelled);
+  return out;
+}
+
+}  // namespace namm::coordinator

@@ -1,0 +1,185 @@
+#include "namm/coordinator/lease_scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+namespace namm::coordinator {
+namespace {
+
+using Clock = LeaseScheduler::Clock;
+using std::chrono::milliseconds;
+
+std::vector<ScheduledUnit> Units(int64_t candidates, int64_t prompts, double (*cost)(int64_t) = nullptr) {
+  std::vector<ScheduledUnit> out;
+  for (int64_t c = 0; c < candidates; ++c) {
+    for (int64_t p = 0; p < prompts; ++p) {
+      out.push_back({UnitKey{UnitKind::kCandidate, c, "t", p}, cost ? cost(p) : 1.0});
+    }
+  }
+  return out;
+}
+
+SchedulerOptions Options(int64_t per_lease = 4, int timeout_ms = 1000) {
+  SchedulerOptions o;
+  o.max_prompts_per_lease = per_lease;
+  o.lease_timeout = milliseconds(timeout_ms);
+  return o;
+}
+
+void CompleteAll(LeaseScheduler& s, const std::string& worker, const LeaseGrant& g) {
+  for (int64_t p : g.prompts) {
+    ASSERT_TRUE(s.Check(worker, g.id, p).ok());
+    s.Complete(g.id, p);
+  }
+}
+
+TEST(LeaseScheduler, PacksByCandidateAndTaskLongestFirstAndBalanced) {
+  LeaseScheduler s(Options(2));
+  // Costs 8, 7, 2, 1 for one candidate: balanced pairs are {8, 1} and {7, 2}.
+  s.StartPhase(Units(1, 4, [](int64_t p) { return std::vector<double>{8, 2, 7, 1}[static_cast<std::size_t>(p)]; }));
+  s.AddWorker("w", 4);
+  const Clock::time_point t0;
+  auto a = s.Acquire("w", t0), b = s.Acquire("w", t0);
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(s.Acquire("w", t0));
+  EXPECT_EQ(a->prompts, (std::vector<int64_t>{0, 3}));  // cost 9, handed first, longest prompt first
+  EXPECT_EQ(b->prompts, (std::vector<int64_t>{2, 1}));  // cost 9
+  // Leases never mix candidates or tasks.
+  LeaseScheduler mixed(Options(4));
+  auto units = Units(2, 3);
+  units.push_back({UnitKey{UnitKind::kReference, 0, "t", 0}, 1});
+  mixed.StartPhase(units);
+  mixed.AddWorker("w", 8);
+  std::map<std::pair<int, int64_t>, int> groups;
+  while (auto g = mixed.Acquire("w", t0)) groups[{static_cast<int>(g->kind), g->candidate}] += static_cast<int>(g->prompts.size());
+  EXPECT_EQ(groups.size(), 3u);
+  EXPECT_EQ((groups[{0, 0}]), 3);
+  EXPECT_EQ((groups[{1, 0}]), 1);
+}
+
+TEST(LeaseScheduler, SlotsLimitLeasesAndEveryUnitCountsOnce) {
+  LeaseScheduler s(Options(3));
+  s.StartPhase(Units(4, 6));
+  s.AddWorker("a", 1);
+  s.AddWorker("b", 2);
+  const Clock::time_point t0;
+  auto a1 = s.Acquire("a", t0);
+  ASSERT_TRUE(a1);
+  EXPECT_FALSE(s.HasWorkFor("a"));
+  EXPECT_FALSE(s.Acquire("a", t0));
+  CompleteAll(s, "a", *a1);
+  EXPECT_TRUE(s.HasWorkFor("a"));
+  // Finishing everything from both workers: each unit is accepted exactly once.
+  while (!s.Done()) {
+    for (const char* w : {"a", "b"}) {
+      if (auto g = s.Acquire(w, t0)) CompleteAll(s, w, *g);
+    }
+  }
+  EXPECT_EQ(s.counters().results_accepted, 24);
+  EXPECT_EQ(s.counters().results_duplicate, 0);
+  EXPECT_EQ(s.units_done(), 24);
+}
+
+TEST(LeaseScheduler, ExpiredLeasesAreReissuedAndLateResultsStillCountOnce) {
+  LeaseScheduler s(Options(2, 100));
+  s.StartPhase(Units(1, 2));
+  s.AddWorker("slow", 1);
+  s.AddWorker("fast", 1);
+  const Clock::time_point t0;
+  auto g = s.Acquire("slow", t0);
+  ASSERT_TRUE(g);
+  // A heartbeat extends the lease; without one it expires.
+  EXPECT_TRUE(s.Heartbeat("slow", {g->id}, t0 + milliseconds(80)).empty());
+  EXPECT_EQ(s.ExpireLeases(t0 + milliseconds(150)), 0);
+  EXPECT_EQ(s.ExpireLeases(t0 + milliseconds(181)), 1);
+  EXPECT_EQ(s.TakeCancelled("slow"), std::vector<uint64_t>{g->id});
+  EXPECT_EQ(s.Heartbeat("slow", {g->id}, t0 + milliseconds(190)), std::vector<uint64_t>{g->id});
+  auto again = s.Acquire("fast", t0 + milliseconds(200));
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(again->duplicate);
+  EXPECT_EQ(again->prompts, g->prompts);
+  // The slow worker's late result for prompt 0 wins; the re-issued lease's copy is a duplicate.
+  ASSERT_TRUE(s.Check("slow", g->id, g->prompts[0]).ok());
+  EXPECT_EQ(s.Complete(g->id, g->prompts[0]), ResultOutcome::kLate);
+  EXPECT_EQ(s.Complete(again->id, g->prompts[0]), ResultOutcome::kDuplicate);
+  EXPECT_EQ(s.Complete(again->id, g->prompts[1]), ResultOutcome::kAccepted);
+  EXPECT_TRUE(s.Done());
+  EXPECT_EQ(s.counters().results_accepted, 2);
+  EXPECT_EQ(s.counters().results_late, 1);
+  EXPECT_EQ(s.counters().results_duplicate, 1);
+  EXPECT_EQ(s.counters().leases_expired, 1);
+}
+
+TEST(LeaseScheduler, StragglersAreDuplicatedOnIdleWorkersAndTheLoserIsCancelled) {
+  LeaseScheduler s(Options(2));
+  s.StartPhase(Units(1, 4));
+  s.AddWorker("a", 1);
+  s.AddWorker("b", 1);
+  s.AddWorker("c", 1);
+  const Clock::time_point t0;
+  auto ga = s.Acquire("a", t0);
+  auto gb = s.Acquire("b", t0 + milliseconds(1));
+  ASSERT_TRUE(ga && gb);
+  // The queue is empty: c copies the oldest running lease (a's).
+  auto gc = s.Acquire("c", t0 + milliseconds(2));
+  ASSERT_TRUE(gc);
+  EXPECT_TRUE(gc->duplicate);
+  EXPECT_EQ(gc->prompts, ga->prompts);
+  EXPECT_EQ(s.counters().leases_duplicated, 1);
+  // At most two holders per unit: a and c both hold a's units, so c's next copy comes from b.
+  CompleteAll(s, "c", *gc);
+  EXPECT_EQ(s.TakeCancelled("a"), std::vector<uint64_t>{ga->id});
+  EXPECT_TRUE(s.LeasesOf("a").empty());
+  // a's late results are duplicates, never counted twice.
+  ASSERT_TRUE(s.Check("a", ga->id, ga->prompts[0]).ok());
+  EXPECT_EQ(s.Complete(ga->id, ga->prompts[0]), ResultOutcome::kDuplicate);
+  CompleteAll(s, "b", *gb);
+  EXPECT_TRUE(s.Done());
+  EXPECT_EQ(s.counters().results_accepted, 4);
+}
+
+TEST(LeaseScheduler, DisconnectAndDrainReturnLeases) {
+  LeaseScheduler s(Options(4));
+  s.StartPhase(Units(2, 4));
+  s.AddWorker("a", 2);
+  s.AddWorker("b", 1);
+  const Clock::time_point t0;
+  auto g1 = s.Acquire("a", t0), g2 = s.Acquire("a", t0);
+  ASSERT_TRUE(g1 && g2);
+  s.Drain("a", {g2->id});
+  EXPECT_FALSE(s.HasWorkFor("a"));
+  auto gb = s.Acquire("b", t0);
+  ASSERT_TRUE(gb);
+  EXPECT_EQ(gb->prompts, g2->prompts);  // the returned lease is next in line
+  s.RemoveWorker("a");
+  EXPECT_EQ(s.counters().leases_returned, 2);
+  CompleteAll(s, "b", *gb);
+  auto again = s.Acquire("b", t0);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->prompts, g1->prompts);
+  CompleteAll(s, "b", *again);
+  EXPECT_TRUE(s.Done());
+}
+
+TEST(LeaseScheduler, ChecksNameTheProblemAndOldPhasesAreStale) {
+  LeaseScheduler s(Options(2));
+  s.StartPhase(Units(1, 2));
+  s.AddWorker("a", 1);
+  s.AddWorker("b", 1);
+  auto g = s.Acquire("a", Clock::time_point());
+  ASSERT_TRUE(g);
+  EXPECT_NE(s.Check("b", g->id, 0).status().message().find("another worker"), std::string::npos);
+  EXPECT_NE(s.Check("a", g->id, 9).status().message().find("prompt 9 is not part of lease"), std::string::npos);
+  EXPECT_NE(s.Check("a", 999, 0).status().message().find("unknown lease 999"), std::string::npos);
+  s.StartPhase(Units(1, 2));
+  EXPECT_EQ(s.TakeCancelled("a"), std::vector<uint64_t>{g->id});
+  bool stale = false;
+  EXPECT_FALSE(s.Check("a", g->id, 0, &stale).ok());
+  EXPECT_TRUE(stale);
+  EXPECT_TRUE(s.HasWorkFor("a"));
+}
+
+}  // namespace
+}  // namespace namm::coordinator
