@@ -19,6 +19,8 @@ packages=(
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # the TLS tests make their certificates with the openssl command
+  openssl
   # task metrics: jieba's dictionary and HMM tables (read at run time, never copied), MeCab + UniDic
   python3-jieba libmecab-dev mecab unidic-mecab
 )

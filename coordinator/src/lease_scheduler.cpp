@@ -19,10 +19,14 @@ LeaseScheduler::LeaseScheduler(SchedulerOptions options) : options_(options) {
 
 void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
   for (auto& [id, lease] : active_) workers_[lease.worker].cancelled.push_back(id);
-  for (auto& [name, w] : workers_) w.leases.clear();
+  for (auto& [name, w] : workers_) {
+    w.leases.clear();
+    w.ran.clear();
+  }
   active_.clear();
   retired_.clear();
   queue_.clear();
+  queued_units_ = 0;
   units_.clear();
   done_count_ = 0;
   phase_first_lease_ = next_lease_;
@@ -48,6 +52,7 @@ void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
   }
   std::stable_sort(leases.begin(), leases.end(), [](const Pending& a, const Pending& b) { return a.cost > b.cost; });
   queue_.assign(leases.begin(), leases.end());
+  queued_units_ = static_cast<int64_t>(units_.size());
 }
 
 std::vector<LeaseScheduler::Pending> LeaseScheduler::Pack(const std::vector<int64_t>& unit_indices) const {
@@ -99,6 +104,11 @@ void LeaseScheduler::Drain(const std::string& worker, const std::vector<uint64_t
   }
 }
 
+bool LeaseScheduler::IsDraining(const std::string& worker) const {
+  const auto it = workers_.find(worker);
+  return it != workers_.end() && it->second.draining;
+}
+
 std::vector<uint64_t> LeaseScheduler::LeasesOf(const std::string& worker) const {
   const auto it = workers_.find(worker);
   if (it == workers_.end()) return {};
@@ -128,19 +138,57 @@ std::optional<uint64_t> LeaseScheduler::StragglerFor(const std::string& worker) 
   return best;
 }
 
-std::optional<LeaseGrant> LeaseScheduler::Acquire(const std::string& worker, Clock::time_point now) {
-  const auto it = workers_.find(worker);
-  if (it == workers_.end() || !FreeSlot(it->second)) return std::nullopt;
-  LeaseGrant grant;
+std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& worker) {
   while (!queue_.empty()) {
-    Pending p = std::move(queue_.front());
-    queue_.pop_front();
+    // Affinity: an equally long lease (within 1%) of a candidate the worker already ran, among the next few.
+    std::size_t pick = 0;
+    constexpr std::size_t kAffinityWindow = 64;
+    for (std::size_t i = 0; i < std::min(queue_.size(), kAffinityWindow); ++i) {
+      if (queue_[i].cost < 0.99 * queue_.front().cost) break;
+      const UnitKey& key = units_[queue_[i].units.front()].scheduled.key;
+      if (worker.ran.count({key.kind, key.candidate}) > 0) {
+        pick = i;
+        break;
+      }
+    }
+    Pending p = std::move(queue_[pick]);
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(pick));
+    queued_units_ -= static_cast<int64_t>(p.units.size());
     std::vector<int64_t> units;
     for (int64_t u : p.units) {
       if (!units_[u].done) units.push_back(u);
     }
     if (units.empty()) continue;  // finished meanwhile by a late result
-    Issue(worker, std::move(units), false, now, &grant);
+    // Guided size: ceil(queued prompts / slots), so the end of the phase is handed out prompt by prompt.
+    int64_t slots = 0;
+    for (const auto& [name, w] : workers_) slots += w.draining ? 0 : w.slots;
+    const int64_t queued = queued_units_ + static_cast<int64_t>(units.size());
+    const int64_t guided = (queued + slots - 1) / std::max<int64_t>(1, slots);
+    const auto size = static_cast<std::size_t>(
+        options_.guided_sizes ? std::clamp<int64_t>(guided, 1, options_.max_prompts_per_lease) : options_.max_prompts_per_lease);
+    if (units.size() > size) {
+      Pending rest;
+      rest.units.assign(units.begin() + static_cast<std::ptrdiff_t>(size), units.end());
+      for (int64_t u : rest.units) rest.cost += units_[u].scheduled.cost;
+      PushFront(std::move(rest));
+      units.resize(size);
+    }
+    return units;
+  }
+  return std::nullopt;
+}
+
+void LeaseScheduler::PushFront(Pending p) {
+  queued_units_ += static_cast<int64_t>(p.units.size());
+  queue_.push_front(std::move(p));
+}
+
+std::optional<LeaseGrant> LeaseScheduler::Acquire(const std::string& worker, Clock::time_point now) {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end() || !FreeSlot(it->second)) return std::nullopt;
+  LeaseGrant grant;
+  if (std::optional<std::vector<int64_t>> units = TakeQueued(it->second)) {
+    Issue(worker, std::move(*units), false, now, &grant);
     return grant;
   }
   const std::optional<uint64_t> straggler = StragglerFor(worker);
@@ -170,6 +218,7 @@ uint64_t LeaseScheduler::Issue(const std::string& worker, std::vector<int64_t> u
   }
   active_[id] = Active{worker, std::move(units), now, now + options_.lease_timeout};
   workers_[worker].leases.insert(id);
+  workers_[worker].ran.insert({first.kind, first.candidate});
   ++counters_.leases_issued;
   return id;
 }
@@ -245,7 +294,7 @@ void LeaseScheduler::Requeue(uint64_t lease) {
   Pending p;
   for (int64_t u : orphans) p.cost += units_[u].scheduled.cost;
   p.units = std::move(orphans);
-  queue_.push_front(std::move(p));  // already late: next in line
+  PushFront(std::move(p));  // already late: next in line
 }
 
 std::vector<uint64_t> LeaseScheduler::Heartbeat(const std::string& worker, const std::vector<uint64_t>& ids,
@@ -281,6 +330,11 @@ std::vector<uint64_t> LeaseScheduler::TakeCancelled(const std::string& worker) {
   std::vector<uint64_t> out;
   out.swap(it->second.cancelled);
   return out;
+}
+
+bool LeaseScheduler::HasCancelled(const std::string& worker) const {
+  const auto it = workers_.find(worker);
+  return it != workers_.end() && !it->second.cancelled.empty();
 }
 
 }  // namespace namm::coordinator

@@ -800,7 +800,7 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
     q.bind(1, run_id);
     q.bind(2, role);
     q.bind(3, stage);
-    if (!q.executeStep()) return Status::NotFound("there is no " + what);
+    if (!q.executeStep()) return Status::NotFound(what + " does not exist");
     CheckpointRecord c;
     c.role = role;
     c.stage = q.getColumn(0).getInt64();

@@ -19,6 +19,8 @@ using Action = std::function<int()>;
 void AddStatusCommand(CLI::App& app, Action& run);
 void AddExportCommand(CLI::App& app, Action& run);
 void AddImportReferenceCommand(CLI::App& app, Action& run);
+// serve and run.
+void AddServeCommands(CLI::App& app, Action& run);
 
 // Prints "namm-coordinator: error: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

@@ -45,6 +45,18 @@ Result<std::string> read_file(const std::string& path) {
   return buffer.str();
 }
 
+Result<std::string> read_secret_file(const std::string& path) {
+  NAMM_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  const auto first = text.find_first_not_of(" \t\r\n");
+  const auto last = text.find_last_not_of(" \t\r\n");
+  const std::string secret = first == std::string::npos ? "" : text.substr(first, last - first + 1);
+  if (secret.size() < 16) return Status::InvalidArgument(path + ": a shared secret needs at least 16 characters");
+  for (char c : secret) {
+    if (c < 0x20 || c > 0x7e) return Status::InvalidArgument(path + ": the shared secret must be printable ASCII");
+  }
+  return secret;
+}
+
 Status write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -102,6 +102,30 @@ const char* scoring_name(Scoring scoring) {
   return "?";
 }
 
+namespace {
+
+Status ApplyDirectoryFlags(const std::vector<std::string>& specs, const std::string& flag,
+                           std::map<std::string, std::string>* dirs) {
+  for (const auto& spec : specs) {
+    const auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      return Status::InvalidArgument(flag + " expects BENCHMARK=DIR, got '" + spec + "'");
+    }
+    (*dirs)[spec.substr(0, eq)] = spec.substr(eq + 1);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<TaskPaths> task_paths_from_flags(const TaskPathFlags& flags) {
+  TaskPaths paths = default_task_paths();
+  if (!flags.tasks_dir.empty()) paths.tasks_dir = flags.tasks_dir;
+  NAMM_RETURN_IF_ERROR(ApplyDirectoryFlags(flags.data_dirs, "--data-dir", &paths.data_dirs));
+  NAMM_RETURN_IF_ERROR(ApplyDirectoryFlags(flags.config_dirs, "--config-dir", &paths.config_dirs));
+  return paths;
+}
+
 TaskPaths default_task_paths() {
   TaskPaths paths;
   paths.tasks_dir = NAMM_TASKS_DIR;

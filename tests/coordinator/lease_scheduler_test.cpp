@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 
 namespace namm::coordinator {
 namespace {
@@ -21,9 +22,11 @@ std::vector<ScheduledUnit> Units(int64_t candidates, int64_t prompts, double (*c
   return out;
 }
 
+// Fixed lease sizes, so that tests of expiry, copies and draining know what each lease holds.
 SchedulerOptions Options(int64_t per_lease = 4, int timeout_ms = 1000) {
   SchedulerOptions o;
   o.max_prompts_per_lease = per_lease;
+  o.guided_sizes = false;
   o.lease_timeout = milliseconds(timeout_ms);
   return o;
 }
@@ -57,6 +60,57 @@ TEST(LeaseScheduler, PacksByCandidateAndTaskLongestFirstAndBalanced) {
   EXPECT_EQ(groups.size(), 3u);
   EXPECT_EQ((groups[{0, 0}]), 3);
   EXPECT_EQ((groups[{1, 0}]), 1);
+}
+
+TEST(LeaseScheduler, LeasesShrinkToSinglePromptsAtThePhasesEnd) {
+  SchedulerOptions guided = Options(4);
+  guided.guided_sizes = true;
+  LeaseScheduler s(guided);
+  s.StartPhase(Units(16, 4));  // 64 equal prompts, 4 workers with one slot each
+  for (const char* w : {"a", "b", "c", "d"}) s.AddWorker(w, 1);
+  const Clock::time_point t0;
+  std::vector<std::size_t> sizes;
+  while (!s.Done()) {
+    for (const char* w : {"a", "b", "c", "d"}) {
+      if (auto g = s.Acquire(w, t0)) {
+        sizes.push_back(g->prompts.size());
+        CompleteAll(s, w, *g);
+      }
+    }
+  }
+  // ceil(queued / 4 slots), at most 4: full leases while 13 or more prompts wait, single prompts at the end.
+  ASSERT_GE(sizes.size(), 8u);
+  EXPECT_EQ(sizes.front(), 4u);
+  for (std::size_t i = sizes.size() - 4; i < sizes.size(); ++i) EXPECT_EQ(sizes[i], 1u) << "lease " << i;
+  EXPECT_EQ(std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}), 64u);
+  EXPECT_EQ(s.counters().results_accepted, 64);
+}
+
+TEST(LeaseScheduler, AWorkerKeepsToCandidatesItAlreadyRan) {
+  LeaseScheduler s(Options(2));
+  // Per candidate the leases {10, 1} (cost 11) and {9.95, 1} (10.95): in longest-first order the four
+  // candidates' first leases come before any second one.
+  s.StartPhase(Units(4, 4, [](int64_t p) { return std::vector<double>{10, 9.95, 1, 1}[static_cast<std::size_t>(p)]; }));
+  s.AddWorker("a", 1);
+  s.AddWorker("b", 1);
+  const Clock::time_point t0;
+  auto a1 = s.Acquire("a", t0), b1 = s.Acquire("b", t0);
+  ASSERT_TRUE(a1 && b1);
+  EXPECT_EQ(a1->candidate, 0);
+  EXPECT_EQ(b1->candidate, 1);
+  CompleteAll(s, "a", *a1);
+  CompleteAll(s, "b", *b1);
+  // Candidates 2 and 3 are next in line, but the second leases of 0 and 1 are as long (within 1%).
+  auto a2 = s.Acquire("a", t0), b2 = s.Acquire("b", t0);
+  ASSERT_TRUE(a2 && b2);
+  EXPECT_EQ(a2->candidate, 0) << "a has these parameters already";
+  EXPECT_EQ(b2->candidate, 1);
+  auto a3 = s.Acquire("a", t0);
+  EXPECT_FALSE(a3) << "one slot";
+  CompleteAll(s, "a", *a2);
+  a3 = s.Acquire("a", t0);
+  ASSERT_TRUE(a3);
+  EXPECT_EQ(a3->candidate, 2) << "nothing of candidate 0 is left: the front of the queue";
 }
 
 TEST(LeaseScheduler, SlotsLimitLeasesAndEveryUnitCountsOnce) {

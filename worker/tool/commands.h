@@ -13,6 +13,8 @@ using Action = std::function<int()>;
 void AddGenerateCommand(CLI::App& app, Action& run);
 void AddRunTaskCommand(CLI::App& app, Action& run);
 void AddBuildSyntheticCommand(CLI::App& app, Action& run);
+// serve and fingerprint.
+void AddServeCommand(CLI::App& app, Action& run);
 
 // Prints "namm-worker: error: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

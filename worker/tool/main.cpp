@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   namm::worker::cli::AddGenerateCommand(app, run);
   namm::worker::cli::AddRunTaskCommand(app, run);
   namm::worker::cli::AddBuildSyntheticCommand(app, run);
+  namm::worker::cli::AddServeCommand(app, run);
   CLI11_PARSE(app, argc, argv);
   try {
     return run();

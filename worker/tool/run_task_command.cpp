@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "namm/file_util.h"
 #include "namm/tasks/normalized_score.h"
+#include "namm/tasks/task_path_options.h"
 #include "namm/worker/task_runner.h"
 #include "setup.h"
 
@@ -16,28 +17,14 @@ namespace {
 struct RunTaskOptions {
   ModelOptions model;
   PolicyOptions policy;
-  std::string task, rows = ":", tasks_dir, record_reference;
-  std::vector<std::string> data_dirs, config_dirs;
+  std::string task, rows = ":", record_reference;
+  tasks::TaskPathFlags paths;
   int64_t max_context = 0;
   bool clean_context = false, json = false;
 };
 
-Status ApplyDirectories(const std::vector<std::string>& specs, const char* flag, std::map<std::string, std::string>* out) {
-  for (const auto& spec : specs) {
-    const auto eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
-      return Status::InvalidArgument(std::string(flag) + " expects BENCHMARK=DIR, got '" + spec + "'");
-    }
-    (*out)[spec.substr(0, eq)] = spec.substr(eq + 1);
-  }
-  return Status::Ok();
-}
-
 Status RunTask(const RunTaskOptions& o) {
-  tasks::TaskPaths paths = tasks::default_task_paths();
-  if (!o.tasks_dir.empty()) paths.tasks_dir = o.tasks_dir;
-  NAMM_RETURN_IF_ERROR(ApplyDirectories(o.data_dirs, "--data-dir", &paths.data_dirs));
-  NAMM_RETURN_IF_ERROR(ApplyDirectories(o.config_dirs, "--config-dir", &paths.config_dirs));
+  NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
   NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(o.task, paths));
   NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
   NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> selected, tasks::parse_row_range(o.rows, static_cast<int64_t>(rows.size())));
@@ -110,11 +97,7 @@ void AddRunTaskCommand(CLI::App& app, Action& run) {
   AddPolicyOptions(cmd, o->policy);
   cmd->add_option("--task", o->task, "Task name, e.g. lb/passage_retrieval_zh or syn/story_recall")->required();
   cmd->add_option("--rows", o->rows, "Rows to run: N, A:B, A: or :B (default: all)");
-  cmd->add_option("--tasks-dir", o->tasks_dir, "Directory of task definitions (default: the repository's tasks/)");
-  cmd->add_option("--data-dir", o->data_dirs, "BENCHMARK=DIR holding <dataset>.jsonl (repeatable; longbench defaults "
-                                              "to ../shared/data/longbench)");
-  cmd->add_option("--config-dir", o->config_dirs, "BENCHMARK=DIR holding dataset2prompt.json and dataset2maxlen.json "
-                                                  "(default: <data dir>/config)");
+  tasks::add_task_path_options(cmd, o->paths);
   cmd->add_option("--max-context", o->max_context,
                   "Longest prompt + answer to run (default: the task's max_context, else the model's context; "
                   "larger values run beyond the trained length)")

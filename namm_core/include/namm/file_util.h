@@ -18,6 +18,10 @@ std::string parent_directory(const std::string& path);
 // Reads a whole file into memory.
 Result<std::string> read_file(const std::string& path);
 
+// A shared secret kept in a file (e.g. the coordinator's worker token): the content without surrounding
+// whitespace, which must be at least 16 printable characters.
+Result<std::string> read_secret_file(const std::string& path);
+
 // Writes `pieces` back to back into `path` so that a crash or error at any point leaves either the old file or the
 // complete new one: the data goes to a temporary file in the same directory, is fsync'ed, then renamed over `path`.
 Status write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces);

@@ -3,6 +3,11 @@
 //  - Units (one prompt of one candidate, or of the base model) are grouped into leases of at most
 //    `max_prompts_per_lease` prompts of the same candidate and task, balanced by cost (prompt tokens), and
 //    handed out longest first: the longest-processing-time rule keeps the generation's tail short.
+//  - Lease sizes are guided: a lease holds at most ceil(queued prompts / worker slots) prompts, so leases are
+//    full-size while there is plenty of work and shrink to single prompts at the generation's end, where a
+//    coarse lease would leave other workers idle.
+//  - Among the equally long leases at the front of the queue, a worker gets one of a candidate it already ran
+//    this phase: it has that candidate's parameters and needs no new ones.
 //  - A worker holds at most `slots` leases. A lease lives until `lease_timeout` after its last heartbeat; then
 //    its unfinished units go back to the front of the queue.
 //  - When the queue is empty, an idle worker gets a copy of the oldest running lease (straggler duplication, at
@@ -60,6 +65,7 @@ struct SchedulerOptions {
   int64_t max_prompts_per_lease = 4;
   std::chrono::milliseconds lease_timeout{30000};
   int max_copies = 2;  // workers running one unit at once, straggler copies included
+  bool guided_sizes = true;  // shrink leases at the phase's end (else always max_prompts_per_lease)
 };
 
 struct SchedulerCounters {
@@ -87,6 +93,7 @@ class LeaseScheduler {
   void RemoveWorker(const std::string& worker);
   // No new leases for the worker; `returned` of its leases go back to the queue (unknown ids are ignored).
   void Drain(const std::string& worker, const std::vector<uint64_t>& returned);
+  bool IsDraining(const std::string& worker) const;
   // Leases the worker holds.
   std::vector<uint64_t> LeasesOf(const std::string& worker) const;
 
@@ -110,12 +117,14 @@ class LeaseScheduler {
   int64_t ExpireLeases(Clock::time_point now);
   // Leases of `worker` cancelled since the last call (finished by a copy, or of an ended phase).
   std::vector<uint64_t> TakeCancelled(const std::string& worker);
+  bool HasCancelled(const std::string& worker) const;
 
   bool Done() const { return done_count_ == static_cast<int64_t>(units_.size()); }
   int64_t units_total() const { return static_cast<int64_t>(units_.size()); }
   int64_t units_done() const { return done_count_; }
   int64_t leases_active() const { return static_cast<int64_t>(active_.size()); }
   const SchedulerCounters& counters() const { return counters_; }
+  const SchedulerOptions& options() const { return options_; }
 
  private:
   struct Unit {
@@ -137,10 +146,14 @@ class LeaseScheduler {
     bool draining = false;
     std::set<uint64_t> leases;
     std::vector<uint64_t> cancelled;
+    std::set<std::pair<UnitKind, int64_t>> ran;  // (kind, candidate) of leases issued in this phase
   };
 
   // Pending leases of at most max_prompts_per_lease units of one (kind, candidate, task), balanced by cost.
   std::vector<Pending> Pack(const std::vector<int64_t>& unit_indices) const;
+  // Takes the queued lease `worker` should run next (undone units only), cut to the guided size.
+  std::optional<std::vector<int64_t>> TakeQueued(const Worker& worker);
+  void PushFront(Pending p);
   // The active lease whose still-unfinished units a copy for `worker` would run (oldest first), if any.
   std::optional<uint64_t> StragglerFor(const std::string& worker) const;
   // Undone units of `lease` that no other active lease runs.
@@ -157,6 +170,7 @@ class LeaseScheduler {
   std::vector<Unit> units_;
   int64_t done_count_ = 0;
   std::deque<Pending> queue_;
+  int64_t queued_units_ = 0;  // units in queue_ (a few may have been finished meanwhile by late results)
   std::map<uint64_t, Active> active_;
   std::map<uint64_t, std::vector<int64_t>> retired_;  // ended leases of this phase
   std::map<std::string, Worker> workers_;

@@ -60,6 +60,15 @@ struct TaskPaths {
   std::map<std::string, std::string> config_dirs;   // benchmark -> directory of dataset2prompt.json etc.
 };
 
+// Command-line overrides of the default paths: --tasks-dir DIR, --data-dir BENCHMARK=DIR (repeatable),
+// --config-dir BENCHMARK=DIR (repeatable).
+struct TaskPathFlags {
+  std::string tasks_dir;
+  std::vector<std::string> data_dirs, config_dirs;
+};
+// default_task_paths() with the flags applied; a malformed BENCHMARK=DIR is an error naming the flag.
+Result<TaskPaths> task_paths_from_flags(const TaskPathFlags& flags);
+
 // The defaults of this build: the repository's tasks/ directory and ../shared/data/longbench for LongBench.
 TaskPaths default_task_paths();
 

@@ -1,0 +1,259 @@
+// The coordinator alone against simulated workers over real gRPC on loopback (tools/sim_worker): every worker
+// answers with a fixed function of the candidate's parameters after a delay proportional to the prompt's length
+// (the LongBench subsets in ../shared: dureader, multifieldqa_zh, passage_retrieval_zh, vcsum, lsht).
+//
+//   coordinator_bench [--workers 64] [--population 32] [--prompts 32] [--generations 4] [--unit-ms 30]
+//
+// Scenarios, each a real run (SQLite store, CMA-ES at the paper's N = 4172, the lease scheduler):
+//   throughput     no delay: results per second the coordinator takes in (phase units / phase time)
+//   homogeneous    every worker at speed 1, mean prompt --unit-ms
+//   heterogeneous  one worker in eight at half speed
+// For the two timed scenarios, per generation: the makespan (phase start to its last result) against the
+// ideal (total work / total speed) and against the reference's static split computed on the same prompts and
+// durations (world size W > 32: each member on W/32 workers, the sampled prompts split among them); and the
+// added latency: the gap between a worker's consecutive leases of one generation (the report's round trip and
+// the next lease's arrival), per lease and spread over a lease's prompts.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "namm/coordinator/run_server.h"
+#include "sim_executor.h"
+
+using namespace namm;
+using namespace namm::coordinator;
+
+namespace {
+
+const std::vector<std::string> kTasks = {"lb/dureader", "lb/lsht", "lb/multifieldqa_zh", "lb/passage_retrieval_zh",
+                                         "lb/vcsum"};
+
+struct Flags {
+  int workers = 64;
+  int population = 32;
+  int prompts = 32;
+  int generations = 4;
+  double unit_ms = 30;
+  int prompts_per_lease = 4;
+  std::string only;  // run one scenario
+};
+
+struct Scenario {
+  std::string name;
+  double seconds_per_cost = 0;
+  int slow_every = 0;  // every slow_every-th worker runs at half speed (0: none)
+};
+
+struct GenerationResult {
+  int64_t units = 0;
+  double makespan = 0, ideal = 0, static_split = 0;
+};
+
+struct ScenarioResult {
+  std::vector<GenerationResult> generations;
+  std::vector<double> gaps;  // seconds between consecutive prompts of one worker slot, within a generation
+  int64_t duplicates = 0;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+}
+
+std::string SpecYaml(const Flags& f) {
+  std::string tasks;
+  for (const std::string& t : kTasks) tasks += (tasks.empty() ? "" : ", ") + t;
+  return "name: coordinator-bench\n"
+         "model: {path: /sim, fingerprint: sha256:" + std::string(64, '0') + "}\n"
+         "namm: {scorer: bam, hidden: 32, selection: binary}\n"
+         "cmaes: {population: " + std::to_string(f.population) + ", sigma0: 0.065, seed: 1}\n"
+         "prompts_per_task: " + std::to_string(f.prompts) + "\n"
+         "eval_interval: 1000\n"
+         "eval_prompts: 4\n"
+         "stages:\n"
+         "  - {tasks: [" + tasks + "], generations: " + std::to_string(f.generations + 1) + "}\n";
+}
+
+double Speed(const Scenario& s, int worker) { return s.slow_every > 0 && worker % s.slow_every == 0 ? 0.5 : 1.0; }
+
+// The reference's static split of one generation, on the same durations: with W > lambda workers each member is
+// replicated W / lambda times and the prompts of every task are split among the replicas in sampled order.
+double StaticSplit(const Flags& f, const Scenario& s, const PromptCosts& costs, const PromptSample& samples) {
+  const int replicas = std::max(1, f.workers / f.population);
+  const int members_per_worker = std::max(1, f.population / f.workers);
+  double worst = 0;
+  for (int w = 0; w < f.workers; ++w) {
+    const int replica = w % replicas;
+    double work = 0;
+    for (const auto& [task, prompts] : samples) {
+      const std::size_t n = prompts.size();
+      for (std::size_t i = n * replica / replicas; i < n * (replica + 1) / replicas; ++i) {
+        const int64_t p = prompts[i];
+        work += costs.at(task)[static_cast<std::size_t>(p)] * s.seconds_per_cost * (1 + sim::sim_jitter(task, p));
+      }
+    }
+    worst = std::max(worst, work * members_per_worker / Speed(s, w));
+  }
+  return worst;
+}
+
+ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts& costs) {
+  const std::string db = std::filesystem::temp_directory_path() / ("coordinator_bench_" + std::to_string(::getpid()) + ".db");
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
+  auto store = Store::Open(db, OpenMode::kCreate).value();
+  const RunSpec spec = parse_run_spec(SpecYaml(f), "bench").value();
+  tasks::ReferenceScores reference;
+  for (const auto& [task, c] : costs) {
+    for (std::size_t p = 0; p < c.size(); ++p) (void)reference.Set(task, static_cast<int64_t>(p), sim::sim_reference_score(task, static_cast<int64_t>(p)));
+  }
+  (void)store->ImportReferenceScores(spec.model.fingerprint, reference, "bench", false).value();
+  auto trainer = Trainer::Create(*store, spec, row_counts(costs)).value();
+
+  ScenarioResult result;
+  ServeOptions options;
+  options.listen = "127.0.0.1:0";
+  options.token = std::string(32, 'x');
+  options.handle_signals = false;
+  options.scheduler.max_prompts_per_lease = f.prompts_per_lease;
+  options.progress = [&](const PhaseProgress& p) {
+    if (!p.record || p.record->generation == 0) return;  // the statistics phase and the stage-start evaluation
+    GenerationResult g;
+    g.units = p.units;
+    g.makespan = p.seconds;
+    double work = 0, speed = 0;
+    for (int w = 0; w < f.workers; ++w) speed += Speed(s, w);
+    for (const auto& [task, prompts] : p.record->samples) {
+      for (int64_t prompt : prompts) {
+        work += costs.at(task)[static_cast<std::size_t>(prompt)] * s.seconds_per_cost * (1 + sim::sim_jitter(task, prompt));
+      }
+    }
+    g.ideal = work * f.population / speed;
+    g.static_split = StaticSplit(f, s, costs, p.record->samples);
+    result.generations.push_back(g);
+  };
+  auto server = RunServer::Start(*store, *trainer, costs, options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
+    std::exit(1);
+  }
+  std::vector<std::unique_ptr<sim::SimExecutor>> executors;
+  std::vector<std::unique_ptr<worker::WorkerClient>> clients;
+  for (int w = 0; w < f.workers; ++w) {
+    worker::WorkerClientOptions o;
+    o.coordinator = "127.0.0.1:" + std::to_string((*server)->port());
+    o.token = options.token;
+    o.name = "sim-" + std::to_string(w);
+    o.model_fingerprint = spec.model.fingerprint;
+    o.exit_when_done = true;
+    executors.push_back(std::make_unique<sim::SimExecutor>(costs, sim::SimOptions{s.seconds_per_cost, Speed(s, w)}, 1));
+    clients.push_back(std::make_unique<worker::WorkerClient>(o, *executors.back()));
+  }
+  std::vector<std::thread> threads;
+  for (auto& c : clients) threads.emplace_back([&c] { (void)c->Run(); });
+  auto outcome = (*server)->Run();
+  for (std::thread& t : threads) t.join();
+  if (!outcome.ok() || !outcome->finished) {
+    std::fprintf(stderr, "scenario %s did not finish: %s\n", s.name.c_str(), outcome.status().ToString().c_str());
+    std::exit(1);
+  }
+  for (auto& c : clients) result.duplicates += c->stats().duplicates;
+  for (auto& e : executors) {
+    for (const auto& [end, start] : e->timing().gaps) result.gaps.push_back(std::chrono::duration<double>(start - end).count());
+  }
+  server->reset();
+  store.reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const double v = std::atof(argv[i + 1]);
+    if (flag == "--only") f.only = argv[i + 1];
+    else if (flag == "--workers") f.workers = static_cast<int>(v);
+    else if (flag == "--population") f.population = static_cast<int>(v);
+    else if (flag == "--prompts") f.prompts = static_cast<int>(v);
+    else if (flag == "--generations") f.generations = static_cast<int>(v);
+    else if (flag == "--unit-ms") f.unit_ms = v;
+    else if (flag == "--prompts-per-lease") f.prompts_per_lease = static_cast<int>(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  tasks::TaskPaths paths = tasks::default_task_paths();
+  auto costs = load_prompt_costs(kTasks, paths);
+  if (!costs.ok()) {
+    std::fprintf(stderr, "coordinator_bench needs the LongBench subsets in ../shared: %s\n",
+                 costs.status().ToString().c_str());
+    return 1;
+  }
+  double cost_sum = 0, count = 0, cost_min = 1e300, cost_max = 0;
+  for (const auto& [task, c] : *costs) {
+    for (double x : c) {
+      cost_sum += x;
+      ++count;
+      cost_min = std::min(cost_min, x);
+      cost_max = std::max(cost_max, x);
+    }
+  }
+  const double spc = f.unit_ms / 1000.0 / (cost_sum / count);
+  std::printf("coordinator_bench: %d simulated workers over gRPC on loopback, population %d, %zu tasks x %d prompts, "
+              "%d prompts per lease, N = 4172\n", f.workers, f.population, kTasks.size(), f.prompts,
+              f.prompts_per_lease);
+  std::printf("prompt lengths (estimated tokens) %.0f..%.0f, mean %.0f -> mean prompt %.1f ms, longest %.1f ms\n\n",
+              cost_min, cost_max, cost_sum / count, f.unit_ms, cost_max * spc * 1000);
+
+  spdlog::set_level(spdlog::level::warn);
+  if (f.only.empty() || f.only == "throughput") {
+  const ScenarioResult throughput = RunScenario(f, {"throughput", 0, 0}, *costs);
+  std::vector<double> rates;
+  for (const GenerationResult& g : throughput.generations) rates.push_back(static_cast<double>(g.units) / g.makespan);
+  std::printf("throughput (no delay): %.0f results/s median over %zu generations (min %.0f, max %.0f), %lld units "
+              "per generation\n\n",
+              Median(rates), rates.size(), *std::min_element(rates.begin(), rates.end()),
+              *std::max_element(rates.begin(), rates.end()),
+              static_cast<long long>(throughput.generations.front().units));
+  }
+
+  std::printf("%-14s %4s %7s %10s %8s %10s %12s %8s %14s %12s %12s\n", "scenario", "gen", "units", "makespan", "ideal",
+              "/ideal", "static split", "/ideal", "gap p50 (ms)", "gap p99 (ms)", "per unit (ms)");
+  for (const Scenario& s : {Scenario{"homogeneous", spc, 0}, Scenario{"heterogeneous", spc, 8}}) {
+    if (!f.only.empty() && f.only != s.name) continue;
+    const ScenarioResult r = RunScenario(f, s, *costs);
+    for (std::size_t i = 0; i < r.generations.size(); ++i) {
+      const GenerationResult& g = r.generations[i];
+      std::printf("%-14s %4zu %7lld %9.3fs %7.3fs %10.3f %11.3fs %8.3f\n", s.name.c_str(), i + 1,
+                  static_cast<long long>(g.units), g.makespan, g.ideal, g.makespan / g.ideal, g.static_split,
+                  g.static_split / g.ideal);
+    }
+    std::vector<double> ratios;
+    for (const GenerationResult& g : r.generations) ratios.push_back(g.makespan / g.ideal);
+    std::vector<double> static_ratios;
+    for (const GenerationResult& g : r.generations) static_ratios.push_back(g.static_split / g.ideal);
+    std::printf("%-14s %4s %7s %10s %8s %10.3f %12s %8.3f %14.2f %12.2f %12.3f   (medians; %lld duplicate results)\n",
+                s.name.c_str(), "all", "", "", "", Median(ratios), "", Median(static_ratios), Median(r.gaps) * 1000,
+                Quantile(r.gaps, 0.99) * 1000, Median(r.gaps) * 1000 / f.prompts_per_lease,
+                static_cast<long long>(r.duplicates));
+  }
+  return 0;
+}

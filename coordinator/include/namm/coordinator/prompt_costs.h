@@ -1,0 +1,23 @@
+// How long each prompt of a run's tasks takes to run, relatively: what leases are balanced by. A prompt's cost
+// is its length in tokens: counted for token-id rows, estimated as UTF-8 bytes / 4 for text prompts (the
+// coordinator has no tokenizer; only the order and the rough ratios matter).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "namm/status.h"
+#include "namm/tasks/task.h"
+
+namespace namm::coordinator {
+
+using PromptCosts = std::map<std::string, std::vector<double>>;  // task -> cost of each row
+
+// Costs of every row of `task_names`, read from their data files. Errors name the task and the file.
+Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names, const tasks::TaskPaths& paths);
+
+// The number of rows of each task, as Trainer::Create wants it.
+std::map<std::string, int64_t> row_counts(const PromptCosts& costs);
+
+}  // namespace namm::coordinator

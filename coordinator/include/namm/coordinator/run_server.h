@@ -1,0 +1,82 @@
+// Serving a run to workers over gRPC (proto/namm/v1/coordinator.proto): the loop that turns the trainer's plans
+// into leases and the workers' results into stored evaluations, generation after generation.
+//
+// The loop runs on Boost.Asio on the caller's thread: a timer expires leases, stores the results collected
+// since the last tick (one transaction per tick, so thousands of results per second cost a few commits), and
+// advances the trainer once every unit of the phase has a result; SIGTERM and SIGINT store what has arrived
+// and stop cleanly. Missing base-model reference scores are computed by the workers as units of the same phase
+// (full cache) and stored before the phase's tell(). Everything the run needs to continue is in the store,
+// so a restart (even after SIGKILL) re-plans the interrupted generation and leases only its missing units.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "namm/coordinator/lease_scheduler.h"
+#include "namm/coordinator/prompt_costs.h"
+#include "namm/coordinator/store.h"
+#include "namm/coordinator/trainer.h"
+#include "namm/status.h"
+
+namespace namm::coordinator {
+
+// PEM files for TLS. cert + key: serve TLS; client_ca as well: require and verify client certificates.
+struct ServerTls {
+  std::string cert, key, client_ca;
+};
+
+// What the loop reports when a phase ends.
+struct PhaseProgress {
+  int64_t generation = 0;
+  bool statistics = false;    // the phase collected normalization statistics (no tell)
+  int64_t units = 0;          // leased in this phase by this process
+  std::chrono::steady_clock::time_point started, finished;  // the phase's start and its last result
+  double seconds = 0;         // finished - started
+  std::optional<GenerationRecord> record;  // the committed generation (not for the statistics phase)
+  std::string line;           // generation, best / mean +- std fitness, sigma, cache size, units/s, ETA
+};
+
+struct ServeOptions {
+  std::string listen = "127.0.0.1:50051";  // HOST:PORT; port 0 picks a free one (see RunServer::port)
+  std::string token;                       // the shared secret workers must present; required
+  ServerTls tls;
+  SchedulerOptions scheduler;
+  int heartbeat_interval_ms = 2000;
+  int max_message_bytes = 4 << 20;         // largest message accepted from a worker
+  std::chrono::milliseconds tick{50};
+  bool handle_signals = true;              // SIGTERM / SIGINT stop the loop cleanly
+  // Called on the loop's thread after every phase.
+  std::function<void(const PhaseProgress&)> progress;
+};
+
+struct ServeOutcome {
+  bool finished = false;     // the schedule is done
+  bool interrupted = false;  // stopped by a signal or Stop()
+  int64_t next_generation = 0;
+};
+
+class RunServer {
+ public:
+  // Binds the listening address and starts gRPC's threads; nothing is leased before Run().
+  static Result<std::unique_ptr<RunServer>> Start(Store& store, Trainer& trainer, PromptCosts costs,
+                                                  ServeOptions options);
+  ~RunServer();
+  RunServer(const RunServer&) = delete;
+  RunServer& operator=(const RunServer&) = delete;
+
+  int port() const;
+  // Serves until the run finishes or a signal / Stop() arrives.
+  Result<ServeOutcome> Run();
+  // Thread-safe: ends Run() as SIGTERM would.
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit RunServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace namm::coordinator

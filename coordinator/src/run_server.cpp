@@ -1,0 +1,310 @@
+#include "namm/coordinator/run_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cmath>
+#include <cstdio>
+#include <regex>
+#include <set>
+
+#include "namm/file_util.h"
+#include "worker_service.h"
+
+namespace namm::coordinator {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Result<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerTls& tls) {
+  if (tls.cert.empty() && tls.key.empty() && tls.client_ca.empty()) return grpc::InsecureServerCredentials();
+  if (tls.cert.empty() || tls.key.empty()) {
+    return Status::InvalidArgument("TLS needs both a certificate and a private key (PEM)");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  NAMM_ASSIGN_OR_RETURN(pair.cert_chain, read_file(tls.cert));
+  NAMM_ASSIGN_OR_RETURN(pair.private_key, read_file(tls.key));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!tls.client_ca.empty()) {
+    NAMM_ASSIGN_OR_RETURN(ssl.pem_root_certs, read_file(tls.client_ca));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::string Duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buffer;
+}
+
+}  // namespace
+
+struct RunServer::Impl {
+  Impl(Store& s, Trainer& t, PromptCosts c, ServeOptions o) : store(s), trainer(t), costs(std::move(c)), options(std::move(o)) {}
+
+  Store& store;
+  Trainer& trainer;
+  PromptCosts costs;
+  ServeOptions options;
+  std::unique_ptr<WorkerService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  boost::asio::io_context io;
+  boost::asio::steady_timer timer{io};
+  std::set<std::pair<std::string, int64_t>> references_stored;  // by this process
+  Status error;
+  ServeOutcome outcome;
+  bool stopping = false;
+
+  // Progress of the current phase and of the run in this process.
+  Clock::time_point run_started, phase_started;
+  int64_t phase_units = 0, generations_done = 0;
+  double cache_sum = 0;
+  int64_t cache_count = 0;
+
+  Status StartPhase();
+  Status Flush();
+  void Tick();
+  void Schedule();
+  void Interrupt(const std::string& why);
+  void Fail(const Status& status);
+  void ReportProgress(const AdvanceSummary& summary);
+};
+
+Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& trainer, PromptCosts costs,
+                                                    ServeOptions options) {
+  if (options.token.empty()) return Status::InvalidArgument("serving a run needs a shared secret for its workers");
+  // Workers present what `namm-worker fingerprint` prints; a label could never match one.
+  static const std::regex kFingerprint("sha256:[0-9a-f]{64}");
+  if (!std::regex_match(trainer.spec().model.fingerprint, kFingerprint)) {
+    return Status::InvalidArgument("model.fingerprint '" + trainer.spec().model.fingerprint +
+                                   "' is not a worker fingerprint: put what `namm-worker fingerprint --model PATH` "
+                                   "prints (sha256:<64 hex digits>) in the run spec");
+  }
+  auto impl = std::make_unique<Impl>(store, trainer, std::move(costs), std::move(options));
+  const RunSpec& spec = trainer.spec();
+  ServiceConfig config;
+  config.token = impl->options.token;
+  config.run_name = spec.name;
+  config.model_fingerprint = spec.model.fingerprint;
+  config.architecture_json = spec.architecture.ToJson();
+  config.param_count = spec.architecture.param_count();
+  config.rope_scaling = spec.model.rope_scaling;
+  config.heartbeat_interval_ms = impl->options.heartbeat_interval_ms;
+  Impl* m = impl.get();
+  // The last result of a phase advances the run at once rather than at the next tick.
+  impl->service = std::make_unique<WorkerService>(config, impl->options.scheduler, [m] {
+    boost::asio::post(m->io, [m] {
+      if (!m->stopping) m->Tick();
+    });
+  });
+
+  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(impl->options.tls));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(impl->options.listen, credentials, &impl->port);
+  builder.SetMaxReceiveMessageSize(impl->options.max_message_bytes);
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    return Status::FailedPrecondition("cannot listen on " + impl->options.listen +
+                                      " (address in use, malformed, or not this host's)");
+  }
+  return std::unique_ptr<RunServer>(new RunServer(std::move(impl)));
+}
+
+RunServer::RunServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RunServer::~RunServer() {
+  if (impl_->server) {
+    impl_->service->End(v1::WorkBatch::END_SHUTDOWN);
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+}
+
+int RunServer::port() const { return impl_->port; }
+
+void RunServer::Stop() {
+  boost::asio::post(impl_->io, [this] { impl_->Interrupt("stop requested"); });
+}
+
+Result<ServeOutcome> RunServer::Run() {
+  Impl& m = *impl_;
+  m.run_started = Clock::now();
+  if (m.trainer.finished()) {
+    m.service->End(v1::WorkBatch::END_RUN_FINISHED);
+    m.outcome.finished = true;
+    return m.outcome;
+  }
+  NAMM_RETURN_IF_ERROR(m.StartPhase());
+  boost::asio::signal_set signals(m.io);
+  if (m.options.handle_signals) {
+    signals.add(SIGTERM);
+    signals.add(SIGINT);
+    signals.async_wait([&m](const boost::system::error_code& ec, int signal) {
+      if (!ec) m.Interrupt(signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    });
+  }
+  m.Schedule();
+  m.io.run();
+  signals.cancel();
+  // Streams deliver their last message (run finished / shutting down) before the server goes.
+  m.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  m.server.reset();
+  if (!m.error.ok()) return m.error;
+  m.outcome.next_generation = m.trainer.plan().generation;
+  return m.outcome;
+}
+
+void RunServer::Impl::Schedule() {
+  timer.expires_after(options.tick);
+  timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !stopping) Tick();
+  });
+}
+
+void RunServer::Impl::Fail(const Status& status) {
+  error = status;
+  spdlog::error("run '{}' stopped: {}", trainer.spec().name, status.ToString());
+  service->End(v1::WorkBatch::END_SHUTDOWN);
+  stopping = true;
+  io.stop();
+}
+
+void RunServer::Impl::Interrupt(const std::string& why) {
+  if (stopping) return;
+  stopping = true;
+  timer.cancel();
+  // Keep every result that arrived: a restart then leases only what is still missing.
+  const Status flushed = Flush();
+  if (!flushed.ok()) error = flushed;
+  service->End(v1::WorkBatch::END_SHUTDOWN);
+  outcome.interrupted = true;
+  const ServiceCounters c = service->counters();
+  spdlog::info("{}: stopping at generation {} with {} of its {} units stored; the same command resumes the run", why,
+               trainer.plan().generation, c.units_done, c.units_total);
+  io.stop();
+}
+
+Status RunServer::Impl::StartPhase() {
+  const GenerationPlan& plan = trainer.plan();
+  NAMM_ASSIGN_OR_RETURN(std::vector<WorkUnit> missing, trainer.Missing());
+  auto cost = [&](const std::string& task, int64_t prompt) {
+    const auto it = costs.find(task);
+    return it != costs.end() && prompt >= 0 && prompt < static_cast<int64_t>(it->second.size())
+               ? it->second[static_cast<std::size_t>(prompt)]
+               : 1.0;
+  };
+  std::vector<ScheduledUnit> units;
+  auto phase = std::make_shared<PhaseData>();
+  phase->generation = plan.generation;
+  phase->collect_norm_stats = plan.collect_norm_stats;
+  phase->norm_stats = plan.norm_stats;
+  for (const WorkUnit& u : missing) {
+    units.push_back({UnitKey{UnitKind::kCandidate, u.candidate, u.task, u.prompt}, cost(u.task, u.prompt)});
+    if (phase->params.count(u.candidate) == 0) {
+      const std::vector<double> x = plan.params_of(u.candidate);
+      phase->params[u.candidate] = std::vector<float>(x.begin(), x.end());
+    }
+  }
+  int64_t references = 0;
+  for (const auto& [task, prompt] : plan.missing_references) {
+    if (references_stored.count({task, prompt}) > 0) continue;
+    units.push_back({UnitKey{UnitKind::kReference, 0, task, prompt}, cost(task, prompt)});
+    ++references;
+  }
+  service->StartPhase(phase, units);
+  phase_started = Clock::now();
+  phase_units = static_cast<int64_t>(units.size());
+  cache_sum = 0;
+  cache_count = 0;
+  spdlog::info("generation {}{}: {} units to run ({} base-model reference scores)", plan.generation,
+               plan.collect_norm_stats ? " (normalization statistics)" : "", units.size(), references);
+  return Status::Ok();
+}
+
+Status RunServer::Impl::Flush() {
+  std::vector<EvaluationRecord> evaluations;
+  std::vector<ReferenceResult> references;
+  service->TakeResults(&evaluations, &references);
+  if (!references.empty()) {
+    tasks::ReferenceScores scores;
+    for (const ReferenceResult& r : references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
+    NAMM_RETURN_IF_ERROR(store.ImportReferenceScores(trainer.spec().model.fingerprint, scores,
+                                                     "computed by namm workers (full cache)", false)
+                             .status());
+    for (const ReferenceResult& r : references) references_stored.insert({r.task, r.prompt});
+  }
+  if (!evaluations.empty()) {
+    for (const EvaluationRecord& e : evaluations) {
+      cache_sum += e.cache_size_mean;
+      ++cache_count;
+    }
+    NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
+  }
+  return Status::Ok();
+}
+
+void RunServer::Impl::Tick() {
+  service->ExpireLeases();
+  const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
+  if (Status s = Flush(); !s.ok()) return Fail(s);
+  if (done) {
+    Result<AdvanceSummary> summary = trainer.Advance();
+    if (!summary.ok()) return Fail(summary.status());
+    ReportProgress(*summary);
+    if (summary->finished) {
+      service->End(v1::WorkBatch::END_RUN_FINISHED);
+      outcome.finished = true;
+      stopping = true;
+      spdlog::info("run '{}' finished", trainer.spec().name);
+      io.stop();
+      return;
+    }
+    if (Status s = StartPhase(); !s.ok()) return Fail(s);
+  }
+  Schedule();
+}
+
+void RunServer::Impl::ReportProgress(const AdvanceSummary& summary) {
+  PhaseProgress p;
+  p.generation = summary.generation;
+  p.statistics = summary.froze_norm_stats;
+  p.units = phase_units;
+  p.started = phase_started;
+  p.finished = service->PhaseDoneAt();
+  p.seconds = std::chrono::duration<double>(p.finished - p.started).count();
+  const double rate = p.seconds > 0 ? static_cast<double>(phase_units) / p.seconds : 0;
+  char line[512];
+  if (summary.froze_norm_stats) {
+    std::snprintf(line, sizeof line, "generation %lld: normalization statistics frozen | %.1f units/s",
+                  static_cast<long long>(summary.generation), rate);
+  } else {
+    p.record = summary.record;
+    ++generations_done;
+    const GenerationRecord& r = summary.record;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - run_started).count();
+    const int64_t left = trainer.spec().total_generations() - (summary.generation + 1);
+    const double eta = elapsed / static_cast<double>(generations_done) * static_cast<double>(left);
+    std::snprintf(line, sizeof line,
+                  "generation %lld (stage %lld) | best %.4f | mean %.4f +- %.4f | sigma %.5f | cache %.0f | "
+                  "%.1f units/s | ETA %s",
+                  static_cast<long long>(r.generation), static_cast<long long>(r.stage), r.fitness_best, r.fitness_mean,
+                  r.fitness_std, trainer.state().sigma, cache_count > 0 ? cache_sum / static_cast<double>(cache_count) : 0.0,
+                  rate, Duration(eta).c_str());
+  }
+  p.line = line;
+  if (options.progress) options.progress(p);
+  spdlog::info("{}", p.line);
+}
+
+}  // namespace namm::coordinator

@@ -1,0 +1,408 @@
+#include "worker_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "namm/v1/norm_stats_proto.h"
+
+namespace namm::coordinator {
+
+namespace {
+
+using grpc::StatusCode;
+using Clock = LeaseScheduler::Clock;
+
+constexpr int kMaxSlots = 64;
+constexpr std::size_t kMaxResultsPerReport = 1024;
+constexpr std::size_t kMaxIdsPerCall = 4096;
+
+// Constant time in the content: how much of a wrong token matches must not show in the timing.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string NewWorkerId() {
+  std::random_device device;  // identifiers only: never part of the run's deterministic state
+  static const char* hex = "0123456789abcdef";
+  std::string id = "w-";
+  for (int i = 0; i < 24; ++i) id += hex[device() % 16];
+  return id;
+}
+
+bool Printable(const std::string& s) {
+  for (char c : s) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+// An empty string when `stats` is well formed, else what is wrong.
+std::string CheckNormStats(const v1::NormStats& stats) {
+  if (stats.count() < 0) return "count is negative";
+  if (stats.mean_size() != static_cast<int>(kStftBins) || stats.var_size() != static_cast<int>(kStftBins)) {
+    return "mean and var need " + std::to_string(kStftBins) + " values each, got " +
+           std::to_string(stats.mean_size()) + " and " + std::to_string(stats.var_size());
+  }
+  for (int i = 0; i < stats.mean_size(); ++i) {
+    if (!std::isfinite(stats.mean(i)) || !std::isfinite(stats.var(i)) || stats.var(i) < 0) {
+      return "bin " + std::to_string(i) + " has a non-finite mean or a negative or non-finite variance";
+    }
+  }
+  return "";
+}
+
+// An empty string when the result's numbers are well formed, else "field: reason".
+std::string CheckResult(const v1::PromptResult& r) {
+  if (!std::isfinite(r.score()) || r.score() < 0 || r.score() > 1) {
+    std::ostringstream text;
+    text << "score " << r.score() << " is not a finite number in [0, 1]";
+    return text.str();
+  }
+  if (!std::isfinite(r.cache_size_mean()) || r.cache_size_mean() < 0) return "cache_size_mean is negative or not finite";
+  if (r.cache_size_final() < 0) return "cache_size_final is negative";
+  if (r.prompt_tokens() < 0 || r.generated_tokens() < 0) return "token counts must not be negative";
+  if (!std::isfinite(r.seconds()) || r.seconds() < 0) return "seconds is negative or not finite";
+  if (r.has_norm_stats()) {
+    const std::string bad = CheckNormStats(r.norm_stats());
+    if (!bad.empty()) return "norm_stats: " + bad;
+  }
+  return "";
+}
+
+}  // namespace
+
+WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, std::function<void()> phase_done)
+    : config_(std::move(config)), phase_done_(std::move(phase_done)), scheduler_(scheduler) {}
+
+grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) {
+  ++refused_;
+  spdlog::warn("refused a worker call: {}", message);
+  return {code, message};
+}
+
+grpc::Status WorkerService::Authenticate(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("x-namm-token");
+  if (it == metadata.end()) {
+    return Refuse(StatusCode::UNAUTHENTICATED, "no x-namm-token metadata: workers must present the run's shared secret");
+  }
+  if (!SameSecret(std::string(it->second.data(), it->second.size()), config_.token)) {
+    return Refuse(StatusCode::UNAUTHENTICATED, "wrong shared secret (x-namm-token)");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::FindSession(const std::string& worker_id, std::shared_ptr<Session>* session) {
+  const auto it = sessions_.find(worker_id);
+  if (it == sessions_.end()) {
+    return Refuse(StatusCode::NOT_FOUND, "unknown worker id '" + worker_id + "' (coordinator restarted or the "
+                                         "session ended): register again");
+  }
+  *session = it->second;
+  return grpc::Status::OK;
+}
+
+void WorkerService::WakeAll() {
+  for (auto& [id, s] : sessions_) s->wake.notify_all();
+}
+
+void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units) {
+  std::lock_guard<std::mutex> lock(mu_);
+  phase_ = std::move(phase);
+  scheduler_.StartPhase(units);
+  phase_done_at_ = Clock::now();
+  WakeAll();
+}
+
+void WorkerService::TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references) {
+  std::lock_guard<std::mutex> lock(mu_);
+  evaluations->swap(evaluations_);
+  references->swap(references_);
+  evaluations_.clear();
+  references_.clear();
+}
+
+bool WorkerService::PhaseDone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scheduler_.Done();
+}
+
+Clock::time_point WorkerService::PhaseDoneAt() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phase_done_at_;
+}
+
+void WorkerService::ExpireLeases() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scheduler_.ExpireLeases(Clock::now()) > 0) {
+    spdlog::warn("leases expired without a heartbeat; their prompts go back to the queue");
+    WakeAll();
+  }
+}
+
+void WorkerService::End(v1::WorkBatch::End end) {
+  std::lock_guard<std::mutex> lock(mu_);
+  end_ = end;
+  WakeAll();
+}
+
+ServiceCounters WorkerService::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ServiceCounters c;
+  c.scheduler = scheduler_.counters();
+  c.workers = static_cast<int64_t>(sessions_.size());
+  c.refused = refused_;
+  c.units_total = scheduler_.units_total();
+  c.units_done = scheduler_.units_done();
+  return c;
+}
+
+grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) {
+  if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  const std::string& name = request->worker_name();
+  if (name.empty() || name.size() > 128 || !Printable(name)) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "worker_name must be 1 to 128 printable ASCII characters");
+  }
+  const v1::Capabilities& caps = request->capabilities();
+  if (caps.model_fingerprint() != config_.model_fingerprint) {
+    return Refuse(StatusCode::FAILED_PRECONDITION,
+                  "worker '" + name + "' has model fingerprint '" + caps.model_fingerprint() + "' but run '" +
+                      config_.run_name + "' needs '" + config_.model_fingerprint + "'");
+  }
+  static const std::regex kDevice("cpu|cuda:[0-9]{1,3}");
+  if (!std::regex_match(caps.device(), kDevice)) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.device must be cpu or cuda:N, got '" + caps.device() + "'");
+  }
+  if (caps.memory_bytes() < 0) return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.memory_bytes is negative");
+  if (caps.max_concurrent_leases() < 1 || caps.max_concurrent_leases() > kMaxSlots) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.max_concurrent_leases must be 1 to " +
+                                                    std::to_string(kMaxSlots) + ", got " +
+                                                    std::to_string(caps.max_concurrent_leases()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string id = NewWorkerId();
+  auto session = std::make_shared<Session>();
+  session->name = name;
+  sessions_[id] = session;
+  scheduler_.AddWorker(id, caps.max_concurrent_leases());
+  response->set_worker_id(id);
+  response->set_run_name(config_.run_name);
+  response->set_architecture_json(config_.architecture_json);
+  response->set_rope_scaling(config_.rope_scaling);
+  response->set_heartbeat_interval_ms(config_.heartbeat_interval_ms);
+  response->set_lease_timeout_ms(static_cast<int32_t>(scheduler_.options().lease_timeout.count()));
+  spdlog::info("worker '{}' registered as {} ({}, {} leases at once)", name, id, caps.device(),
+               caps.max_concurrent_leases());
+  return grpc::Status::OK;
+}
+
+void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
+  for (uint64_t id : scheduler_.TakeCancelled(worker_id)) batch->add_cancelled_lease_ids(id);
+  const Clock::time_point now = Clock::now();
+  while (phase_) {
+    std::optional<LeaseGrant> grant = scheduler_.Acquire(worker_id, now);
+    if (!grant) break;
+    v1::Lease* lease = batch->add_leases();
+    lease->set_lease_id(grant->id);
+    lease->set_generation(phase_->generation);
+    lease->set_task(grant->task);
+    for (int64_t p : grant->prompts) lease->add_prompts(p);
+    if (grant->kind == UnitKind::kReference) {
+      lease->set_kind(v1::Lease::KIND_REFERENCE);
+      continue;
+    }
+    lease->set_kind(v1::Lease::KIND_CANDIDATE);
+    lease->set_candidate(grant->candidate);
+    lease->set_collect_norm_stats(phase_->collect_norm_stats);
+    if (phase_->norm_stats) v1::norm_stats_to_proto(*phase_->norm_stats, lease->mutable_norm_stats());
+    if (session.params_sent.insert({phase_->generation, grant->candidate}).second) {
+      v1::CandidateParameters* p = batch->add_parameters();
+      p->set_generation(phase_->generation);
+      p->set_candidate(grant->candidate);
+      const std::vector<float>& values = phase_->params.at(grant->candidate);
+      p->mutable_values()->Add(values.begin(), values.end());
+    }
+  }
+}
+
+grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
+                                   grpc::ServerWriter<v1::WorkBatch>* writer) {
+  if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  const std::string& id = request->worker_id();
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (grpc::Status s = FindSession(id, &session); !s.ok()) return s;
+    if (session->streaming) {
+      return Refuse(StatusCode::FAILED_PRECONDITION, "worker " + id + " already has a lease stream open");
+    }
+    session->streaming = true;
+  }
+  bool ended = false;
+  while (!ended && !context->IsCancelled()) {
+    v1::WorkBatch batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      session->wake.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        return end_ || session->drained || scheduler_.HasCancelled(id) || scheduler_.HasWorkFor(id);
+      });
+      if (!end_ && !session->drained) FillBatch(id, *session, &batch);
+      if (end_) {
+        batch.set_end(*end_);
+      } else if (session->drained) {
+        batch.set_end(v1::WorkBatch::END_DRAINED);
+      }
+      ended = batch.end() != v1::WorkBatch::END_UNSPECIFIED;
+    }
+    if (batch.leases_size() == 0 && batch.cancelled_lease_ids_size() == 0 && !ended) continue;
+    if (!writer->Write(batch)) break;
+  }
+  // The worker is gone (or done): whatever it still holds goes back to the queue.
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::size_t held = scheduler_.LeasesOf(id).size();
+  scheduler_.RemoveWorker(id);
+  sessions_.erase(id);
+  if (held > 0) spdlog::warn("worker '{}' ({}) left holding {} leases: returned to the queue", session->name, id, held);
+  spdlog::info("worker '{}' ({}) disconnected", session->name, id);
+  WakeAll();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::ReportRequest* request,
+                                   v1::ReportResponse* response) {
+  if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  if (request->results_size() == 0) return Refuse(StatusCode::INVALID_ARGUMENT, "a report needs at least one result");
+  if (static_cast<std::size_t>(request->results_size()) > kMaxResultsPerReport) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "a report holds at most " + std::to_string(kMaxResultsPerReport) + " results");
+  }
+  std::set<int64_t> prompts;
+  for (const v1::PromptResult& r : request->results()) {
+    const std::string bad = CheckResult(r);
+    if (!bad.empty()) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, "lease " + std::to_string(request->lease_id()) + ", prompt " +
+                                                      std::to_string(r.prompt()) + ": " + bad);
+    }
+    if (!prompts.insert(r.prompt()).second) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, "prompt " + std::to_string(r.prompt()) + " is reported twice");
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Session> session;
+  if (grpc::Status s = FindSession(request->worker_id(), &session); !s.ok()) return s;
+  const std::string& worker = request->worker_id();
+  // Check everything before recording anything: a report is taken whole or not at all.
+  std::vector<UnitKey> keys;
+  bool stale = false;
+  for (const v1::PromptResult& r : request->results()) {
+    Result<UnitKey> key = scheduler_.Check(worker, request->lease_id(), r.prompt(), &stale);
+    if (stale) break;
+    if (!key.ok()) {
+      return Refuse(key.status().code() == Status::Code::kNotFound ? StatusCode::NOT_FOUND : StatusCode::INVALID_ARGUMENT,
+                    key.status().message());
+    }
+    const bool collecting = key->kind == UnitKind::kCandidate && phase_->collect_norm_stats;
+    if (collecting != r.has_norm_stats()) {
+      return Refuse(StatusCode::INVALID_ARGUMENT,
+                    "prompt " + std::to_string(r.prompt()) + ": norm_stats " +
+                        (collecting ? "are required (this lease collects statistics)" : "must be absent (statistics are frozen)"));
+    }
+    keys.push_back(*key);
+  }
+  if (stale) {  // a lease of an earlier phase: every unit of it has its result already
+    for (int i = 0; i < request->results_size(); ++i) scheduler_.CountStale();
+    response->set_duplicates(request->results_size());
+    return grpc::Status::OK;
+  }
+  int accepted = 0, duplicates = 0;
+  for (int i = 0; i < request->results_size(); ++i) {
+    const v1::PromptResult& r = request->results(i);
+    const UnitKey& key = keys[static_cast<std::size_t>(i)];
+    if (scheduler_.Complete(request->lease_id(), r.prompt()) == ResultOutcome::kDuplicate) {
+      ++duplicates;
+      continue;
+    }
+    ++accepted;
+    if (key.kind == UnitKind::kReference) {
+      references_.push_back({key.task, key.prompt, r.score()});
+      continue;
+    }
+    EvaluationRecord e;
+    e.generation = phase_->generation;
+    e.candidate = key.candidate;
+    e.task = key.task;
+    e.prompt = key.prompt;
+    e.score = r.score();
+    e.cache_size_mean = r.cache_size_mean();
+    e.cache_size_final = r.cache_size_final();
+    e.prompt_tokens = r.prompt_tokens();
+    e.generated_tokens = r.generated_tokens();
+    e.worker = session->name;
+    e.duration_seconds = r.seconds();
+    if (r.has_norm_stats()) e.norm_stats = v1::norm_stats_from_proto(r.norm_stats());
+    evaluations_.push_back(std::move(e));
+  }
+  if (duplicates > 0) {
+    spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, request->lease_id());
+  }
+  response->set_accepted(accepted);
+  response->set_duplicates(duplicates);
+  if (accepted > 0 && scheduler_.Done()) {
+    phase_done_at_ = Clock::now();
+    if (phase_done_) phase_done_();
+  }
+  CheckDrained(worker, *session);
+  // The reporter may have a free slot; copies elsewhere may have been cancelled.
+  for (auto& [id, s] : sessions_) {
+    if (id == worker || scheduler_.HasCancelled(id)) s->wake.notify_all();
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) {
+  if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  if (static_cast<std::size_t>(request->lease_ids_size()) > kMaxIdsPerCall) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "a heartbeat names at most " + std::to_string(kMaxIdsPerCall) + " leases");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Session> session;
+  if (grpc::Status s = FindSession(request->worker_id(), &session); !s.ok()) return s;
+  const std::vector<uint64_t> gone = scheduler_.Heartbeat(
+      request->worker_id(), {request->lease_ids().begin(), request->lease_ids().end()}, Clock::now());
+  for (uint64_t id : gone) response->add_cancelled_lease_ids(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                                  v1::DrainResponse* /*response*/) {
+  if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  if (static_cast<std::size_t>(request->returned_lease_ids_size()) > kMaxIdsPerCall) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "a drain returns at most " + std::to_string(kMaxIdsPerCall) + " leases");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Session> session;
+  if (grpc::Status s = FindSession(request->worker_id(), &session); !s.ok()) return s;
+  scheduler_.Drain(request->worker_id(), {request->returned_lease_ids().begin(), request->returned_lease_ids().end()});
+  spdlog::info("worker '{}' is draining ({} leases returned)", session->name, request->returned_lease_ids_size());
+  CheckDrained(request->worker_id(), *session);
+  WakeAll();
+  return grpc::Status::OK;
+}
+
+void WorkerService::CheckDrained(const std::string& worker_id, Session& session) {
+  if (scheduler_.IsDraining(worker_id) && scheduler_.LeasesOf(worker_id).empty()) {
+    session.drained = true;
+    session.wake.notify_all();
+  }
+}
+
+}  // namespace namm::coordinator

@@ -1,0 +1,122 @@
+// The gRPC face of a run (proto/namm/v1/coordinator.proto): registers workers, pushes leases over their
+// streams, validates and collects results. It knows nothing of the optimizer or the store: the run loop
+// (run_server.cpp) starts phases and harvests results; handlers run on gRPC's threads, the loop on its own, and
+// everything shared sits behind one mutex.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "namm/coordinator/lease_scheduler.h"
+#include "namm/coordinator/store.h"
+#include "namm/v1/coordinator.grpc.pb.h"
+
+namespace namm::coordinator {
+
+// What workers need to know about the run.
+struct ServiceConfig {
+  std::string token;  // the shared secret ("x-namm-token" metadata); never empty
+  std::string run_name;
+  std::string model_fingerprint;
+  std::string architecture_json;
+  int64_t param_count = 0;
+  std::string rope_scaling;
+  int heartbeat_interval_ms = 2000;
+};
+
+// The work of one phase as workers see it.
+struct PhaseData {
+  int64_t generation = 0;
+  bool collect_norm_stats = false;
+  std::optional<NormStats> norm_stats;
+  std::map<int64_t, std::vector<float>> params;  // candidate (or kMeanCandidate) -> flat parameters
+};
+
+struct ReferenceResult {
+  std::string task;
+  int64_t prompt = 0;
+  double score = 0;
+};
+
+struct ServiceCounters {
+  SchedulerCounters scheduler;
+  int64_t workers = 0;             // registered now
+  int64_t refused = 0;             // calls refused (authentication, validation, fingerprint)
+  int64_t units_total = 0, units_done = 0;
+};
+
+class WorkerService final : public v1::Coordinator::Service {
+ public:
+  // `phase_done` is called (on a gRPC thread, with the service's lock held: it must only hand off) when the
+  // result that completes the phase arrives.
+  WorkerService(ServiceConfig config, SchedulerOptions scheduler, std::function<void()> phase_done);
+
+  // Run loop side.
+  void StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units);
+  // Results accepted since the last call.
+  void TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references);
+  bool PhaseDone() const;
+  // When the phase's last result arrived (its start if it had no units).
+  std::chrono::steady_clock::time_point PhaseDoneAt() const;
+  void ExpireLeases();
+  // Every stream ends with `end`; later registrations get it at once.
+  void End(v1::WorkBatch::End end);
+  ServiceCounters counters() const;
+
+  // gRPC handlers.
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* response) override;
+  grpc::Status Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
+                      grpc::ServerWriter<v1::WorkBatch>* writer) override;
+  grpc::Status Report(grpc::ServerContext* context, const v1::ReportRequest* request,
+                      v1::ReportResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                     v1::DrainResponse* response) override;
+
+ private:
+  struct Session {
+    std::string name;
+    std::condition_variable wake;
+    std::set<std::pair<int64_t, int64_t>> params_sent;  // (generation, candidate)
+    bool streaming = false;
+    bool drained = false;
+  };
+
+  grpc::Status Authenticate(const grpc::ServerContext& context);
+  // Counts and logs a refused call; needs no lock.
+  grpc::Status Refuse(grpc::StatusCode code, const std::string& message);
+  // The session of `worker_id` (mu_ held), or NOT_FOUND.
+  grpc::Status FindSession(const std::string& worker_id, std::shared_ptr<Session>* session);
+  // Fills `batch` with cancellations and as many leases as the worker has free slots (mu_ held).
+  void FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
+  void WakeAll();
+  // A draining worker with no leases left is done (mu_ held).
+  void CheckDrained(const std::string& worker_id, Session& session);
+
+  const ServiceConfig config_;
+  const std::function<void()> phase_done_;
+  mutable std::mutex mu_;
+  std::chrono::steady_clock::time_point phase_done_at_;
+  LeaseScheduler scheduler_;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+  std::shared_ptr<const PhaseData> phase_;
+  std::optional<v1::WorkBatch::End> end_;
+  std::vector<EvaluationRecord> evaluations_;
+  std::vector<ReferenceResult> references_;
+  std::atomic<int64_t> refused_{0};
+};
+
+}  // namespace namm::coordinator

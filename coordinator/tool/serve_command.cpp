@@ -1,0 +1,312 @@
+// serve: a run's coordinator service for remote workers (namm-worker serve), until the schedule is done or a
+// signal stops it. run: the same service plus N local namm-worker processes, with a progress line per
+// generation. Both resume the run a database already holds.
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "commands.h"
+#include "namm/coordinator/run_server.h"
+#include "namm/file_util.h"
+#include "namm/tasks/task_path_options.h"
+
+extern char** environ;
+
+namespace namm::coordinator::cli {
+
+namespace {
+
+struct ServeFlags {
+  std::string config, db, listen = "127.0.0.1:50051", token_file, log_level = "info";
+  ServerTls tls;
+  tasks::TaskPathFlags paths;
+  int64_t prompts_per_lease = 4;
+  double lease_timeout_s = 30;
+  int max_copies = 2;
+  int heartbeat_ms = 2000;
+  int max_message_bytes = 4 << 20;
+  // run only
+  int local_workers = 0;
+  std::string worker_binary;
+  int worker_threads = 0;
+};
+
+// The run of `spec` in `store`: resumed when the database holds it (from the same spec), else created.
+Result<std::unique_ptr<Trainer>> OpenTrainer(Store& store, const RunSpec& spec, const std::string& config,
+                                             const std::map<std::string, int64_t>& rows) {
+  NAMM_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store.ListRuns());
+  for (const RunRecord& run : runs) {
+    if (run.name != spec.name) continue;
+    if (run.spec_yaml != spec.yaml) {
+      return Status::FailedPrecondition("run '" + spec.name + "' in " + store.path() + " was started from another "
+                                        "spec than " + config + " (namm-coordinator status shows the stored one); "
+                                        "resume with the same spec, or rename the run or use another database");
+    }
+    spdlog::info("resuming run '{}' (run {}) at generation {}", run.name, run.id, run.generation);
+    return Trainer::Resume(store, run.id, rows);
+  }
+  spdlog::info("starting run '{}' in {}", spec.name, store.path());
+  return Trainer::Create(store, spec, rows);
+}
+
+Status ApplyLogLevel(const std::string& level) {
+  const spdlog::level::level_enum l = spdlog::level::from_str(level);
+  if (l == spdlog::level::off && level != "off") {
+    return Status::InvalidArgument("--log-level must be trace, debug, info, warn, error or off, got '" + level + "'");
+  }
+  spdlog::set_level(l);
+  return Status::Ok();
+}
+
+// A fresh shared secret for local workers, in a private file.
+Result<std::string> WriteLocalToken(const std::string& dir) {
+  std::random_device device;
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (int i = 0; i < 48; ++i) token += hex[device() % 16];
+  const std::string path = dir + "/token";
+  NAMM_RETURN_IF_ERROR(write_file_atomically(path, {token}));
+  if (::chmod(path.c_str(), 0600) != 0) return Status::IOError(path + ": cannot restrict permissions");
+  return path;
+}
+
+// namm-worker beside this binary, unless given.
+std::string WorkerBinary(const std::string& given) {
+  if (!given.empty()) return given;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return "namm-worker";
+  self[n] = '\0';
+  return parent_directory(self) + "/namm-worker";
+}
+
+// Local worker processes: started with the run's model, watched, stopped.
+class LocalWorkers {
+ public:
+  ~LocalWorkers() { Stop(std::chrono::seconds(0)); }
+
+  Status Start(const ServeFlags& f, const RunSpec& spec, int port, const std::string& token_file) {
+    const std::string binary = WorkerBinary(f.worker_binary);
+    if (::access(binary.c_str(), X_OK) != 0) {
+      return Status::NotFound(binary + ": no namm-worker executable there (give --worker-binary)");
+    }
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = f.worker_threads > 0 ? f.worker_threads : std::max(1, cores / f.local_workers);
+    for (int i = 0; i < f.local_workers; ++i) {
+      std::vector<std::string> args = {binary, "serve", "--coordinator", "127.0.0.1:" + std::to_string(port),
+                                       "--model", spec.model.path, "--token-file", token_file, "--exit-when-done",
+                                       "--name", "local-" + std::to_string(i), "--threads", std::to_string(threads),
+                                       "--log-level", "warn"};
+      if (!spec.model.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", spec.model.tokenizer});
+      if (!f.paths.tasks_dir.empty()) args.insert(args.end(), {"--tasks-dir", f.paths.tasks_dir});
+      for (const std::string& d : f.paths.data_dirs) args.insert(args.end(), {"--data-dir", d});
+      for (const std::string& d : f.paths.config_dirs) args.insert(args.end(), {"--config-dir", d});
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      pid_t pid = 0;
+      if (const int err = ::posix_spawn(&pid, binary.c_str(), nullptr, nullptr, argv.data(), environ); err != 0) {
+        return Status::IOError("cannot start " + binary + ": " + std::strerror(err));
+      }
+      pids_.push_back(pid);
+    }
+    return Status::Ok();
+  }
+
+  // Reaps workers that exited; returns how many are still running. Failures are logged once.
+  int Poll() {
+    int running = 0;
+    for (pid_t& pid : pids_) {
+      if (pid <= 0) continue;
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == 0) {
+        ++running;
+        continue;
+      }
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        last_failure_ = WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                          : "signal " + std::to_string(WTERMSIG(status));
+        spdlog::warn("local worker (pid {}) ended with {}", pid, last_failure_);
+      }
+      pid = 0;
+    }
+    return running;
+  }
+
+  // Waits up to `grace` for the workers to leave on their own, then drains them (SIGTERM), then kills them.
+  void Stop(std::chrono::milliseconds grace) {
+    const auto wait = [&](std::chrono::milliseconds limit) {
+      const auto end = std::chrono::steady_clock::now() + limit;
+      while (Poll() > 0 && std::chrono::steady_clock::now() < end) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    };
+    wait(grace);
+    for (pid_t pid : pids_) {
+      if (pid > 0) ::kill(pid, SIGTERM);
+    }
+    wait(std::chrono::seconds(10));
+    for (pid_t pid : pids_) {
+      if (pid > 0) ::kill(pid, SIGKILL);
+    }
+    wait(std::chrono::seconds(5));
+  }
+
+  const std::string& last_failure() const { return last_failure_; }
+
+ private:
+  std::vector<pid_t> pids_;
+  std::string last_failure_;
+};
+
+Status Serve(const ServeFlags& f) {
+  NAMM_RETURN_IF_ERROR(ApplyLogLevel(f.log_level));
+  NAMM_ASSIGN_OR_RETURN(RunSpec spec, load_run_spec(f.config));
+  NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(f.paths));
+  NAMM_ASSIGN_OR_RETURN(PromptCosts costs, load_prompt_costs(spec.all_tasks(), paths));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(f.db, OpenMode::kCreate));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, OpenTrainer(*store, spec, f.config, row_counts(costs)));
+
+  ServeOptions options;
+  options.listen = f.local_workers > 0 ? "127.0.0.1:0" : f.listen;
+  options.tls = f.tls;
+  options.scheduler.max_prompts_per_lease = f.prompts_per_lease;
+  options.scheduler.lease_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.lease_timeout_s * 1000));
+  options.scheduler.max_copies = f.max_copies;
+  options.heartbeat_interval_ms = f.heartbeat_ms;
+  options.max_message_bytes = f.max_message_bytes;
+
+  // Local workers get a fresh secret in a private directory, removed at the end.
+  std::string scratch;
+  if (f.local_workers > 0) {
+    char pattern[] = "/tmp/namm-run-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) return Status::IOError("cannot create a private directory in /tmp");
+    scratch = pattern;
+  }
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
+  } cleanup{scratch};
+  std::string token_file = f.token_file;
+  if (f.local_workers > 0) {
+    NAMM_ASSIGN_OR_RETURN(token_file, WriteLocalToken(scratch));
+    options.progress = [](const PhaseProgress& p) { std::cout << p.line << std::endl; };
+  }
+  NAMM_ASSIGN_OR_RETURN(options.token, read_secret_file(token_file));
+
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<RunServer> server,
+                        RunServer::Start(*store, *trainer, std::move(costs), std::move(options)));
+  spdlog::info("serving run '{}' on port {}", spec.name, server->port());
+
+  LocalWorkers workers;
+  std::atomic<bool> serving{true};
+  std::thread watcher;
+  std::string workers_gone;
+  if (f.local_workers > 0) {
+    NAMM_RETURN_IF_ERROR(workers.Start(f, spec, server->port(), token_file));
+    // Without any worker left the run cannot progress: stop rather than wait forever.
+    watcher = std::thread([&] {
+      while (serving) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (serving && workers.Poll() == 0) {
+          workers_gone = "every local worker exited (last failure: " +
+                         (workers.last_failure().empty() ? std::string("none") : workers.last_failure()) + ")";
+          server->Stop();
+          return;
+        }
+      }
+    });
+  }
+  Result<ServeOutcome> outcome = server->Run();
+  serving = false;
+  if (watcher.joinable()) watcher.join();
+  // Finished: workers leave on their own; interrupted: they drain.
+  workers.Stop(outcome.ok() && outcome->finished ? std::chrono::seconds(10) : std::chrono::seconds(0));
+  if (!outcome.ok()) return outcome.status();
+  if (!workers_gone.empty() && !outcome->finished) {
+    return Status::FailedPrecondition(workers_gone + "; the run stopped at generation " +
+                                      std::to_string(outcome->next_generation) + " and resumes with the same command");
+  }
+  if (outcome->finished) {
+    std::cout << "run '" << spec.name << "' finished; export the result with: namm-coordinator export --db " << f.db
+              << " --best --out FILE" << std::endl;
+  } else {
+    std::cout << "run '" << spec.name << "' stopped at generation " << outcome->next_generation
+              << "; the same command resumes it" << std::endl;
+  }
+  return Status::Ok();
+}
+
+void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
+  cmd->add_option("--config", f.config, "Run spec (YAML), e.g. coordinator/runs/stories-cpu.yaml")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--db", f.db, "Run database (created if missing; a run it holds is resumed)")->required();
+  tasks::add_task_path_options(cmd, f.paths);
+  cmd->add_option("--prompts-per-lease", f.prompts_per_lease, "Prompts of one candidate and task per lease (default 4)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--lease-timeout", f.lease_timeout_s,
+                  "Seconds without a heartbeat before a lease goes to another worker (default 30)")
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--max-copies", f.max_copies,
+                  "Workers running one prompt at once, straggler copies included (default 2; 1 disables copies)")
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--heartbeat-ms", f.heartbeat_ms, "How often workers send heartbeats (default 2000)")
+      ->check(CLI::Range(50, 600000));
+  cmd->add_option("--max-message-bytes", f.max_message_bytes,
+                  "Largest message accepted from a worker (default 4 MiB; a report of 1,024 prompts with statistics "
+                  "is about 0.4 MiB)")
+      ->check(CLI::Range(4096, 1 << 30));
+  cmd->add_option("--log-level", f.log_level, "trace, debug, info (default), warn, error or off");
+}
+
+}  // namespace
+
+void AddServeCommands(CLI::App& app, Action& run) {
+  auto s = std::make_shared<ServeFlags>();
+  CLI::App* serve = app.add_subcommand("serve", "Serve a run to remote workers (namm-worker serve) over gRPC");
+  AddCommonOptions(serve, *s);
+  serve->add_option("--listen", s->listen, "HOST:PORT to listen on (default 127.0.0.1:50051)");
+  serve->add_option("--token-file", s->token_file, "File holding the shared secret workers must present (>= 16 "
+                                                   "printable characters)")
+      ->required();
+  serve->add_option("--tls-cert", s->tls.cert, "PEM certificate chain (enables TLS)");
+  serve->add_option("--tls-key", s->tls.key, "PEM private key of --tls-cert");
+  serve->add_option("--tls-client-ca", s->tls.client_ca, "PEM CA that worker certificates must chain to (mutual TLS)");
+  serve->callback([s, &run] {
+    run = [s] {
+      Status st = Serve(*s);
+      return st.ok() ? 0 : Fail(st.message());
+    };
+  });
+
+  auto r = std::make_shared<ServeFlags>();
+  CLI::App* local = app.add_subcommand(
+      "run", "Run a training run on this machine: the service plus N local namm-worker processes, one progress "
+             "line per generation");
+  AddCommonOptions(local, *r);
+  local->add_option("--local-workers", r->local_workers, "Local worker processes")->required()->check(CLI::Range(1, 256));
+  local->add_option("--worker-binary", r->worker_binary, "namm-worker to start (default: the one beside this binary)");
+  local->add_option("--worker-threads", r->worker_threads, "CPU threads per worker (default: cores / workers)")
+      ->check(CLI::PositiveNumber);
+  local->callback([r, &run] {
+    run = [r] {
+      Status st = Serve(*r);
+      return st.ok() ? 0 : Fail(st.message());
+    };
+  });
+}
+
+}  // namespace namm::coordinator::cli

@@ -1,0 +1,612 @@
+// The distribution layer end to end, with real processes on loopback: namm-coordinator serve / run, namm-worker
+// serve on the bundled stories260K model, and simulated workers (namm-sim-worker) whose scores are a pure function
+// of the parameters, so that a run that lost workers or its coordinator can be compared bit for bit with an
+// uninterrupted one computed here in-process.
+#include <SQLiteCpp/SQLiteCpp.h>
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../process_util.h"
+#include "../temp_path.h"
+#include "namm/coordinator/run_spec.h"
+#include "namm/coordinator/store.h"
+#include "namm/coordinator/trainer.h"
+#include "namm/file_util.h"
+#include "namm/namm_file.h"
+#include "namm/v1/coordinator.grpc.pb.h"
+#include "sim_executor.h"
+
+namespace namm::coordinator {
+namespace {
+
+using namm::testing::Child;
+using namm::testing::KillAndReap;
+using namm::testing::RunProcess;
+using namm::testing::Spawn;
+using namm::testing::Wait;
+
+const std::string kCoordinator = NAMM_COORDINATOR_PATH;
+const std::string kSimWorker = NAMM_SIM_WORKER_PATH;
+const std::string kWorker = NAMM_WORKER_PATH;
+const std::string kSimFingerprint = "sha256:" + std::string(64, 'a');
+const std::string kSimTasks = "syn/story_recall,syn/story_recall_accuracy";
+constexpr int64_t kSimRows = 40;
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string ReadText(const std::string& path) {
+  auto r = read_file(path);
+  return r.ok() ? *r : "";
+}
+
+bool WaitUntil(const std::function<bool()>& done, std::chrono::seconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+// A simulated run's files: a shared secret, token-id rows of 100 to 2,000 tokens (their lengths set the
+// simulated workers' delays), the spec, the database and logs.
+struct SimRun {
+  std::string dir, token, spec, db, yaml;
+  int port = 0;
+
+  explicit SimRun(const std::string& name) {
+    dir = namm::testing::TempPath(name);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    token = dir + "/token";
+    WriteText(token, "sim-run-shared-secret-0123456789\n");
+    std::ofstream rows(dir + "/story_recall.jsonl");
+    for (int64_t r = 0; r < kSimRows; ++r) {
+      nlohmann::json ids = nlohmann::json::array();
+      for (int64_t i = 0; i < 100 + (r * 487) % 1900; ++i) ids.push_back(i % 500);
+      rows << nlohmann::json{{"prompt_ids", ids}, {"continuation_ids", {1, 2}}}.dump() << "\n";
+    }
+    yaml = "name: " + name +
+           "\n"
+           "model: {path: /sim, fingerprint: " + kSimFingerprint + "}\n"
+           "namm: {scorer: mlp, selection: binary}\n"
+           "cmaes: {population: 8, sigma0: 0.065, seed: 11}\n"
+           "prompts_per_task: 6\n"
+           "eval_interval: 2\n"
+           "eval_prompts: 4\n"
+           "stages:\n"
+           "  - {tasks: [syn/story_recall], generations: 3}\n"
+           "  - {tasks: [syn/story_recall, syn/story_recall_accuracy], generations: 2}\n";
+    spec = dir + "/spec.yaml";
+    WriteText(spec, yaml);
+    db = dir + "/run.db";
+    port = FreePort();
+  }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  std::string log(const std::string& who) const { return dir + "/" + who + ".log"; }
+
+  // Starts the coordinator and waits until it listens (or has exited).
+  Child Serve(std::vector<std::string> extra = {}) const {
+    const std::size_t logged = ReadText(log("coordinator")).size();
+    std::vector<std::string> args = {kCoordinator, "serve", "--config", spec, "--db", db, "--listen", address(),
+                                     "--token-file", token, "--data-dir", "synthetic=" + dir, "--lease-timeout", "3",
+                                     "--heartbeat-ms", "200"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child c = Spawn(args, log("coordinator"));
+    WaitUntil([&] {
+      return ReadText(log("coordinator")).find("serving run '", logged) != std::string::npos ||
+             ::waitpid(c.pid, nullptr, WNOHANG) != 0;
+    }, std::chrono::seconds(30));
+    return c;
+  }
+
+  Child SimWorker(const std::string& name) const {
+    return Spawn({kSimWorker, "--coordinator", address(), "--token-file", token, "--fingerprint", kSimFingerprint,
+                  "--tasks", kSimTasks, "--data-dir", "synthetic=" + dir, "--seconds-per-token", "0.00004", "--name",
+                  name},
+                 log(name));
+  }
+
+  // (next generation, evaluations recorded for it), read while the coordinator runs.
+  std::pair<int64_t, int64_t> Progress() const {
+    try {
+      SQLite::Database raw(db, SQLite::OPEN_READONLY);
+      SQLite::Statement run(raw, "SELECT generation FROM runs WHERE id = 1");
+      if (!run.executeStep()) return {-1, 0};
+      const int64_t generation = run.getColumn(0).getInt64();
+      SQLite::Statement count(raw, "SELECT COUNT(*) FROM evaluations WHERE run_id = 1 AND generation = ?");
+      count.bind(1, generation);
+      count.executeStep();
+      return {generation, count.getColumn(0).getInt64()};
+    } catch (const std::exception&) {
+      return {-1, 0};  // not created yet
+    }
+  }
+
+  // Waits until generation `g` is under way: some of its results stored, not all.
+  bool WaitMidGeneration(int64_t g) const {
+    return WaitUntil([&] {
+      const auto [generation, stored] = Progress();
+      return generation == g && stored > 0;
+    }, std::chrono::seconds(90));
+  }
+};
+
+std::vector<float> AsFloats(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+
+// The run of `yaml` computed here, without processes or network: what any distributed run must end in.
+struct InProcessRun {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Trainer> trainer;
+
+  explicit InProcessRun(const std::string& yaml) {
+    store = Store::Open(namm::testing::FreshDatabasePath("in_process.db"), OpenMode::kCreate).value();
+    const RunSpec spec = parse_run_spec(yaml, "spec").value();
+    tasks::ReferenceScores reference;
+    for (const std::string& task : spec.all_tasks()) {
+      for (int64_t p = 0; p < kSimRows; ++p) (void)reference.Set(task, p, sim::sim_reference_score(task, p));
+    }
+    EXPECT_TRUE(store->ImportReferenceScores(spec.model.fingerprint, reference, "test", false).ok());
+    std::map<std::string, int64_t> rows;
+    for (const std::string& task : spec.all_tasks()) rows[task] = kSimRows;
+    trainer = Trainer::Create(*store, spec, rows).value();
+    while (!trainer->finished()) {
+      const GenerationPlan& plan = trainer->plan();
+      std::vector<EvaluationRecord> results;
+      const std::vector<WorkUnit> missing = trainer->Missing().value();
+      for (const WorkUnit& u : missing) {
+        EvaluationRecord e;
+        e.generation = plan.generation;
+        e.candidate = u.candidate;
+        e.task = u.task;
+        e.prompt = u.prompt;
+        e.score = sim::sim_score(AsFloats(plan.params_of(u.candidate)), u.task, u.prompt);
+        e.worker = "in-process";
+        if (plan.collect_norm_stats) e.norm_stats = sim::sim_norm_stats(u.task, u.prompt);
+        results.push_back(e);
+      }
+      EXPECT_TRUE(trainer->Record(results).ok());
+      const auto advanced = trainer->Advance();
+      if (!advanced.ok()) {
+        ADD_FAILURE() << advanced.status().ToString();
+        return;
+      }
+    }
+  }
+
+  CmaesState FinalState() const { return store->GetCheckpoint(1, "latest", 0, trainer->params()).value().state; }
+};
+
+// The finished distributed run in `db` against the in-process one: the same evaluations (each unit once, with the
+// same score) and the same final optimizer state, bit for bit.
+void ExpectSameAsInProcess(const std::string& db, const InProcessRun& expected) {
+  auto store = Store::Open(db, OpenMode::kReadOnly).value();
+  const RunRecord run = store->GetRun(1).value();
+  EXPECT_EQ(run.status, "finished");
+  const CmaesParams& params = expected.trainer->params();
+  EXPECT_TRUE(store->GetCheckpoint(1, "latest", 0, params)->state == expected.FinalState())
+      << "the optimizer state differs from an uninterrupted run's";
+  for (int64_t g = 0; g < run.generation; ++g) {
+    const auto got = store->GetEvaluations(1, g).value();
+    const auto want = expected.store->GetEvaluations(1, g).value();
+    ASSERT_EQ(got.size(), want.size()) << "generation " << g;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(std::tie(got[i].candidate, got[i].task, got[i].prompt),
+                std::tie(want[i].candidate, want[i].task, want[i].prompt));
+      EXPECT_EQ(got[i].score, want[i].score);
+    }
+  }
+}
+
+TEST(Distribution, WorkersKilledOrDrainedMidGenerationTheOthersFinishEveryUnitOnce) {
+  SimRun r("dist_worker_kill");
+  Child coordinator = r.Serve();
+  Child a = r.SimWorker("sim-a"), b = r.SimWorker("sim-b"), c = r.SimWorker("sim-c");
+  ASSERT_TRUE(r.WaitMidGeneration(2)) << ReadText(r.log("coordinator"));
+  KillAndReap(a);  // holding leases: they go back to the queue when its connection drops
+  ASSERT_TRUE(r.WaitMidGeneration(3)) << ReadText(r.log("coordinator"));
+  ::kill(b.pid, SIGTERM);  // drains: finishes what it runs, returns the rest
+  EXPECT_EQ(Wait(b), 0) << ReadText(r.log("sim-b"));
+  EXPECT_EQ(Wait(c), 0) << ReadText(r.log("sim-c"));
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_NE(log.find("is draining"), std::string::npos) << log;
+  EXPECT_NE(log.find("run 'dist_worker_kill' finished"), std::string::npos) << log;
+
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+  // The survivor ran the end of the run; the base-model scores were computed as units and kept.
+  SQLite::Database raw(r.db, SQLite::OPEN_READONLY);
+  EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM evaluations WHERE worker = 'sim-c-0' AND generation = 4").getInt64(), 0);
+  EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM reference_scores WHERE source LIKE 'computed by namm workers%'").getInt64(),
+            0);
+}
+
+TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
+  SimRun r("dist_coordinator_kill");
+  Child coordinator = r.Serve();
+  Child a = r.SimWorker("sim-a"), b = r.SimWorker("sim-b");
+  for (int64_t g : {1, 3}) {  // once in each stage
+    ASSERT_TRUE(r.WaitMidGeneration(g)) << ReadText(r.log("coordinator"));
+    KillAndReap(coordinator);
+    const auto [generation, stored] = r.Progress();
+    EXPECT_EQ(generation, g) << "killed mid-generation: the generation is not committed";
+    EXPECT_GT(stored, 0) << "results that arrived before the kill are kept";
+    coordinator = r.Serve();  // the workers reconnect to it
+  }
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(a), 0) << ReadText(r.log("sim-a"));
+  EXPECT_EQ(Wait(b), 0) << ReadText(r.log("sim-b"));
+  EXPECT_NE(ReadText(r.log("coordinator")).find("resuming run 'dist_coordinator_kill'"), std::string::npos);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// A raw client of the protocol, to send what no namm worker would.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address, const std::string& token = "sim-run-shared-secret-0123456789")
+      : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        token_(token) {}
+
+  void Authorize(grpc::ClientContext& c) const {
+    if (!token_.empty()) c.AddMetadata("x-namm-token", token_);
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  }
+  grpc::Status Register(const std::string& name, const std::string& fingerprint, const std::string& device,
+                        int slots, v1::RegisterResponse* out) {
+    grpc::ClientContext c;
+    Authorize(c);
+    v1::RegisterRequest request;
+    request.set_worker_name(name);
+    request.mutable_capabilities()->set_model_fingerprint(fingerprint);
+    request.mutable_capabilities()->set_device(device);
+    request.mutable_capabilities()->set_max_concurrent_leases(slots);
+    return stub_->Register(&c, request, out);
+  }
+  grpc::Status Report(const v1::ReportRequest& request, v1::ReportResponse* out = nullptr) {
+    grpc::ClientContext c;
+    Authorize(c);
+    v1::ReportResponse ignored;
+    return stub_->Report(&c, request, out != nullptr ? out : &ignored);
+  }
+  v1::Coordinator::Stub& stub() { return *stub_; }
+
+ private:
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::string token_;
+};
+
+v1::PromptResult GoodResult(int64_t prompt) {
+  v1::PromptResult r;
+  r.set_prompt(prompt);
+  r.set_score(0.25);
+  r.set_cache_size_mean(100);
+  r.set_cache_size_final(90);
+  r.set_prompt_tokens(500);
+  r.set_seconds(0.5);
+  v1::NormStats* s = r.mutable_norm_stats();
+  s->set_count(10);
+  for (int i = 0; i < 17; ++i) {
+    s->add_mean(i);
+    s->add_var(1);
+  }
+  return r;
+}
+
+// Whether `status` has `code` and a message containing `words`.
+::testing::AssertionResult Refused(const grpc::Status& status, grpc::StatusCode code, const std::string& words) {
+  if (status.error_code() == code && status.error_message().find(words) != std::string::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "got code " << status.error_code() << " '" << status.error_message()
+                                       << "', wanted code " << code << " with '" << words << "'";
+}
+
+// The run's stored state, to show that refused calls leave it alone.
+std::string StoredState(const std::string& db) {
+  SQLite::Database raw(db, SQLite::OPEN_READONLY);
+  std::string out;
+  for (const char* q : {"SELECT COUNT(*) FROM evaluations", "SELECT COUNT(*) FROM reference_scores",
+                        "SELECT generation || status FROM runs", "SELECT hex(state) FROM checkpoints"}) {
+    SQLite::Statement s(raw, q);
+    while (s.executeStep()) out += s.getColumn(0).getString() + "|";
+  }
+  return out;
+}
+
+TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
+  SimRun r("dist_refusals");
+  // Reference scores imported: the first phase holds only the statistics phase's leases.
+  nlohmann::json refs;
+  for (const std::string task : {"syn/story_recall", "syn/story_recall_accuracy"}) {
+    for (int64_t p = 0; p < kSimRows; ++p) refs[task][std::to_string(p)] = 0.5;
+  }
+  WriteText(r.dir + "/refs.json", refs.dump());
+  ASSERT_EQ(RunProcess(kCoordinator + " import-reference --db " + r.db + " --model-fingerprint " + kSimFingerprint +
+                       " --json " + r.dir + "/refs.json").exit_code, 0);
+  Child coordinator = r.Serve({"--max-message-bytes", "65536"});
+  RawClient client(r.address());
+  v1::RegisterResponse reg;
+  ASSERT_TRUE(WaitUntil([&] { return client.Register("w", kSimFingerprint, "cpu", 1, &reg).ok(); },
+                        std::chrono::seconds(30)));
+  const std::string before = StoredState(r.db);
+
+  // Registration.
+  EXPECT_TRUE(Refused(RawClient(r.address(), "").Register("w", kSimFingerprint, "cpu", 1, &reg),
+                      grpc::StatusCode::UNAUTHENTICATED, "x-namm-token"));
+  EXPECT_TRUE(Refused(RawClient(r.address(), "not-the-secret-at-all").Register("w", kSimFingerprint, "cpu", 1, &reg),
+                      grpc::StatusCode::UNAUTHENTICATED, "wrong shared secret"));
+  EXPECT_TRUE(Refused(client.Register("w", "sha256:" + std::string(64, 'b'), "cpu", 1, &reg),
+                      grpc::StatusCode::FAILED_PRECONDITION, "model fingerprint"));
+  EXPECT_TRUE(Refused(client.Register("", kSimFingerprint, "cpu", 1, &reg), grpc::StatusCode::INVALID_ARGUMENT,
+                      "worker_name"));
+  EXPECT_TRUE(Refused(client.Register("w", kSimFingerprint, "tpu:0", 1, &reg), grpc::StatusCode::INVALID_ARGUMENT,
+                      "capabilities.device"));
+  EXPECT_TRUE(Refused(client.Register("w", kSimFingerprint, "cpu", 0, &reg), grpc::StatusCode::INVALID_ARGUMENT,
+                      "max_concurrent_leases"));
+
+  // A registered worker gets a statistics-phase lease of the mean, with its parameters.
+  ASSERT_TRUE(client.Register("raw", kSimFingerprint, "cpu", 1, &reg).ok());
+  grpc::ClientContext stream;
+  client.Authorize(stream);
+  v1::LeasesRequest leases_request;
+  leases_request.set_worker_id(reg.worker_id());
+  auto reader = client.stub().Leases(&stream, leases_request);
+  v1::WorkBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));
+  ASSERT_EQ(batch.leases_size(), 1);
+  const v1::Lease lease = batch.leases(0);
+  EXPECT_EQ(lease.kind(), v1::Lease::KIND_CANDIDATE);
+  EXPECT_EQ(lease.candidate(), -1);
+  EXPECT_TRUE(lease.collect_norm_stats());
+  ASSERT_EQ(batch.parameters_size(), 1);
+  EXPECT_EQ(batch.parameters(0).values_size(), 676);
+  const int64_t prompt = lease.prompts(0);
+
+  auto report = [&](const std::function<void(v1::PromptResult&)>& edit) {
+    v1::ReportRequest request;
+    request.set_worker_id(reg.worker_id());
+    request.set_lease_id(lease.lease_id());
+    *request.add_results() = GoodResult(prompt);
+    edit(*request.mutable_results(0));
+    return client.Report(request);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(Refused(report([&](auto& x) { x.set_score(nan); }), grpc::StatusCode::INVALID_ARGUMENT, "score"));
+  EXPECT_TRUE(Refused(report([](auto& x) { x.set_score(1.5); }), grpc::StatusCode::INVALID_ARGUMENT, "in [0, 1]"));
+  EXPECT_TRUE(Refused(report([](auto& x) { x.set_cache_size_mean(std::numeric_limits<double>::infinity()); }),
+                      grpc::StatusCode::INVALID_ARGUMENT, "cache_size_mean"));
+  EXPECT_TRUE(Refused(report([](auto& x) { x.set_seconds(-1); }), grpc::StatusCode::INVALID_ARGUMENT, "seconds"));
+  EXPECT_TRUE(Refused(report([](auto& x) { x.clear_norm_stats(); }), grpc::StatusCode::INVALID_ARGUMENT,
+                      "norm_stats are required"));
+  EXPECT_TRUE(Refused(report([](auto& x) { x.mutable_norm_stats()->mutable_mean()->RemoveLast(); }),
+                      grpc::StatusCode::INVALID_ARGUMENT, "17 values"));
+  EXPECT_TRUE(Refused(report([&](auto& x) { x.mutable_norm_stats()->set_var(3, nan); }),
+                      grpc::StatusCode::INVALID_ARGUMENT, "bin 3"));
+  EXPECT_TRUE(Refused(report([](auto& x) { x.set_prompt(kSimRows + 5); }), grpc::StatusCode::INVALID_ARGUMENT,
+                      "not part of lease"));
+  {
+    v1::ReportRequest request;
+    request.set_worker_id(reg.worker_id());
+    request.set_lease_id(987654);
+    *request.add_results() = GoodResult(prompt);
+    EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::NOT_FOUND, "unknown lease 987654"));
+    request.set_lease_id(lease.lease_id());
+    *request.add_results() = GoodResult(prompt);
+    EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::INVALID_ARGUMENT, "reported twice"));
+    request.mutable_results()->RemoveLast();
+    request.set_worker_id("w-not-registered");
+    EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::NOT_FOUND, "register again"));
+    request.set_worker_id(reg.worker_id());
+    EXPECT_TRUE(Refused(RawClient(r.address(), "not-the-secret-at-all").Report(request),
+                        grpc::StatusCode::UNAUTHENTICATED, "wrong shared secret"));
+    // Larger than --max-message-bytes.
+    for (int i = 0; i < 20000; ++i) request.mutable_results(0)->mutable_norm_stats()->add_mean(1);
+    EXPECT_EQ(client.Report(request).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  EXPECT_EQ(StoredState(r.db), before) << "refused calls changed the stored run";
+
+  // A well-formed result is taken once; its copy is a counted duplicate.
+  v1::ReportResponse response;
+  {
+    v1::ReportRequest request;
+    request.set_worker_id(reg.worker_id());
+    request.set_lease_id(lease.lease_id());
+    *request.add_results() = GoodResult(prompt);
+    ASSERT_TRUE(client.Report(request, &response).ok());
+    EXPECT_EQ(response.accepted(), 1);
+    ASSERT_TRUE(client.Report(request, &response).ok());
+    EXPECT_EQ(response.accepted(), 0);
+    EXPECT_EQ(response.duplicates(), 1);
+  }
+
+  // Real namm-worker daemons with a wrong secret or another model are refused and say why.
+  const std::string model = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  if (std::filesystem::exists(model)) {
+    const std::string wrong_token = r.dir + "/wrong-token";
+    WriteText(wrong_token, "another-secret-0123456789");
+    const std::string worker = kWorker + " serve --coordinator " + r.address() + " --model " + model + " --tokenizer " +
+                               NAMM_SHARED_DIR + "/models/stories260K/tok512.bin --token-file ";
+    const auto wrong_model = RunProcess(worker + r.token);
+    EXPECT_EQ(wrong_model.exit_code, 1);
+    EXPECT_NE(wrong_model.output.find("has model fingerprint 'sha256:"), std::string::npos) << wrong_model.output;
+    const auto wrong_secret = RunProcess(worker + wrong_token);
+    EXPECT_EQ(wrong_secret.exit_code, 1);
+    EXPECT_NE(wrong_secret.output.find("wrong shared secret"), std::string::npos) << wrong_secret.output;
+  }
+  stream.TryCancel();
+  reader->Finish();
+
+  // SIGTERM stores what arrived and exits cleanly: exactly the one accepted result.
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  EXPECT_NE(ReadText(r.log("coordinator")).find("SIGTERM: stopping at generation 0"), std::string::npos);
+  auto store = Store::Open(r.db, OpenMode::kReadOnly).value();
+  const auto evaluations = store->GetEvaluations(1, 0).value();
+  ASSERT_EQ(evaluations.size(), 1u);
+  EXPECT_EQ(evaluations[0].prompt, prompt);
+  EXPECT_EQ(evaluations[0].score, 0.25);
+  EXPECT_EQ(evaluations[0].worker, "raw");
+}
+
+TEST(Distribution, MutualTlsAdmitsOnlyWorkersWithACertificateFromTheCa) {
+  SimRun r("dist_tls");
+  const std::string d = r.dir + "/";
+  WriteText(d + "san.ext", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+  const std::string ssl = "openssl ";
+  for (const std::string& cmd :
+       {ssl + "req -x509 -newkey rsa:2048 -nodes -keyout " + d + "ca.key -out " + d + "ca.pem -days 2 -subj /CN=namm-ca",
+        ssl + "req -newkey rsa:2048 -nodes -keyout " + d + "server.key -out " + d + "server.csr -subj /CN=localhost",
+        ssl + "x509 -req -in " + d + "server.csr -CA " + d + "ca.pem -CAkey " + d + "ca.key -CAcreateserial -out " + d +
+            "server.pem -days 2 -extfile " + d + "san.ext",
+        ssl + "req -newkey rsa:2048 -nodes -keyout " + d + "client.key -out " + d + "client.csr -subj /CN=worker",
+        ssl + "x509 -req -in " + d + "client.csr -CA " + d + "ca.pem -CAkey " + d + "ca.key -CAcreateserial -out " + d +
+            "client.pem -days 2"}) {
+    const auto out = RunProcess(cmd);
+    ASSERT_EQ(out.exit_code, 0) << cmd << "\n" << out.output;
+  }
+  Child coordinator = r.Serve({"--tls-cert", d + "server.pem", "--tls-key", d + "server.key", "--tls-client-ca",
+                               d + "ca.pem"});
+  auto connect = [&](bool with_certificate) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadText(d + "ca.pem");
+    if (with_certificate) {
+      o.pem_cert_chain = ReadText(d + "client.pem");
+      o.pem_private_key = ReadText(d + "client.key");
+    }
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("localhost");
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    return v1::Coordinator::NewStub(grpc::CreateCustomChannel(r.address(), grpc::SslCredentials(o), args));
+  };
+  auto try_register = [&](v1::Coordinator::Stub& stub) {
+    grpc::ClientContext c;
+    c.AddMetadata("x-namm-token", "sim-run-shared-secret-0123456789");
+    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::RegisterRequest request;
+    request.set_worker_name("tls");
+    request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
+    request.mutable_capabilities()->set_device("cpu");
+    request.mutable_capabilities()->set_max_concurrent_leases(1);
+    v1::RegisterResponse response;
+    return stub.Register(&c, request, &response);
+  };
+  auto with_certificate = connect(true);
+  ASSERT_TRUE(WaitUntil([&] { return try_register(*with_certificate).ok(); }, std::chrono::seconds(30)))
+      << ReadText(r.log("coordinator"));
+  EXPECT_FALSE(try_register(*connect(false)).ok()) << "a client without a certificate got in";
+  auto plain = v1::Coordinator::NewStub(grpc::CreateChannel(r.address(), grpc::InsecureChannelCredentials()));
+  EXPECT_FALSE(try_register(*plain).ok()) << "a plaintext client got in";
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0);
+}
+
+// The complete small run: stories260K on the synthetic story-recall task, population 8, 3 generations,
+// 2 local namm-worker processes, ending with an exported NAMM. Scores stored by the workers are checked against
+// namm-worker run-task on the same prompts.
+TEST(Distribution, StoriesRunWithTwoLocalWorkersEndsWithAnExportedNamm) {
+  const std::string shared = NAMM_SHARED_DIR;
+  const std::string model = shared + "/models/stories260K/stories260K.bin";
+  const std::string tokenizer = shared + "/models/stories260K/tok512.bin";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (../shared)";
+  const std::string dir = namm::testing::TempPath("dist_stories");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string model_flags = " --model " + model + " --tokenizer " + tokenizer;
+  const auto built = RunProcess(kWorker + " build-synthetic" + model_flags + " --out " + dir +
+                                "/story_recall.jsonl --rows 8 --pool 8 --story-tokens 100 --prefix-tokens 60 "
+                                "--continuation-tokens 20 --distractor-tokens 500");
+  ASSERT_EQ(built.exit_code, 0) << built.output;
+  const auto fingerprint = RunProcess(kWorker + " fingerprint" + model_flags);
+  ASSERT_EQ(fingerprint.exit_code, 0) << fingerprint.output;
+  const std::string sha = fingerprint.output.substr(0, fingerprint.output.find('\n'));
+  ASSERT_EQ(sha.size(), 7u + 64u) << fingerprint.output;
+  EXPECT_EQ(load_run_spec(std::string(NAMM_RUNS_DIR) + "/stories-cpu.yaml")->model.fingerprint, sha)
+      << "the shipped stories-cpu.yaml names another model";
+  WriteText(dir + "/spec.yaml", "name: stories-test\n"
+                                "model: {path: " + model + ", tokenizer: " + tokenizer + ", fingerprint: " + sha + "}\n"
+                                "namm: {scorer: bam, hidden: 32, selection: binary}\n"
+                                "cmaes: {population: 8, sigma0: 0.065, seed: 3}\n"
+                                "prompts_per_task: 2\n"
+                                "eval_interval: 2\n"
+                                "eval_prompts: 2\n"
+                                "stages:\n"
+                                "  - {tasks: [syn/story_recall], generations: 3}\n");
+  const std::string db = dir + "/run.db";
+  const auto run = RunProcess(kCoordinator + " run --config " + dir + "/spec.yaml --db " + db +
+                              " --local-workers 2 --data-dir synthetic=" + dir);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* line : {"normalization statistics frozen", "generation 0 (stage 0) | best ",
+                           "generation 2 (stage 0) | best ", "run 'stories-test' finished"}) {
+    EXPECT_NE(run.output.find(line), std::string::npos) << line << "\n" << run.output;
+  }
+
+  {
+    SQLite::Database raw(db, SQLite::OPEN_READONLY);
+    EXPECT_EQ(raw.execAndGet("SELECT status FROM runs").getString(), "finished");
+    EXPECT_EQ(raw.execAndGet("SELECT COUNT(*) FROM generations").getInt64(), 3);
+    EXPECT_EQ(raw.execAndGet("SELECT COUNT(*) FROM evaluations WHERE generation = 1").getInt64(), 8 * 2);
+    EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM evaluations WHERE worker = 'local-0'").getInt64(), 0);
+    EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM evaluations WHERE worker = 'local-1'").getInt64(), 0);
+  }
+  auto store = Store::Open(db, OpenMode::kReadOnly).value();
+  // A reference score the workers computed (full cache) is what run-task computes for that prompt.
+  const tasks::ReferenceScores references = store->GetReferenceScores(sha).value();
+  ASSERT_FALSE(references.scores().at("syn/story_recall").empty());
+  const auto& [prompt, reference] = *references.scores().at("syn/story_recall").begin();
+  const auto base = RunProcess(kWorker + " run-task" + model_flags + " --task syn/story_recall --data-dir synthetic=" +
+                               dir + " --rows " + std::to_string(prompt) + " --json");
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  EXPECT_NEAR(nlohmann::json::parse(base.output)["rows"][0]["score"].get<double>(), reference, 1e-6);
+
+  // Generation 1's best candidate, exported, scores what its worker reported.
+  const GenerationRecord g1 = store->GetGeneration(1, 1).value();
+  const std::string best1 = dir + "/gen1-best.namm";
+  ASSERT_EQ(RunProcess(kCoordinator + " export --db " + db + " --generation 1 --params best --out " + best1).exit_code, 0);
+  const EvaluationRecord* reported = nullptr;
+  const auto evaluations = store->GetEvaluations(1, 1).value();
+  for (const EvaluationRecord& e : evaluations) {
+    if (e.candidate == g1.best_candidate) reported = &e;
+  }
+  ASSERT_NE(reported, nullptr);
+  const auto rerun = RunProcess(kWorker + " run-task" + model_flags + " --task syn/story_recall --data-dir synthetic=" +
+                                dir + " --rows " + std::to_string(reported->prompt) + " --namm " + best1 + " --json");
+  ASSERT_EQ(rerun.exit_code, 0) << rerun.output;
+  EXPECT_NEAR(nlohmann::json::parse(rerun.output)["rows"][0]["score"].get<double>(), reported->score, 1e-6);
+
+  // The run's result, exported.
+  const std::string out = dir + "/best.namm";
+  const auto exported = RunProcess(kCoordinator + " export --db " + db + " --best --out " + out);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  auto namm = read_namm_file(out);
+  ASSERT_TRUE(namm.ok()) << namm.status().ToString();
+  EXPECT_EQ(namm->params.size(), 4172u);
+  EXPECT_EQ(namm->norm_state, NormState::kFrozen);
+}
+
+}  // namespace
+}  // namespace namm::coordinator

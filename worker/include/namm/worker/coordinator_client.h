@@ -1,0 +1,102 @@
+// A worker's side of the coordinator protocol (proto/namm/v1/coordinator.proto), independent of how prompts
+// are run: register, receive leases on the stream, run their prompts on `concurrency` threads through a
+// LeaseExecutor, report each prompt's result as it finishes, heartbeat the leases in flight, drop cancelled
+// ones, and reconnect with exponential backoff when the coordinator goes away. Torch-free: namm-worker plugs
+// in the model, the benchmark plugs in a simulated worker.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "namm/norm_stats.h"
+#include "namm/status.h"
+
+namespace namm::worker {
+
+// PEM files: `ca` verifies the coordinator (enables TLS); cert + key present a client certificate (mutual
+// TLS). `server_name` overrides the name checked against the coordinator's certificate.
+struct ClientTls {
+  std::string ca, cert, key, server_name;
+};
+
+struct WorkerClientOptions {
+  std::string coordinator;  // HOST:PORT
+  std::string token;        // the run's shared secret
+  std::string name;         // shown in the coordinator's logs and evaluation records
+  std::string model_fingerprint;
+  std::string device = "cpu";
+  int64_t memory_bytes = 0;
+  int concurrency = 1;      // leases run at once
+  ClientTls tls;
+  std::chrono::milliseconds backoff_initial{250}, backoff_max{15000};
+  bool exit_when_done = false;  // return once the run has finished (else wait for the next coordinator)
+  int max_message_bytes = 64 << 20;
+};
+
+// What the coordinator says about the run at registration.
+struct RunInfo {
+  std::string run_name;
+  std::string architecture_json;
+  std::string rope_scaling;  // "" = each task's own
+};
+
+struct LeaseWork {
+  uint64_t id = 0;
+  bool reference = false;   // base model with the full cache (no parameters)
+  int64_t generation = 0;
+  int64_t candidate = 0;
+  std::string task;
+  std::vector<int64_t> prompts;
+  std::shared_ptr<const std::vector<float>> params;  // candidate leases
+  std::optional<NormStats> norm_stats;               // frozen statistics to normalize with
+  bool collect_norm_stats = false;                   // start from empty statistics and return them
+};
+
+struct PromptOutcome {
+  double score = 0;
+  double cache_size_mean = 0;
+  int64_t cache_size_final = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double seconds = 0;
+  std::optional<NormStats> norm_stats;  // when the lease collects statistics
+};
+
+class LeaseExecutor {
+ public:
+  virtual ~LeaseExecutor() = default;
+  // Called after each registration, before any lease of it: the run's architecture may have changed.
+  virtual Status Prepare(const RunInfo& run) = 0;
+  // Runs one prompt of `lease` on thread `slot` (0..concurrency-1; an executor may keep per-slot state).
+  virtual Result<PromptOutcome> RunPrompt(const LeaseWork& lease, int64_t prompt, int slot) = 0;
+};
+
+struct WorkerClientStats {
+  int64_t sessions = 0, leases = 0, prompts = 0, accepted = 0, duplicates = 0, cancelled = 0, failed = 0;
+};
+
+class WorkerClient {
+ public:
+  WorkerClient(WorkerClientOptions options, LeaseExecutor& executor);
+  ~WorkerClient();
+  WorkerClient(const WorkerClient&) = delete;
+  WorkerClient& operator=(const WorkerClient&) = delete;
+
+  // Serves until drained, the run is finished (with exit_when_done) or Shutdown(). A refusal that retrying
+  // cannot fix (wrong secret or fingerprint, malformed registration) is returned as an error.
+  Status Run();
+  // Thread-safe. Gracefully: no new leases, queued ones go back to the coordinator, running ones finish and
+  // are reported, then Run() returns. Immediately: every lease goes back and Run() returns at once.
+  void Drain(bool immediately);
+  WorkerClientStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace namm::worker

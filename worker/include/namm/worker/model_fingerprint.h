@@ -1,0 +1,16 @@
+// A model's identity for a training run: runs refuse workers whose model differs from the run's, and base-model
+// reference scores are stored per fingerprint.
+#pragma once
+
+#include <string>
+
+#include "namm/status.h"
+
+namespace namm::worker {
+
+// "sha256:<64 hex>" over the model's files — a llama2.c checkpoint, or a Hugging Face directory's config.json
+// and *.safetensors — and the tokenizer file (when given), each as its name, size and bytes, in name order.
+// Reads every byte once (a few seconds per GB).
+Result<std::string> model_fingerprint(const std::string& model_path, const std::string& tokenizer_path);
+
+}  // namespace namm::worker

@@ -1,0 +1,95 @@
+#include "namm/worker/namm_executor.h"
+
+#include "namm/namm_policy.h"
+#include "namm/worker/policy_spec.h"
+
+namespace namm::worker {
+
+NammExecutor::NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths)
+    : model_(model), tokenizer_(tokenizer), paths_(std::move(paths)) {}
+
+Status NammExecutor::Prepare(const RunInfo& run) {
+  NAMM_ASSIGN_OR_RETURN(NammArchitecture architecture, NammArchitecture::FromJson(run.architecture_json));
+  NAMM_RETURN_IF_ERROR(architecture.Validate());
+  if (!run.rope_scaling.empty()) NAMM_RETURN_IF_ERROR(RopeScaling::Parse(run.rope_scaling).status());
+  std::lock_guard<std::mutex> lock(mu_);
+  architecture_ = architecture;
+  rope_override_ = run.rope_scaling;
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const NammExecutor::LoadedTask>> NammExecutor::Task(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (const auto it = tasks_.find(name); it != tasks_.end()) return it->second;
+  auto loaded = std::make_shared<LoadedTask>();
+  NAMM_ASSIGN_OR_RETURN(loaded->spec, tasks::find_task(name, paths_));
+  NAMM_ASSIGN_OR_RETURN(loaded->rows, tasks::load_rows(loaded->spec));
+  tasks_[name] = loaded;
+  return std::shared_ptr<const LoadedTask>(loaded);
+}
+
+Result<const LlamaModel*> NammExecutor::ModelFor(const std::string& rope_scaling) {
+  if (rope_scaling.empty()) return &model_;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& variant = variants_[rope_scaling];
+  if (!variant) {
+    NAMM_ASSIGN_OR_RETURN(RopeScaling scaling, RopeScaling::Parse(rope_scaling));
+    LlamaConfig config = model_.config();
+    config.rope_scaling = scaling;
+    variant = std::make_unique<LlamaModel>(LoadedModel{config, model_.weights()}, model_.options());
+  }
+  return variant.get();
+}
+
+Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t prompt, int /*slot*/) {
+  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedTask> task, Task(lease.task));
+  if (prompt < 0 || prompt >= static_cast<int64_t>(task->rows.size())) {
+    return Status::InvalidArgument("task " + lease.task + " has " + std::to_string(task->rows.size()) +
+                                   " prompts; prompt " + std::to_string(prompt) + " does not exist");
+  }
+  std::string rope;
+  NammModel namm;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rope = rope_override_.empty() ? task->spec.rope_scaling : rope_override_;
+    namm.architecture = architecture_;
+  }
+  NAMM_ASSIGN_OR_RETURN(const LlamaModel* model, ModelFor(rope));
+
+  std::unique_ptr<MemoryPolicy> policy;
+  const NammPolicy* namm_policy = nullptr;
+  if (lease.reference) {
+    NAMM_ASSIGN_OR_RETURN(policy, make_baseline_policy("full"));
+  } else {
+    namm.params = *lease.params;
+    namm.norm_state = lease.collect_norm_stats ? NormState::kCollecting : NormState::kFrozen;
+    if (lease.norm_stats && !lease.collect_norm_stats) namm.norm_stats = *lease.norm_stats;
+    NAMM_RETURN_IF_ERROR(namm.Validate());
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<NammPolicy> p, NammPolicy::Create(namm, model->options().device()));
+    namm_policy = p.get();
+    policy = std::move(p);
+  }
+  TaskRunner runner(*model, tokenizer_);
+  NAMM_ASSIGN_OR_RETURN(PromptResult r,
+                        runner.Run(task->spec, task->rows[static_cast<std::size_t>(prompt)], *policy, TaskRunOptions{}));
+  PromptOutcome out;
+  out.score = r.score;
+  out.prompt_tokens = r.prompt_tokens;
+  out.generated_tokens = r.generated_tokens;
+  out.seconds = r.seconds;
+  // Cache size per layer, averaged over layers: finally, and over the memory updates and the end.
+  auto layer_mean = [](const std::vector<int64_t>& sizes) {
+    double sum = 0;
+    for (int64_t s : sizes) sum += static_cast<double>(s);
+    return sizes.empty() ? 0.0 : sum / static_cast<double>(sizes.size());
+  };
+  const double final_mean = layer_mean(r.final_cache_sizes);
+  out.cache_size_final = static_cast<int64_t>(std::llround(final_mean));
+  double sum = final_mean;
+  for (const MemoryUpdateRecord& u : r.updates) sum += layer_mean(u.cache_sizes);
+  out.cache_size_mean = sum / static_cast<double>(r.updates.size() + 1);
+  if (lease.collect_norm_stats && namm_policy != nullptr) out.norm_stats = namm_policy->normalizer().stats();
+  return out;
+}
+
+}  // namespace namm::worker

@@ -1,0 +1,155 @@
+// namm-worker serve: the worker daemon. Loads the model once, registers with a run's coordinator and runs the
+// prompts it leases (proto/namm/v1/coordinator.proto) until the run ends or a signal drains it.
+// namm-worker fingerprint: prints the model fingerprint a run spec's model.fingerprint must name.
+#include <ATen/Parallel.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <iostream>
+#include <thread>
+
+#include "commands.h"
+#include "namm/file_util.h"
+#include "namm/tasks/task_path_options.h"
+#include "namm/worker/coordinator_client.h"
+#include "namm/worker/model_fingerprint.h"
+#include "namm/worker/namm_executor.h"
+#include "setup.h"
+
+namespace namm::worker::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  tasks::TaskPathFlags paths;
+  std::string coordinator, token_file, name, log_level = "info";
+  ClientTls tls;
+  int concurrency = 1;
+  int threads = 0;
+  bool exit_when_done = false;
+};
+
+// The tokenizer file that the fingerprint covers: the one given, else the one beside the model.
+std::string TokenizerFile(const ModelOptions& o) {
+  if (!o.tokenizer.empty()) return o.tokenizer;
+  const std::string beside = parent_directory(o.model) + "/tokenizer.bin";
+  return !is_directory(o.model) && path_exists(beside) ? beside : "";
+}
+
+// SIGTERM / SIGINT: the first drains gracefully, the second leaves at once.
+class SignalDrain {
+ public:
+  explicit SignalDrain(WorkerClient& client) : client_(client) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread starts: they inherit the mask
+    thread_ = std::thread([this] {
+      int received = 0;
+      const timespec tick{0, 200 * 1000 * 1000};
+      while (!done_) {
+        if (sigtimedwait(&set_, nullptr, &tick) <= 0) continue;
+        ++received;
+        std::cerr << "namm-worker: " << (received == 1 ? "draining: finishing running leases, returning the rest "
+                                                         "(signal again to leave at once)"
+                                                       : "leaving now: every lease goes back")
+                  << "\n";
+        client_.Drain(received > 1);
+      }
+    });
+  }
+  ~SignalDrain() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  WorkerClient& client_;
+  sigset_t set_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+Status Serve(const ServeOptions& o) {
+  const spdlog::level::level_enum level = spdlog::level::from_str(o.log_level);
+  if (level == spdlog::level::off && o.log_level != "off") {
+    return Status::InvalidArgument("--log-level must be trace, debug, info, warn, error or off, got '" + o.log_level + "'");
+  }
+  spdlog::set_level(level);
+  NAMM_ASSIGN_OR_RETURN(std::string token, read_secret_file(o.token_file));
+  NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
+  NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, TokenizerFile(o.model)));
+  NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(o.threads > 0 ? o.threads : std::max(1, cores / o.concurrency));
+
+  WorkerClientOptions client;
+  client.coordinator = o.coordinator;
+  client.token = token;
+  char host[256] = "host";
+  ::gethostname(host, sizeof host - 1);
+  client.name = o.name.empty() ? std::string(host) + "/" + o.model.device + "/" + std::to_string(::getpid()) : o.name;
+  client.model_fingerprint = fingerprint;
+  client.device = o.model.device;
+  client.concurrency = o.concurrency;
+  client.tls = o.tls;
+  client.exit_when_done = o.exit_when_done;
+  NammExecutor executor(*loaded.model, *loaded.tokenizer, paths);
+  WorkerClient worker(client, executor);
+  std::cerr << "namm-worker: " << client.name << " serving " << loaded.model->config().Describe() << " ("
+            << fingerprint << ") to " << o.coordinator << "\n";
+  Status status;
+  {
+    SignalDrain drain(worker);
+    status = worker.Run();
+  }
+  const WorkerClientStats s = worker.stats();
+  std::cerr << "namm-worker: " << s.leases << " leases, " << s.accepted << " results accepted, " << s.duplicates
+            << " duplicates, " << s.cancelled << " cancelled, " << s.failed << " failed prompts\n";
+  return status;
+}
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app, Action& run) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "Worker daemon: run the prompts a training run's coordinator leases");
+  AddModelOptions(cmd, o->model);
+  tasks::add_task_path_options(cmd, o->paths);
+  cmd->add_option("--coordinator", o->coordinator, "The coordinator's HOST:PORT")->required();
+  cmd->add_option("--token-file", o->token_file, "File holding the run's shared secret")->required();
+  cmd->add_option("--name", o->name, "Name in the coordinator's logs and records (default: host/device/pid)");
+  cmd->add_option("--units-concurrency", o->concurrency, "Leases run at once (default 1)")->check(CLI::Range(1, 64));
+  cmd->add_option("--threads", o->threads, "Intra-op CPU threads (default: cores / units concurrency)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--tls-ca", o->tls.ca, "PEM CA that signed the coordinator's certificate (enables TLS)");
+  cmd->add_option("--tls-cert", o->tls.cert, "PEM client certificate (mutual TLS)");
+  cmd->add_option("--tls-key", o->tls.key, "PEM client private key (mutual TLS)");
+  cmd->add_option("--tls-server-name", o->tls.server_name, "Name to verify in the coordinator's certificate");
+  cmd->add_option("--log-level", o->log_level, "trace, debug, info (default), warn, error or off");
+  cmd->add_flag("--exit-when-done", o->exit_when_done, "Exit once the run has finished (default: wait for more)");
+  cmd->callback([o, &run] {
+    run = [o] {
+      Status s = Serve(*o);
+      return s.ok() ? 0 : Fail(s.message());
+    };
+  });
+
+  auto f = std::make_shared<ModelOptions>();
+  CLI::App* fp = app.add_subcommand("fingerprint", "Print the model fingerprint for a run spec's model.fingerprint");
+  fp->add_option("--model", f->model, "Hugging Face model directory or llama2.c checkpoint (.bin)")->required();
+  fp->add_option("--tokenizer", f->tokenizer, "Tokenizer file (default: a tokenizer.bin beside a llama2.c model)");
+  fp->callback([f, &run] {
+    run = [f] {
+      Result<std::string> r = model_fingerprint(f->model, TokenizerFile(*f));
+      if (!r.ok()) return Fail(r.status().message());
+      std::cout << *r << "\n";
+      return 0;
+    };
+  });
+}
+
+}  // namespace namm::worker::cli
