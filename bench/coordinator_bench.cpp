@@ -160,7 +160,10 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
     o.name = "sim-" + std::to_string(w);
     o.model_fingerprint = spec.model.fingerprint;
     o.exit_when_done = true;
-    executors.push_back(std::make_unique<sim::SimExecutor>(costs, sim::SimOptions{s.seconds_per_cost, Speed(s, w)}, 1));
+    sim::SimOptions sim_options;
+    sim_options.seconds_per_cost = s.seconds_per_cost;
+    sim_options.speed = Speed(s, w);
+    executors.push_back(std::make_unique<sim::SimExecutor>(costs, sim_options, 1));
     clients.push_back(std::make_unique<worker::WorkerClient>(o, *executors.back()));
   }
   std::vector<std::thread> threads;

@@ -27,10 +27,15 @@ void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
   retired_.clear();
   queue_.clear();
   queued_units_ = 0;
+  abandoned_.clear();
   units_.clear();
   done_count_ = 0;
   phase_first_lease_ = next_lease_;
-  for (const ScheduledUnit& u : units) units_.push_back(Unit{u, false, {}});
+  for (const ScheduledUnit& u : units) {
+    Unit unit;
+    unit.scheduled = u;
+    units_.push_back(std::move(unit));
+  }
 
   // Group by (kind, candidate, task), pack each group, then hand out the longest leases first.
   std::vector<int64_t> order(units_.size());
@@ -75,8 +80,9 @@ std::vector<LeaseScheduler::Pending> LeaseScheduler::Pack(const std::vector<int6
   return out;
 }
 
-void LeaseScheduler::AddWorker(const std::string& worker, int slots) {
+void LeaseScheduler::AddWorker(const std::string& worker, int slots, const std::string& name) {
   Worker& w = workers_[worker];
+  w.name = name.empty() ? worker : name;
   w.slots = std::max(1, slots);
   w.draining = false;
 }
@@ -86,7 +92,7 @@ void LeaseScheduler::RemoveWorker(const std::string& worker) {
   if (it == workers_.end()) return;
   const std::set<uint64_t> leases = it->second.leases;
   for (uint64_t id : leases) {
-    Requeue(id);
+    Requeue(id, /*failed=*/true);
     ++counters_.leases_returned;
   }
   workers_.erase(worker);
@@ -99,7 +105,7 @@ void LeaseScheduler::Drain(const std::string& worker, const std::vector<uint64_t
   for (uint64_t id : returned) {
     const auto a = active_.find(id);
     if (a == active_.end() || a->second.worker != worker) continue;
-    Requeue(id);
+    Requeue(id, /*failed=*/false);
     ++counters_.leases_returned;
   }
 }
@@ -107,6 +113,11 @@ void LeaseScheduler::Drain(const std::string& worker, const std::vector<uint64_t
 bool LeaseScheduler::IsDraining(const std::string& worker) const {
   const auto it = workers_.find(worker);
   return it != workers_.end() && it->second.draining;
+}
+
+bool LeaseScheduler::IsQuarantined(const std::string& worker) const {
+  const auto it = workers_.find(worker);
+  return it != workers_.end() && it->second.quarantined;
 }
 
 std::vector<uint64_t> LeaseScheduler::LeasesOf(const std::string& worker) const {
@@ -232,7 +243,10 @@ Result<UnitKey> LeaseScheduler::Check(const std::string& worker, uint64_t lease,
     }
     units = &a->second.units;
   } else if (const auto r = retired_.find(lease); r != retired_.end()) {
-    units = &r->second;
+    if (r->second.worker != worker) {
+      return Status::InvalidArgument("lease " + std::to_string(lease) + " belongs to another worker");
+    }
+    units = &r->second.units;
   } else if (lease > 0 && lease < phase_first_lease_) {
     if (stale != nullptr) *stale = true;
     return Status::NotFound("lease " + std::to_string(lease) + " belongs to a finished phase");
@@ -245,14 +259,30 @@ Result<UnitKey> LeaseScheduler::Check(const std::string& worker, uint64_t lease,
   return Status::InvalidArgument("prompt " + std::to_string(prompt) + " is not part of lease " + std::to_string(lease));
 }
 
+int64_t LeaseScheduler::UnitOf(uint64_t lease, int64_t prompt) const {
+  const auto a = active_.find(lease);
+  const std::vector<int64_t>& units = a != active_.end() ? a->second.units : retired_.at(lease).units;
+  return *std::find_if(units.begin(), units.end(), [&](int64_t i) { return units_[i].scheduled.key.prompt == prompt; });
+}
+
 ResultOutcome LeaseScheduler::Complete(uint64_t lease, int64_t prompt) {
   const bool late = active_.count(lease) == 0;
-  const std::vector<int64_t>& units = late ? retired_.at(lease) : active_.at(lease).units;
-  const int64_t u = *std::find_if(units.begin(), units.end(),
-                                  [&](int64_t i) { return units_[i].scheduled.key.prompt == prompt; });
+  const int64_t u = UnitOf(lease, prompt);
+  const auto worker = workers_.find(late ? retired_.at(lease).worker : active_.at(lease).worker);
+  if (worker != workers_.end()) worker->second.failures_in_a_row = 0;
   if (units_[u].done) {
     ++counters_.results_duplicate;
     return ResultOutcome::kDuplicate;
+  }
+  if (units_[u].abandoned) {  // an earlier copy's result after the unit was given up: it counts after all
+    units_[u].abandoned = false;
+    abandoned_.erase(std::remove_if(abandoned_.begin(), abandoned_.end(),
+                                    [&](const AbandonedUnit& a) {
+                                      return std::tie(a.key.kind, a.key.candidate, a.key.task, a.key.prompt) ==
+                                             std::tie(units_[u].scheduled.key.kind, units_[u].scheduled.key.candidate,
+                                                      units_[u].scheduled.key.task, units_[u].scheduled.key.prompt);
+                                    }),
+                     abandoned_.end());
   }
   units_[u].done = true;
   ++done_count_;
@@ -276,7 +306,43 @@ void LeaseScheduler::EndLease(uint64_t lease, bool cancel) {
   Worker& w = workers_[a.worker];
   w.leases.erase(lease);
   if (cancel) w.cancelled.push_back(lease);
-  retired_[lease] = std::move(a.units);
+  retired_[lease] = std::move(a);
+}
+
+bool LeaseScheduler::CountFailure(int64_t u, const std::string& worker, const std::string& error) {
+  Unit& unit = units_[u];
+  const auto w = workers_.find(worker);
+  unit.failed_on.insert(w != workers_.end() ? w->second.name : worker);
+  if (!error.empty()) unit.last_error = error;
+  if (static_cast<int>(unit.failed_on.size()) < options_.max_attempts) return true;
+  unit.abandoned = true;
+  abandoned_.push_back({unit.scheduled.key, static_cast<int>(unit.failed_on.size()), unit.last_error});
+  return false;
+}
+
+void LeaseScheduler::Fail(uint64_t lease, int64_t prompt, const std::string& error) {
+  const int64_t u = UnitOf(lease, prompt);
+  ++counters_.prompts_failed;
+  const auto a = active_.find(lease);
+  const std::string worker = a != active_.end() ? a->second.worker : retired_.at(lease).worker;
+  if (const auto w = workers_.find(worker); w != workers_.end() && ++w->second.failures_in_a_row >= options_.quarantine_after) {
+    w->second.quarantined = true;
+    w->second.draining = true;
+  }
+  if (units_[u].done || units_[u].abandoned) return;
+  if (a == active_.end()) {
+    // The lease already expired and its units went back to the queue: only the failure counts.
+    CountFailure(u, worker, error);
+    return;
+  }
+  // The prompt leaves the lease; a lease with nothing left ends.
+  std::vector<int64_t>& units = a->second.units;
+  units.erase(std::find(units.begin(), units.end(), u));
+  units_[u].holders.erase(lease);
+  if (std::all_of(units.begin(), units.end(), [&](int64_t i) { return units_[i].done; })) EndLease(lease, false);
+  if (CountFailure(u, worker, error) && units_[u].holders.empty()) {
+    PushFront(Pending{{u}, units_[u].scheduled.cost});
+  }
 }
 
 std::vector<int64_t> LeaseScheduler::Orphans(uint64_t lease) const {
@@ -287,14 +353,17 @@ std::vector<int64_t> LeaseScheduler::Orphans(uint64_t lease) const {
   return out;
 }
 
-void LeaseScheduler::Requeue(uint64_t lease) {
+void LeaseScheduler::Requeue(uint64_t lease, bool failed) {
+  const std::string worker = active_.at(lease).worker;
   std::vector<int64_t> orphans = Orphans(lease);
   EndLease(lease, false);
-  if (orphans.empty()) return;
   Pending p;
-  for (int64_t u : orphans) p.cost += units_[u].scheduled.cost;
-  p.units = std::move(orphans);
-  PushFront(std::move(p));  // already late: next in line
+  for (int64_t u : orphans) {
+    if (failed && !CountFailure(u, worker, "lease expired or worker lost while running it")) continue;
+    p.units.push_back(u);
+    p.cost += units_[u].scheduled.cost;
+  }
+  if (!p.units.empty()) PushFront(std::move(p));  // already late: next in line
 }
 
 std::vector<uint64_t> LeaseScheduler::Heartbeat(const std::string& worker, const std::vector<uint64_t>& ids,
@@ -318,7 +387,7 @@ int64_t LeaseScheduler::ExpireLeases(Clock::time_point now) {
   }
   for (uint64_t id : expired) {
     workers_[active_.at(id).worker].cancelled.push_back(id);
-    Requeue(id);
+    Requeue(id, /*failed=*/true);
   }
   counters_.leases_expired += static_cast<int64_t>(expired.size());
   return static_cast<int64_t>(expired.size());

@@ -84,6 +84,11 @@ struct RunServer::Impl {
 Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& trainer, PromptCosts costs,
                                                     ServeOptions options) {
   if (options.token.empty()) return Status::InvalidArgument("serving a run needs a shared secret for its workers");
+  if (options.scheduler.lease_timeout < 3 * std::chrono::milliseconds(options.heartbeat_interval_ms)) {
+    return Status::InvalidArgument("the lease timeout (" + std::to_string(options.scheduler.lease_timeout.count()) +
+                                   " ms) must be at least 3 heartbeat intervals (" +
+                                   std::to_string(options.heartbeat_interval_ms) + " ms each)");
+  }
   // Workers present what `namm-worker fingerprint` prints; a label could never match one.
   static const std::regex kFingerprint("sha256:[0-9a-f]{64}");
   if (!std::regex_match(trainer.spec().model.fingerprint, kFingerprint)) {
@@ -113,6 +118,13 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
   grpc::ServerBuilder builder;
   builder.AddListeningPort(impl->options.listen, credentials, &impl->port);
   builder.SetMaxReceiveMessageSize(impl->options.max_message_bytes);
+  // Pings find workers behind a dead connection (their streams then end and their leases go back), and workers
+  // may ping to find a dead coordinator.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.RegisterService(impl->service.get());
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0) {
@@ -184,10 +196,10 @@ void RunServer::Impl::Interrupt(const std::string& why) {
   if (stopping) return;
   stopping = true;
   timer.cancel();
-  // Keep every result that arrived: a restart then leases only what is still missing.
+  // No result is accepted any more, and every one accepted is stored: a restart leases only what is missing.
+  service->End(v1::WorkBatch::END_SHUTDOWN);
   const Status flushed = Flush();
   if (!flushed.ok()) error = flushed;
-  service->End(v1::WorkBatch::END_SHUTDOWN);
   outcome.interrupted = true;
   const ServiceCounters c = service->counters();
   spdlog::info("{}: stopping at generation {} with {} of its {} units stored; the same command resumes the run", why,
@@ -256,6 +268,14 @@ Status RunServer::Impl::Flush() {
 
 void RunServer::Impl::Tick() {
   service->ExpireLeases();
+  if (const std::vector<AbandonedUnit> abandoned = service->counters().abandoned; !abandoned.empty()) {
+    const AbandonedUnit& a = abandoned.front();
+    (void)Flush();  // keep what did finish
+    return Fail(Status::FailedPrecondition(
+        std::to_string(abandoned.size()) + " prompt(s) failed on " + std::to_string(a.attempts) +
+        " different workers, first " + a.key.task + " prompt " + std::to_string(a.key.prompt) + " (last error: " +
+        a.last_error + "); fix the cause and run the same command to resume"));
+  }
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
   if (Status s = Flush(); !s.ok()) return Fail(s);
   if (done) {

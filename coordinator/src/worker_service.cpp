@@ -18,6 +18,7 @@ using Clock = LeaseScheduler::Clock;
 
 constexpr int kMaxSlots = 64;
 constexpr std::size_t kMaxResultsPerReport = 1024;
+constexpr std::size_t kMaxErrorBytes = 2048;
 constexpr std::size_t kMaxIdsPerCall = 4096;
 
 // Constant time in the content: how much of a wrong token matches must not show in the timing.
@@ -99,9 +100,11 @@ grpc::Status WorkerService::Authenticate(const grpc::ServerContext& context) {
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::FindSession(const std::string& worker_id, std::shared_ptr<Session>* session) {
-  const auto it = sessions_.find(worker_id);
-  if (it == sessions_.end()) {
+grpc::Status WorkerService::FindSession(const std::string& worker_id, std::shared_ptr<Session>* session,
+                                        bool departed) {
+  auto it = sessions_.find(worker_id);
+  if (it == sessions_.end() && departed) it = departed_.find(worker_id);
+  if (it == sessions_.end() || it == departed_.end()) {
     return Refuse(StatusCode::NOT_FOUND, "unknown worker id '" + worker_id + "' (coordinator restarted or the "
                                          "session ended): register again");
   }
@@ -117,6 +120,7 @@ void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std
   std::lock_guard<std::mutex> lock(mu_);
   phase_ = std::move(phase);
   scheduler_.StartPhase(units);
+  departed_.clear();  // their leases belonged to the phase that ended
   phase_done_at_ = Clock::now();
   WakeAll();
 }
@@ -141,9 +145,21 @@ Clock::time_point WorkerService::PhaseDoneAt() const {
 
 void WorkerService::ExpireLeases() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (scheduler_.ExpireLeases(Clock::now()) > 0) {
-    spdlog::warn("leases expired without a heartbeat; their prompts go back to the queue");
+  const Clock::time_point now = Clock::now();
+  if (const int64_t n = scheduler_.ExpireLeases(now); n > 0) {
+    spdlog::warn("{} lease(s) expired without a heartbeat; their prompts go back to the queue", n);
     WakeAll();
+  }
+  // A registration whose stream never came (the worker died in between) must not hold slots.
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (!it->second->streaming && now - it->second->registered > scheduler_.options().lease_timeout) {
+      spdlog::warn("worker '{}' ({}) registered but never opened its lease stream: forgotten", it->second->name,
+                   it->first);
+      scheduler_.RemoveWorker(it->first);
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 
@@ -161,12 +177,17 @@ ServiceCounters WorkerService::counters() const {
   c.refused = refused_;
   c.units_total = scheduler_.units_total();
   c.units_done = scheduler_.units_done();
+  c.abandoned = scheduler_.abandoned();
   return c;
 }
 
 grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down"};
+  }
   const std::string& name = request->worker_name();
   if (name.empty() || name.size() > 128 || !Printable(name)) {
     return Refuse(StatusCode::INVALID_ARGUMENT, "worker_name must be 1 to 128 printable ASCII characters");
@@ -191,8 +212,9 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
   const std::string id = NewWorkerId();
   auto session = std::make_shared<Session>();
   session->name = name;
+  session->registered = Clock::now();
   sessions_[id] = session;
-  scheduler_.AddWorker(id, caps.max_concurrent_leases());
+  scheduler_.AddWorker(id, caps.max_concurrent_leases(), name);
   response->set_worker_id(id);
   response->set_run_name(config_.run_name);
   response->set_architecture_json(config_.architecture_json);
@@ -252,81 +274,111 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
     {
       std::unique_lock<std::mutex> lock(mu_);
       session->wake.wait_for(lock, std::chrono::milliseconds(200), [&] {
-        return end_ || session->drained || scheduler_.HasCancelled(id) || scheduler_.HasWorkFor(id);
+        return StreamEnd(id) || scheduler_.HasCancelled(id) || scheduler_.HasWorkFor(id);
       });
-      if (!end_ && !session->drained) FillBatch(id, *session, &batch);
-      if (end_) {
-        batch.set_end(*end_);
-      } else if (session->drained) {
-        batch.set_end(v1::WorkBatch::END_DRAINED);
+      const std::optional<v1::WorkBatch::End> end = StreamEnd(id);
+      if (end) {
+        batch.set_end(*end);
+        ended = true;
+        for (uint64_t lease : scheduler_.TakeCancelled(id)) batch.add_cancelled_lease_ids(lease);
+      } else {
+        FillBatch(id, *session, &batch);
       }
-      ended = batch.end() != v1::WorkBatch::END_UNSPECIFIED;
     }
     if (batch.leases_size() == 0 && batch.cancelled_lease_ids_size() == 0 && !ended) continue;
     if (!writer->Write(batch)) break;
   }
-  // The worker is gone (or done): whatever it still holds goes back to the queue.
+  // The worker is gone (or done): whatever it still holds goes back to the queue. It may still report those
+  // leases until the phase ends.
   std::lock_guard<std::mutex> lock(mu_);
   const std::size_t held = scheduler_.LeasesOf(id).size();
+  if (scheduler_.IsQuarantined(id)) {
+    spdlog::error("worker '{}' ({}) failed {} prompts in a row and gets no more work from this run", session->name, id,
+                  scheduler_.options().quarantine_after);
+  }
   scheduler_.RemoveWorker(id);
   sessions_.erase(id);
+  departed_[id] = session;
   if (held > 0) spdlog::warn("worker '{}' ({}) left holding {} leases: returned to the queue", session->name, id, held);
   spdlog::info("worker '{}' ({}) disconnected", session->name, id);
   WakeAll();
   return grpc::Status::OK;
 }
 
+std::optional<v1::WorkBatch::End> WorkerService::StreamEnd(const std::string& worker_id) const {
+  if (end_) return end_;
+  if (scheduler_.IsQuarantined(worker_id)) return v1::WorkBatch::END_QUARANTINED;
+  if (scheduler_.IsDraining(worker_id) && scheduler_.LeasesOf(worker_id).empty()) return v1::WorkBatch::END_DRAINED;
+  return std::nullopt;
+}
+
 grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::ReportRequest* request,
                                    v1::ReportResponse* response) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
-  if (request->results_size() == 0) return Refuse(StatusCode::INVALID_ARGUMENT, "a report needs at least one result");
-  if (static_cast<std::size_t>(request->results_size()) > kMaxResultsPerReport) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "a report holds at most " + std::to_string(kMaxResultsPerReport) + " results");
+  const std::size_t entries = static_cast<std::size_t>(request->results_size() + request->failures_size());
+  if (entries == 0) return Refuse(StatusCode::INVALID_ARGUMENT, "a report needs at least one result or failure");
+  if (entries > kMaxResultsPerReport) {
+    return Refuse(StatusCode::INVALID_ARGUMENT,
+                  "a report holds at most " + std::to_string(kMaxResultsPerReport) + " results and failures");
   }
+  const std::string where = "lease " + std::to_string(request->lease_id()) + ", prompt ";
   std::set<int64_t> prompts;
   for (const v1::PromptResult& r : request->results()) {
-    const std::string bad = CheckResult(r);
-    if (!bad.empty()) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, "lease " + std::to_string(request->lease_id()) + ", prompt " +
-                                                      std::to_string(r.prompt()) + ": " + bad);
+    if (const std::string bad = CheckResult(r); !bad.empty()) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, where + std::to_string(r.prompt()) + ": " + bad);
     }
     if (!prompts.insert(r.prompt()).second) {
       return Refuse(StatusCode::INVALID_ARGUMENT, "prompt " + std::to_string(r.prompt()) + " is reported twice");
     }
   }
+  for (const v1::PromptFailure& f : request->failures()) {
+    if (f.error().size() > kMaxErrorBytes) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, where + std::to_string(f.prompt()) + ": the failure's error has more "
+                                                  "than " + std::to_string(kMaxErrorBytes) + " bytes");
+    }
+    if (!prompts.insert(f.prompt()).second) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, "prompt " + std::to_string(f.prompt()) + " is reported twice");
+    }
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
+  if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down: the lease will run again"};
   std::shared_ptr<Session> session;
-  if (grpc::Status s = FindSession(request->worker_id(), &session); !s.ok()) return s;
+  if (grpc::Status s = FindSession(request->worker_id(), &session, /*departed=*/true); !s.ok()) return s;
   const std::string& worker = request->worker_id();
+  const uint64_t lease = request->lease_id();
   // Check everything before recording anything: a report is taken whole or not at all.
   std::vector<UnitKey> keys;
   bool stale = false;
-  for (const v1::PromptResult& r : request->results()) {
-    Result<UnitKey> key = scheduler_.Check(worker, request->lease_id(), r.prompt(), &stale);
+  for (int64_t prompt : prompts) {
+    Result<UnitKey> key = scheduler_.Check(worker, lease, prompt, &stale);
     if (stale) break;
     if (!key.ok()) {
       return Refuse(key.status().code() == Status::Code::kNotFound ? StatusCode::NOT_FOUND : StatusCode::INVALID_ARGUMENT,
                     key.status().message());
     }
-    const bool collecting = key->kind == UnitKind::kCandidate && phase_->collect_norm_stats;
-    if (collecting != r.has_norm_stats()) {
-      return Refuse(StatusCode::INVALID_ARGUMENT,
-                    "prompt " + std::to_string(r.prompt()) + ": norm_stats " +
-                        (collecting ? "are required (this lease collects statistics)" : "must be absent (statistics are frozen)"));
-    }
-    keys.push_back(*key);
   }
   if (stale) {  // a lease of an earlier phase: every unit of it has its result already
     for (int i = 0; i < request->results_size(); ++i) scheduler_.CountStale();
     response->set_duplicates(request->results_size());
     return grpc::Status::OK;
   }
+  for (const v1::PromptResult& r : request->results()) {
+    UnitKey key = scheduler_.Check(worker, lease, r.prompt()).value();
+    const bool collecting = key.kind == UnitKind::kCandidate && phase_->collect_norm_stats;
+    if (collecting != r.has_norm_stats()) {
+      return Refuse(StatusCode::INVALID_ARGUMENT,
+                    where + std::to_string(r.prompt()) + ": norm_stats " +
+                        (collecting ? "are required (this lease collects statistics)" : "must be absent (statistics are frozen)"));
+    }
+    keys.push_back(std::move(key));
+  }
+
   int accepted = 0, duplicates = 0;
   for (int i = 0; i < request->results_size(); ++i) {
     const v1::PromptResult& r = request->results(i);
     const UnitKey& key = keys[static_cast<std::size_t>(i)];
-    if (scheduler_.Complete(request->lease_id(), r.prompt()) == ResultOutcome::kDuplicate) {
+    if (scheduler_.Complete(lease, r.prompt()) == ResultOutcome::kDuplicate) {
       ++duplicates;
       continue;
     }
@@ -350,8 +402,14 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     if (r.has_norm_stats()) e.norm_stats = v1::norm_stats_from_proto(r.norm_stats());
     evaluations_.push_back(std::move(e));
   }
+  for (const v1::PromptFailure& f : request->failures()) {
+    const UnitKey key = scheduler_.Check(worker, lease, f.prompt()).value();
+    spdlog::warn("worker '{}' could not run {} prompt {} (lease {}): {}", session->name, key.task, key.prompt, lease,
+                 f.error());
+    scheduler_.Fail(lease, f.prompt(), session->name + ": " + f.error());
+  }
   if (duplicates > 0) {
-    spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, request->lease_id());
+    spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, lease);
   }
   response->set_accepted(accepted);
   response->set_duplicates(duplicates);
@@ -359,10 +417,13 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     phase_done_at_ = Clock::now();
     if (phase_done_) phase_done_();
   }
-  CheckDrained(worker, *session);
-  // The reporter may have a free slot; copies elsewhere may have been cancelled.
-  for (auto& [id, s] : sessions_) {
-    if (id == worker || scheduler_.HasCancelled(id)) s->wake.notify_all();
+  if (request->failures_size() > 0) {
+    WakeAll();  // failed prompts are back in the queue
+  } else {
+    // The reporter may have a free slot; copies elsewhere may have been cancelled.
+    for (auto& [id, s] : sessions_) {
+      if (id == worker || scheduler_.HasCancelled(id)) s->wake.notify_all();
+    }
   }
   return grpc::Status::OK;
 }
@@ -393,16 +454,8 @@ grpc::Status WorkerService::Drain(grpc::ServerContext* context, const v1::DrainR
   if (grpc::Status s = FindSession(request->worker_id(), &session); !s.ok()) return s;
   scheduler_.Drain(request->worker_id(), {request->returned_lease_ids().begin(), request->returned_lease_ids().end()});
   spdlog::info("worker '{}' is draining ({} leases returned)", session->name, request->returned_lease_ids_size());
-  CheckDrained(request->worker_id(), *session);
   WakeAll();
   return grpc::Status::OK;
-}
-
-void WorkerService::CheckDrained(const std::string& worker_id, Session& session) {
-  if (scheduler_.IsDraining(worker_id) && scheduler_.LeasesOf(worker_id).empty()) {
-    session.drained = true;
-    session.wake.notify_all();
-  }
 }
 
 }  // namespace namm::coordinator

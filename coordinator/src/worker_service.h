@@ -54,6 +54,7 @@ struct ServiceCounters {
   int64_t workers = 0;             // registered now
   int64_t refused = 0;             // calls refused (authentication, validation, fingerprint)
   int64_t units_total = 0, units_done = 0;
+  std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run cannot go on
 };
 
 class WorkerService final : public v1::Coordinator::Service {
@@ -69,8 +70,9 @@ class WorkerService final : public v1::Coordinator::Service {
   bool PhaseDone() const;
   // When the phase's last result arrived (its start if it had no units).
   std::chrono::steady_clock::time_point PhaseDoneAt() const;
+  // Expires leases past their deadline and sessions that registered but never opened their stream.
   void ExpireLeases();
-  // Every stream ends with `end`; later registrations get it at once.
+  // Every stream ends with `end`; from now on registrations and reports are refused (UNAVAILABLE).
   void End(v1::WorkBatch::End end);
   ServiceCounters counters() const;
 
@@ -89,22 +91,23 @@ class WorkerService final : public v1::Coordinator::Service {
  private:
   struct Session {
     std::string name;
+    std::chrono::steady_clock::time_point registered;
     std::condition_variable wake;
     std::set<std::pair<int64_t, int64_t>> params_sent;  // (generation, candidate)
     bool streaming = false;
-    bool drained = false;
   };
 
   grpc::Status Authenticate(const grpc::ServerContext& context);
   // Counts and logs a refused call; needs no lock.
   grpc::Status Refuse(grpc::StatusCode code, const std::string& message);
-  // The session of `worker_id` (mu_ held), or NOT_FOUND.
-  grpc::Status FindSession(const std::string& worker_id, std::shared_ptr<Session>* session);
+  // The session of `worker_id` (mu_ held), or NOT_FOUND. With `departed`, also a session whose stream ended
+  // in this phase (its worker may still report the leases it held).
+  grpc::Status FindSession(const std::string& worker_id, std::shared_ptr<Session>* session, bool departed = false);
+  // Why the worker's stream ends now, if it does (mu_ held).
+  std::optional<v1::WorkBatch::End> StreamEnd(const std::string& worker_id) const;
   // Fills `batch` with cancellations and as many leases as the worker has free slots (mu_ held).
   void FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
   void WakeAll();
-  // A draining worker with no leases left is done (mu_ held).
-  void CheckDrained(const std::string& worker_id, Session& session);
 
   const ServiceConfig config_;
   const std::function<void()> phase_done_;
@@ -112,6 +115,7 @@ class WorkerService final : public v1::Coordinator::Service {
   std::chrono::steady_clock::time_point phase_done_at_;
   LeaseScheduler scheduler_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
+  std::map<std::string, std::shared_ptr<Session>> departed_;  // streams ended in this phase
   std::shared_ptr<const PhaseData> phase_;
   std::optional<v1::WorkBatch::End> end_;
   std::vector<EvaluationRecord> evaluations_;

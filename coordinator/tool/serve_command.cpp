@@ -33,6 +33,7 @@ struct ServeFlags {
   int64_t prompts_per_lease = 4;
   double lease_timeout_s = 30;
   int max_copies = 2;
+  int max_attempts = 5;
   int heartbeat_ms = 2000;
   int max_message_bytes = 4 << 20;
   // run only
@@ -183,6 +184,7 @@ Status Serve(const ServeFlags& f) {
   options.scheduler.max_prompts_per_lease = f.prompts_per_lease;
   options.scheduler.lease_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.lease_timeout_s * 1000));
   options.scheduler.max_copies = f.max_copies;
+  options.scheduler.max_attempts = f.max_attempts;
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.max_message_bytes = f.max_message_bytes;
 
@@ -263,6 +265,9 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
   cmd->add_option("--max-copies", f.max_copies,
                   "Workers running one prompt at once, straggler copies included (default 2; 1 disables copies)")
       ->check(CLI::Range(1, 16));
+  cmd->add_option("--max-attempts", f.max_attempts,
+                  "Different workers a prompt may fail on before the run stops with its error (default 5)")
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("--heartbeat-ms", f.heartbeat_ms, "How often workers send heartbeats (default 2000)")
       ->check(CLI::Range(50, 600000));
   cmd->add_option("--max-message-bytes", f.max_message_bytes,

@@ -125,11 +125,12 @@ struct SimRun {
     return c;
   }
 
-  Child SimWorker(const std::string& name) const {
-    return Spawn({kSimWorker, "--coordinator", address(), "--token-file", token, "--fingerprint", kSimFingerprint,
-                  "--tasks", kSimTasks, "--data-dir", "synthetic=" + dir, "--seconds-per-token", "0.00004", "--name",
-                  name},
-                 log(name));
+  Child SimWorker(const std::string& name, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> args = {kSimWorker, "--coordinator", address(), "--token-file", token, "--fingerprint",
+                                     kSimFingerprint, "--tasks", kSimTasks, "--data-dir", "synthetic=" + dir,
+                                     "--seconds-per-token", "0.00004", "--name", name};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Spawn(args, log(name));
   }
 
   // (next generation, evaluations recorded for it), read while the coordinator runs.
@@ -262,6 +263,48 @@ TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
   EXPECT_EQ(Wait(a), 0) << ReadText(r.log("sim-a"));
   EXPECT_EQ(Wait(b), 0) << ReadText(r.log("sim-b"));
   EXPECT_NE(ReadText(r.log("coordinator")).find("resuming run 'dist_coordinator_kill'"), std::string::npos);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// Every prompt of the first task, for --fail.
+std::vector<std::string> FailEveryPrompt() {
+  std::vector<std::string> args;
+  for (int64_t p = 0; p < kSimRows; ++p) args.insert(args.end(), {"--fail", "syn/story_recall:" + std::to_string(p)});
+  return args;
+}
+
+TEST(Distribution, AWorkerWhosePromptsFailIsQuarantinedAndTheOthersFinish) {
+  SimRun r("dist_failing_worker");
+  Child coordinator = r.Serve();
+  Child bad = r.SimWorker("sim-bad", FailEveryPrompt()), good = r.SimWorker("sim-good");
+  EXPECT_EQ(Wait(bad), 1);
+  EXPECT_NE(ReadText(r.log("sim-bad")).find("gives this worker no more work"), std::string::npos)
+      << ReadText(r.log("sim-bad"));
+  EXPECT_EQ(Wait(good), 0) << ReadText(r.log("sim-good"));
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_NE(log.find("could not run syn/story_recall prompt"), std::string::npos) << log;
+  EXPECT_NE(log.find("failed 3 prompts in a row and gets no more work"), std::string::npos) << log;
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
+  SimRun r("dist_failing_prompt");
+  Child coordinator = r.Serve({"--max-attempts", "2"});
+  Child a = r.SimWorker("sim-a", FailEveryPrompt()), b = r.SimWorker("sim-b", FailEveryPrompt());
+  EXPECT_EQ(Wait(coordinator), 1) << ReadText(r.log("coordinator"));
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_NE(log.find("failed on 2 different workers, first syn/story_recall prompt"), std::string::npos) << log;
+  EXPECT_NE(log.find("simulated failure of syn/story_recall prompt"), std::string::npos) << log;
+  EXPECT_NE(log.find("run the same command to resume"), std::string::npos) << log;
+  Wait(a);
+  Wait(b);
+  // Nothing was lost: the run is where it stopped, and resumes (here with healthy workers) to the same end.
+  EXPECT_EQ(r.Progress().first, 0);
+  coordinator = r.Serve();
+  a = r.SimWorker("sim-a2");
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(a), 0);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 

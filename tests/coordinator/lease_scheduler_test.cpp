@@ -217,6 +217,80 @@ TEST(LeaseScheduler, DisconnectAndDrainReturnLeases) {
   EXPECT_TRUE(s.Done());
 }
 
+TEST(LeaseScheduler, FailedPromptsGoBackAndAreAbandonedAfterFailingOnEnoughWorkers) {
+  SchedulerOptions o = Options(2);
+  o.max_attempts = 2;
+  LeaseScheduler s(o);
+  s.StartPhase(Units(1, 2));
+  s.AddWorker("a", 1, "host-a");
+  s.AddWorker("b", 1, "host-b");
+  const Clock::time_point t0;
+  auto ga = s.Acquire("a", t0);
+  ASSERT_TRUE(ga);
+  ASSERT_EQ(ga->prompts.size(), 2u);
+  // a runs one prompt and fails the other: the failed one leaves the lease and goes back to the queue.
+  ASSERT_TRUE(s.Check("a", ga->id, ga->prompts[0]).ok());
+  s.Fail(ga->id, ga->prompts[0], "out of memory");
+  EXPECT_EQ(s.Complete(ga->id, ga->prompts[1]), ResultOutcome::kAccepted);
+  EXPECT_TRUE(s.LeasesOf("a").empty());
+  EXPECT_EQ(s.counters().prompts_failed, 1);
+  auto gb = s.Acquire("b", t0);
+  ASSERT_TRUE(gb);
+  EXPECT_EQ(gb->prompts, std::vector<int64_t>{ga->prompts[0]});
+  // Failing on a second worker abandons it, with the last error.
+  s.Fail(gb->id, gb->prompts[0], "out of memory again");
+  ASSERT_EQ(s.abandoned().size(), 1u);
+  EXPECT_EQ(s.abandoned()[0].key.prompt, ga->prompts[0]);
+  EXPECT_EQ(s.abandoned()[0].attempts, 2);
+  EXPECT_EQ(s.abandoned()[0].last_error, "out of memory again");
+  EXPECT_FALSE(s.Done());
+  EXPECT_FALSE(s.Acquire("a", t0)) << "an abandoned prompt is not leased again";
+}
+
+TEST(LeaseScheduler, LostLeasesCountAsFailuresButDrainedOnesDoNot) {
+  SchedulerOptions o = Options(1, 100);
+  o.max_attempts = 2;
+  LeaseScheduler s(o);
+  s.StartPhase(Units(1, 1));
+  const Clock::time_point t0;
+  // Returned by a draining worker: no failure.
+  s.AddWorker("a", 1, "host-a");
+  auto g = s.Acquire("a", t0);
+  ASSERT_TRUE(g);
+  s.Drain("a", {g->id});
+  // Expired on b, lost with c's connection: two failures, on two workers.
+  s.AddWorker("b", 1, "host-b");
+  g = s.Acquire("b", t0);
+  ASSERT_TRUE(g);
+  s.ExpireLeases(t0 + milliseconds(200));
+  EXPECT_TRUE(s.abandoned().empty());
+  s.AddWorker("c", 1, "host-c");
+  g = s.Acquire("c", t0);
+  ASSERT_TRUE(g);
+  s.RemoveWorker("c");
+  ASSERT_EQ(s.abandoned().size(), 1u);
+  EXPECT_NE(s.abandoned()[0].last_error.find("lost"), std::string::npos);
+}
+
+TEST(LeaseScheduler, AWorkerFailingPromptsInARowGetsNoMoreLeases) {
+  LeaseScheduler s(Options(1));
+  s.StartPhase(Units(1, 6));
+  s.AddWorker("bad", 1);
+  s.AddWorker("good", 1);
+  const Clock::time_point t0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(s.IsQuarantined("bad"));
+    auto g = s.Acquire("bad", t0);
+    ASSERT_TRUE(g);
+    s.Fail(g->id, g->prompts[0], "broken");
+  }
+  EXPECT_TRUE(s.IsQuarantined("bad"));
+  EXPECT_FALSE(s.Acquire("bad", t0));
+  while (auto g = s.Acquire("good", t0)) CompleteAll(s, "good", *g);
+  EXPECT_TRUE(s.Done()) << "the good worker ran every prompt, the failed ones included";
+  EXPECT_TRUE(s.abandoned().empty());
+}
+
 TEST(LeaseScheduler, ChecksNameTheProblemAndOldPhasesAreStale) {
   LeaseScheduler s(Options(2));
   s.StartPhase(Units(1, 2));
@@ -233,6 +307,12 @@ TEST(LeaseScheduler, ChecksNameTheProblemAndOldPhasesAreStale) {
   EXPECT_FALSE(s.Check("a", g->id, 0, &stale).ok());
   EXPECT_TRUE(stale);
   EXPECT_TRUE(s.HasWorkFor("a"));
+  // An ended lease still takes late results, from its own worker only.
+  auto h = s.Acquire("a", Clock::time_point());
+  ASSERT_TRUE(h);
+  s.Drain("a", {h->id});
+  EXPECT_TRUE(s.Check("a", h->id, h->prompts[0]).ok());
+  EXPECT_NE(s.Check("b", h->id, h->prompts[0]).status().message().find("another worker"), std::string::npos);
 }
 
 }  // namespace

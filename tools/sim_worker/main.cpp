@@ -17,6 +17,7 @@ namespace {
 
 struct Flags {
   std::string coordinator, token_file, fingerprint, name = "sim", tasks, log_level = "warn";
+  std::vector<std::string> fail;
   namm::tasks::TaskPathFlags paths;
   namm::sim::SimOptions sim;
   int workers = 1;
@@ -36,6 +37,12 @@ namm::Status Run(const Flags& f) {
     begin = end + 1;
   }
   NAMM_ASSIGN_OR_RETURN(namm::coordinator::PromptCosts costs, namm::coordinator::load_prompt_costs(task_names, paths));
+  namm::sim::SimOptions sim = f.sim;
+  for (const std::string& spec : f.fail) {
+    const auto colon = spec.rfind(':');
+    if (colon == std::string::npos) return namm::Status::InvalidArgument("--fail expects TASK:PROMPT, got '" + spec + "'");
+    sim.fail.insert({spec.substr(0, colon), std::atoll(spec.c_str() + colon + 1)});
+  }
 
   std::vector<std::unique_ptr<namm::sim::SimExecutor>> executors;
   std::vector<std::unique_ptr<namm::worker::WorkerClient>> clients;
@@ -48,7 +55,7 @@ namm::Status Run(const Flags& f) {
     o.concurrency = f.concurrency;
     o.exit_when_done = true;
     o.backoff_max = std::chrono::milliseconds(2000);
-    executors.push_back(std::make_unique<namm::sim::SimExecutor>(costs, f.sim, f.concurrency));
+    executors.push_back(std::make_unique<namm::sim::SimExecutor>(costs, sim, f.concurrency));
     clients.push_back(std::make_unique<namm::worker::WorkerClient>(o, *executors.back()));
   }
   // SIGTERM drains every simulated worker, like namm-worker.
@@ -97,6 +104,7 @@ int main(int argc, char** argv) {
   app.add_option("--units-concurrency", f.concurrency, "Leases each worker runs at once (default 1)")
       ->check(CLI::Range(1, 64));
   app.add_option("--name", f.name, "Name prefix (default sim)");
+  app.add_option("--fail", f.fail, "TASK:PROMPT these workers fail to run (repeatable; fault tests)");
   app.add_option("--log-level", f.log_level, "spdlog level (default warn)");
   CLI11_PARSE(app, argc, argv);
   struct sigaction action {};

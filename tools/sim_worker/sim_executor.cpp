@@ -81,6 +81,9 @@ Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& le
                                    std::to_string(lease.params->size()) + " parameters, the run's NAMM " +
                                    std::to_string(param_count_));
   }
+  if (options_.fail.count({lease.task, prompt}) > 0) {
+    return Status::Internal("simulated failure of " + lease.task + " prompt " + std::to_string(prompt));
+  }
   const double cost = task->second[static_cast<std::size_t>(prompt)];
   const double seconds =
       cost * options_.seconds_per_cost * (1.0 + sim_jitter(lease.task, prompt)) / std::max(1e-9, options_.speed);

@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,7 @@ namespace namm::sim {
 struct SimOptions {
   double seconds_per_cost = 0;  // delay of a prompt = its cost (prompt tokens) x this / speed, +-20% per prompt
   double speed = 1;             // relative speed of this worker
+  std::set<std::pair<std::string, int64_t>> fail;  // (task, prompt) pairs this worker fails, for fault tests
 };
 
 // The score of `params` on a prompt: the base score of the prompt times 1 / (1 + Rastrigin(x) / N) around a

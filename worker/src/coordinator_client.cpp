@@ -21,8 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kCallTimeout = std::chrono::seconds(10);
-// Results are sent when their lease is done, or once the oldest unsent one is this old.
-constexpr auto kReportDelay = std::chrono::milliseconds(500);
+// A lease's results are sent as they come, at most this often, and when the lease is done.
+constexpr auto kReportInterval = std::chrono::milliseconds(500);
+constexpr int kReportAttempts = 3;
 
 Result<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientTls& tls) {
   if (tls.ca.empty()) {
@@ -86,7 +87,9 @@ struct WorkerClient::Impl {
   void Take(const v1::WorkBatch& batch);
   void ExecutorLoop(int slot);
   void HeartbeatLoop();
-  void Report(uint64_t lease, std::vector<v1::PromptResult>* results);
+  // Sends the lease's results and failures (cleared on return); retries while the coordinator is unreachable.
+  void Report(const std::string& session_worker_id, uint64_t lease, v1::ReportRequest* request);
+  // Tells the coordinator about a drain (mu not held).
   void SendDrain(bool immediately);
 };
 
@@ -111,6 +114,10 @@ Status WorkerClient::Run() {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // each worker its own connection, even in one process
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(m.options.backoff_initial.count()));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(m.options.backoff_max.count()));
+  // Pings find a coordinator behind a dead connection (a crashed host, a partition) within ~20 s.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   if (!m.options.tls.server_name.empty()) args.SetSslTargetNameOverride(m.options.tls.server_name);
   m.stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(m.options.coordinator, credentials, args));
 
@@ -183,6 +190,13 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   std::vector<std::thread> threads;
   for (int slot = 0; slot < options.concurrency; ++slot) threads.emplace_back([this, slot] { ExecutorLoop(slot); });
   threads.emplace_back([this] { HeartbeatLoop(); });
+  bool drain_requested = false, drain_immediately = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    drain_requested = draining;
+    drain_immediately = drain_now;
+  }
+  if (drain_requested) SendDrain(drain_immediately);  // a signal arrived while registering
 
   v1::WorkBatch batch;
   while (reader->Read(&batch)) {
@@ -199,6 +213,9 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   for (std::thread& t : threads) t.join();
   if (!finished.ok() && Fatal(finished.error_code())) {
     out.fatal = Status::FailedPrecondition("the coordinator refused the lease stream: " + finished.error_message());
+  } else if (out.end == v1::WorkBatch::END_QUARANTINED) {
+    out.fatal = Status::FailedPrecondition("the coordinator gives this worker no more work: its prompts failed "
+                                           "several times in a row (the errors are logged above)");
   } else if (out.end == v1::WorkBatch::END_UNSPECIFIED) {
     spdlog::warn("lost the coordinator ({}); reconnecting", finished.error_message());
   }
@@ -248,16 +265,17 @@ void WorkerClient::Impl::Take(const v1::WorkBatch& batch) {
 void WorkerClient::Impl::ExecutorLoop(int slot) {
   while (true) {
     std::shared_ptr<LeaseWork> lease;
+    std::string session_worker_id;  // the lease belongs to this session, even if a new one starts meanwhile
     {
       std::unique_lock<std::mutex> lock(mu);
       wake.wait(lock, [&] { return session_over || !queue.empty(); });
       if (session_over) return;
       lease = std::move(queue.front());
       queue.pop_front();
+      session_worker_id = worker_id;
     }
-    std::vector<v1::PromptResult> unsent;
-    Clock::time_point oldest;
-    bool abandoned = false;
+    v1::ReportRequest unsent;
+    Clock::time_point last_report = Clock::now();
     for (int64_t prompt : lease->prompts) {
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -265,54 +283,61 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
       }
       Result<PromptOutcome> r = executor.RunPrompt(*lease, prompt, slot);
       if (!r.ok()) {
-        // Not reported: the lease expires at the coordinator and runs elsewhere.
+        // Reported as failed: the prompt runs elsewhere, and one that fails everywhere stops the run.
         spdlog::error("lease {} ({} prompt {}): {}", lease->id, lease->task, prompt, r.status().ToString());
+        v1::PromptFailure* failure = unsent.add_failures();
+        failure->set_prompt(prompt);
+        failure->set_error(r.status().ToString().substr(0, 2048));
         std::lock_guard<std::mutex> lock(mu);
         ++stats.failed;
-        abandoned = true;
-        break;
+      } else {
+        v1::PromptResult* result = unsent.add_results();
+        result->set_prompt(prompt);
+        result->set_score(r->score);
+        result->set_cache_size_mean(r->cache_size_mean);
+        result->set_cache_size_final(r->cache_size_final);
+        result->set_prompt_tokens(r->prompt_tokens);
+        result->set_generated_tokens(r->generated_tokens);
+        result->set_seconds(r->seconds);
+        if (r->norm_stats) v1::norm_stats_to_proto(*r->norm_stats, result->mutable_norm_stats());
       }
-      v1::PromptResult result;
-      result.set_prompt(prompt);
-      result.set_score(r->score);
-      result.set_cache_size_mean(r->cache_size_mean);
-      result.set_cache_size_final(r->cache_size_final);
-      result.set_prompt_tokens(r->prompt_tokens);
-      result.set_generated_tokens(r->generated_tokens);
-      result.set_seconds(r->seconds);
-      if (r->norm_stats) v1::norm_stats_to_proto(*r->norm_stats, result.mutable_norm_stats());
-      if (unsent.empty()) oldest = Clock::now();
-      unsent.push_back(std::move(result));
-      if (Clock::now() - oldest >= kReportDelay) Report(lease->id, &unsent);
+      if (Clock::now() - last_report >= kReportInterval) {
+        Report(session_worker_id, lease->id, &unsent);
+        last_report = Clock::now();
+      }
     }
-    if (!abandoned && !unsent.empty()) Report(lease->id, &unsent);
+    Report(session_worker_id, lease->id, &unsent);
     std::lock_guard<std::mutex> lock(mu);
     in_flight.erase(lease->id);
     cancelled.erase(lease->id);
   }
 }
 
-void WorkerClient::Impl::Report(uint64_t lease, std::vector<v1::PromptResult>* results) {
-  v1::ReportRequest request;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    request.set_worker_id(worker_id);
-  }
-  request.set_lease_id(lease);
-  for (v1::PromptResult& r : *results) *request.add_results() = std::move(r);
-  results->clear();
-  grpc::ClientContext context;
-  Authorize(context, true);
+void WorkerClient::Impl::Report(const std::string& session_worker_id, uint64_t lease, v1::ReportRequest* request) {
+  if (request->results_size() + request->failures_size() == 0) return;
+  request->set_worker_id(session_worker_id);
+  request->set_lease_id(lease);
   v1::ReportResponse response;
-  const grpc::Status s = stub->Report(&context, request, &response);
-  std::lock_guard<std::mutex> lock(mu);
-  stats.prompts += request.results_size();
-  if (!s.ok()) {
-    spdlog::warn("report for lease {} refused: {}", lease, s.error_message());
-    return;
+  grpc::Status s;
+  for (int attempt = 1; attempt <= kReportAttempts; ++attempt) {
+    grpc::ClientContext context;
+    Authorize(context, true);
+    s = stub->Report(&context, *request, &response);
+    // Results are idempotent, so resending after a lost answer is harmless.
+    const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!transient || attempt == kReportAttempts) break;
+    std::this_thread::sleep_for(kReportInterval * attempt);
   }
-  stats.accepted += response.accepted();
-  stats.duplicates += response.duplicates();
+  std::lock_guard<std::mutex> lock(mu);
+  stats.prompts += request->results_size();
+  if (s.ok()) {
+    stats.accepted += response.accepted();
+    stats.duplicates += response.duplicates();
+  } else {
+    spdlog::warn("report for lease {} not taken: {}", lease, s.error_message());
+  }
+  request->Clear();
 }
 
 void WorkerClient::Impl::HeartbeatLoop() {
@@ -327,45 +352,62 @@ void WorkerClient::Impl::HeartbeatLoop() {
     v1::HeartbeatResponse response;
     const grpc::Status s = stub->Heartbeat(&context, request, &response);
     lock.lock();
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND && stream_context != nullptr) {
+      spdlog::warn("the coordinator no longer knows this worker ({}); registering again", s.error_message());
+      stream_context->TryCancel();
+      continue;
+    }
     if (!s.ok()) {
       spdlog::warn("heartbeat failed: {}", s.error_message());
       continue;
     }
     for (uint64_t id : response.cancelled_lease_ids()) {
       cancelled.insert(id);
-      queue.erase(std::remove_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; }), queue.end());
+      const auto queued = std::find_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; });
+      if (queued != queue.end()) {  // never started: forget it entirely
+        queue.erase(queued);
+        in_flight.erase(id);
+      }
     }
   }
 }
 
 void WorkerClient::Drain(bool immediately) {
   Impl& m = *impl_;
-  v1::DrainRequest request;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.draining && !immediately) return;
     m.draining = true;
     m.drain_now = immediately;
-    if (m.session_over) {
-      m.wake.notify_all();
-      return;
-    }
-    request.set_worker_id(m.worker_id);
+    m.wake.notify_all();
+    if (m.session_over) return;  // Session() sends the drain once registered
+  }
+  m.SendDrain(immediately);
+}
+
+void WorkerClient::Impl::SendDrain(bool immediately) {
+  v1::DrainRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    request.set_worker_id(worker_id);
     // Leases not started go back; running ones too when leaving at once.
-    for (const auto& l : m.queue) request.add_returned_lease_ids(l->id);
-    m.queue.clear();
+    for (const auto& l : queue) {
+      request.add_returned_lease_ids(l->id);
+      in_flight.erase(l->id);
+    }
+    queue.clear();
     if (immediately) {
-      for (const auto& [id, l] : m.in_flight) request.add_returned_lease_ids(id);
+      for (const auto& [id, l] : in_flight) request.add_returned_lease_ids(id);
     }
   }
   grpc::ClientContext context;
-  m.Authorize(context, true);
+  Authorize(context, true);
   v1::DrainResponse response;
-  const grpc::Status s = m.stub->Drain(&context, request, &response);
+  const grpc::Status s = stub->Drain(&context, request, &response);
   if (!s.ok()) spdlog::warn("drain: {}", s.error_message());
-  std::lock_guard<std::mutex> lock(m.mu);
-  if ((immediately || !s.ok()) && m.stream_context != nullptr) m.stream_context->TryCancel();
-  m.wake.notify_all();
+  std::lock_guard<std::mutex> lock(mu);
+  if ((immediately || !s.ok()) && stream_context != nullptr) stream_context->TryCancel();
+  wake.notify_all();
 }
 
 }  // namespace namm::worker

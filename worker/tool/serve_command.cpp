@@ -39,25 +39,39 @@ std::string TokenizerFile(const ModelOptions& o) {
   return !is_directory(o.model) && path_exists(beside) ? beside : "";
 }
 
-// SIGTERM / SIGINT: the first drains gracefully, the second leaves at once.
+// SIGTERM / SIGINT: the first drains gracefully, the second returns every lease and exits. The signals are
+// blocked (BlockDrainSignals) before any thread starts, so that only this waiter ever receives them.
+sigset_t DrainSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+void BlockDrainSignals() {
+  const sigset_t set = DrainSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 class SignalDrain {
  public:
   explicit SignalDrain(WorkerClient& client) : client_(client) {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any other thread starts: they inherit the mask
     thread_ = std::thread([this] {
-      int received = 0;
+      const sigset_t set = DrainSignals();
       const timespec tick{0, 200 * 1000 * 1000};
       while (!done_) {
-        if (sigtimedwait(&set_, nullptr, &tick) <= 0) continue;
-        ++received;
-        std::cerr << "namm-worker: " << (received == 1 ? "draining: finishing running leases, returning the rest "
-                                                         "(signal again to leave at once)"
-                                                       : "leaving now: every lease goes back")
-                  << "\n";
-        client_.Drain(received > 1);
+        if (sigtimedwait(&set, nullptr, &tick) <= 0) continue;
+        if (!draining_) {
+          draining_ = true;
+          std::cerr << "namm-worker: draining: finishing running leases, returning the rest (signal again to leave "
+                       "at once)\n";
+          client_.Drain(false);
+          continue;
+        }
+        std::cerr << "namm-worker: leaving now: every lease goes back\n";
+        client_.Drain(true);
+        std::_Exit(1);  // without waiting for running prompts: the coordinator has their leases back
       }
     });
   }
@@ -68,12 +82,13 @@ class SignalDrain {
 
  private:
   WorkerClient& client_;
-  sigset_t set_;
   std::atomic<bool> done_{false};
+  bool draining_ = false;
   std::thread thread_;
 };
 
 Status Serve(const ServeOptions& o) {
+  BlockDrainSignals();  // before loading the model starts its thread pools
   const spdlog::level::level_enum level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off") {
     return Status::InvalidArgument("--log-level must be trace, debug, info, warn, error or off, got '" + o.log_level + "'");

@@ -14,6 +14,10 @@
 //    most `max_copies` holders per unit). The first result for a unit wins; the other copies are cancelled.
 //  - Results are idempotent: a result for a unit that already has one is a duplicate; a result on an expired or
 //    returned lease is still accepted ("late") while its unit has none.
+//  - Failures: a prompt a worker reports as failed, or whose lease expired or whose worker vanished, goes back
+//    to the queue; after it failed on `max_attempts` different workers it is abandoned (the run cannot finish
+//    the phase and must stop with the reason). A worker whose prompts fail `quarantine_after` times in a row gets
+//    no more leases.
 #pragma once
 
 #include <chrono>
@@ -66,6 +70,15 @@ struct SchedulerOptions {
   std::chrono::milliseconds lease_timeout{30000};
   int max_copies = 2;  // workers running one unit at once, straggler copies included
   bool guided_sizes = true;  // shrink leases at the phase's end (else always max_prompts_per_lease)
+  int max_attempts = 5;      // different workers a prompt may fail on before it is abandoned
+  int quarantine_after = 3;  // failures in a row that end a worker's leasing
+};
+
+// A unit that failed on max_attempts different workers.
+struct AbandonedUnit {
+  UnitKey key;
+  int attempts = 0;
+  std::string last_error;
 };
 
 struct SchedulerCounters {
@@ -76,6 +89,7 @@ struct SchedulerCounters {
   int64_t results_accepted = 0;   // late ones included
   int64_t results_late = 0;
   int64_t results_duplicate = 0;
+  int64_t prompts_failed = 0;     // reported by workers as failed
 };
 
 class LeaseScheduler {
@@ -88,12 +102,15 @@ class LeaseScheduler {
   // cancel them) and results for them count as duplicates.
   void StartPhase(const std::vector<ScheduledUnit>& units);
 
-  // Workers. RemoveWorker returns the worker's leases to the queue.
-  void AddWorker(const std::string& worker, int slots);
+  // Workers. `name` (default: the id) identifies the worker across reconnections when failures are counted.
+  // RemoveWorker returns the worker's leases to the queue.
+  void AddWorker(const std::string& worker, int slots, const std::string& name = "");
   void RemoveWorker(const std::string& worker);
   // No new leases for the worker; `returned` of its leases go back to the queue (unknown ids are ignored).
   void Drain(const std::string& worker, const std::vector<uint64_t>& returned);
   bool IsDraining(const std::string& worker) const;
+  // Too many failures in a row: no more leases for the worker.
+  bool IsQuarantined(const std::string& worker) const;
   // Leases the worker holds.
   std::vector<uint64_t> LeasesOf(const std::string& worker) const;
 
@@ -108,6 +125,9 @@ class LeaseScheduler {
   Result<UnitKey> Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale = nullptr) const;
   // Records a result that Check() accepted.
   ResultOutcome Complete(uint64_t lease, int64_t prompt);
+  // Records that the worker of `lease` could not run `prompt` (Check() accepted the pair): the prompt leaves the
+  // lease and goes back to the queue, or is abandoned.
+  void Fail(uint64_t lease, int64_t prompt, const std::string& error);
   // Counts a result for a lease of an earlier phase.
   void CountStale() { ++counters_.results_duplicate; }
 
@@ -120,6 +140,7 @@ class LeaseScheduler {
   bool HasCancelled(const std::string& worker) const;
 
   bool Done() const { return done_count_ == static_cast<int64_t>(units_.size()); }
+  const std::vector<AbandonedUnit>& abandoned() const { return abandoned_; }
   int64_t units_total() const { return static_cast<int64_t>(units_.size()); }
   int64_t units_done() const { return done_count_; }
   int64_t leases_active() const { return static_cast<int64_t>(active_.size()); }
@@ -130,7 +151,10 @@ class LeaseScheduler {
   struct Unit {
     ScheduledUnit scheduled;
     bool done = false;
-    std::set<uint64_t> holders;  // active leases running it
+    bool abandoned = false;
+    std::set<uint64_t> holders;         // active leases running it
+    std::set<std::string> failed_on;    // workers it failed on (reported, expired or lost)
+    std::string last_error;
   };
   struct Pending {  // a lease waiting in the queue: unit indices, longest first
     std::vector<int64_t> units;
@@ -142,11 +166,14 @@ class LeaseScheduler {
     Clock::time_point started, deadline;
   };
   struct Worker {
+    std::string name;
     int slots = 1;
     bool draining = false;
     std::set<uint64_t> leases;
     std::vector<uint64_t> cancelled;
     std::set<std::pair<UnitKind, int64_t>> ran;  // (kind, candidate) of leases issued in this phase
+    int failures_in_a_row = 0;
+    bool quarantined = false;
   };
 
   // Pending leases of at most max_prompts_per_lease units of one (kind, candidate, task), balanced by cost.
@@ -163,7 +190,12 @@ class LeaseScheduler {
   // Ends an active lease; results on it are still taken (as late results or duplicates).
   void EndLease(uint64_t lease, bool cancel);
   // Ends an active lease whose worker is not coming back for it: its orphaned units go back to the queue.
-  void Requeue(uint64_t lease);
+  // `failed`: the lease expired or its worker vanished, which counts as a failure of those units there.
+  void Requeue(uint64_t lease, bool failed);
+  // Counts a failure of unit `u` on `worker`; false when the unit is now abandoned.
+  bool CountFailure(int64_t u, const std::string& worker, const std::string& error);
+  // The index of `prompt` among the units of an active or retired lease.
+  int64_t UnitOf(uint64_t lease, int64_t prompt) const;
   bool FreeSlot(const Worker& w) const { return !w.draining && static_cast<int>(w.leases.size()) < w.slots; }
 
   SchedulerOptions options_;
@@ -172,7 +204,8 @@ class LeaseScheduler {
   std::deque<Pending> queue_;
   int64_t queued_units_ = 0;  // units in queue_ (a few may have been finished meanwhile by late results)
   std::map<uint64_t, Active> active_;
-  std::map<uint64_t, std::vector<int64_t>> retired_;  // ended leases of this phase
+  std::map<uint64_t, Active> retired_;  // ended leases of this phase
+  std::vector<AbandonedUnit> abandoned_;
   std::map<std::string, Worker> workers_;
   uint64_t next_lease_ = 1;
   uint64_t phase_first_lease_ = 1;
