@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "../process_util.h"
@@ -78,7 +79,7 @@ struct SimRun {
   std::string dir, token, spec, db, yaml;
   int port = 0;
 
-  explicit SimRun(const std::string& name) {
+  explicit SimRun(const std::string& name, int stage1_generations = 3, int stage2_generations = 2) {
     dir = namm::testing::TempPath(name);
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
@@ -99,8 +100,9 @@ struct SimRun {
            "eval_interval: 2\n"
            "eval_prompts: 4\n"
            "stages:\n"
-           "  - {tasks: [syn/story_recall], generations: 3}\n"
-           "  - {tasks: [syn/story_recall, syn/story_recall_accuracy], generations: 2}\n";
+           "  - {tasks: [syn/story_recall], generations: " + std::to_string(stage1_generations) + "}\n"
+           "  - {tasks: [syn/story_recall, syn/story_recall_accuracy], generations: " +
+           std::to_string(stage2_generations) + "}\n";
     spec = dir + "/spec.yaml";
     WriteText(spec, yaml);
     db = dir + "/run.db";
@@ -263,6 +265,69 @@ TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
   EXPECT_EQ(Wait(a), 0) << ReadText(r.log("sim-a"));
   EXPECT_EQ(Wait(b), 0) << ReadText(r.log("sim-b"));
   EXPECT_NE(ReadText(r.log("coordinator")).find("resuming run 'dist_coordinator_kill'"), std::string::npos);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// Soak (label `long`): a longer run under a seeded storm of faults: workers SIGKILLed or drained and replaced,
+// the coordinator SIGKILLed or stopped and restarted, at random moments. However often anything failed, the run
+// ends exactly as the uninterrupted in-process one.
+TEST(DistributionSoak, RandomWorkerAndCoordinatorFaultsLeaveTheTrajectoryUnchanged) {
+  SimRun r("dist_soak", 40, 40);
+  std::mt19937 rng(20261123);
+  Child coordinator = r.Serve();
+  std::vector<Child> workers;
+  int started = 0;
+  const auto add_worker = [&] { workers.push_back(r.SimWorker("sim-" + std::to_string(started++))); };
+  for (int i = 0; i < 4; ++i) add_worker();
+  int exit_code = 0;  // of the coordinator that ended the run by itself
+  const auto finished = [&] {
+    int status = 0;
+    if (::waitpid(coordinator.pid, &status, WNOHANG) != coordinator.pid) return false;
+    exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return true;
+  };
+  int worker_kills = 0, drains = 0, coordinator_kills = 0, coordinator_stops = 0;
+  while (!finished()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 1500)(rng)));
+    if (finished()) break;
+    const int action = std::uniform_int_distribution<int>(0, 9)(rng);
+    if (action < 5) {  // a worker dies and a new one joins
+      std::swap(workers[rng() % workers.size()], workers.back());
+      if (action < 3) {
+        KillAndReap(workers.back());
+        ++worker_kills;
+      } else {
+        ::kill(workers.back().pid, SIGTERM);
+        EXPECT_EQ(Wait(workers.back()), 0) << "a drained worker exits cleanly";
+        ++drains;
+      }
+      workers.pop_back();
+      add_worker();
+    } else if (action < 7) {
+      if (action == 5) {
+        KillAndReap(coordinator);
+        ++coordinator_kills;
+      } else {
+        ::kill(coordinator.pid, SIGTERM);
+        EXPECT_EQ(Wait(coordinator), 0) << "a stopped coordinator exits cleanly";
+        ++coordinator_stops;
+      }
+      if (r.Progress().first < 0) continue;  // killed before the run existed: nothing to resume
+      const auto store = Store::Open(r.db, OpenMode::kReadOnly);
+      ASSERT_TRUE(store.ok()) << store.status().ToString();
+      if ((*store)->GetRun(1)->status == "finished") break;
+      coordinator = r.Serve();
+    }
+  }
+  EXPECT_EQ(exit_code, 0) << ReadText(r.log("coordinator"));
+  for (Child& w : workers) {
+    WaitUntil([&] { return ::waitpid(w.pid, nullptr, WNOHANG) != 0; }, std::chrono::seconds(5));
+    ::kill(w.pid, SIGKILL);  // a worker still waiting for a coordinator that finished
+    ::waitpid(w.pid, nullptr, 0);
+  }
+  std::printf("faults: %d worker kills, %d drains, %d coordinator kills, %d coordinator stops\n", worker_kills,
+              drains, coordinator_kills, coordinator_stops);
+  EXPECT_GT(worker_kills + drains + coordinator_kills + coordinator_stops, 10);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
