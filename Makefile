@@ -1,5 +1,6 @@
 # namm front door. Every target first installs missing Debian packages (scripts/install-deps.sh).
 #   make            configure + build (Release) into build/, binaries in build/bin/
+#   make demo       build the binaries + a short real training run (coordinator + 2 CPU workers, stories260K)
 #   make test       build + the default test suite (ctest, without the `long` label)
 #   make test-long  build + the long soak/scale tests (ctest -L long)
 #   make bench      build + every benchmark
@@ -21,7 +22,7 @@ LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 endif
 
-.PHONY: all deps configure build test test-long bench sanitize clean
+.PHONY: all deps configure build demo test test-long bench sanitize clean
 
 all: build
 
@@ -35,6 +36,11 @@ configure: deps $(BUILD_DIR)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Only what the demo runs, so that a fresh machine gets to it sooner than with `make build`.
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target namm-coordinator namm-worker
+	BUILD_DIR=$(BUILD_DIR) scripts/demo.sh
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -LE long -j $(JOBS)

@@ -14,6 +14,9 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libsqlite3-dev libsqlitecpp-dev sqlite3 zlib1g-dev
   prometheus-cpp-dev
+  # the observability tests check expositions with promtool and scrape them with a real Prometheus server;
+  # the deploy check parses YAML with PyYAML
+  prometheus python3-yaml
   libboost-dev libboost-system-dev
   # configuration, logging, CLI, JSON, regexes
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev libicu-dev

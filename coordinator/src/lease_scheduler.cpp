@@ -231,6 +231,7 @@ uint64_t LeaseScheduler::Issue(const std::string& worker, std::vector<int64_t> u
   workers_[worker].leases.insert(id);
   workers_[worker].ran.insert({first.kind, first.candidate});
   ++counters_.leases_issued;
+  counters_.units_leased += static_cast<int64_t>(grant->prompts.size());
   return id;
 }
 

@@ -6,12 +6,15 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <regex>
 #include <set>
 
+#include "coordinator_metrics.h"
 #include "namm/file_util.h"
+#include "namm/metrics_endpoint.h"
 #include "worker_service.h"
 
 namespace namm::coordinator {
@@ -58,6 +61,8 @@ struct RunServer::Impl {
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  std::unique_ptr<MetricsEndpoint> endpoint;
+  std::unique_ptr<CoordinatorMetrics> metrics;  // with an endpoint only
 
   boost::asio::io_context io;
   boost::asio::steady_timer timer{io};
@@ -69,6 +74,7 @@ struct RunServer::Impl {
   // Progress of the current phase and of the run in this process.
   Clock::time_point run_started, phase_started;
   int64_t phase_units = 0, generations_done = 0;
+  int64_t phase_references = 0, phase_references_stored = 0;
   double cache_sum = 0;
   int64_t cache_count = 0;
 
@@ -79,7 +85,21 @@ struct RunServer::Impl {
   void Interrupt(const std::string& why);
   void Fail(const Status& status);
   void ReportProgress(const AdvanceSummary& summary);
+  // Metrics of where the run stands, and (resumed) of the last generation it committed.
+  Status StartMetrics();
+  void ObserveService();
 };
+
+Status check_serveable(const RunSpec& spec) {
+  // Workers present what `namm-worker fingerprint` prints; a label could never match one.
+  static const std::regex kFingerprint("sha256:[0-9a-f]{64}");
+  if (!std::regex_match(spec.model.fingerprint, kFingerprint)) {
+    return Status::InvalidArgument("model.fingerprint '" + spec.model.fingerprint +
+                                   "' is not a worker fingerprint: put what `namm-worker fingerprint --model PATH` "
+                                   "prints (sha256:<64 hex digits>) in the run spec");
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& trainer, PromptCosts costs,
                                                     ServeOptions options) {
@@ -89,13 +109,7 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
                                    " ms) must be at least 3 heartbeat intervals (" +
                                    std::to_string(options.heartbeat_interval_ms) + " ms each)");
   }
-  // Workers present what `namm-worker fingerprint` prints; a label could never match one.
-  static const std::regex kFingerprint("sha256:[0-9a-f]{64}");
-  if (!std::regex_match(trainer.spec().model.fingerprint, kFingerprint)) {
-    return Status::InvalidArgument("model.fingerprint '" + trainer.spec().model.fingerprint +
-                                   "' is not a worker fingerprint: put what `namm-worker fingerprint --model PATH` "
-                                   "prints (sha256:<64 hex digits>) in the run spec");
-  }
+  NAMM_RETURN_IF_ERROR(check_serveable(trainer.spec()));
   auto impl = std::make_unique<Impl>(store, trainer, std::move(costs), std::move(options));
   const RunSpec& spec = trainer.spec();
   ServiceConfig config;
@@ -114,6 +128,7 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
     });
   });
 
+  NAMM_RETURN_IF_ERROR(impl->StartMetrics());
   NAMM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(impl->options.tls));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(impl->options.listen, credentials, &impl->port);
@@ -144,6 +159,31 @@ RunServer::~RunServer() {
 }
 
 int RunServer::port() const { return impl_->port; }
+
+std::string RunServer::metrics_url() const { return impl_->endpoint ? impl_->endpoint->url() : ""; }
+
+Status RunServer::Impl::StartMetrics() {
+  if (options.metrics_listen.empty()) return Status::Ok();
+  NAMM_ASSIGN_OR_RETURN(endpoint, MetricsEndpoint::Start(options.metrics_listen));
+  metrics = std::make_unique<CoordinatorMetrics>(endpoint->registry(), trainer.spec());
+  metrics->SetPosition(trainer.plan().schedule.stage, trainer.plan().generation, trainer.finished());
+  NAMM_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.GetGenerations(trainer.run_id()));
+  const auto show = [&](const GenerationRecord& g) -> Status {
+    NAMM_ASSIGN_OR_RETURN(auto stored, store.GetMetrics(trainer.run_id(), g.generation));
+    metrics->ShowGeneration(g, stored);
+    return Status::Ok();
+  };
+  // The last evaluation of the mean first: the last generation may not have one.
+  const auto evaluated = std::find_if(generations.rbegin(), generations.rend(),
+                                      [](const GenerationRecord& g) { return g.eval_fitness.has_value(); });
+  if (evaluated != generations.rend()) NAMM_RETURN_IF_ERROR(show(*evaluated));
+  if (!generations.empty()) NAMM_RETURN_IF_ERROR(show(generations.back()));
+  return Status::Ok();
+}
+
+void RunServer::Impl::ObserveService() {
+  if (metrics) metrics->Observe(service->counters(), phase_references - phase_references_stored);
+}
 
 void RunServer::Stop() {
   boost::asio::post(impl_->io, [this] { impl_->Interrupt("stop requested"); });
@@ -237,8 +277,14 @@ Status RunServer::Impl::StartPhase() {
   service->StartPhase(phase, units);
   phase_started = Clock::now();
   phase_units = static_cast<int64_t>(units.size());
+  phase_references = references;
+  phase_references_stored = 0;
   cache_sum = 0;
   cache_count = 0;
+  if (metrics) {
+    metrics->SetPosition(plan.schedule.stage, plan.generation, false);
+    metrics->PhaseStarted(phase_units);
+  }
   spdlog::info("generation {}{}: {} units to run ({} base-model reference scores)", plan.generation,
                plan.collect_norm_stats ? " (normalization statistics)" : "", units.size(), references);
   return Status::Ok();
@@ -248,6 +294,8 @@ Status RunServer::Impl::Flush() {
   std::vector<EvaluationRecord> evaluations;
   std::vector<ReferenceResult> references;
   service->TakeResults(&evaluations, &references);
+  if (evaluations.empty() && references.empty()) return Status::Ok();
+  const auto start = Clock::now();
   if (!references.empty()) {
     tasks::ReferenceScores scores;
     for (const ReferenceResult& r : references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
@@ -255,6 +303,7 @@ Status RunServer::Impl::Flush() {
                                                      "computed by namm workers (full cache)", false)
                              .status());
     for (const ReferenceResult& r : references) references_stored.insert({r.task, r.prompt});
+    phase_references_stored += static_cast<int64_t>(references.size());
   }
   if (!evaluations.empty()) {
     for (const EvaluationRecord& e : evaluations) {
@@ -262,6 +311,10 @@ Status RunServer::Impl::Flush() {
       ++cache_count;
     }
     NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
+  }
+  if (metrics) {
+    metrics->ResultsStored(static_cast<int64_t>(evaluations.size() + references.size()),
+                           std::chrono::duration<double>(Clock::now() - start).count());
   }
   return Status::Ok();
 }
@@ -278,6 +331,7 @@ void RunServer::Impl::Tick() {
   }
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
   if (Status s = Flush(); !s.ok()) return Fail(s);
+  ObserveService();
   if (done) {
     Result<AdvanceSummary> summary = trainer.Advance();
     if (!summary.ok()) return Fail(summary.status());
@@ -286,6 +340,7 @@ void RunServer::Impl::Tick() {
       service->End(v1::WorkBatch::END_RUN_FINISHED);
       outcome.finished = true;
       stopping = true;
+      if (metrics) metrics->SetPosition(summary->stage, trainer.plan().generation, true);
       spdlog::info("run '{}' finished", trainer.spec().name);
       io.stop();
       return;
@@ -321,6 +376,7 @@ void RunServer::Impl::ReportProgress(const AdvanceSummary& summary) {
                   static_cast<long long>(r.generation), static_cast<long long>(r.stage), r.fitness_best, r.fitness_mean,
                   r.fitness_std, trainer.state().sigma, cache_count > 0 ? cache_sum / static_cast<double>(cache_count) : 0.0,
                   rate, Duration(eta).c_str());
+    if (metrics) metrics->GenerationCommitted(summary, p.seconds, eta);
   }
   p.line = line;
   if (options.progress) options.progress(p);

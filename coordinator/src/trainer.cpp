@@ -59,12 +59,13 @@ std::map<std::string, TaskScore> TaskScores(const tasks::Fitness& f) {
   return out;
 }
 
-double MeanCacheSize(const std::vector<EvaluationRecord>& evaluations, bool of_mean) {
+// Mean over the population's (or the mean's) evaluations of the mean cache size, or with `final`, of the final one.
+double MeanCacheSize(const std::vector<EvaluationRecord>& evaluations, bool of_mean, bool final = false) {
   double sum = 0;
   int64_t count = 0;
   for (const EvaluationRecord& e : evaluations) {
     if ((e.candidate == kMeanCandidate) != of_mean) continue;
-    sum += e.cache_size_mean;
+    sum += final ? static_cast<double>(e.cache_size_final) : e.cache_size_mean;
     ++count;
   }
   return count > 0 ? sum / static_cast<double>(count) : std::nan("");
@@ -308,17 +309,20 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   if (g.eval_fitness) {
     c.metrics["eval_fitness"] = *g.eval_fitness;
     c.metrics["eval_cache_size_mean"] = MeanCacheSize(done, true);
+    c.metrics["eval_cache_size_final"] = MeanCacheSize(done, true, true);
     for (const auto& [task, s] : g.eval_tasks) {
       c.metrics["eval_raw/" + task] = s.raw;
       c.metrics["eval_normalized/" + task] = s.normalized;
     }
   }
+  const auto commit_start = std::chrono::steady_clock::now();
   NAMM_RETURN_IF_ERROR(store_.CommitGeneration(c));
 
   AdvanceSummary summary;
   summary.generation = generation_;
   summary.stage = g.stage;
   summary.record = g;
+  summary.metrics = c.metrics;
   summary.stage_ended = c.stage_ends;
   if (c.stage_ends) {
     // The hand-over happened in the store: continue from what it wrote.
@@ -328,6 +332,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     ++generation_;
     NAMM_RETURN_IF_ERROR(MakePlan());
   }
+  summary.commit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
   summary.finished = finished_;
   return summary;
 }

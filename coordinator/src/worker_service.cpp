@@ -37,6 +37,16 @@ std::string NewWorkerId() {
   return id;
 }
 
+// The names Prometheus labels and gRPC's documentation use.
+std::string StatusCodeName(StatusCode code) {
+  static const char* const kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+                                       "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  const auto i = static_cast<std::size_t>(code);
+  return i < std::size(kNames) ? kNames[i] : "UNKNOWN";
+}
+
 bool Printable(const std::string& s) {
   for (char c : s) {
     if (c < 0x20 || c > 0x7e) return false;
@@ -84,6 +94,7 @@ WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, s
 
 grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) {
   ++refused_;
+  ++refused_by_code_[static_cast<std::size_t>(code) % refused_by_code_.size()];
   spdlog::warn("refused a worker call: {}", message);
   return {code, message};
 }
@@ -174,9 +185,20 @@ ServiceCounters WorkerService::counters() const {
   ServiceCounters c;
   c.scheduler = scheduler_.counters();
   c.workers = static_cast<int64_t>(sessions_.size());
+  for (const auto& [id, session] : sessions_) {
+    c.workers_draining += scheduler_.IsDraining(id) ? 1 : 0;
+    c.workers_quarantined += scheduler_.IsQuarantined(id) ? 1 : 0;
+  }
   c.refused = refused_;
+  for (std::size_t code = 0; code < refused_by_code_.size(); ++code) {
+    if (const int64_t n = refused_by_code_[code]; n > 0) {
+      c.refused_by_code[StatusCodeName(static_cast<StatusCode>(code))] = n;
+    }
+  }
   c.units_total = scheduler_.units_total();
   c.units_done = scheduler_.units_done();
+  c.units_queued = scheduler_.units_queued();
+  c.leases_active = scheduler_.leases_active();
   c.abandoned = scheduler_.abandoned();
   return c;
 }

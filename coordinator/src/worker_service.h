@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -52,8 +53,10 @@ struct ReferenceResult {
 struct ServiceCounters {
   SchedulerCounters scheduler;
   int64_t workers = 0;             // registered now
+  int64_t workers_draining = 0, workers_quarantined = 0;  // among them
   int64_t refused = 0;             // calls refused (authentication, validation, fingerprint)
-  int64_t units_total = 0, units_done = 0;
+  std::map<std::string, int64_t> refused_by_code;  // gRPC status code name -> calls
+  int64_t units_total = 0, units_done = 0, units_queued = 0, leases_active = 0;
   std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run cannot go on
 };
 
@@ -121,6 +124,7 @@ class WorkerService final : public v1::Coordinator::Service {
   std::vector<EvaluationRecord> evaluations_;
   std::vector<ReferenceResult> references_;
   std::atomic<int64_t> refused_{0};
+  std::array<std::atomic<int64_t>, 17> refused_by_code_{};  // by grpc::StatusCode (0..16)
 };
 
 }  // namespace namm::coordinator

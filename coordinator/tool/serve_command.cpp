@@ -1,6 +1,7 @@
 // serve: a run's coordinator service for remote workers (namm-worker serve), until the schedule is done or a
 // signal stops it. run: the same service plus N local namm-worker processes, with a progress line per
 // generation. Both resume the run a database already holds.
+#include <signal.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -36,6 +37,9 @@ struct ServeFlags {
   int max_attempts = 5;
   int heartbeat_ms = 2000;
   int max_message_bytes = 4 << 20;
+  std::string metrics_listen;
+  // serve only
+  double linger_s = 0;
   // run only
   int local_workers = 0;
   std::string worker_binary;
@@ -69,6 +73,22 @@ Status ApplyLogLevel(const std::string& level) {
   return Status::Ok();
 }
 
+std::atomic<bool> g_stop_lingering{false};
+
+// After a finished run: keep the metrics endpoint up for `seconds` (or until SIGTERM / SIGINT), so that Prometheus
+// scrapes namm_run_finished = 1 and a supervisor that restarts exited services sees a running one.
+void Linger(double seconds, const std::string& url) {
+  spdlog::info("the run is finished; serving {} for {} s more (SIGTERM stops)", url, seconds);
+  struct sigaction action {};
+  action.sa_handler = [](int) { g_stop_lingering = true; };
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!g_stop_lingering && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 // A fresh shared secret for local workers, in a private file.
 Result<std::string> WriteLocalToken(const std::string& dir) {
   std::random_device device;
@@ -79,6 +99,13 @@ Result<std::string> WriteLocalToken(const std::string& dir) {
   NAMM_RETURN_IF_ERROR(write_file_atomically(path, {token}));
   if (::chmod(path.c_str(), 0600) != 0) return Status::IOError(path + ": cannot restrict permissions");
   return path;
+}
+
+// Local worker i serves its metrics on the coordinator's port + 1 + i (or a free port when that is 0).
+std::string WorkerMetricsAddress(const std::string& coordinator, int i) {
+  const std::size_t colon = coordinator.rfind(':');
+  const int port = std::atoi(coordinator.c_str() + colon + 1);
+  return coordinator.substr(0, colon + 1) + std::to_string(port == 0 ? 0 : port + 1 + i);
 }
 
 // namm-worker beside this binary, unless given.
@@ -109,6 +136,11 @@ class LocalWorkers {
                                        "--name", "local-" + std::to_string(i), "--threads", std::to_string(threads),
                                        "--log-level", "warn"};
       if (!spec.model.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", spec.model.tokenizer});
+      if (!f.metrics_listen.empty()) {
+        const std::string address = WorkerMetricsAddress(f.metrics_listen, i);
+        args.insert(args.end(), {"--metrics-listen", address});
+        std::cout << "worker " << i << " metrics: http://" << address << "/metrics" << std::endl;
+      }
       if (!f.paths.tasks_dir.empty()) args.insert(args.end(), {"--tasks-dir", f.paths.tasks_dir});
       for (const std::string& d : f.paths.data_dirs) args.insert(args.end(), {"--data-dir", d});
       for (const std::string& d : f.paths.config_dirs) args.insert(args.end(), {"--config-dir", d});
@@ -173,6 +205,7 @@ class LocalWorkers {
 Status Serve(const ServeFlags& f) {
   NAMM_RETURN_IF_ERROR(ApplyLogLevel(f.log_level));
   NAMM_ASSIGN_OR_RETURN(RunSpec spec, load_run_spec(f.config));
+  NAMM_RETURN_IF_ERROR(check_serveable(spec));  // before the run is created in the database
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(f.paths));
   NAMM_ASSIGN_OR_RETURN(PromptCosts costs, load_prompt_costs(spec.all_tasks(), paths));
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(f.db, OpenMode::kCreate));
@@ -187,6 +220,7 @@ Status Serve(const ServeFlags& f) {
   options.scheduler.max_attempts = f.max_attempts;
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.max_message_bytes = f.max_message_bytes;
+  options.metrics_listen = f.metrics_listen;
 
   // Local workers get a fresh secret in a private directory, removed at the end.
   std::string scratch;
@@ -211,6 +245,10 @@ Status Serve(const ServeFlags& f) {
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<RunServer> server,
                         RunServer::Start(*store, *trainer, std::move(costs), std::move(options)));
   spdlog::info("serving run '{}' on port {}", spec.name, server->port());
+  if (!server->metrics_url().empty()) {
+    spdlog::info("metrics of run '{}' at {}", spec.name, server->metrics_url());
+    if (f.local_workers > 0) std::cout << "coordinator metrics: " << server->metrics_url() << std::endl;
+  }
 
   LocalWorkers workers;
   std::atomic<bool> serving{true};
@@ -241,6 +279,7 @@ Status Serve(const ServeFlags& f) {
     return Status::FailedPrecondition(workers_gone + "; the run stopped at generation " +
                                       std::to_string(outcome->next_generation) + " and resumes with the same command");
   }
+  if (outcome->finished && f.linger_s > 0 && !server->metrics_url().empty()) Linger(f.linger_s, server->metrics_url());
   if (outcome->finished) {
     std::cout << "run '" << spec.name << "' finished; export the result with: namm-coordinator export --db " << f.db
               << " --best --out FILE" << std::endl;
@@ -275,6 +314,8 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
                   "is about 0.4 MiB)")
       ->check(CLI::Range(4096, 1 << 30));
   cmd->add_option("--log-level", f.log_level, "trace, debug, info (default), warn, error or off");
+  cmd->add_option("--metrics-listen", f.metrics_listen,
+                  "HOST:PORT to serve Prometheus metrics on at /metrics (default: none; port 0 picks a free one)");
 }
 
 }  // namespace
@@ -290,6 +331,10 @@ void AddServeCommands(CLI::App& app, Action& run) {
   serve->add_option("--tls-cert", s->tls.cert, "PEM certificate chain (enables TLS)");
   serve->add_option("--tls-key", s->tls.key, "PEM private key of --tls-cert");
   serve->add_option("--tls-client-ca", s->tls.client_ca, "PEM CA that worker certificates must chain to (mutual TLS)");
+  serve->add_option("--linger", s->linger_s,
+                    "Seconds to keep serving metrics after the run finished, or until SIGTERM (default 0; e.g. "
+                    "1e9 under a supervisor that restarts exited services)")
+      ->check(CLI::Range(0.0, 1e12));
   serve->callback([s, &run] {
     run = [s] {
       Status st = Serve(*s);

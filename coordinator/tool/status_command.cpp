@@ -15,11 +15,12 @@ struct StatusOptions {
   std::string db;
   int64_t run = 0;  // 0: every run
   bool as_json = false;
+  bool generations = false;  // every generation, not only the last
 };
 
 json OptionalJson(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
-Result<json> RunStatus(const Store& store, const RunRecord& run) {
+Result<json> RunStatus(const Store& store, const RunRecord& run, bool every_generation) {
   NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store.GetStages(run.id));
   NAMM_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.GetGenerations(run.id));
   NAMM_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, store.ListCheckpoints(run.id));
@@ -50,6 +51,15 @@ Result<json> RunStatus(const Store& store, const RunRecord& run) {
       }
     }
   }
+  if (every_generation) {
+    json rows = json::array();
+    for (const GenerationRecord& g : generations) {
+      rows.push_back({{"generation", g.generation}, {"stage", g.stage}, {"fitness_best", g.fitness_best},
+                      {"fitness_mean", g.fitness_mean}, {"fitness_std", g.fitness_std}, {"sigma", g.sigma},
+                      {"eval_fitness", OptionalJson(g.eval_fitness)}, {"completed_at", g.completed_at}});
+    }
+    j["generations"] = rows;
+  }
   json cps = json::array();
   for (const CheckpointRecord& c : checkpoints) {
     cps.push_back({{"role", c.role}, {"stage", c.stage}, {"generation", c.generation},
@@ -71,6 +81,16 @@ void PrintText(const json& j) {
               j["stages"].get<long long>(), tasks.c_str(), j["generations_done"].get<long long>(),
               j["generations_total"].get<long long>(),
               j["norm_stats_frozen"].get<bool>() ? "" : " (normalization statistics not collected yet)");
+  if (j.contains("generations")) {
+    std::printf("  %10s %5s %10s %10s %10s %10s %10s\n", "generation", "stage", "best", "mean", "std", "sigma",
+                "eval mean");
+    for (const json& g : j["generations"]) {
+      const std::string eval = g["eval_fitness"].is_null() ? "" : std::to_string(g["eval_fitness"].get<double>());
+      std::printf("  %10lld %5lld %10.4f %10.4f %10.4f %10.5f %10.10s\n", g["generation"].get<long long>(),
+                  g["stage"].get<long long>(), g["fitness_best"].get<double>(), g["fitness_mean"].get<double>(),
+                  g["fitness_std"].get<double>(), g["sigma"].get<double>(), eval.c_str());
+    }
+  }
   if (j.contains("last_generation")) {
     const json& g = j["last_generation"];
     std::printf("  generation %lld: fitness best %.6f, mean %.6f +- %.6f, sigma %.6g\n",
@@ -105,7 +125,7 @@ int RunStatusCommand(const StatusOptions& o) {
   }
   json out = json::array();
   for (const RunRecord& r : runs) {
-    auto j = RunStatus(**store, r);
+    auto j = RunStatus(**store, r, o.generations);
     if (!j.ok()) return Fail(j.status().message());
     out.push_back(*j);
   }
@@ -127,6 +147,7 @@ void AddStatusCommand(CLI::App& app, Action& run) {
   cmd->add_option("--db", options->db, "Run database")->required();
   cmd->add_option("--run", options->run, "Only this run (default: every run)");
   cmd->add_flag("--json", options->as_json, "Machine-readable output");
+  cmd->add_flag("--generations", options->generations, "Every generation's fitness and sigma, not only the last");
   cmd->callback([options, &run] { run = [options] { return RunStatusCommand(*options); }; });
 }
 

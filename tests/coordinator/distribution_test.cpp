@@ -33,6 +33,10 @@ namespace namm::coordinator {
 namespace {
 
 using namm::testing::Child;
+using namm::testing::FreePort;
+using namm::testing::ReadText;
+using namm::testing::WaitUntil;
+using namm::testing::WriteText;
 using namm::testing::KillAndReap;
 using namm::testing::RunProcess;
 using namm::testing::Spawn;
@@ -44,34 +48,6 @@ const std::string kWorker = NAMM_WORKER_PATH;
 const std::string kSimFingerprint = "sha256:" + std::string(64, 'a');
 const std::string kSimTasks = "syn/story_recall,syn/story_recall_accuracy";
 constexpr int64_t kSimRows = 40;
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
-std::string ReadText(const std::string& path) {
-  auto r = read_file(path);
-  return r.ok() ? *r : "";
-}
-
-bool WaitUntil(const std::function<bool()>& done, std::chrono::seconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return done();
-}
 
 // A simulated run's files: a shared secret, token-id rows of 100 to 2,000 tokens (their lengths set the
 // simulated workers' delays), the spec, the database and logs.
@@ -268,6 +244,36 @@ TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
+TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
+  SimRun r("dist_linger");
+  const int metrics = FreePort();
+  Child coordinator = r.Serve({"--metrics-listen", "127.0.0.1:" + std::to_string(metrics), "--linger", "600"});
+  Child worker = r.SimWorker("sim-a");
+  EXPECT_EQ(Wait(worker), 0) << ReadText(r.log("sim-a"));
+  ASSERT_TRUE(WaitUntil([&] { return ReadText(r.log("coordinator")).find("serving http") != std::string::npos; },
+                        std::chrono::seconds(30)))
+      << ReadText(r.log("coordinator"));
+  const std::string exposition = namm::testing::HttpGet(metrics, "/metrics");
+  EXPECT_NE(exposition.find("namm_run_finished{run=\"dist_linger\"} 1"), std::string::npos) << exposition;
+  EXPECT_NE(exposition.find("namm_generations_completed_total{run=\"dist_linger\"} 5"), std::string::npos);
+  EXPECT_EQ(::waitpid(coordinator.pid, nullptr, WNOHANG), 0) << "still serving";
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+}
+
+TEST(Distribution, APlaceholderFingerprintIsRefusedBeforeTheRunIsCreated) {
+  SimRun r("dist_placeholder");
+  std::string yaml = r.yaml;
+  yaml.replace(yaml.find(kSimFingerprint), kSimFingerprint.size(), "sha256:fill-me-in");
+  WriteText(r.spec, yaml);
+  const auto serve = RunProcess(kCoordinator + " serve --config " + r.spec + " --db " + r.db + " --listen " +
+                                r.address() + " --token-file " + r.token + " --data-dir synthetic=" + r.dir);
+  EXPECT_NE(serve.exit_code, 0);
+  EXPECT_NE(serve.output.find("'sha256:fill-me-in' is not a worker fingerprint"), std::string::npos) << serve.output;
+  // Nothing was created: the corrected spec starts the run as if the first attempt never happened.
+  EXPECT_FALSE(std::filesystem::exists(r.db) && !Store::Open(r.db, OpenMode::kReadOnly).value()->ListRuns()->empty());
+}
+
 // Soak (label `long`): a longer run under a seeded storm of faults: workers SIGKILLed or drained and replaced,
 // the coordinator SIGKILLed or stopped and restarted, at random moments. However often anything failed, the run
 // ends exactly as the uninterrupted in-process one.
@@ -362,15 +368,19 @@ TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
   EXPECT_NE(log.find("failed on 2 different workers, first syn/story_recall prompt"), std::string::npos) << log;
   EXPECT_NE(log.find("simulated failure of syn/story_recall prompt"), std::string::npos) << log;
   EXPECT_NE(log.find("run the same command to resume"), std::string::npos) << log;
-  Wait(a);
-  Wait(b);
-  // Nothing was lost: the run is where it stopped, and resumes (here with healthy workers) to the same end.
+  // Nothing was lost: the run is where it stopped, and resumes (here with a healthy worker) to the same end.
   EXPECT_EQ(r.Progress().first, 0);
   coordinator = r.Serve();
-  a = r.SimWorker("sim-a2");
+  Child healthy = r.SimWorker("sim-healthy");
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
-  EXPECT_EQ(Wait(a), 0);
+  EXPECT_EQ(Wait(healthy), 0);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+  // The failing workers were quarantined (and exited), or were still waiting for a coordinator to come back.
+  for (Child* w : {&a, &b}) {
+    WaitUntil([&] { return ::waitpid(w->pid, nullptr, WNOHANG) != 0; }, std::chrono::seconds(5));
+    ::kill(w->pid, SIGKILL);
+    ::waitpid(w->pid, nullptr, 0);
+  }
 }
 
 // A raw client of the protocol, to send what no namm worker would.

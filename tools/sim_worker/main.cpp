@@ -11,12 +11,13 @@
 
 #include "namm/file_util.h"
 #include "namm/tasks/task_path_options.h"
+#include "namm/worker/worker_metrics.h"
 #include "sim_executor.h"
 
 namespace {
 
 struct Flags {
-  std::string coordinator, token_file, fingerprint, name = "sim", tasks, log_level = "warn";
+  std::string coordinator, token_file, fingerprint, name = "sim", tasks, log_level = "warn", metrics_listen;
   std::vector<std::string> fail;
   namm::tasks::TaskPathFlags paths;
   namm::sim::SimOptions sim;
@@ -44,6 +45,11 @@ namm::Status Run(const Flags& f) {
     sim.fail.insert({spec.substr(0, colon), std::atoll(spec.c_str() + colon + 1)});
   }
 
+  std::unique_ptr<namm::worker::WorkerMetrics> metrics;  // shared by the simulated workers of this process
+  if (!f.metrics_listen.empty()) {
+    NAMM_ASSIGN_OR_RETURN(metrics, namm::worker::WorkerMetrics::Start(f.metrics_listen));
+    std::cerr << "namm-sim-worker: metrics at " << metrics->url() << "\n";
+  }
   std::vector<std::unique_ptr<namm::sim::SimExecutor>> executors;
   std::vector<std::unique_ptr<namm::worker::WorkerClient>> clients;
   for (int i = 0; i < f.workers; ++i) {
@@ -55,6 +61,7 @@ namm::Status Run(const Flags& f) {
     o.concurrency = f.concurrency;
     o.exit_when_done = true;
     o.backoff_max = std::chrono::milliseconds(2000);
+    o.metrics = metrics.get();
     executors.push_back(std::make_unique<namm::sim::SimExecutor>(costs, sim, f.concurrency));
     clients.push_back(std::make_unique<namm::worker::WorkerClient>(o, *executors.back()));
   }
@@ -106,6 +113,7 @@ int main(int argc, char** argv) {
   app.add_option("--name", f.name, "Name prefix (default sim)");
   app.add_option("--fail", f.fail, "TASK:PROMPT these workers fail to run (repeatable; fault tests)");
   app.add_option("--log-level", f.log_level, "spdlog level (default warn)");
+  app.add_option("--metrics-listen", f.metrics_listen, "HOST:PORT to serve Prometheus metrics on (default: none)");
   CLI11_PARSE(app, argc, argv);
   struct sigaction action {};
   action.sa_handler = [](int) { g_signals = g_signals + 1; };

@@ -105,6 +105,8 @@ Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& le
   out.cache_size_mean = lease.reference ? cost : cost * out.score;
   out.cache_size_final = static_cast<int64_t>(out.cache_size_mean);
   out.seconds = seconds;
+  out.prefill_tokens = out.prompt_tokens;  // a simulated prompt is all prefill
+  out.prefill_seconds = seconds;
   if (lease.collect_norm_stats) out.norm_stats = sim_norm_stats(lease.task, prompt);
 
   const Clock::time_point end = Clock::now();

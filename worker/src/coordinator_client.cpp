@@ -14,6 +14,7 @@
 #include "namm/file_util.h"
 #include "namm/v1/coordinator.grpc.pb.h"
 #include "namm/v1/norm_stats_proto.h"
+#include "namm/worker/worker_metrics.h"
 
 namespace namm::worker {
 
@@ -73,6 +74,18 @@ struct WorkerClient::Impl {
   bool draining = false, drain_now = false;
   WorkerClientStats stats;
 
+  // Metrics, when the options carry them.
+  template <typename F>
+  void Metrics(F&& f) const {
+    if (options.metrics != nullptr) f(*options.metrics);
+  }
+  // Drops a lease from in_flight (mu held); true when it was there.
+  bool Forget(uint64_t id) {
+    if (in_flight.erase(id) == 0) return false;
+    Metrics([](WorkerMetrics& w) { w.LeasesInFlight(-1); });
+    return true;
+  }
+
   void Authorize(grpc::ClientContext& context, bool with_deadline) const {
     context.AddMetadata("x-namm-token", options.token);
     if (with_deadline) context.set_deadline(std::chrono::system_clock::now() + kCallTimeout);
@@ -119,6 +132,7 @@ Status WorkerClient::Run() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   if (!m.options.tls.server_name.empty()) args.SetSslTargetNameOverride(m.options.tls.server_name);
+  m.Metrics([&](WorkerMetrics& w) { w.Describe(m.options.name, m.options.device, m.options.model_fingerprint); });
   m.stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(m.options.coordinator, credentials, args));
 
   auto backoff = m.options.backoff_initial;
@@ -156,8 +170,10 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
     if (!s.ok()) {
       if (Fatal(s.error_code())) {
         out.fatal = Status::FailedPrecondition("the coordinator refused this worker: " + s.error_message());
+        Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kRefused); });
       } else {
         spdlog::warn("cannot reach the coordinator at {}: {}", options.coordinator, s.error_message());
+        Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kConnection); });
       }
       return out;
     }
@@ -178,12 +194,13 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
     heartbeat_ms = std::max(50, response.heartbeat_interval_ms());
     session_over = false;
     queue.clear();
-    in_flight.clear();
+    for (auto it = in_flight.begin(); it != in_flight.end();) Forget((it++)->first);
     cancelled.clear();
     params.clear();
     stream_context = &stream;
     ++stats.sessions;
   }
+  Metrics([](WorkerMetrics& w) { w.Connected(+1); });
   v1::LeasesRequest leases_request;
   leases_request.set_worker_id(response.worker_id());
   std::unique_ptr<grpc::ClientReader<v1::WorkBatch>> reader = stub->Leases(&stream, leases_request);
@@ -211,13 +228,16 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
     wake.notify_all();
   }
   for (std::thread& t : threads) t.join();
+  Metrics([](WorkerMetrics& w) { w.Connected(-1); });
   if (!finished.ok() && Fatal(finished.error_code())) {
+    Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kRefused); });
     out.fatal = Status::FailedPrecondition("the coordinator refused the lease stream: " + finished.error_message());
   } else if (out.end == v1::WorkBatch::END_QUARANTINED) {
     out.fatal = Status::FailedPrecondition("the coordinator gives this worker no more work: its prompts failed "
                                            "several times in a row (the errors are logged above)");
   } else if (out.end == v1::WorkBatch::END_UNSPECIFIED) {
     spdlog::warn("lost the coordinator ({}); reconnecting", finished.error_message());
+    Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kConnection); });
   }
   return out;
 }
@@ -251,7 +271,7 @@ void WorkerClient::Impl::Take(const v1::WorkBatch& batch) {
       }
       work->params = it->second;
     }
-    in_flight[work->id] = work;
+    if (in_flight.emplace(work->id, work).second) Metrics([](WorkerMetrics& w) { w.LeasesInFlight(+1); });
     queue.push_back(std::move(work));
     ++stats.leases;
   }
@@ -276,10 +296,12 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
     }
     v1::ReportRequest unsent;
     Clock::time_point last_report = Clock::now();
+    bool complete = true;
     for (int64_t prompt : lease->prompts) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (session_over || drain_now || cancelled.count(lease->id) > 0) break;
+        complete = !(session_over || drain_now || cancelled.count(lease->id) > 0);
+        if (!complete) break;
       }
       Result<PromptOutcome> r = executor.RunPrompt(*lease, prompt, slot);
       if (!r.ok()) {
@@ -288,9 +310,11 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
         v1::PromptFailure* failure = unsent.add_failures();
         failure->set_prompt(prompt);
         failure->set_error(r.status().ToString().substr(0, 2048));
+        Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kPrompt); });
         std::lock_guard<std::mutex> lock(mu);
         ++stats.failed;
       } else {
+        Metrics([&](WorkerMetrics& w) { w.PromptDone(*r); });
         v1::PromptResult* result = unsent.add_results();
         result->set_prompt(prompt);
         result->set_score(r->score);
@@ -307,8 +331,9 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
       }
     }
     Report(session_worker_id, lease->id, &unsent);
+    if (complete) Metrics([](WorkerMetrics& w) { w.LeaseDone(); });
     std::lock_guard<std::mutex> lock(mu);
-    in_flight.erase(lease->id);
+    Forget(lease->id);
     cancelled.erase(lease->id);
   }
 }
@@ -336,6 +361,7 @@ void WorkerClient::Impl::Report(const std::string& session_worker_id, uint64_t l
     stats.duplicates += response.duplicates();
   } else {
     spdlog::warn("report for lease {} not taken: {}", lease, s.error_message());
+    Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kReport); });
   }
   request->Clear();
 }
@@ -366,7 +392,7 @@ void WorkerClient::Impl::HeartbeatLoop() {
       const auto queued = std::find_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; });
       if (queued != queue.end()) {  // never started: forget it entirely
         queue.erase(queued);
-        in_flight.erase(id);
+        Forget(id);
       }
     }
   }
@@ -393,7 +419,7 @@ void WorkerClient::Impl::SendDrain(bool immediately) {
     // Leases not started go back; running ones too when leaving at once.
     for (const auto& l : queue) {
       request.add_returned_lease_ids(l->id);
-      in_flight.erase(l->id);
+      Forget(l->id);
     }
     queue.clear();
     if (immediately) {

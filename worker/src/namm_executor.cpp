@@ -1,9 +1,34 @@
 #include "namm/worker/namm_executor.h"
 
+#ifdef NAMM_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "namm/namm_policy.h"
 #include "namm/worker/policy_spec.h"
 
 namespace namm::worker {
+
+namespace {
+
+// Memory in use on a CUDA device (the whole device's: one worker per GPU); 0 on CPU, where metrics fall back
+// to the process's resident memory.
+int64_t DeviceMemoryInUse(const at::Device& device) {
+#ifdef NAMM_WITH_CUDA
+  if (device.is_cuda()) {
+    int previous = 0;
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device.index()) != cudaSuccess) return 0;
+    const bool ok = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+    cudaSetDevice(previous);
+    return ok ? static_cast<int64_t>(total_bytes - free_bytes) : 0;
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
+}  // namespace
 
 NammExecutor::NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths)
     : model_(model), tokenizer_(tokenizer), paths_(std::move(paths)) {}
@@ -77,6 +102,11 @@ Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t pr
   out.prompt_tokens = r.prompt_tokens;
   out.generated_tokens = r.generated_tokens;
   out.seconds = r.seconds;
+  out.prefill_tokens = r.prefill_tokens;
+  out.decode_tokens = r.decode_tokens;
+  out.prefill_seconds = r.prefill_seconds;
+  out.decode_seconds = r.decode_seconds;
+  out.device_memory_bytes = DeviceMemoryInUse(model->options().device());
   // Cache size per layer, averaged over layers: finally, and over the memory updates and the end.
   auto layer_mean = [](const std::vector<int64_t>& sizes) {
     double sum = 0;

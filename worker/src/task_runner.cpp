@@ -34,6 +34,17 @@ std::vector<int64_t> TaskRunner::EosIds() const {
   return ids;
 }
 
+namespace {
+
+void RecordWork(const GenerationResult& g, PromptResult* out) {
+  out->prefill_tokens = g.prompt_tokens;
+  out->decode_tokens = g.decode_steps;
+  out->prefill_seconds = g.prefill_seconds;
+  out->decode_seconds = g.decode_seconds;
+}
+
+}  // namespace
+
 Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
                                      const TaskRunOptions& options) const {
   const auto start = std::chrono::steady_clock::now();
@@ -74,6 +85,7 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
     out.generated_tokens = static_cast<int64_t>(result.token_ids.size());
     out.updates = std::move(result.updates);
     out.final_cache_sizes = std::move(result.final_cache_sizes);
+    RecordWork(result, &out);
   } else {
     // Teacher forcing: the continuation is part of the sequence (and of the memory updates), and the logits at
     // each of its positions are compared with the next true token.
@@ -95,6 +107,7 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
     out.generated_tokens = n;
     out.updates = std::move(result.updates);
     out.final_cache_sizes = std::move(result.final_cache_sizes);
+    RecordWork(result, &out);
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;

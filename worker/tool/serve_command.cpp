@@ -16,6 +16,7 @@
 #include "namm/worker/coordinator_client.h"
 #include "namm/worker/model_fingerprint.h"
 #include "namm/worker/namm_executor.h"
+#include "namm/worker/worker_metrics.h"
 #include "setup.h"
 
 namespace namm::worker::cli {
@@ -25,7 +26,7 @@ namespace {
 struct ServeOptions {
   ModelOptions model;
   tasks::TaskPathFlags paths;
-  std::string coordinator, token_file, name, log_level = "info";
+  std::string coordinator, token_file, name, log_level = "info", metrics_listen;
   ClientTls tls;
   int concurrency = 1;
   int threads = 0;
@@ -95,6 +96,11 @@ Status Serve(const ServeOptions& o) {
   }
   spdlog::set_level(level);
   NAMM_ASSIGN_OR_RETURN(std::string token, read_secret_file(o.token_file));
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (!o.metrics_listen.empty()) {
+    NAMM_ASSIGN_OR_RETURN(metrics, WorkerMetrics::Start(o.metrics_listen));
+    std::cerr << "namm-worker: metrics at " << metrics->url() << "\n";
+  }
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
   NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, TokenizerFile(o.model)));
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
@@ -112,6 +118,7 @@ Status Serve(const ServeOptions& o) {
   client.concurrency = o.concurrency;
   client.tls = o.tls;
   client.exit_when_done = o.exit_when_done;
+  client.metrics = metrics.get();
   NammExecutor executor(*loaded.model, *loaded.tokenizer, paths);
   WorkerClient worker(client, executor);
   std::cerr << "namm-worker: " << client.name << " serving " << loaded.model->config().Describe() << " ("
@@ -145,6 +152,8 @@ void AddServeCommand(CLI::App& app, Action& run) {
   cmd->add_option("--tls-key", o->tls.key, "PEM client private key (mutual TLS)");
   cmd->add_option("--tls-server-name", o->tls.server_name, "Name to verify in the coordinator's certificate");
   cmd->add_option("--log-level", o->log_level, "trace, debug, info (default), warn, error or off");
+  cmd->add_option("--metrics-listen", o->metrics_listen,
+                  "HOST:PORT to serve Prometheus metrics on at /metrics (default: none; port 0 picks a free one)");
   cmd->add_flag("--exit-when-done", o->exit_when_done, "Exit once the run has finished (default: wait for more)");
   cmd->callback([o, &run] {
     run = [o] {

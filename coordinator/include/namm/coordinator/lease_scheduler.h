@@ -83,6 +83,7 @@ struct AbandonedUnit {
 
 struct SchedulerCounters {
   int64_t leases_issued = 0;
+  int64_t units_leased = 0;       // prompts in leases_issued
   int64_t leases_duplicated = 0;  // straggler copies among leases_issued
   int64_t leases_expired = 0;
   int64_t leases_returned = 0;    // drained or disconnected workers
@@ -144,6 +145,8 @@ class LeaseScheduler {
   int64_t units_total() const { return static_cast<int64_t>(units_.size()); }
   int64_t units_done() const { return done_count_; }
   int64_t leases_active() const { return static_cast<int64_t>(active_.size()); }
+  // Units waiting in the queue (an estimate: a few may have been finished meanwhile by late results).
+  int64_t units_queued() const { return queued_units_; }
   const SchedulerCounters& counters() const { return counters_; }
   const SchedulerOptions& options() const { return options_; }
 

@@ -46,6 +46,7 @@ struct ServeOptions {
   SchedulerOptions scheduler;
   int heartbeat_interval_ms = 2000;
   int max_message_bytes = 4 << 20;         // largest message accepted from a worker
+  std::string metrics_listen;              // HOST:PORT of the Prometheus /metrics endpoint; "" = none
   std::chrono::milliseconds tick{50};
   bool handle_signals = true;              // SIGTERM / SIGINT stop the loop cleanly
   // Called on the loop's thread after every phase.
@@ -58,6 +59,10 @@ struct ServeOutcome {
   int64_t next_generation = 0;
 };
 
+// Whether a run of `spec` can be served: its model fingerprint must be what workers present (`namm-worker
+// fingerprint`: sha256:<64 hex>). Checked before a run is created, so that a placeholder never reaches the store.
+Status check_serveable(const RunSpec& spec);
+
 class RunServer {
  public:
   // Binds the listening address and starts gRPC's threads; nothing is leased before Run().
@@ -68,6 +73,8 @@ class RunServer {
   RunServer& operator=(const RunServer&) = delete;
 
   int port() const;
+  // http://HOST:PORT/metrics, or "" without a metrics endpoint.
+  std::string metrics_url() const;
   // Serves until the run finishes or a signal / Stop() arrives.
   Result<ServeOutcome> Run();
   // Thread-safe: ends Run() as SIGTERM would.

@@ -57,6 +57,8 @@ struct AdvanceSummary {
   int64_t stage = 0;
   bool froze_norm_stats = false;     // this call ended the statistics phase (no tell)
   GenerationRecord record;           // the committed generation (when !froze_norm_stats)
+  std::map<std::string, double> metrics;  // what was stored in the metrics table with it
+  double commit_seconds = 0;         // the store's transaction for the generation, plus the next plan
   bool stage_ended = false;
   bool finished = false;
 };

@@ -17,6 +17,8 @@
 
 namespace namm::worker {
 
+class WorkerMetrics;
+
 // PEM files: `ca` verifies the coordinator (enables TLS); cert + key present a client certificate (mutual
 // TLS). `server_name` overrides the name checked against the coordinator's certificate.
 struct ClientTls {
@@ -35,6 +37,7 @@ struct WorkerClientOptions {
   std::chrono::milliseconds backoff_initial{250}, backoff_max{15000};
   bool exit_when_done = false;  // return once the run has finished (else wait for the next coordinator)
   int max_message_bytes = 64 << 20;
+  WorkerMetrics* metrics = nullptr;  // optional; outlives the client
 };
 
 // What the coordinator says about the run at registration.
@@ -63,6 +66,11 @@ struct PromptOutcome {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   double seconds = 0;
+  // Where the time went: tokens run through the model in chunks (the prompt, or prompt and continuation when
+  // teacher-forced) and one at a time (generated), and the seconds of each.
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t device_memory_bytes = 0;      // in use after the prompt (0: unknown; metrics use resident memory)
   std::optional<NormStats> norm_stats;  // when the lease collects statistics
 };
 

@@ -22,6 +22,9 @@ struct PromptResult {
   std::vector<MemoryUpdateRecord> updates;
   std::vector<int64_t> final_cache_sizes;
   double seconds = 0;
+  // The model's work: tokens in prefill chunks and in single decode steps, and the seconds of each.
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
 };
 
 struct TaskRunOptions {

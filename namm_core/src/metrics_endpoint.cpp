@@ -1,0 +1,143 @@
+#include "namm/metrics_endpoint.h"
+
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <regex>
+#include <thread>
+
+namespace namm {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+constexpr std::size_t kMaxRequestBytes = 8192;
+constexpr auto kRequestTimeout = std::chrono::seconds(10);
+
+std::string Response(const std::string& status, const std::string& content_type, const std::string& body) {
+  return "HTTP/1.1 " + status + "\r\nContent-Type: " + content_type + "\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+}
+
+// One request: read the head, answer, close. The timer closes connections that never finish their request.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, prometheus::Registry& registry)
+      : socket_(std::move(socket)), timer_(socket_.get_executor()), buffer_(kMaxRequestBytes), registry_(registry) {}
+
+  void Start() {
+    auto self = shared_from_this();
+    timer_.expires_after(kRequestTimeout);
+    timer_.async_wait([self](const boost::system::error_code& ec) {
+      if (!ec) self->socket_.close();
+    });
+    asio::async_read_until(socket_, buffer_, "\r\n\r\n", [self](const boost::system::error_code& ec, std::size_t) {
+      self->Answer(ec);
+    });
+  }
+
+ private:
+  void Answer(const boost::system::error_code& ec) {
+    if (ec) {
+      timer_.cancel();
+      return;  // closed, timed out, or a request head over kMaxRequestBytes
+    }
+    std::istream head(&buffer_);
+    std::string method, target;
+    head >> method >> target;
+    const std::string path = target.substr(0, target.find('?'));
+    if (method != "GET" && method != "HEAD") {
+      reply_ = Response("405 Method Not Allowed", "text/plain", "only GET\n");
+    } else if (path == "/metrics") {
+      reply_ = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8",
+                        prometheus::TextSerializer().Serialize(registry_.Collect()));
+      if (method == "HEAD") reply_.resize(reply_.find("\r\n\r\n") + 4);
+    } else {
+      reply_ = Response("404 Not Found", "text/plain", "metrics are at /metrics\n");
+    }
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(reply_), [self](const boost::system::error_code&, std::size_t) {
+      boost::system::error_code ignored;
+      self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
+      self->timer_.cancel();
+    });
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  asio::streambuf buffer_;
+  prometheus::Registry& registry_;
+  std::string reply_;
+};
+
+}  // namespace
+
+struct MetricsEndpoint::Impl {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  prometheus::Registry registry;
+  std::thread thread;
+  int port = 0;
+  std::string url;
+
+  void Accept() {
+    acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted) return;
+      if (!ec) std::make_shared<Connection>(std::move(socket), registry)->Start();
+      Accept();
+    });
+  }
+};
+
+const char* namm_version() { return NAMM_VERSION; }
+
+Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen) {
+  static const std::regex kAddress(R"(([^:\s\[\]]+|\[[0-9a-fA-F:.]+\]):(\d{1,5}))");
+  std::smatch m;
+  if (!std::regex_match(listen, m, kAddress) || std::stoi(m[2].str()) > 65535) {
+    return Status::InvalidArgument("--metrics-listen must be HOST:PORT (e.g. 0.0.0.0:9100, port 0 for a free one), "
+                                   "got '" + listen + "'");
+  }
+  std::string host = m[1].str();
+  if (host.front() == '[') host = host.substr(1, host.size() - 2);
+  auto impl = std::make_unique<Impl>();
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl->io);
+  const auto endpoints = resolver.resolve(host, m[2].str(), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || endpoints.empty()) {
+    return Status::InvalidArgument("--metrics-listen " + listen + ": cannot resolve '" + host + "': " + ec.message());
+  }
+  const tcp::endpoint endpoint = *endpoints.begin();
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Status::FailedPrecondition("cannot serve metrics on " + listen + ": " + ec.message());
+  impl->port = impl->acceptor.local_endpoint().port();
+  impl->url = "http://" + m[1].str() + ":" + std::to_string(impl->port) + "/metrics";
+  impl->Accept();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<MetricsEndpoint>(new MetricsEndpoint(std::move(impl)));
+}
+
+MetricsEndpoint::MetricsEndpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  impl_->io.stop();
+  impl_->thread.join();
+}
+
+prometheus::Registry& MetricsEndpoint::registry() { return impl_->registry; }
+int MetricsEndpoint::port() const { return impl_->port; }
+const std::string& MetricsEndpoint::url() const { return impl_->url; }
+
+}  // namespace namm
