@@ -691,6 +691,13 @@ TEST(Distribution, StoriesRunWithTwoLocalWorkersEndsWithAnExportedNamm) {
     EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM evaluations WHERE worker = 'local-0'").getInt64(), 0);
     EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM evaluations WHERE worker = 'local-1'").getInt64(), 0);
   }
+  // status --generations: a row per generation (generation, stage, best, mean, std, sigma, eval of the mean).
+  const auto status = RunProcess(kCoordinator + " status --db " + db + " --generations");
+  ASSERT_EQ(status.exit_code, 0) << status.output;
+  for (const char* row : {"\n           0     0 ", "\n           1     0 ", "\n           2     0 "}) {
+    EXPECT_NE(status.output.find(row), std::string::npos) << status.output;
+  }
+
   auto store = Store::Open(db, OpenMode::kReadOnly).value();
   // A reference score the workers computed (full cache) is what run-task computes for that prompt.
   const tasks::ReferenceScores references = store->GetReferenceScores(sha).value();
