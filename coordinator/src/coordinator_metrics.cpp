@@ -1,5 +1,6 @@
 #include "coordinator_metrics.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -183,7 +184,7 @@ void CoordinatorMetrics::GenerationCommitted(const AdvanceSummary& summary, doub
                                              double eta_seconds) {
   ShowGeneration(summary.record, summary.metrics);
   generations_completed_.Increment();
-  generation_seconds_.Observe(phase_seconds);
+  generation_seconds_.Observe(std::max(0.0, phase_seconds));  // a resumed phase may be done before it starts
   tell_seconds_.Observe(summary.record.tell_seconds);
   db_write_seconds_.Add({{"operation", "generation"}}, kDbBuckets).Observe(summary.commit_seconds);
   eta_.Set(eta_seconds);

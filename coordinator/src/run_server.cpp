@@ -70,6 +70,7 @@ struct RunServer::Impl {
   Status error;
   ServeOutcome outcome;
   bool stopping = false;
+  bool lingering = false;  // the run finished; serving until options.linger passes or a stop request
 
   // Progress of the current phase and of the run in this process.
   Clock::time_point run_started, phase_started;
@@ -83,6 +84,9 @@ struct RunServer::Impl {
   void Tick();
   void Schedule();
   void Interrupt(const std::string& why);
+  // A signal or Stop(): interrupts the run, or ends the linger.
+  void StopRequested(const std::string& why);
+  void Linger();
   void Fail(const Status& status);
   void ReportProgress(const AdvanceSummary& summary);
   // Metrics of where the run stands, and (resumed) of the last generation it committed.
@@ -186,28 +190,48 @@ void RunServer::Impl::ObserveService() {
 }
 
 void RunServer::Stop() {
-  boost::asio::post(impl_->io, [this] { impl_->Interrupt("stop requested"); });
+  boost::asio::post(impl_->io, [this] { impl_->StopRequested("stop requested"); });
+}
+
+void RunServer::Impl::StopRequested(const std::string& why) {
+  if (!lingering) return Interrupt(why);
+  spdlog::info("{}: stopping", why);
+  io.stop();
+}
+
+void RunServer::Impl::Linger() {
+  lingering = true;
+  io.restart();  // a signal that arrived since the run finished is delivered now
+  spdlog::info("run '{}' is finished; {} for {:.0f} s more (SIGTERM stops)", trainer.spec().name,
+               endpoint ? "serving " + endpoint->url() : std::string("staying up"), options.linger.count());
+  timer.expires_after(std::chrono::duration_cast<Clock::duration>(options.linger));
+  timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) io.stop();
+  });
+  io.run();
 }
 
 Result<ServeOutcome> RunServer::Run() {
   Impl& m = *impl_;
   m.run_started = Clock::now();
-  if (m.trainer.finished()) {
-    m.service->End(v1::WorkBatch::END_RUN_FINISHED);
-    m.outcome.finished = true;
-    return m.outcome;
-  }
-  NAMM_RETURN_IF_ERROR(m.StartPhase());
+  // Registered before anything runs and kept through the linger: no signal falls between two handlers.
   boost::asio::signal_set signals(m.io);
   if (m.options.handle_signals) {
     signals.add(SIGTERM);
     signals.add(SIGINT);
     signals.async_wait([&m](const boost::system::error_code& ec, int signal) {
-      if (!ec) m.Interrupt(signal == SIGTERM ? "SIGTERM" : "SIGINT");
+      if (!ec) m.StopRequested(signal == SIGTERM ? "SIGTERM" : "SIGINT");
     });
   }
-  m.Schedule();
-  m.io.run();
+  if (m.trainer.finished()) {
+    m.service->End(v1::WorkBatch::END_RUN_FINISHED);
+    m.outcome.finished = true;
+  } else {
+    NAMM_RETURN_IF_ERROR(m.StartPhase());
+    m.Schedule();
+    m.io.run();
+  }
+  if (m.outcome.finished && m.options.linger.count() > 0) m.Linger();
   signals.cancel();
   // Streams deliver their last message (run finished / shutting down) before the server goes.
   m.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

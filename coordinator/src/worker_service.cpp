@@ -186,8 +186,10 @@ ServiceCounters WorkerService::counters() const {
   c.scheduler = scheduler_.counters();
   c.workers = static_cast<int64_t>(sessions_.size());
   for (const auto& [id, session] : sessions_) {
-    c.workers_draining += scheduler_.IsDraining(id) ? 1 : 0;
-    c.workers_quarantined += scheduler_.IsQuarantined(id) ? 1 : 0;
+    // A quarantined worker is also draining (no more leases): count it once, as quarantined.
+    const bool quarantined = scheduler_.IsQuarantined(id);
+    c.workers_quarantined += quarantined ? 1 : 0;
+    c.workers_draining += !quarantined && scheduler_.IsDraining(id) ? 1 : 0;
   }
   c.refused = refused_;
   for (std::size_t code = 0; code < refused_by_code_.size(); ++code) {

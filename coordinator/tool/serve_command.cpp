@@ -73,22 +73,6 @@ Status ApplyLogLevel(const std::string& level) {
   return Status::Ok();
 }
 
-std::atomic<bool> g_stop_lingering{false};
-
-// After a finished run: keep the metrics endpoint up for `seconds` (or until SIGTERM / SIGINT), so that Prometheus
-// scrapes namm_run_finished = 1 and a supervisor that restarts exited services sees a running one.
-void Linger(double seconds, const std::string& url) {
-  spdlog::info("the run is finished; serving {} for {} s more (SIGTERM stops)", url, seconds);
-  struct sigaction action {};
-  action.sa_handler = [](int) { g_stop_lingering = true; };
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!g_stop_lingering && std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
 // A fresh shared secret for local workers, in a private file.
 Result<std::string> WriteLocalToken(const std::string& dir) {
   std::random_device device;
@@ -101,10 +85,12 @@ Result<std::string> WriteLocalToken(const std::string& dir) {
   return path;
 }
 
-// Local worker i serves its metrics on the coordinator's port + 1 + i (or a free port when that is 0).
+// Local worker i serves its metrics on the coordinator's port + 1 + i (or a free port when that is 0; the worker
+// logs it). Empty when that port does not exist.
 std::string WorkerMetricsAddress(const std::string& coordinator, int i) {
   const std::size_t colon = coordinator.rfind(':');
   const int port = std::atoi(coordinator.c_str() + colon + 1);
+  if (port > 0 && port + 1 + i > 65535) return "";
   return coordinator.substr(0, colon + 1) + std::to_string(port == 0 ? 0 : port + 1 + i);
 }
 
@@ -138,8 +124,14 @@ class LocalWorkers {
       if (!spec.model.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", spec.model.tokenizer});
       if (!f.metrics_listen.empty()) {
         const std::string address = WorkerMetricsAddress(f.metrics_listen, i);
+        if (address.empty()) {
+          return Status::InvalidArgument("--metrics-listen " + f.metrics_listen + ": local worker " +
+                                         std::to_string(i) + " would serve its metrics past port 65535");
+        }
         args.insert(args.end(), {"--metrics-listen", address});
-        std::cout << "worker " << i << " metrics: http://" << address << "/metrics" << std::endl;
+        if (address.substr(address.rfind(':')) != ":0") {
+          std::cout << "worker " << i << " metrics: http://" << address << "/metrics" << std::endl;
+        }
       }
       if (!f.paths.tasks_dir.empty()) args.insert(args.end(), {"--tasks-dir", f.paths.tasks_dir});
       for (const std::string& d : f.paths.data_dirs) args.insert(args.end(), {"--data-dir", d});
@@ -221,6 +213,7 @@ Status Serve(const ServeFlags& f) {
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.max_message_bytes = f.max_message_bytes;
   options.metrics_listen = f.metrics_listen;
+  options.linger = std::chrono::duration<double>(f.linger_s);
 
   // Local workers get a fresh secret in a private directory, removed at the end.
   std::string scratch;
@@ -279,7 +272,6 @@ Status Serve(const ServeFlags& f) {
     return Status::FailedPrecondition(workers_gone + "; the run stopped at generation " +
                                       std::to_string(outcome->next_generation) + " and resumes with the same command");
   }
-  if (outcome->finished && f.linger_s > 0 && !server->metrics_url().empty()) Linger(f.linger_s, server->metrics_url());
   if (outcome->finished) {
     std::cout << "run '" << spec.name << "' finished; export the result with: namm-coordinator export --db " << f.db
               << " --best --out FILE" << std::endl;

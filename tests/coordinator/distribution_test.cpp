@@ -259,6 +259,17 @@ TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
   EXPECT_EQ(::waitpid(coordinator.pid, nullptr, WNOHANG), 0) << "still serving";
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+
+  // Restarted on the finished run (as a supervisor would), it lingers as well, with the run's last generation.
+  coordinator = r.Serve({"--metrics-listen", "127.0.0.1:" + std::to_string(metrics), "--linger", "600"});
+  std::string again;
+  EXPECT_TRUE(WaitUntil([&] { return (again = namm::testing::HttpGet(metrics, "/metrics")).find(
+                                         "namm_run_finished{run=\"dist_linger\"} 1") != std::string::npos; },
+                        std::chrono::seconds(30)))
+      << again << ReadText(r.log("coordinator"));
+  EXPECT_NE(again.find("namm_population_fitness_mean{run=\"dist_linger\"}"), std::string::npos) << again;
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
 }
 
 TEST(Distribution, APlaceholderFingerprintIsRefusedBeforeTheRunIsCreated) {

@@ -192,9 +192,7 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
     std::lock_guard<std::mutex> lock(mu);
     worker_id = response.worker_id();
     heartbeat_ms = std::max(50, response.heartbeat_interval_ms());
-    session_over = false;
-    queue.clear();
-    for (auto it = in_flight.begin(); it != in_flight.end();) Forget((it++)->first);
+    session_over = false;  // queue and in_flight were emptied when the last session ended
     cancelled.clear();
     params.clear();
     stream_context = &stream;
@@ -228,6 +226,12 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
     wake.notify_all();
   }
   for (std::thread& t : threads) t.join();
+  {
+    // Leases never started die with the session: the coordinator hands them out again.
+    std::lock_guard<std::mutex> lock(mu);
+    queue.clear();
+    for (auto it = in_flight.begin(); it != in_flight.end();) Forget((it++)->first);
+  }
   Metrics([](WorkerMetrics& w) { w.Connected(-1); });
   if (!finished.ok() && Fatal(finished.error_code())) {
     Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kRefused); });

@@ -47,6 +47,9 @@ struct ServeOptions {
   int heartbeat_interval_ms = 2000;
   int max_message_bytes = 4 << 20;         // largest message accepted from a worker
   std::string metrics_listen;              // HOST:PORT of the Prometheus /metrics endpoint; "" = none
+  // After the run finished, keep serving (metrics with namm_run_finished 1; workers are told the run is over)
+  // this long, or until SIGTERM / Stop(): Prometheus sees the end, and supervisors see a live process.
+  std::chrono::duration<double> linger{0};
   std::chrono::milliseconds tick{50};
   bool handle_signals = true;              // SIGTERM / SIGINT stop the loop cleanly
   // Called on the loop's thread after every phase.

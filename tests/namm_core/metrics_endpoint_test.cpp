@@ -1,0 +1,92 @@
+// The /metrics HTTP endpoint: what it serves, what it refuses, and the addresses it will not take.
+#include "namm/metrics_endpoint.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+
+#include <thread>
+
+#include "../process_util.h"
+
+namespace namm {
+namespace {
+
+// The whole response (head and body) to `request` sent to 127.0.0.1:port.
+std::string Exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    char buffer[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) response.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return response;
+}
+
+TEST(MetricsEndpoint, ServesTheRegistryAsPrometheusText) {
+  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0");
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().ToString();
+  MetricsEndpoint& e = **endpoint;
+  ASSERT_GT(e.port(), 0);
+  EXPECT_EQ(e.url(), "http://127.0.0.1:" + std::to_string(e.port()) + "/metrics");
+  auto& counter = prometheus::BuildCounter().Name("namm_test_total").Help("A test counter").Register(e.registry()).Add({});
+  counter.Increment(3);
+
+  const std::string response = Exchange(e.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
+  EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << response;
+  EXPECT_NE(response.find("# TYPE namm_test_total counter\nnamm_test_total 3"), std::string::npos) << response;
+  // Every scrape sees the current value, from many clients at once.
+  counter.Increment();
+  std::vector<std::thread> clients;
+  std::vector<std::string> bodies(16);
+  for (std::size_t i = 0; i < bodies.size(); ++i) {
+    clients.emplace_back([&, i] { bodies[i] = testing::HttpGet(e.port(), "/metrics?x=1"); });
+  }
+  for (std::thread& t : clients) t.join();
+  for (const std::string& body : bodies) EXPECT_NE(body.find("namm_test_total 4"), std::string::npos) << body;
+}
+
+TEST(MetricsEndpoint, AnswersOtherRequestsWithoutMetrics) {
+  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0");
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().ToString();
+  const int port = (*endpoint)->port();
+  EXPECT_EQ(Exchange(port, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u);
+  EXPECT_EQ(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405 ", 0), 0u);
+  // HEAD: the head of the GET answer, without its body.
+  const std::string head = Exchange(port, "HEAD /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;
+  // A request head larger than the endpoint reads is dropped without an answer, and the endpoint lives on.
+  EXPECT_EQ(Exchange(port, std::string(20000, 'a')).find("HTTP/1.1 200"), std::string::npos);
+  EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+}
+
+TEST(MetricsEndpoint, RefusesMalformedAndTakenAddresses) {
+  for (const char* bad : {"9100", "127.0.0.1", "127.0.0.1:", ":9100", "127.0.0.1:99999", "127.0.0.1:port", "a b:1",
+                          "[::1:0", "[zz]:0", "[]:0"}) {
+    const auto e = MetricsEndpoint::Start(bad);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.status().message().find("--metrics-listen must be HOST:PORT"), std::string::npos)
+        << bad << ": " << e.status().ToString();
+  }
+  auto first = MetricsEndpoint::Start("127.0.0.1:0");
+  ASSERT_TRUE(first.ok());
+  const std::string taken = "127.0.0.1:" + std::to_string((*first)->port());
+  const auto second = MetricsEndpoint::Start(taken);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("cannot serve metrics on " + taken), std::string::npos)
+      << second.status().ToString();
+}
+
+}  // namespace
+}  // namespace namm
