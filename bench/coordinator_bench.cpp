@@ -5,7 +5,8 @@
 //   coordinator_bench [--workers 64] [--population 32] [--prompts 32] [--generations 4] [--unit-ms 30]
 //
 // Scenarios, each a real run (SQLite store, CMA-ES at the paper's N = 4172, the lease scheduler):
-//   throughput     no delay: results per second the coordinator takes in (phase units / phase time)
+//   throughput     no delay: results per second the coordinator takes in (phase units / phase time), without and
+//                  with its Prometheus metrics
 //   homogeneous    every worker at speed 1, mean prompt --unit-ms
 //   heterogeneous  one worker in eight at half speed
 // For the two timed scenarios, per generation: the makespan (phase start to its last result) against the
@@ -51,6 +52,7 @@ struct Scenario {
   std::string name;
   double seconds_per_cost = 0;
   int slow_every = 0;  // every slow_every-th worker runs at half speed (0: none)
+  bool metrics = false;  // the coordinator serves Prometheus metrics (updated every tick)
 };
 
 struct GenerationResult {
@@ -130,6 +132,7 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   options.token = std::string(32, 'x');
   options.handle_signals = false;
   options.scheduler.max_prompts_per_lease = f.prompts_per_lease;
+  if (s.metrics) options.metrics_listen = "127.0.0.1:0";
   options.progress = [&](const PhaseProgress& p) {
     if (!p.record || p.record->generation == 0) return;  // the statistics phase and the stage-start evaluation
     GenerationResult g;
@@ -228,14 +231,20 @@ int main(int argc, char** argv) {
 
   spdlog::set_level(spdlog::level::warn);
   if (f.only.empty() || f.only == "throughput") {
-  const ScenarioResult throughput = RunScenario(f, {"throughput", 0, 0}, *costs);
-  std::vector<double> rates;
-  for (const GenerationResult& g : throughput.generations) rates.push_back(static_cast<double>(g.units) / g.makespan);
-  std::printf("throughput (no delay): %.0f results/s median over %zu generations (min %.0f, max %.0f), %lld units "
-              "per generation\n\n",
-              Median(rates), rates.size(), *std::min_element(rates.begin(), rates.end()),
-              *std::max_element(rates.begin(), rates.end()),
-              static_cast<long long>(throughput.generations.front().units));
+    // Without and with the coordinator's metrics, back to back: their cost as a ratio.
+    double median[2] = {0, 0};
+    for (const bool metrics : {false, true}) {
+      const ScenarioResult r = RunScenario(f, {"throughput", 0, 0, metrics}, *costs);
+      std::vector<double> rates;
+      for (const GenerationResult& g : r.generations) rates.push_back(static_cast<double>(g.units) / g.makespan);
+      median[metrics] = Median(rates);
+      std::printf("throughput (no delay%s): %.0f results/s median over %zu generations (min %.0f, max %.0f), %lld "
+                  "units per generation\n",
+                  metrics ? ", metrics on" : "", median[metrics], rates.size(),
+                  *std::min_element(rates.begin(), rates.end()), *std::max_element(rates.begin(), rates.end()),
+                  static_cast<long long>(r.generations.front().units));
+    }
+    std::printf("metrics on / off: %.3f\n\n", median[1] / median[0]);
   }
 
   std::printf("%-14s %4s %7s %10s %8s %10s %12s %8s %14s %12s %12s\n", "scenario", "gen", "units", "makespan", "ideal",
