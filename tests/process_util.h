@@ -127,8 +127,8 @@ inline bool WaitUntil(const std::function<bool()>& done, std::chrono::seconds li
   return done();
 }
 
-// GET http://127.0.0.1:port/target: the response's body, or "" when there is no 200 answer.
-inline std::string HttpGet(int port, const std::string& target) {
+// The whole response (head and body) to `request` sent to 127.0.0.1:port ("" when nothing answers).
+inline std::string HttpExchange(int port, const std::string& request) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -138,14 +138,18 @@ inline std::string HttpGet(int port, const std::string& target) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   std::string response;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = "GET " + target + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-      char buffer[65536];
-      ssize_t n;
-      while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) response.append(buffer, static_cast<std::size_t>(n));
-    }
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    char buffer[65536];
+    ssize_t n;
+    while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) response.append(buffer, static_cast<std::size_t>(n));
   }
   ::close(fd);
+  return response;
+}
+
+// GET http://127.0.0.1:port/target: the response's body, or "" when there is no 200 answer.
+inline std::string HttpGet(int port, const std::string& target) {
+  const std::string response = HttpExchange(port, "GET " + target + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   const std::size_t body = response.find("\r\n\r\n");
   if (response.compare(0, 12, "HTTP/1.1 200") != 0 && response.compare(0, 12, "HTTP/1.0 200") != 0) return "";
   return body == std::string::npos ? "" : response.substr(body + 4);

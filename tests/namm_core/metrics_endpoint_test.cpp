@@ -12,25 +12,7 @@
 namespace namm {
 namespace {
 
-// The whole response (head and body) to `request` sent to 127.0.0.1:port.
-std::string Exchange(int port, const std::string& request) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  timeval timeout{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    char buffer[4096];
-    ssize_t n;
-    while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) response.append(buffer, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return response;
-}
+using testing::HttpExchange;
 
 TEST(MetricsEndpoint, ServesTheRegistryAsPrometheusText) {
   auto endpoint = MetricsEndpoint::Start("127.0.0.1:0");
@@ -41,7 +23,7 @@ TEST(MetricsEndpoint, ServesTheRegistryAsPrometheusText) {
   auto& counter = prometheus::BuildCounter().Name("namm_test_total").Help("A test counter").Register(e.registry()).Add({});
   counter.Increment(3);
 
-  const std::string response = Exchange(e.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string response = HttpExchange(e.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
   EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << response;
   EXPECT_NE(response.find("# TYPE namm_test_total counter\nnamm_test_total 3"), std::string::npos) << response;
@@ -60,15 +42,15 @@ TEST(MetricsEndpoint, AnswersOtherRequestsWithoutMetrics) {
   auto endpoint = MetricsEndpoint::Start("127.0.0.1:0");
   ASSERT_TRUE(endpoint.ok()) << endpoint.status().ToString();
   const int port = (*endpoint)->port();
-  EXPECT_EQ(Exchange(port, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u);
-  EXPECT_EQ(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405 ", 0), 0u);
+  EXPECT_EQ(HttpExchange(port, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u);
+  EXPECT_EQ(HttpExchange(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405 ", 0), 0u);
   // HEAD: the head of the GET answer, without its body.
-  const std::string head = Exchange(port, "HEAD /metrics HTTP/1.1\r\n\r\n");
+  const std::string head = HttpExchange(port, "HEAD /metrics HTTP/1.1\r\n\r\n");
   EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
   EXPECT_EQ(head.substr(head.size() - 4), "\r\n\r\n") << head;
   // A request head larger than the endpoint reads is dropped without an answer, and the endpoint lives on.
-  EXPECT_EQ(Exchange(port, std::string(20000, 'a')).find("HTTP/1.1 200"), std::string::npos);
-  EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+  EXPECT_EQ(HttpExchange(port, std::string(20000, 'a')).find("HTTP/1.1 200"), std::string::npos);
+  EXPECT_EQ(HttpExchange(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
 }
 
 TEST(MetricsEndpoint, RefusesMalformedAndTakenAddresses) {
