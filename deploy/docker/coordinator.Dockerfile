@@ -31,7 +31,7 @@ RUN apt-get update \
       libyaml-cpp0.7 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/src/namm/build/bin/namm-coordinator /usr/local/bin/namm-coordinator
-# Task definitions: a binary looks for them in the source tree it was built from unless given --tasks-dir.
+# Task definitions where an installed binary looks for them (PREFIX/share/namm/tasks); --tasks-dir below says so too.
 COPY --from=build /usr/src/namm/tasks/*.yaml /usr/local/share/namm/tasks/
 # Fail the image build, not the first start, when a library is missing.
 RUN if ldd /usr/local/bin/namm-coordinator | grep "not found"; then exit 1; fi \

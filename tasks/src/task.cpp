@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -126,9 +127,26 @@ Result<TaskPaths> task_paths_from_flags(const TaskPathFlags& flags) {
   return paths;
 }
 
+namespace {
+
+// The task definitions installed beside the running program (`cmake --install`: PREFIX/bin/<program> and
+// PREFIX/share/namm/tasks), else those of the source tree it was built from.
+std::string DefaultTasksDir() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    const std::string installed = parent_directory(parent_directory(self)) + "/share/namm/tasks";
+    if (!YamlFiles(installed).empty()) return installed;
+  }
+  return NAMM_TASKS_DIR;
+}
+
+}  // namespace
+
 TaskPaths default_task_paths() {
   TaskPaths paths;
-  paths.tasks_dir = NAMM_TASKS_DIR;
+  paths.tasks_dir = DefaultTasksDir();
   paths.data_dirs["longbench"] = std::string(NAMM_SHARED_DIR) + "/data/longbench";
   return paths;
 }

@@ -1,6 +1,7 @@
 // namm-worker generate as a user runs it.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "../namm_core/test_util.h"
@@ -92,6 +93,32 @@ TEST(NammWorkerCli, BadInputGetsAClearError) {
   ASSERT_TRUE(text.ok());
   const auto expected = encode_truncated_middle(**tokenizer, *text, 384);
   EXPECT_EQ(nlohmann::json::parse(fits.output)["prompt_tokens"].get<int64_t>(), static_cast<int64_t>(expected.size()));
+}
+
+// `cmake --install` puts the programs and the task definitions side by side, and an installed program finds
+// its task definitions there without --tasks-dir (here: a task only the installed copy defines).
+TEST(NammWorkerCli, AnInstalledWorkerFindsTheInstalledTaskDefinitions) {
+  const std::string prefix = testing::TempPath("install");
+  std::filesystem::remove_all(prefix);
+  const auto installed = testing::RunProcess("cmake --install " + std::string(NAMM_BUILD_DIR) + " --prefix " + prefix);
+  ASSERT_EQ(installed.exit_code, 0) << installed.output;
+  const std::string tasks = prefix + "/share/namm/tasks/synthetic.yaml";
+  std::string yaml = read_file(tasks).value();
+  for (std::size_t at; (at = yaml.find("name: syn/")) != std::string::npos;) yaml.replace(at, 10, "name: installed/");
+  ASSERT_TRUE(write_file_atomically(tasks, {yaml}).ok());
+
+  const std::string data = testing::TempPath("install_data");
+  const std::string model = " --model " + SharedPath(testing::kStoriesModel) + " --tokenizer " +
+                            SharedPath(testing::kStoriesTokenizer);
+  ASSERT_EQ(Worker("build-synthetic" + model + " --out " + data + "/story_recall.jsonl --rows 2 --pool 2 "
+                   "--story-tokens 60 --prefix-tokens 30 --continuation-tokens 10 --distractor-tokens 0")
+                .exit_code,
+            0);
+  const auto run = testing::RunProcess(prefix + "/bin/namm-worker run-task" + model +
+                                       " --task installed/story_recall --data-dir synthetic=" + data + " --rows 0");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  // The build's own binary still reads the source tree, which has no such task.
+  EXPECT_NE(Worker("run-task" + model + " --task installed/story_recall --data-dir synthetic=" + data).exit_code, 0);
 }
 
 }  // namespace
