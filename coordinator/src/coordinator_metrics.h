@@ -45,7 +45,7 @@ class CoordinatorMetrics {
   prometheus::Counter& Counter(const std::string& name, const std::string& help);
   prometheus::Histogram& Histogram(const std::string& name, const std::string& help,
                                    const prometheus::Histogram::BucketBoundaries& buckets);
-  void SetNow(prometheus::Gauge& gauge);
+  static void SetNow(prometheus::Gauge& gauge);
 
   prometheus::Registry& registry_;
   const std::map<std::string, std::string> run_label_;

@@ -91,7 +91,6 @@ struct RunServer::Impl {
   void ReportProgress(const AdvanceSummary& summary);
   // Metrics of where the run stands, and (resumed) of the last generation it committed.
   Status StartMetrics();
-  void ObserveService();
 };
 
 Status check_serveable(const RunSpec& spec) {
@@ -183,10 +182,6 @@ Status RunServer::Impl::StartMetrics() {
   if (evaluated != generations.rend()) NAMM_RETURN_IF_ERROR(show(*evaluated));
   if (!generations.empty()) NAMM_RETURN_IF_ERROR(show(generations.back()));
   return Status::Ok();
-}
-
-void RunServer::Impl::ObserveService() {
-  if (metrics) metrics->Observe(service->counters(), phase_references - phase_references_stored);
 }
 
 void RunServer::Stop() {
@@ -345,7 +340,8 @@ Status RunServer::Impl::Flush() {
 
 void RunServer::Impl::Tick() {
   service->ExpireLeases();
-  if (const std::vector<AbandonedUnit> abandoned = service->counters().abandoned; !abandoned.empty()) {
+  const ServiceCounters counters = service->counters();  // one snapshot a tick, for the checks and the metrics
+  if (const std::vector<AbandonedUnit>& abandoned = counters.abandoned; !abandoned.empty()) {
     const AbandonedUnit& a = abandoned.front();
     (void)Flush();  // keep what did finish
     return Fail(Status::FailedPrecondition(
@@ -355,7 +351,7 @@ void RunServer::Impl::Tick() {
   }
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
   if (Status s = Flush(); !s.ok()) return Fail(s);
-  ObserveService();
+  if (metrics) metrics->Observe(counters, phase_references - phase_references_stored);
   if (done) {
     Result<AdvanceSummary> summary = trainer.Advance();
     if (!summary.ok()) return Fail(summary.status());

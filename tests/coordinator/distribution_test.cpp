@@ -27,6 +27,7 @@
 #include "namm/file_util.h"
 #include "namm/namm_file.h"
 #include "namm/v1/coordinator.grpc.pb.h"
+#include "synthetic_run.h"
 #include "sim_executor.h"
 
 namespace namm::coordinator {
@@ -154,11 +155,11 @@ struct InProcessRun {
     std::map<std::string, int64_t> rows;
     for (const std::string& task : spec.all_tasks()) rows[task] = kSimRows;
     trainer = Trainer::Create(*store, spec, rows).value();
-    while (!trainer->finished()) {
-      const GenerationPlan& plan = trainer->plan();
+    // What a simulated worker answers for each unit.
+    const auto simulate = [](const Trainer& t, const std::vector<WorkUnit>& units) {
+      const GenerationPlan& plan = t.plan();
       std::vector<EvaluationRecord> results;
-      const std::vector<WorkUnit> missing = trainer->Missing().value();
-      for (const WorkUnit& u : missing) {
+      for (const WorkUnit& u : units) {
         EvaluationRecord e;
         e.generation = plan.generation;
         e.candidate = u.candidate;
@@ -169,13 +170,10 @@ struct InProcessRun {
         if (plan.collect_norm_stats) e.norm_stats = sim::sim_norm_stats(u.task, u.prompt);
         results.push_back(e);
       }
-      EXPECT_TRUE(trainer->Record(results).ok());
-      const auto advanced = trainer->Advance();
-      if (!advanced.ok()) {
-        ADD_FAILURE() << advanced.status().ToString();
-        return;
-      }
-    }
+      return results;
+    };
+    const Status driven = testing::DriveRun(*trainer, 1 << 30, simulate);
+    EXPECT_TRUE(driven.ok()) << driven.ToString();
   }
 
   CmaesState FinalState() const { return store->GetCheckpoint(1, "latest", 0, trainer->params()).value().state; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -83,11 +84,14 @@ inline std::vector<EvaluationRecord> EvaluateUnits(const Trainer& t, const std::
   return out;
 }
 
-// Evaluates and advances until the run is finished or `max_advances` phases were completed.
-inline Status DriveRun(Trainer& t, int max_advances = 1 << 30) {
+// Computes the results of units of the trainer's current plan.
+using Evaluator = std::function<std::vector<EvaluationRecord>(const Trainer&, const std::vector<WorkUnit>&)>;
+
+// Evaluates (with `evaluate`) and advances until the run is finished or `max_advances` phases were completed.
+inline Status DriveRun(Trainer& t, int max_advances = 1 << 30, const Evaluator& evaluate = EvaluateUnits) {
   for (int k = 0; k < max_advances && !t.finished(); ++k) {
     NAMM_ASSIGN_OR_RETURN(std::vector<WorkUnit> missing, t.Missing());
-    NAMM_RETURN_IF_ERROR(t.Record(EvaluateUnits(t, missing)).status());
+    NAMM_RETURN_IF_ERROR(t.Record(evaluate(t, missing)).status());
     NAMM_RETURN_IF_ERROR(t.Advance().status());
   }
   return Status::Ok();
