@@ -8,7 +8,7 @@
 
 #include <chrono>
 
-#include "namm/namm_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "peak_memory.h"
 
 namespace namm {

@@ -13,9 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "namm/h2o_policy.h"
-#include "namm/l2_policy.h"
-#include "namm/namm_policy.h"
+#include "namm/policies/full_cache_policy.h"
+#include "namm/policies/h2o_policy.h"
+#include "namm/policies/l2_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "namm/worker/generator.h"
 
 namespace namm::worker {
@@ -94,8 +95,8 @@ int Run(const Options& o) {
       {"NAMM, zero parameters", namm(Bam(0.0, 0.0f, stats)), {}, {}, {}, {}},
       {"NAMM, full pipeline, no eviction", namm(Bam(0.15, 1e4f, stats)), {}, {}, {}, {}},
       {"NAMM, evicting", namm(Bam(0.15, 0.0f, stats)), {}, {}, {}, {}},
-      {"H2O budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(H2OPolicy::Create(512, 256)).value()); }, {}, {}, {}, {}},
-      {"L2 budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(L2Policy::Create(512)).value()); }, {}, {}, {}, {}},
+      {"H2O budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(H2OPolicy::Create(CacheBudget::Tokens(512).value(), 256)).value()); }, {}, {}, {}, {}},
+      {"L2 budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(L2Policy::Create(CacheBudget::Tokens(512).value())).value()); }, {}, {}, {}, {}},
   };
   for (int64_t r = 0; r < o.repeats + 1; ++r) {  // round robin; the first round warms up
     for (auto& row : rows) {

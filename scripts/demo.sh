@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a short real training run on this machine. The coordinator and two CPU workers (real processes on
 # loopback, gRPC), the bundled stories260K model, the CPU-scale story-recall task built from it, a population of 8
-# for 6 generations in 2 stages; then the best NAMM is exported. One progress line per generation, and a summary
-# of where everything is. Runs from the repository root with binaries in $BUILD_DIR/bin.
+# for 6 generations in 2 stages; then the best NAMM is exported and the training report written. One progress line
+# per generation, and a summary of where everything is. Runs from the repository root with binaries in $BUILD_DIR/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,6 +51,9 @@ echo "== training: namm-coordinator run --local-workers 2 ($SPEC)"
 echo "== exporting the best NAMM"
 "$BIN/namm-coordinator" export --db "$OUT/stories.db" --best --out "$OUT/stories-namm.safetensors"
 
+echo "== training report"
+"$BIN/namm-coordinator" report --db "$OUT/stories.db" --out "$OUT/report"
+
 echo "== summary"
 "$BIN/namm-coordinator" status --db "$OUT/stories.db" --generations
 cat <<SUMMARY
@@ -58,6 +61,7 @@ cat <<SUMMARY
 demo finished in $(( $(date +%s) - start )) s
   database:        $OUT/stories.db   (namm-coordinator status --db $OUT/stories.db --generations)
   exported NAMM:   $OUT/stories-namm.safetensors   (namm-worker run-task --namm ... uses it)
+  report:          $OUT/report/report.html   (training curves; CSVs beside it)
   metrics (while the run ran): coordinator http://127.0.0.1:$METRICS_PORT/metrics,
                    workers http://127.0.0.1:$((METRICS_PORT + 1))/metrics and http://127.0.0.1:$((METRICS_PORT + 2))/metrics
   dashboard:       dashboards/namm-training.json (Grafana; deploy/README.md runs Prometheus and Grafana with it)

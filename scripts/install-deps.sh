@@ -24,6 +24,8 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # the TLS tests make their certificates with the openssl command
   openssl
+  # the report tests render eval's and the coordinator's HTML reports in headless Chromium
+  chromium
   # task metrics: jieba's dictionary and HMM tables (read at run time, never copied), MeCab + UniDic
   python3-jieba libmecab-dev mecab unidic-mecab
 )

@@ -854,6 +854,20 @@ Result<std::map<std::string, double>> Store::GetMetrics(int64_t run_id, int64_t 
   });
 }
 
+Result<std::vector<GenerationActivity>> Store::GetGenerationActivity(int64_t run_id) const {
+  return Guard(path_, "reading generation activity", [&]() -> Result<std::vector<GenerationActivity>> {
+    SQLite::Statement q(*db_, "SELECT generation, COUNT(*), COUNT(DISTINCT worker), TOTAL(duration_seconds) "
+                              "FROM evaluations WHERE run_id = ? GROUP BY generation ORDER BY generation");
+    q.bind(1, run_id);
+    std::vector<GenerationActivity> out;
+    while (q.executeStep()) {
+      out.push_back({q.getColumn(0).getInt64(), q.getColumn(1).getInt64(), q.getColumn(2).getInt64(),
+                     q.getColumn(3).getDouble()});
+    }
+    return out;
+  });
+}
+
 Result<ReferenceImport> Store::ImportReferenceScores(const std::string& fingerprint,
                                                      const tasks::ReferenceScores& scores, const std::string& source,
                                                      bool replace) {

@@ -246,6 +246,8 @@ bool is_ascii_punctuation(char32_t c) {
   return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) || (c >= 0x7B && c <= 0x7E);
 }
 
+bool is_unicode_punctuation(char32_t c) { return u_ispunct(static_cast<UChar32>(c)) != 0; }
+
 std::u32string py_lstrip(const std::u32string& text, const std::u32string& chars) {
   std::size_t begin = 0;
   while (begin < text.size() && chars.find(text[begin]) != std::u32string::npos) ++begin;

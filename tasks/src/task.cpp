@@ -76,6 +76,12 @@ Status ParseTaskFile(const std::string& path, std::vector<TaskSpec>* out) {
       spec.classes_field = node["classes_field"].as<std::string>(root["classes_field"].as<std::string>("all_classes"));
       spec.rope_scaling = node["rope_scaling"].as<std::string>("");
       spec.max_context = node["max_context"].as<int64_t>(0);
+      spec.chunk_size = node["chunk_size"].as<int64_t>(0);
+      spec.update_interval = node["update_interval"].as<int64_t>(0);
+      if (spec.chunk_size < 0 || spec.update_interval < 0 ||
+          (spec.chunk_size > 0 && spec.update_interval > 0 && spec.update_interval % spec.chunk_size != 0)) {
+        return Status::Corruption(where + ": 'update_interval' must be a positive multiple of 'chunk_size'");
+      }
       if (node["stop"]) spec.stop_strings = node["stop"].as<std::vector<std::string>>();
       if (prompts == "inline") {
         spec.prompt_template = node["template"].as<std::string>("");

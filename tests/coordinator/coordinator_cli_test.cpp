@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "../chromium.h"
 #include "../process_util.h"
 #include "../temp_path.h"
 #include "namm/file_util.h"
@@ -47,6 +48,37 @@ TEST_F(CoordinatorCli, StatusReportsStageGenerationFitnessAndCheckpoints) {
   std::set<uint32_t> checksums;
   for (const json& c : runs[0]["checkpoints"]) checksums.insert(c["checksum"].get<uint32_t>());
   EXPECT_EQ(checksums.size(), 3u) << "three different states carry three different checksums";
+}
+
+TEST_F(CoordinatorCli, ReportWritesCurvesThatChromiumRenders) {
+  const std::string out = namm::testing::TempPath("report");
+  std::filesystem::remove_all(out);
+  const auto r = RunProcess(kCoordinator + " report --db " + *db_ + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // One CSV row per generation, with the stage each belongs to and the evaluations of the mean where they ran.
+  const std::string generations = namm::testing::ReadText(out + "/generations.csv");
+  EXPECT_EQ(std::count(generations.begin(), generations.end(), '\n'), 1 + 5) << generations;
+  EXPECT_NE(generations.find("\n4,1,"), std::string::npos) << "generation 4 belongs to stage 1";
+  const std::string stages = namm::testing::ReadText(out + "/stages.csv");
+  EXPECT_NE(stages.find("\n1,t/a t/b,"), std::string::npos) << stages;
+  EXPECT_NE(namm::testing::ReadText(out + "/eval_tasks.csv").find(",t/b,"), std::string::npos);
+  const std::string html = namm::testing::ReadText(out + "/report.html");
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg")) << "no network resources";
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  EXPECT_NE(html.find("stage 2"), std::string::npos) << "the stage boundary is marked";
+
+  if (!namm::testing::ChromiumInstalled()) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh)";
+  // Fitness (3 series), per-task score, sigma, cache, throughput and workers: at least 6 curves.
+  namm::testing::ExpectRenderedWithCurves(namm::testing::RenderedDom(out + "/report.html"), 6);
+}
+
+TEST_F(CoordinatorCli, ReportRefusesWhatIsNotARun) {
+  const std::string empty = namm::testing::FreshDatabasePath("not-a-db.db");
+  namm::testing::WriteText(empty, "not sqlite");
+  const auto r = RunProcess(kCoordinator + " report --db " + empty + " --out " + namm::testing::TempPath("r2"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("not-a-db.db"), std::string::npos) << r.output;
+  EXPECT_EQ(namm::testing::ReadText(empty), "not sqlite") << "the file is left as it was";
 }
 
 TEST_F(CoordinatorCli, ExportsANammFileWithStatisticsAndProvenance) {

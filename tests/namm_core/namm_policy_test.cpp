@@ -1,6 +1,6 @@
 // The NAMM policy end to end — streamed attention, cache, features, normalization, BAM, selection, eviction —
 // against the slow reference implementation of the spec, over three consecutive 512-query updates.
-#include "namm/namm_policy.h"
+#include "namm/policies/namm_policy.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/arange.h>

@@ -7,7 +7,7 @@
 #include "../process_util.h"
 #include "namm/file_util.h"
 #include "namm/namm_file.h"
-#include "namm/namm_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "namm/npy.h"
 
 namespace namm {

@@ -7,11 +7,13 @@
 #include <optional>
 
 #include "../namm_core/test_util.h"
-#include "namm/h2o_policy.h"
-#include "namm/l2_policy.h"
-#include "namm/namm_policy.h"
+#include "namm/policies/full_cache_policy.h"
+#include "namm/policies/h2o_policy.h"
+#include "namm/policies/l2_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "namm/worker/generator.h"
 #include "namm/worker/llama_model.h"
+#include "namm/worker/policy_spec.h"
 #include "namm/worker/rope.h"
 #include "shared_data.h"
 
@@ -294,17 +296,103 @@ TEST(Stories260K, BaselinesKeepTheirBudget) {
   const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1100);
   GenerationOptions options;
   options.max_new_tokens = 5;
-  auto h2o = H2OPolicy::Create(256, 128);
+  auto h2o = H2OPolicy::Create(CacheBudget::Tokens(256).value(), 128);
   auto with_h2o = Generator(s.model, *s.tokenizer).Generate(prompt, **h2o, options);
   ASSERT_TRUE(with_h2o.ok());
   ASSERT_EQ(with_h2o->updates.size(), 2u);
   for (const auto& update : with_h2o->updates) EXPECT_EQ(update.cache_sizes, std::vector<int64_t>(5, 256));
   // After the update at 1024: 76 more prompt tokens and 4 decoded ones (the 5th is never fed back).
   EXPECT_EQ(with_h2o->final_cache_sizes[0], 256 + 76 + 4);
-  auto l2 = L2Policy::Create(300);
+  auto l2 = L2Policy::Create(CacheBudget::Tokens(300).value());
   auto with_l2 = Generator(s.model, *s.tokenizer).Generate(prompt, **l2, options);
   ASSERT_TRUE(with_l2.ok());
   EXPECT_EQ(with_l2->updates.back().cache_sizes, std::vector<int64_t>(5, 300));
+}
+
+// Every baseline, built from its spec as the CLI does, with a budget of at least the whole sequence, generates
+// exactly what the full cache generates; so do the prompt-compressing ones (SnapKV, FastGen) with a budget of the
+// prompt's length, and every one of them with the whole cache at its disposal reports the same cache sizes.
+TEST(Stories260K, BaselinesWithRoomForTheSequenceReproduceTheFullCache) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 600);
+  GenerationOptions options;
+  options.max_new_tokens = 40;
+  options.memory_update_interval = 128;  // updates at 128, 256, ..., 640 (during decoding)
+  options.record_logits = true;
+  FullCachePolicy full;
+  auto base = Generator(s.model, *s.tokenizer).Generate(prompt, full, options);
+  ASSERT_TRUE(base.ok());
+  PolicyContext context;
+  context.tokenizer = s.tokenizer.get();
+  const std::string whole = std::to_string(prompt.size() + 40), prompt_length = std::to_string(prompt.size());
+  for (const std::string& spec :
+       {"h2o:budget=" + whole, "l2:budget=" + whole, "streaming:budget=" + whole, "tova:budget=" + whole,
+        "snapkv:budget=" + prompt_length, "fastgen:budget=" + prompt_length, std::string("snapkv:ratio=1"),
+        std::string("h2o:ratio=1")}) {
+    SCOPED_TRACE(spec);
+    auto policy = make_policy(spec, context);
+    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+    auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    EXPECT_EQ(run->token_ids, base->token_ids);
+    EXPECT_TRUE(run->prompt_logits.equal(base->prompt_logits));
+    EXPECT_TRUE(run->generated_logits.equal(base->generated_logits));
+    EXPECT_EQ(run->final_cache_sizes, base->final_cache_sizes);
+    EXPECT_DOUBLE_EQ(run->mean_kv_tokens, base->mean_kv_tokens);
+  }
+}
+
+TEST(Stories260K, SnapKvCompressesThePromptOnceAndKeepsEveryDecodedToken) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 300);
+  GenerationOptions options;
+  options.max_new_tokens = 30;
+  options.chunk_size = 32;
+  options.memory_update_interval = 64;
+  auto policy = make_policy("snapkv:budget=64", PolicyContext{});
+  ASSERT_TRUE(policy.ok());
+  auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  std::vector<MemoryUpdateRecord> compressions;
+  for (const auto& u : run->updates) {
+    if (u.end_of_prefill) compressions.push_back(u);
+    else EXPECT_EQ(u.cache_sizes[0], u.sequence_length > 300 ? 64 + u.sequence_length - 300 : u.sequence_length);
+  }
+  ASSERT_EQ(compressions.size(), 1u);
+  EXPECT_EQ(compressions[0].sequence_length, static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(compressions[0].cache_sizes, std::vector<int64_t>(5, 64));
+  EXPECT_EQ(run->final_cache_sizes, std::vector<int64_t>(5, 64 + 29));  // the 30th token is never fed back
+  EXPECT_DOUBLE_EQ(run->peak_kv_tokens, static_cast<double>(prompt.size()));
+}
+
+TEST(Generator, CacheSizesAreMeansOverQueries) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories();
+  FullCachePolicy full;
+  GenerationOptions options;
+  options.max_new_tokens = 0;
+  options.chunk_size = 32;
+  options.forced_tokens = std::vector<int64_t>(20, 300);
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 100);
+  auto run = Generator(s.model, *s.tokenizer).Generate(prompt, full, options);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  const double length = static_cast<double>(prompt.size()) + 20;
+  // Query i (from 0) attends to i + 1 tokens: the mean over L queries is (L + 1) / 2.
+  EXPECT_DOUBLE_EQ(run->mean_kv_tokens, (length + 1) / 2);
+  EXPECT_DOUBLE_EQ(run->answer_kv_tokens, (static_cast<double>(prompt.size()) * 2 + 21) / 2);
+  EXPECT_DOUBLE_EQ(run->peak_kv_tokens, length);
+  EXPECT_EQ(run->forced_logits.size(0), 21);
+  // A StreamingLLM window of 16 with updates every 32 tokens: the cache oscillates between 16 and 48.
+  options.memory_update_interval = 32;
+  auto window = make_policy("streaming:budget=16", PolicyContext{});
+  ASSERT_TRUE(window.ok());
+  auto windowed = Generator(s.model, *s.tokenizer).Generate(prompt, **window, options);
+  ASSERT_TRUE(windowed.ok());
+  EXPECT_LT(windowed->mean_kv_tokens, 40);
+  EXPECT_GT(windowed->mean_kv_tokens, 16);
+  EXPECT_DOUBLE_EQ(windowed->peak_kv_tokens, 48);
 }
 
 TEST(Generator, RefusesPromptsThatDoNotFit) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "../namm_core/test_util.h"
+#include "namm/policies/full_cache_policy.h"
 #include "namm/file_util.h"
 #include "namm/safetensors.h"
 #include "namm/worker/llama_model.h"

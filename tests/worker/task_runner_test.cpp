@@ -11,6 +11,7 @@
 #include "../namm_core/test_util.h"
 #include "../process_util.h"
 #include "namm/file_util.h"
+#include "namm/policies/full_cache_policy.h"
 #include "namm/tasks/normalized_score.h"
 #include "namm/worker/synthetic_stories.h"
 #include "shared_data.h"

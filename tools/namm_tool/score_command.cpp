@@ -10,7 +10,7 @@
 #include "namm/kv_cache.h"
 #include "namm/dtype.h"
 #include "namm/namm_file.h"
-#include "namm/namm_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "namm/npy.h"
 
 namespace namm::tool {

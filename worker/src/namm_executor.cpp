@@ -4,8 +4,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "namm/namm_policy.h"
-#include "namm/worker/policy_spec.h"
+#include "namm/policies/full_cache_policy.h"
+#include "namm/policies/namm_policy.h"
 
 namespace namm::worker {
 
@@ -84,7 +84,7 @@ Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t pr
   std::unique_ptr<MemoryPolicy> policy;
   const NammPolicy* namm_policy = nullptr;
   if (lease.reference) {
-    NAMM_ASSIGN_OR_RETURN(policy, make_baseline_policy("full"));
+    policy = std::make_unique<FullCachePolicy>();
   } else {
     namm.params = *lease.params;
     namm.norm_state = lease.collect_norm_stats ? NormState::kCollecting : NormState::kFrozen;

@@ -1,41 +1,153 @@
 #include "namm/worker/policy_spec.h"
 
-#include "namm/h2o_policy.h"
-#include "namm/l2_policy.h"
+#include <algorithm>
+
 #include "namm/namm_file.h"
-#include "namm/namm_policy.h"
 #include "namm/option_spec.h"
+#include "namm/policies/cache_budget.h"
+#include "namm/policies/fastgen_policy.h"
+#include "namm/policies/full_cache_policy.h"
+#include "namm/policies/h2o_policy.h"
+#include "namm/policies/l2_policy.h"
+#include "namm/policies/namm_policy.h"
+#include "namm/policies/oracle_policy.h"
+#include "namm/policies/snapkv_policy.h"
+#include "namm/policies/streaming_llm_policy.h"
+#include "namm/policies/tova_policy.h"
+#include "namm/tasks/python_text.h"
 
 namespace namm::worker {
 
-Result<std::unique_ptr<MemoryPolicy>> make_baseline_policy(const std::string& text) {
-  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
-  if (spec.name == "full") {
-    NAMM_RETURN_IF_ERROR(spec.CheckKeys({}));
-    return std::unique_ptr<MemoryPolicy>(new FullCachePolicy());
-  }
-  if (spec.name == "h2o") {
-    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"budget", "recent"}));
-    if (!spec.options.count("budget")) return Status::InvalidArgument("'" + text + "': h2o needs budget=N");
-    NAMM_ASSIGN_OR_RETURN(int64_t budget, spec.GetInt("budget", 0));
-    NAMM_ASSIGN_OR_RETURN(int64_t recent, spec.GetInt("recent", budget / 2));
-    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<H2OPolicy> policy, H2OPolicy::Create(budget, recent));
-    return std::unique_ptr<MemoryPolicy>(std::move(policy));
-  }
-  if (spec.name == "l2") {
-    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"budget"}));
-    if (!spec.options.count("budget")) return Status::InvalidArgument("'" + text + "': l2 needs budget=N");
-    NAMM_ASSIGN_OR_RETURN(int64_t budget, spec.GetInt("budget", 0));
-    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<L2Policy> policy, L2Policy::Create(budget));
-    return std::unique_ptr<MemoryPolicy>(std::move(policy));
-  }
-  return Status::InvalidArgument("unknown policy '" + spec.name + "' (known: full, h2o:budget=N, l2:budget=N)");
+namespace {
+
+constexpr const char* kKnown =
+    "full, h2o:budget=N|ratio=R[,recent=N], l2:budget=N|ratio=R, streaming:budget=N|ratio=R[,sinks=S], "
+    "tova:budget=N|ratio=R, snapkv:budget=N|ratio=R[,window=W,kernel=K], "
+    "fastgen:budget=N|ratio=R[,recovery=T,window=W], namm:FILE.safetensors, oracle";
+
+template <typename P>
+Result<std::unique_ptr<MemoryPolicy>> Upcast(Result<std::unique_ptr<P>> policy) {
+  if (!policy.ok()) return policy.status();
+  return std::unique_ptr<MemoryPolicy>(std::move(*policy));
 }
 
-Result<std::unique_ptr<MemoryPolicy>> make_namm_policy(const std::string& path, at::Device device) {
+Result<std::unique_ptr<MemoryPolicy>> MakeNamm(const std::string& path, at::Device device) {
   NAMM_ASSIGN_OR_RETURN(NammModel model, read_namm_file(path));
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<NammPolicy> policy, NammPolicy::Create(model, device));
-  return std::unique_ptr<MemoryPolicy>(std::move(policy));
+  return Upcast(NammPolicy::Create(model, device));
+}
+
+Result<std::unique_ptr<MemoryPolicy>> MakeOracle(const PolicyContext& context) {
+  if (context.row == nullptr || !context.row->contains("evict_spans")) {
+    return Status::InvalidArgument("the oracle policy needs rows that mark what to evict ('evict_spans', as the "
+                                   "syn/interruption rows do)");
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& span : (*context.row)["evict_spans"]) {
+    if (!span.is_array() || span.size() != 2 || !span[0].is_number_integer() || !span[1].is_number_integer()) {
+      return Status::InvalidArgument("'evict_spans' must be a list of [begin, end] integer pairs");
+    }
+    spans.emplace_back(span[0].get<int64_t>(), span[1].get<int64_t>());
+  }
+  return Upcast(OraclePolicy::Create(std::move(spans)));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& text, const PolicyContext& context) {
+  // A NAMM file's path may contain ':' or ',', so it is not parsed as options.
+  if (text.rfind("namm:", 0) == 0) {
+    const std::string path = text.substr(5);
+    if (path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
+    return MakeNamm(path, context.device);
+  }
+  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
+  const auto where = [&](const Status& s) { return s.WithContext("policy '" + text + "'"); };
+  if (spec.name == "full" || spec.name == "oracle") {
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({})));
+    if (spec.name == "oracle") return MakeOracle(context);
+    return std::unique_ptr<MemoryPolicy>(new FullCachePolicy());
+  }
+  if (!is_budgeted_family(spec.name)) {
+    return Status::InvalidArgument("unknown policy '" + spec.name + "' (known: " + kKnown + ")");
+  }
+  NAMM_ASSIGN_OR_RETURN(CacheBudget budget, CacheBudget::FromSpec(spec));
+  if (spec.name == "h2o") {
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "recent"})));
+    std::optional<int64_t> recent;
+    if (spec.options.count("recent")) {
+      NAMM_ASSIGN_OR_RETURN(int64_t r, spec.GetInt("recent", 0));
+      recent = r;
+    }
+    return Upcast(H2OPolicy::Create(budget, recent));
+  }
+  if (spec.name == "l2") {
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio"})));
+    return Upcast(L2Policy::Create(budget));
+  }
+  if (spec.name == "streaming") {
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "sinks"})));
+    NAMM_ASSIGN_OR_RETURN(int64_t sinks, spec.GetInt("sinks", 4));
+    return Upcast(StreamingLlmPolicy::Create(budget, sinks));
+  }
+  if (spec.name == "tova") {
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio"})));
+    return Upcast(TovaPolicy::Create(budget));
+  }
+  if (spec.name == "snapkv") {
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "window", "kernel"})));
+    NAMM_ASSIGN_OR_RETURN(int64_t window, spec.GetInt("window", 32));
+    NAMM_ASSIGN_OR_RETURN(int64_t kernel, spec.GetInt("kernel", 7));
+    return Upcast(SnapKvPolicy::Create(budget, window, kernel));
+  }
+  // fastgen
+  NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "recovery", "window"})));
+  if (context.tokenizer == nullptr) return Status::InvalidArgument("fastgen needs the tokenizer (token classes)");
+  FastGenOptions options;
+  NAMM_ASSIGN_OR_RETURN(options.recovery, spec.GetDouble("recovery", options.recovery));
+  NAMM_ASSIGN_OR_RETURN(options.window, spec.GetInt("window", options.window));
+  TokenClasses classes = classify_tokens(*context.tokenizer);
+  options.special_ids = std::move(classes.special);
+  options.punctuation_ids = std::move(classes.punctuation);
+  return Upcast(FastGenPolicy::Create(budget, std::move(options)));
+}
+
+Result<std::string> policy_family(const std::string& text) {
+  if (text.rfind("namm:", 0) == 0) return std::string("namm");
+  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
+  if (spec.name == "full" || spec.name == "oracle" || is_budgeted_family(spec.name)) return spec.name;
+  return Status::InvalidArgument("unknown policy '" + spec.name + "' (known: " + kKnown + ")");
+}
+
+bool is_budgeted_family(const std::string& family) {
+  return family == "h2o" || family == "l2" || family == "streaming" || family == "tova" || family == "snapkv" ||
+         family == "fastgen";
+}
+
+Result<std::string> with_cache_setting(const std::string& text, const std::string& setting) {
+  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
+  NAMM_ASSIGN_OR_RETURN(OptionSpec budget, parse_option_spec("x:" + setting));
+  spec.options.erase("budget");
+  spec.options.erase("ratio");
+  for (const auto& [key, value] : budget.options) spec.options[key] = value;
+  return spec.ToString();
+}
+
+TokenClasses classify_tokens(const Tokenizer& tokenizer) {
+  TokenClasses classes;
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    const std::string text = tokenizer.Decode({id}, /*skip_special_tokens=*/true);
+    if (text.empty()) {
+      if (!tokenizer.Decode({id}, /*skip_special_tokens=*/false).empty()) classes.special.push_back(id);
+      continue;
+    }
+    const std::u32string stripped = tasks::py_strip(tasks::to_u32(text));
+    const bool punctuation =
+        !stripped.empty() && std::all_of(stripped.begin(), stripped.end(), [](char32_t c) {
+          return tasks::is_ascii_punctuation(c) || tasks::is_unicode_punctuation(c);
+        });
+    if (punctuation) classes.punctuation.push_back(id);
+  }
+  return classes;
 }
 
 }  // namespace namm::worker

@@ -37,6 +37,9 @@ std::vector<int64_t> TaskRunner::EosIds() const {
 namespace {
 
 void RecordWork(const GenerationResult& g, PromptResult* out) {
+  out->mean_kv_tokens = g.mean_kv_tokens;
+  out->answer_kv_tokens = g.answer_kv_tokens;
+  out->peak_kv_tokens = g.peak_kv_tokens;
   out->prefill_tokens = g.prompt_tokens;
   out->decode_tokens = g.decode_steps;
   out->prefill_seconds = g.prefill_seconds;
@@ -53,8 +56,10 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
                                                     : model_.config().context_length();
   GenerationOptions generation;
   generation.max_context = context;
-  generation.chunk_size = options.chunk_size;
-  generation.memory_update_interval = options.memory_update_interval;
+  generation.chunk_size = options.chunk_size > 0 ? options.chunk_size : task.chunk_size > 0 ? task.chunk_size : 128;
+  generation.memory_update_interval = options.memory_update_interval > 0 ? options.memory_update_interval
+                                      : task.update_interval > 0          ? task.update_interval
+                                                                          : 512;
   generation.eos_ids = EosIds();
   Generator generator(model_, tokenizer_);
   PromptResult out;
@@ -87,17 +92,17 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
     out.final_cache_sizes = std::move(result.final_cache_sizes);
     RecordWork(result, &out);
   } else {
-    // Teacher forcing: the continuation is part of the sequence (and of the memory updates), and the logits at
-    // each of its positions are compared with the next true token.
+    // Teacher forcing: the continuation follows the prompt as decoded tokens would (after the policy's
+    // end-of-prefill hook, through the memory updates that fall in it), and the logits at each of its positions
+    // are compared with the next true token.
     if (continuation.empty()) return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + ": empty continuation");
-    std::vector<int64_t> sequence = prompt;
-    sequence.insert(sequence.end(), continuation.begin(), continuation.end() - 1);
     generation.max_new_tokens = 0;
-    generation.record_logits = true;
-    NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(sequence, policy, generation));
+    generation.forced_tokens.assign(continuation.begin(), continuation.end() - 1);
+    NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(prompt, policy, generation));
     const int64_t n = static_cast<int64_t>(continuation.size());
-    const at::Tensor logits = result.prompt_logits.narrow(0, static_cast<int64_t>(prompt.size()) - 1, n);
-    const at::Tensor targets = at::from_blob(continuation.data(), {n}, at::TensorOptions().dtype(at::kLong)).clone();
+    const at::Tensor& logits = result.forced_logits;
+    const at::Tensor targets = at::from_blob(continuation.data(), {n}, at::TensorOptions().dtype(at::kLong))
+                                   .to(logits.device(), /*non_blocking=*/false, /*copy=*/true);
     if (task.scoring == tasks::Scoring::kLikelihood) {
       const at::Tensor log_probs = at::log_softmax(logits.to(at::kDouble), -1).gather(1, targets.unsqueeze(1));
       out.score = std::exp(log_probs.mean().item<double>());

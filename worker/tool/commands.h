@@ -12,6 +12,7 @@ using Action = std::function<int()>;
 
 void AddGenerateCommand(CLI::App& app, Action& run);
 void AddRunTaskCommand(CLI::App& app, Action& run);
+void AddEvalCommand(CLI::App& app, Action& run);
 void AddBuildSyntheticCommand(CLI::App& app, Action& run);
 // serve and fingerprint.
 void AddServeCommand(CLI::App& app, Action& run);

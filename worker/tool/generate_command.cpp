@@ -15,9 +15,10 @@ namespace {
 struct GenerateOptions {
   ModelOptions model;
   PolicyOptions policy;
+  InferenceOptions inference;
   std::string prompt, prompt_file;
   std::vector<std::string> stop;
-  int64_t max_new_tokens = 128, chunk_size = 128, update_interval = 512, max_context = 0;
+  int64_t max_new_tokens = 128;
   bool truncate = false, json = false;
 };
 
@@ -31,13 +32,18 @@ nlohmann::ordered_json Report(const GenerationResult& r, const LlamaModel& model
   j["policy"] = policy.name();
   j["model"] = model.config().Describe();
   nlohmann::ordered_json updates = nlohmann::ordered_json::array();
-  for (const auto& u : r.updates) updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes}});
+  for (const auto& u : r.updates) {
+    updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes},
+                       {"end_of_prefill", u.end_of_prefill}});
+  }
   j["memory_updates"] = updates;
   j["final_cache_sizes"] = r.final_cache_sizes;
   j["prefill_seconds"] = r.prefill_seconds;
   j["decode_seconds"] = r.decode_seconds;
   j["prefill_tokens_per_second"] = r.prefill_tokens_per_second();
   j["decode_tokens_per_second"] = r.decode_tokens_per_second();
+  j["mean_kv_tokens"] = r.mean_kv_tokens;
+  j["peak_kv_tokens"] = r.peak_kv_tokens;
   j["peak_kv_bytes"] = r.peak_kv_bytes;
   j["peak_policy_state_bytes"] = r.peak_policy_state_bytes;
   return j;
@@ -48,12 +54,13 @@ Status RunGenerate(const GenerateOptions& o) {
   if (!o.prompt_file.empty()) {
     NAMM_ASSIGN_OR_RETURN(prompt, read_file(o.prompt_file));
   }
+  ApplyThreads(o.inference);
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
   const LlamaModel& model = *loaded.model;
   const Tokenizer* tokenizer = loaded.tokenizer.get();
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy, model));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy.Spec(), loaded));
 
-  const int64_t context = o.max_context > 0 ? o.max_context : model.config().context_length();
+  const int64_t context = o.inference.max_context > 0 ? o.inference.max_context : model.config().context_length();
   std::vector<int64_t> ids;
   int64_t generation_context = context;
   if (o.truncate) {
@@ -72,8 +79,8 @@ Status RunGenerate(const GenerateOptions& o) {
   GenerationOptions options;
   options.max_new_tokens = o.max_new_tokens;
   options.stop_strings = o.stop;
-  options.chunk_size = o.chunk_size;
-  options.memory_update_interval = o.update_interval;
+  if (o.inference.chunk_size > 0) options.chunk_size = o.inference.chunk_size;
+  if (o.inference.update_interval > 0) options.memory_update_interval = o.inference.update_interval;
   options.max_context = generation_context;
   options.eos_ids = model.config().eos_token_ids;
   for (int64_t id : tokenizer->eos_ids()) {
@@ -102,13 +109,7 @@ void AddGenerateCommand(CLI::App& app, Action& run) {
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Most tokens to generate (default 128)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--stop", o->stop, "Stop string (repeatable): the answer is cut before it");
-  cmd->add_option("--chunk-size", o->chunk_size, "Prefill chunk length; must divide --update-interval (default 128)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--update-interval", o->update_interval, "Memory update every N tokens (default 512)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-context", o->max_context, "Longest prompt + generation (default: the model's context; larger "
-                  "values run beyond the trained length)")
-      ->check(CLI::PositiveNumber);
+  AddInferenceOptions(cmd, o->inference);
   cmd->add_flag("--truncate", o->truncate, "Cut the middle of a prompt that does not fit (as LongBench does)");
   cmd->add_flag("--json", o->json, "Print a JSON report instead of the text");
   cmd->callback([o, &run] {

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   namm::worker::cli::Action run;
   namm::worker::cli::AddGenerateCommand(app, run);
   namm::worker::cli::AddRunTaskCommand(app, run);
+  namm::worker::cli::AddEvalCommand(app, run);
   namm::worker::cli::AddBuildSyntheticCommand(app, run);
   namm::worker::cli::AddServeCommand(app, run);
   CLI11_PARSE(app, argc, argv);

@@ -7,6 +7,7 @@
 #include "namm/file_util.h"
 #include "namm/tasks/normalized_score.h"
 #include "namm/tasks/task_path_options.h"
+#include "namm/worker/policy_spec.h"
 #include "namm/worker/task_runner.h"
 #include "setup.h"
 
@@ -19,7 +20,7 @@ struct RunTaskOptions {
   PolicyOptions policy;
   std::string task, rows = ":", record_reference;
   tasks::TaskPathFlags paths;
-  int64_t max_context = 0;
+  InferenceOptions inference;
   bool clean_context = false, json = false;
 };
 
@@ -28,11 +29,14 @@ Status RunTask(const RunTaskOptions& o) {
   NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(o.task, paths));
   NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
   NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> selected, tasks::parse_row_range(o.rows, static_cast<int64_t>(rows.size())));
+  ApplyThreads(o.inference);
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model, task.rope_scaling));
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy, *loaded.model));
+  const std::string spec = o.policy.Spec();
+  NAMM_RETURN_IF_ERROR(policy_family(spec).status());
+  std::string policy_name;
   tasks::ReferenceScores reference;
   if (!o.record_reference.empty()) {
-    if (!o.policy.namm.empty() || o.policy.policy != "full" || o.clean_context) {
+    if (spec != "full" || o.clean_context) {
       return Status::InvalidArgument("--record-reference records the base model's scores: run with --policy full "
                                      "and without --clean-context");
     }
@@ -43,26 +47,35 @@ Status RunTask(const RunTaskOptions& o) {
 
   TaskRunner runner(*loaded.model, *loaded.tokenizer);
   TaskRunOptions options;
-  options.max_context = o.max_context;
+  options.max_context = o.inference.max_context;
+  options.chunk_size = o.inference.chunk_size;
+  options.memory_update_interval = o.inference.update_interval;
   options.clean_context = o.clean_context;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   double total = 0;
   for (int64_t index : selected) {
-    NAMM_ASSIGN_OR_RETURN(PromptResult r, runner.Run(task, rows[static_cast<std::size_t>(index)], *policy, options));
+    const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
+    // A policy serves one sequence; the oracle reads what to evict from its row.
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(spec, loaded, &row.fields));
+    policy_name = policy->name();
+    NAMM_ASSIGN_OR_RETURN(PromptResult r, runner.Run(task, row, *policy, options));
     total += r.score;
     if (!o.record_reference.empty()) NAMM_RETURN_IF_ERROR(reference.Set(task.name, r.row, r.score));
     if (o.json) {
       nlohmann::ordered_json updates = nlohmann::ordered_json::array();
-      for (const auto& u : r.updates) updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes}});
+      for (const auto& u : r.updates) {
+        updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes},
+                           {"end_of_prefill", u.end_of_prefill}});
+      }
       results.push_back({{"row", r.row}, {"score", r.score}, {"prediction", r.prediction},
                          {"prompt_tokens", r.prompt_tokens}, {"generated_tokens", r.generated_tokens},
-                         {"memory_updates", updates}, {"final_cache_sizes", r.final_cache_sizes}, {"seconds", r.seconds}});
+                         {"memory_updates", updates}, {"final_cache_sizes", r.final_cache_sizes},
+                         {"mean_kv_tokens", r.mean_kv_tokens}, {"peak_kv_tokens", r.peak_kv_tokens},
+                         {"seconds", r.seconds}});
     } else {
-      double cache = 0;
-      for (int64_t s : r.final_cache_sizes) cache += static_cast<double>(s);
-      if (!r.final_cache_sizes.empty()) cache /= static_cast<double>(r.final_cache_sizes.size());
       std::cout << "row " << std::setw(4) << r.row << "  score " << std::fixed << std::setprecision(4) << r.score
-                << "  prompt " << r.prompt_tokens << "  cache " << std::setprecision(0) << cache << "  "
+                << "  prompt " << r.prompt_tokens << "  mean cache " << std::setprecision(0) << r.mean_kv_tokens
+                << "  peak " << r.peak_kv_tokens << "  "
                 << std::setprecision(2) << r.seconds << " s";
       if (!r.prediction.empty()) std::cout << "  | " << r.prediction.substr(0, r.prediction.find('\n'));
       std::cout << "\n";
@@ -74,7 +87,7 @@ Status RunTask(const RunTaskOptions& o) {
     nlohmann::ordered_json j;
     j["task"] = task.name;
     j["scoring"] = task.scoring == tasks::Scoring::kGeneration ? task.metric : tasks::scoring_name(task.scoring);
-    j["policy"] = policy->name();
+    j["policy"] = policy_name;
     j["model"] = loaded.model->config().Describe();
     j["clean_context"] = o.clean_context;
     j["mean_score"] = mean;
@@ -82,7 +95,7 @@ Status RunTask(const RunTaskOptions& o) {
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << task.name << ": mean score " << std::setprecision(4) << mean << " over " << selected.size()
-              << " prompts (" << policy->name() << ")\n";
+              << " prompts (" << policy_name << ")\n";
   }
   return Status::Ok();
 }
@@ -98,10 +111,7 @@ void AddRunTaskCommand(CLI::App& app, Action& run) {
   cmd->add_option("--task", o->task, "Task name, e.g. lb/passage_retrieval_zh or syn/story_recall")->required();
   cmd->add_option("--rows", o->rows, "Rows to run: N, A:B, A: or :B (default: all)");
   tasks::add_task_path_options(cmd, o->paths);
-  cmd->add_option("--max-context", o->max_context,
-                  "Longest prompt + answer to run (default: the task's max_context, else the model's context; "
-                  "larger values run beyond the trained length)")
-      ->check(CLI::PositiveNumber);
+  AddInferenceOptions(cmd, o->inference);
   cmd->add_flag("--clean-context", o->clean_context, "Synthetic tasks: score with the distractor-free prompt");
   cmd->add_flag("--json", o->json, "Print a JSON report");
   cmd->add_option("--record-reference", o->record_reference,

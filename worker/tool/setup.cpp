@@ -1,6 +1,7 @@
 #include "setup.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
 #include "namm/file_util.h"
 #include "namm/worker/policy_spec.h"
@@ -34,8 +35,8 @@ Result<at::Device> ParseDevice(const std::string& text) {
 
 }  // namespace
 
-void AddModelOptions(CLI::App* cmd, ModelOptions& o) {
-  cmd->add_option("--model", o.model, "Hugging Face model directory or llama2.c checkpoint (.bin)")->required();
+void AddModelOptions(CLI::App* cmd, ModelOptions& o, bool required) {
+  cmd->add_option("--model", o.model, "Hugging Face model directory or llama2.c checkpoint (.bin)")->required(required);
   cmd->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json (or its directory) or llama2.c tokenizer .bin (default: the model directory, or a "
                   "tokenizer.bin beside a llama2.c model)");
@@ -63,16 +64,40 @@ Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, con
   return out;
 }
 
+void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
+  cmd->add_option("--chunk-size", o.chunk_size,
+                  "Prefill chunk length; must divide --update-interval (default: the task's, else 128)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--update-interval", o.update_interval, "Memory update every N tokens (default: the task's, else 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-context", o.max_context,
+                  "Longest prompt + answer to run (default: the task's max_context, else the model's context; larger "
+                  "values run beyond the trained length)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o.threads, "Intra-op CPU threads (default: libtorch's, one per core)")
+      ->check(CLI::PositiveNumber);
+}
+
+void ApplyThreads(const InferenceOptions& o) {
+  if (o.threads > 0) at::set_num_threads(o.threads);
+}
+
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& o) {
   auto* namm = cmd->add_option("--namm", o.namm, "NAMM file (.safetensors) to use as the memory policy")
                    ->check(CLI::ExistingFile);
-  auto* policy = cmd->add_option("--policy", o.policy, "Baseline policy: full (default) | h2o:budget=N[,recent=R] | l2:budget=N");
+  auto* policy = cmd->add_option("--policy", o.policy,
+                                 "Memory policy (default full): full | h2o|l2|streaming|tova|snapkv|fastgen:budget=N or "
+                                 ":ratio=R[,options] | namm:FILE | oracle (synthetic rows)");
   namm->excludes(policy);
 }
 
-Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const PolicyOptions& o, const LlamaModel& model) {
-  if (!o.namm.empty()) return make_namm_policy(o.namm, model.options().device());
-  return make_baseline_policy(o.policy);
+Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const std::string& spec, const LoadedModelAndTokenizer& loaded,
+                                                 const nlohmann::json* row) {
+  PolicyContext context;
+  context.device = loaded.model->options().device();
+  context.tokenizer = loaded.tokenizer.get();
+  context.row = row;
+  return make_policy(spec, context);
 }
 
 }  // namespace namm::worker::cli

@@ -2,11 +2,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <string>
 
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
 
@@ -15,8 +16,8 @@ namespace namm::worker::cli {
 struct ModelOptions {
   std::string model, tokenizer, rope_scaling, device = "cpu";
 };
-// --model (required), --tokenizer, --rope-scaling, --device.
-void AddModelOptions(CLI::App* cmd, ModelOptions& options);
+// --model (required unless said otherwise), --tokenizer, --rope-scaling, --device.
+void AddModelOptions(CLI::App* cmd, ModelOptions& options, bool required = true);
 
 struct LoadedModelAndTokenizer {
   std::unique_ptr<LlamaModel> model;
@@ -25,11 +26,25 @@ struct LoadedModelAndTokenizer {
 // `default_rope`: the RoPE scaling to use when --rope-scaling is not given ("" = the checkpoint's).
 Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& options, const std::string& default_rope = "");
 
+// How prompts are run: 0 means the task's setting (run-task, eval) or the reference's (generate).
+struct InferenceOptions {
+  int64_t chunk_size = 0, update_interval = 0, max_context = 0;
+  int threads = 0;  // intra-op CPU threads; 0: libtorch's default
+};
+// --chunk-size, --update-interval, --max-context, --threads.
+void AddInferenceOptions(CLI::App* cmd, InferenceOptions& options);
+// Sets the intra-op thread count when --threads was given.
+void ApplyThreads(const InferenceOptions& options);
+
 struct PolicyOptions {
   std::string namm, policy = "full";
+  // The single spec these options stand for ("namm:F" for --namm F).
+  std::string Spec() const { return namm.empty() ? policy : "namm:" + namm; }
 };
 // --namm F | --policy SPEC.
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& options);
-Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const PolicyOptions& options, const LlamaModel& model);
+// The policy of `spec` for the loaded model (its device, its tokenizer) and, for the oracle, `row`.
+Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const std::string& spec, const LoadedModelAndTokenizer& loaded,
+                                                 const nlohmann::json* row = nullptr);
 
 }  // namespace namm::worker::cli

@@ -157,6 +157,14 @@ struct GenerationCommit {
   std::map<std::string, double> metrics;
 };
 
+// The work recorded for one generation, from its evaluations.
+struct GenerationActivity {
+  int64_t generation = 0;
+  int64_t evaluations = 0;    // units recorded: candidates and evaluations of the mean
+  int64_t workers = 0;        // distinct workers that reported them
+  double worker_seconds = 0;  // their summed durations
+};
+
 struct ReferenceImport {
   int64_t added = 0, unchanged = 0, replaced = 0;
 };
@@ -197,6 +205,8 @@ class Store {
   Result<std::vector<CheckpointRecord>> ListCheckpoints(int64_t run_id) const;
 
   Result<std::map<std::string, double>> GetMetrics(int64_t run_id, int64_t generation) const;
+  // Per generation with evaluations, in generation order.
+  Result<std::vector<GenerationActivity>> GetGenerationActivity(int64_t run_id) const;
 
   // Base-model reference scores per (model fingerprint, task, prompt). An import that would change a stored
   // score is refused as a whole (naming the first conflict) unless `replace`.

@@ -30,6 +30,8 @@ std::string py_lower(const std::string& utf8);
 std::string py_upper(const std::string& utf8);
 // Python's string.punctuation: the 32 ASCII punctuation characters.
 bool is_ascii_punctuation(char32_t c);
+// Unicode general category P* (Python: unicodedata.category(c).startswith("P")), e.g. "。" and "，".
+bool is_unicode_punctuation(char32_t c);
 
 // Python's str.strip(chars) / lstrip(chars) on code points; py_strip(text) is str.strip() (py_isspace).
 std::u32string py_strip(const std::u32string& text, const std::u32string& chars);

@@ -49,6 +49,10 @@ struct TaskSpec {
   std::string classes_field = "all_classes";
   std::string rope_scaling;     // the RoPE setting the task is meant for ("" = the model's own)
   int64_t max_context = 0;      // longest sequence to run, beyond the trained length if larger (0 = the model's)
+  // The memory-update schedule the task is meant for (0 = the engine's default, the reference's 128 / 512):
+  // short synthetic prompts need updates inside the prompt for eviction to matter.
+  int64_t chunk_size = 0;
+  int64_t update_interval = 0;
   std::string data_path;        // resolved JSONL path
 };
 

@@ -1,10 +1,12 @@
 // NAMM-augmented generation (spec §1.4, §1.6, §5.3): chunked prefill, memory updates at every multiple of
-// n_up tokens (prefill and decoding alike), greedy decoding (or seeded sampling), and the per-generation report.
+// n_up tokens (prefill and decoding alike), the policy's end-of-prefill hook, then greedy decoding (or seeded
+// sampling) or teacher-forced tokens, and the per-generation report.
 //
 // The prompt is cut at absolute multiples of the chunk size (which must divide n_up), so memory updates fall
 // exactly at sequence lengths 512, 1024, ... Each update runs after the chunk's logits have been computed, as
-// in the reference; prompts shorter than n_up are never evicted, and a prompt's tail after its last multiple of
-// n_up is scored at the next boundary, which may come during decoding.
+// in the reference; prompts shorter than n_up are never evicted by update, and a prompt's tail after its last
+// multiple of n_up is scored at the next boundary, which may come during decoding. Teacher-forced tokens are
+// chunked the same way, continuing from the prompt.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 #include "namm/status.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
@@ -34,12 +36,16 @@ struct GenerationOptions {
   double temperature = 0.0;
   uint64_t seed = 0;
   std::vector<int64_t> banned_ids;        // never generated (e.g. EOS, to sample text of a fixed length)
+  // Teacher forcing: tokens fed after the prompt instead of generated ones (max_new_tokens must be 0). They are
+  // not part of the prefill: the policy's end-of-prefill hook runs before them, as before decoding.
+  std::vector<int64_t> forced_tokens;
 };
 
 // Cache sizes after one memory update.
 struct MemoryUpdateRecord {
-  int64_t sequence_length = 0;      // tokens processed when the update ran (a multiple of n_up)
+  int64_t sequence_length = 0;      // tokens processed when the update ran (a multiple of n_up, or the prompt)
   std::vector<int64_t> cache_sizes;  // per layer: tokens kept per KV head
+  bool end_of_prefill = false;       // the policy's end-of-prefill compression rather than a memory update
 };
 
 struct GenerationResult {
@@ -53,8 +59,18 @@ struct GenerationResult {
   int64_t decode_steps = 0;          // forward passes of single generated tokens
   int64_t peak_kv_bytes = 0;         // keys + values of all layers at their largest
   int64_t peak_policy_state_bytes = 0;  // the policy's per-token state at the same point
+  // Cache sizes in tokens per KV head, averaged over layers: the mean over every query processed (prompt,
+  // decoded and forced tokens) of the number of cached tokens it attended to, the same mean over the answer's
+  // queries only (decoded or forced tokens; 0 without any), and the largest size held. A full cache over L
+  // tokens has a mean of (L + 1) / 2 and a peak of L.
+  double mean_kv_tokens = 0;
+  double answer_kv_tokens = 0;
+  double peak_kv_tokens = 0;
   at::Tensor prompt_logits;          // [prompt_tokens, vocab] when record_logits
   at::Tensor generated_logits;       // [n, vocab] when record_logits: logits that chose each generated token
+  // With forced_tokens: [n_forced + 1, vocab] float32, the logits after the prompt's last token and after each
+  // forced token (row i predicts forced token i).
+  at::Tensor forced_logits;
 
   double prefill_tokens_per_second() const;
   double decode_tokens_per_second() const;

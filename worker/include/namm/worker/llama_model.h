@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "namm/kv_cache.h"
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 #include "namm/status.h"
 #include "namm/worker/llama_weights.h"
 

@@ -1,20 +1,51 @@
-// Builds the memory policy of a generation from the command line: a NAMM file, or a baseline spec
-// "full" | "h2o:budget=N[,recent=R]" (R defaults to N/2) | "l2:budget=N".
+// Builds a memory policy from its spec string, as `--policy` and `eval --policies` take it:
+//   full
+//   h2o:budget=N|ratio=R[,recent=N]        heavy hitters + a recent window (recent: half the budget by default)
+//   l2:budget=N|ratio=R                    lowest key norms
+//   streaming:budget=N|ratio=R[,sinks=4]   StreamingLLM: attention sinks + a recent window
+//   tova:budget=N|ratio=R                  attention of the latest query
+//   snapkv:budget=N|ratio=R[,window=32,kernel=7]   prompt compression at the end of prefill
+//   fastgen:budget=N|ratio=R[,recovery=0.95,window=32]   per-head profiles at the end of prefill
+//   namm:FILE.safetensors                  a NAMM file
+//   oracle                                 evaluation ceiling: evicts a synthetic row's marked interruption
+// budget = tokens kept per KV head; ratio = that number as a share of each prompt.
 #pragma once
 
 #include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 #include "namm/status.h"
+#include "namm/worker/tokenizer.h"
 
 namespace namm::worker {
 
-Result<std::unique_ptr<MemoryPolicy>> make_baseline_policy(const std::string& spec);
+// What some policies need besides their spec.
+struct PolicyContext {
+  at::Device device = at::kCPU;          // where a NAMM's parameters go
+  const Tokenizer* tokenizer = nullptr;  // FastGen's token classes (special tokens, punctuation)
+  // The row being run: the oracle evicts its "evict_spans" ([[begin, end], ...] absolute token positions).
+  const nlohmann::json* row = nullptr;
+};
 
-// A NammPolicy from a NAMM file, its parameters placed on `device`.
-Result<std::unique_ptr<MemoryPolicy>> make_namm_policy(const std::string& path, at::Device device);
+Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const PolicyContext& context);
+
+// The spec's family ("h2o" for "h2o:budget=256", "namm" for "namm:F"), after checking that it parses.
+Result<std::string> policy_family(const std::string& spec);
+// Whether the family takes budget=/ratio= (the fixed-budget baselines).
+bool is_budgeted_family(const std::string& family);
+// The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8".
+Result<std::string> with_cache_setting(const std::string& spec, const std::string& setting);
+
+// Token classes for FastGen: special tokens (dropped when decoding with skip_special_tokens) and punctuation
+// (tokens whose text, without surrounding whitespace, is nothing but punctuation).
+struct TokenClasses {
+  std::vector<int64_t> special, punctuation;
+};
+TokenClasses classify_tokens(const Tokenizer& tokenizer);
 
 }  // namespace namm::worker

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 #include "namm/status.h"
 #include "namm/tasks/task.h"
 #include "namm/worker/generator.h"
@@ -21,6 +21,7 @@ struct PromptResult {
   int64_t generated_tokens = 0;    // or, teacher-forced, the continuation's length
   std::vector<MemoryUpdateRecord> updates;
   std::vector<int64_t> final_cache_sizes;
+  double mean_kv_tokens = 0, answer_kv_tokens = 0, peak_kv_tokens = 0;  // see GenerationResult
   double seconds = 0;
   // The model's work: tokens in prefill chunks and in single decode steps, and the seconds of each.
   int64_t prefill_tokens = 0, decode_tokens = 0;
@@ -31,8 +32,9 @@ struct TaskRunOptions {
   int64_t max_context = 0;        // 0: the task's `max_context`, else the model's context length
   bool clean_context = false;     // token-id rows: score with "clean_prompt_ids" (no distractors)
   tasks::MetricOptions metric;
-  int64_t chunk_size = 128;
-  int64_t memory_update_interval = 512;
+  // 0: the task's setting (chunk_size / update_interval in its definition), else 128 / 512 (the reference's).
+  int64_t chunk_size = 0;
+  int64_t memory_update_interval = 0;
 };
 
 class TaskRunner {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "namm/feature_norm.h"
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 #include "namm/namm_model.h"
 #include "namm/scorer.h"
 

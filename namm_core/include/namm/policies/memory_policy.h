@@ -1,18 +1,23 @@
 // The memory-policy interface: how an inference engine asks which KV-cache tokens to keep (spec §1.4, §2).
 //
-// Protocol for one layer of one sequence:
-//  1. After each forward chunk (prefill chunk or decoded token) has been appended to the layer's cache and its
-//     attention computed, the engine calls Observe() with the chunk's attention probabilities, if the policy
-//     needs_attention(). The policy folds them into its per-token state, so no attention matrix outlives the
-//     chunk: memory stays O(n) per layer.
+// Protocol for one sequence:
+//  0. BeginSequence() once, with the prompt, before the first token.
+//  Then, for each layer:
+//  1. After each forward chunk (prefill chunk, decoded or teacher-forced tokens) has been appended to the layer's
+//     cache and its attention computed, the engine calls Observe() with the chunk's attention probabilities, if
+//     the policy needs_attention(). The policy folds them into its per-token state, so no attention matrix
+//     outlives the chunk: memory stays O(n) per layer.
 //  2. At each memory update (the reference: whenever the sequence length reaches a multiple of n_up = 512),
 //     the engine calls Select() and keeps the returned tokens (apply_memory_update does both).
+//  3. Once the whole prompt has been processed (after step 1 and, if one fell there, step 2 of its last chunk),
+//     the engine calls EndPrefill(): policies that compress the prompt once (SnapKV, FastGen) do it there.
 // A policy object serves one sequence at a time and is not thread-safe; per-token state lives in the caches.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-#include <memory>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +25,12 @@
 #include "namm/status.h"
 
 namespace namm {
+
+// What the engine tells a policy about the sequence it is about to serve.
+struct SequenceInfo {
+  // The prefill tokens, BOS included. Tokens after them are decoded (or, for teacher-forced scoring, given).
+  std::vector<int64_t> prompt_ids;
+};
 
 class MemoryPolicy {
  public:
@@ -34,6 +45,9 @@ class MemoryPolicy {
   // Whether Observe() uses attention probabilities (engines may skip computing them otherwise).
   virtual bool needs_attention() const { return false; }
 
+  // Starts a sequence. Budgets given as a share of the prompt are resolved here. The default does nothing.
+  virtual Status BeginSequence(const SequenceInfo& info);
+
   // attention: [q_heads, n_q, cache.size()] probabilities of the chunk's n_q queries (the last n_q tokens
   // appended to `cache`) over every cached key, zero for keys after the query.
   virtual Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache);
@@ -41,22 +55,26 @@ class MemoryPolicy {
   // Retained indices [kv_heads, k]: int64, ascending per head, the same k for every head, the newest token
   // (last slot) included. Called at a memory update, after the Observe() of the chunk that completed it.
   virtual Result<at::Tensor> Select(int layer, LayerKVCache& cache) = 0;
+
+  // Called once per layer at the end of the prompt. Returns retained indices as Select() does, or std::nullopt
+  // to leave the cache as it is (the default, for policies that evict only at memory updates).
+  virtual Result<std::optional<at::Tensor>> EndPrefill(int layer, LayerKVCache& cache);
 };
 
 // Select() then LayerKVCache::Gather(): one memory update of one layer.
 Status apply_memory_update(MemoryPolicy& policy, int layer, LayerKVCache& cache);
-
-// Keeps every token (the base model).
-class FullCachePolicy final : public MemoryPolicy {
- public:
-  std::string name() const override { return "full"; }
-  Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
-};
+// EndPrefill() then, if it chose tokens, LayerKVCache::Gather(). Returns whether the cache was compressed.
+Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache& cache);
 
 // Indices 0..n-1 for every head: [kv_heads, n] int64 on `cache`'s device.
 at::Tensor all_token_indices(const LayerKVCache& cache);
 
 // Checks an Observe() argument against the cache; `kv_heads` must divide the attention's q_heads.
 Status validate_observed_attention(const at::Tensor& attention, const LayerKVCache& cache);
+
+// Absolute sequence index of the first query of an observed chunk (its queries are the newest tokens).
+inline int64_t first_observed_query(const at::Tensor& attention, const LayerKVCache& cache) {
+  return cache.tokens_seen() - attention.size(1);
+}
 
 }  // namespace namm

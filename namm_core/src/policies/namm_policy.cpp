@@ -1,4 +1,4 @@
-#include "namm/namm_policy.h"
+#include "namm/policies/namm_policy.h"
 
 #include "aten.h"
 #include "namm/recency_embedding.h"

@@ -1,12 +1,18 @@
-#include "namm/memory_policy.h"
+#include "namm/policies/memory_policy.h"
 
 #include "aten.h"
 #include "namm/dtype.h"
 
 namespace namm {
 
+Status MemoryPolicy::BeginSequence(const SequenceInfo& /*info*/) { return Status::Ok(); }
+
 Status MemoryPolicy::Observe(int /*layer*/, const at::Tensor& /*attention*/, LayerKVCache& /*cache*/) {
   return Status::Ok();
+}
+
+Result<std::optional<at::Tensor>> MemoryPolicy::EndPrefill(int /*layer*/, LayerKVCache& /*cache*/) {
+  return std::optional<at::Tensor>();
 }
 
 Status apply_memory_update(MemoryPolicy& policy, int layer, LayerKVCache& cache) {
@@ -14,12 +20,17 @@ Status apply_memory_update(MemoryPolicy& policy, int layer, LayerKVCache& cache)
   return cache.Gather(keep);
 }
 
+Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache& cache) {
+  NAMM_ASSIGN_OR_RETURN(std::optional<at::Tensor> keep, policy.EndPrefill(layer, cache));
+  if (!keep) return false;
+  NAMM_RETURN_IF_ERROR(cache.Gather(*keep));
+  return true;
+}
+
 at::Tensor all_token_indices(const LayerKVCache& cache) {
   return at::arange(cache.size(), cache.positions().options()).unsqueeze(0).expand({cache.kv_heads(), cache.size()})
       .contiguous();
 }
-
-Result<at::Tensor> FullCachePolicy::Select(int /*layer*/, LayerKVCache& cache) { return all_token_indices(cache); }
 
 Status validate_observed_attention(const at::Tensor& attention, const LayerKVCache& cache) {
   if (!attention.defined() || attention.dim() != 3) {

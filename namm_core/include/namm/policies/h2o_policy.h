@@ -1,5 +1,6 @@
-// H2O baseline ("heavy hitters", Zhang et al. 2023): keep the tokens that have received the most attention,
-// plus a window of the most recent tokens, within a fixed budget per KV head.
+// H2O baseline ("heavy hitters"; Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference
+// of Large Language Models"): keep the tokens that have received the most attention, plus a window of the most
+// recent tokens, within a fixed budget per KV head.
 //
 // Accumulated attention of a token = sum over every query so far of the attention it received, averaged over
 // the query heads of its KV group (float32). Unlike the original, which evicts after every decoded token,
@@ -9,32 +10,33 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "namm/memory_policy.h"
+#include "namm/policies/cache_budget.h"
 
 namespace namm {
 
-class H2OPolicy final : public MemoryPolicy {
+class H2OPolicy final : public BudgetedPolicy {
  public:
-  // budget: tokens kept per head (> 0); recent: how many of them are the most recent tokens (<= budget;
-  // H2O's default splits the budget in half).
-  static Result<std::unique_ptr<H2OPolicy>> Create(int64_t budget, int64_t recent);
+  // recent: how many of the kept tokens are the most recent ones (<= the budget; default: half of it, H2O's
+  // split).
+  static Result<std::unique_ptr<H2OPolicy>> Create(CacheBudget budget, std::optional<int64_t> recent = std::nullopt);
 
   std::string name() const override;
   // "h2o.attention" [] float32: the accumulated attention per token.
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
+  Status BeginSequence(const SequenceInfo& info) override;
   Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
   // Keeps everything while the cache holds <= budget tokens; otherwise the `recent` newest tokens and the
   // budget - recent others with the most accumulated attention.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
 
  private:
-  H2OPolicy(int64_t budget, int64_t recent) : budget_(budget), recent_(recent) {}
-  int64_t budget_;
-  int64_t recent_;
+  H2OPolicy(CacheBudget budget, std::optional<int64_t> recent) : BudgetedPolicy(budget), recent_(recent) {}
+  std::optional<int64_t> recent_;
 };
 
 }  // namespace namm

@@ -1,0 +1,211 @@
+#include "namm/html_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+namespace namm {
+
+namespace {
+
+// Colour-blind-safe palette (Okabe-Ito), then greys.
+constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
+                                    "#56B4E9", "#000000", "#F0E442", "#666666", "#999999"};
+
+std::string Num(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", v);
+  return text;
+}
+
+// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `count` ticks over `span`.
+double TickStep(double span, int count) {
+  const double raw = span / std::max(1, count);
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * power >= raw) return m * power;
+  }
+  return 10 * power;
+}
+
+std::string TickLabel(double v, double step) {
+  const int digits = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
+  return format_number(std::abs(v) < step * 1e-6 ? 0.0 : v, digits);
+}
+
+struct Range {
+  double lo = std::numeric_limits<double>::infinity(), hi = -std::numeric_limits<double>::infinity();
+  void Add(double v) {
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  // Pads an empty or zero-width range, and adds 5% on each side.
+  void Finish(std::optional<double> fixed_lo, std::optional<double> fixed_hi) {
+    if (!std::isfinite(lo)) lo = 0, hi = 1;
+    if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+    const double pad = 0.05 * (hi - lo);
+    lo = fixed_lo ? *fixed_lo : lo - pad;
+    hi = fixed_hi ? *fixed_hi : hi + pad;
+    if (hi <= lo) hi = lo + 1;
+  }
+};
+
+}  // namespace
+
+std::string format_number(double value, int digits) {
+  if (std::isnan(value)) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+std::string html_escape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string render_line_chart(const std::vector<ChartSeries>& series, const ChartOptions& o) {
+  const double left = 64, right = 16, top = o.title.empty() ? 16 : 36, bottom = 48;
+  const double legend_row = 18;
+  const auto legend_rows = static_cast<double>((series.size() + 2) / 3);
+  const double plot_w = o.width - left - right, plot_h = o.height - top - bottom;
+  const double total_h = o.height + legend_rows * legend_row + 8;
+
+  Range x, y;
+  for (const auto& s : series) {
+    for (const auto& [px, py] : s.points) {
+      if (std::isfinite(px) && std::isfinite(py)) x.Add(px), y.Add(py);
+    }
+  }
+  for (const auto& marker : o.x_markers) x.Add(marker.first);
+  x.Finish(o.x_min, o.x_max);
+  y.Finish(o.y_min, o.y_max);
+  const auto sx = [&](double v) { return left + (v - x.lo) / (x.hi - x.lo) * plot_w; };
+  const auto sy = [&](double v) { return top + plot_h - (v - y.lo) / (y.hi - y.lo) * plot_h; };
+
+  std::ostringstream svg;
+  svg << "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width << "\" height=\""
+      << Num(total_h) << "\" viewBox=\"0 0 " << o.width << " " << Num(total_h) << "\" role=\"img\" aria-label=\""
+      << html_escape(o.title) << "\">\n";
+  if (!o.title.empty()) {
+    svg << "<text class=\"title\" x=\"" << Num(left) << "\" y=\"20\">" << html_escape(o.title) << "</text>\n";
+  }
+  svg << "<rect class=\"frame\" x=\"" << Num(left) << "\" y=\"" << Num(top) << "\" width=\"" << Num(plot_w)
+      << "\" height=\"" << Num(plot_h) << "\"/>\n";
+  // Grid and ticks.
+  const double x_step = TickStep(x.hi - x.lo, 6), y_step = TickStep(y.hi - y.lo, 5);
+  for (double v = std::ceil(x.lo / x_step) * x_step; v <= x.hi + 1e-9 * x_step; v += x_step) {
+    svg << "<line class=\"grid\" x1=\"" << Num(sx(v)) << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(v))
+        << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"tick\" x=\"" << Num(sx(v)) << "\" y=\""
+        << Num(top + plot_h + 16) << "\" text-anchor=\"middle\">" << TickLabel(v, x_step) << "</text>\n";
+  }
+  for (double v = std::ceil(y.lo / y_step) * y_step; v <= y.hi + 1e-9 * y_step; v += y_step) {
+    svg << "<line class=\"grid\" x1=\"" << Num(left) << "\" y1=\"" << Num(sy(v)) << "\" x2=\"" << Num(left + plot_w)
+        << "\" y2=\"" << Num(sy(v)) << "\"/><text class=\"tick\" x=\"" << Num(left - 6) << "\" y=\""
+        << Num(sy(v) + 4) << "\" text-anchor=\"end\">" << TickLabel(v, y_step) << "</text>\n";
+  }
+  svg << "<text class=\"label\" x=\"" << Num(left + plot_w / 2) << "\" y=\"" << Num(top + plot_h + 36)
+      << "\" text-anchor=\"middle\">" << html_escape(o.x_label) << "</text>\n";
+  svg << "<text class=\"label\" transform=\"translate(14," << Num(top + plot_h / 2)
+      << ") rotate(-90)\" text-anchor=\"middle\">" << html_escape(o.y_label) << "</text>\n";
+  for (const auto& [mx, label] : o.x_markers) {
+    svg << "<line class=\"marker\" x1=\"" << Num(sx(mx)) << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(mx))
+        << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"marker-label\" x=\"" << Num(sx(mx) + 3)
+        << "\" y=\"" << Num(top + 12) << "\">" << html_escape(label) << "</text>\n";
+  }
+  // Series.
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    const ChartSeries& s = series[i];
+    const char* colour = kPalette[i % std::size(kPalette)];
+    std::ostringstream points;
+    std::size_t drawn = 0;
+    for (const auto& [px, py] : s.points) {
+      if (!std::isfinite(px) || !std::isfinite(py)) continue;
+      points << (drawn++ ? " " : "") << Num(sx(px)) << "," << Num(sy(py));
+    }
+    svg << "<polyline class=\"curve\" data-series=\"" << html_escape(s.name) << "\" fill=\"none\" stroke=\"" << colour
+        << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << " points=\"" << points.str()
+        << "\"/>\n";
+    for (const auto& [px, py] : s.points) {
+      if (!std::isfinite(px) || !std::isfinite(py)) continue;
+      svg << "<circle class=\"point\" cx=\"" << Num(sx(px)) << "\" cy=\"" << Num(sy(py)) << "\" r=\"3.5\" fill=\""
+          << colour << "\" data-series=\"" << html_escape(s.name) << "\" data-x=\"" << format_number(px, 4)
+          << "\" data-y=\"" << format_number(py, 4) << "\"/>\n";
+    }
+    const double lx = left + static_cast<double>(i % 3) * (plot_w / 3);
+    const double ly = o.height + static_cast<double>(i / 3) * legend_row;
+    svg << "<line x1=\"" << Num(lx) << "\" y1=\"" << Num(ly) << "\" x2=\"" << Num(lx + 18) << "\" y2=\"" << Num(ly)
+        << "\" stroke=\"" << colour << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
+        << "/><text class=\"legend\" x=\"" << Num(lx + 24) << "\" y=\"" << Num(ly + 4) << "\">"
+        << html_escape(s.name) << "</text>\n";
+  }
+  svg << "</svg>\n";
+  return svg.str();
+}
+
+std::string html_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+  std::ostringstream out;
+  out << "<table>\n<thead><tr>";
+  for (const auto& h : header) out << "<th>" << html_escape(h) << "</th>";
+  out << "</tr></thead>\n<tbody>\n";
+  for (const auto& row : rows) {
+    out << "<tr>";
+    for (const auto& cell : row) out << "<td>" << html_escape(cell) << "</td>";
+    out << "</tr>\n";
+  }
+  out << "</tbody>\n</table>\n";
+  return out.str();
+}
+
+std::string html_page(const std::string& title, const std::string& body_html) {
+  std::ostringstream out;
+  out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" << html_escape(title)
+      << "</title>\n<style>\n"
+         "body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1400px; }\n"
+         "h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }\n"
+         "table { border-collapse: collapse; margin: 8px 0; font-size: 0.9em; }\n"
+         "th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }\n"
+         "th:first-child, td:first-child { text-align: left; }\n"
+         ".charts { display: flex; flex-wrap: wrap; gap: 16px; }\n"
+         "svg.chart { background: #fff; border: 1px solid #ddd; }\n"
+         "svg .frame { fill: none; stroke: #888; } svg .grid { stroke: #eee; }\n"
+         "svg .tick, svg .legend, svg .marker-label { font-size: 11px; fill: #444; }\n"
+         "svg .label { font-size: 12px; fill: #222; } svg .title { font-size: 14px; font-weight: 600; }\n"
+         "svg .marker { stroke: #999; stroke-dasharray: 3 3; }\n"
+         "#readout { position: fixed; pointer-events: none; background: #222; color: #fff; padding: 2px 6px;\n"
+         "  font-size: 12px; border-radius: 3px; display: none; }\n"
+         ".meta { color: #555; font-size: 0.9em; } code { background: #f3f3f3; padding: 0 3px; }\n"
+         "</style>\n</head>\n<body>\n"
+      << body_html
+      << "<div id=\"readout\"></div>\n<script>\n"
+         "window.addEventListener('error', function () { document.body.dataset.scriptError = '1'; });\n"
+         "(function () {\n"
+         "  var readout = document.getElementById('readout');\n"
+         "  document.querySelectorAll('circle.point').forEach(function (p) {\n"
+         "    p.addEventListener('mouseenter', function (e) {\n"
+         "      readout.textContent = p.dataset.series + ': (' + p.dataset.x + ', ' + p.dataset.y + ')';\n"
+         "      readout.style.left = (e.clientX + 12) + 'px'; readout.style.top = (e.clientY + 12) + 'px';\n"
+         "      readout.style.display = 'block';\n"
+         "    });\n"
+         "    p.addEventListener('mouseleave', function () { readout.style.display = 'none'; });\n"
+         "  });\n"
+         "  document.body.dataset.ready = '1';\n"
+         "})();\n"
+         "</script>\n</body>\n</html>\n";
+  return out.str();
+}
+
+}  // namespace namm

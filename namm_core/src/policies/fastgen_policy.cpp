@@ -1,0 +1,128 @@
+#include "namm/policies/fastgen_policy.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "aten.h"
+#include "namm/selection.h"
+#include "namm/stft_features.h"
+#include "torch_status.h"
+
+namespace namm {
+
+namespace {
+constexpr const char* kAttentionState = "fastgen.attention";
+constexpr const char* kWindowState = "fastgen.window";
+constexpr int64_t kPolicies = 5;
+
+// ids [kv_heads, n] -> whether each is one of `members`.
+at::Tensor IsOneOf(const at::Tensor& ids, const std::vector<int64_t>& members) {
+  if (members.empty()) return at::zeros(ids.sizes(), ids.options().dtype(at::kBool));
+  const at::Tensor set = at::tensor(members, ids.options());
+  return at::isin(ids, set);
+}
+}  // namespace
+
+Result<std::unique_ptr<FastGenPolicy>> FastGenPolicy::Create(CacheBudget budget, FastGenOptions options) {
+  if (!(options.recovery > 0 && options.recovery <= 1)) {
+    return Status::InvalidArgument("FastGen needs a recovery ratio in (0, 1], got " + std::to_string(options.recovery));
+  }
+  if (options.window <= 0) return Status::InvalidArgument("FastGen needs window > 0, got " + std::to_string(options.window));
+  return std::unique_ptr<FastGenPolicy>(new FastGenPolicy(budget, std::move(options)));
+}
+
+std::string FastGenPolicy::name() const {
+  return "fastgen(" + budget().ToString() + ", recovery=" + std::to_string(options_.recovery).substr(0, 4) +
+         ", window=" + std::to_string(options_.window) + ")";
+}
+
+std::vector<TokenStateSpec> FastGenPolicy::token_state() const {
+  return {{kAttentionState, {}, at::kFloat}, {kWindowState, {}, at::kFloat}};
+}
+
+Status FastGenPolicy::BeginSequence(const SequenceInfo& info) {
+  NAMM_RETURN_IF_ERROR(BudgetedPolicy::BeginSequence(info));
+  prompt_ids_ = info.prompt_ids;
+  profiles_.clear();
+  return Status::Ok();
+}
+
+Status FastGenPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+  const auto prompt = static_cast<int64_t>(prompt_ids_.size());
+  if (prompt == 0) return Status::FailedPrecondition("FastGen needs BeginSequence() before Observe()");
+  return internal::catch_torch_errors("FastGen observe", [&] {
+    const at::Tensor mean = gqa_mean(attention, cache.kv_heads(), AttentionPrecision::kF32);  // [kv, n_q, n]
+    cache.state(kAttentionState).add_(mean.sum(1));
+    const int64_t first = first_observed_query(attention, cache), n_q = attention.size(1);
+    const int64_t lo = std::max(first, prompt - options_.window), hi = std::min(first + n_q, prompt);
+    if (lo < hi) cache.state(kWindowState).add_(mean.narrow(1, lo - first, hi - lo).sum(1));
+    return Status::Ok();
+  });
+}
+
+Result<at::Tensor> FastGenPolicy::Select(int /*layer*/, LayerKVCache& cache) { return all_token_indices(cache); }
+
+Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCache& cache) {
+  NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
+  const int64_t n = cache.size(), kv_heads = cache.kv_heads();
+  if (layer < 0) return Status::InvalidArgument("FastGen: negative layer index");
+  if (static_cast<int64_t>(profiles_.size()) <= layer) profiles_.resize(static_cast<std::size_t>(layer) + 1);
+  std::vector<int64_t>& profile = profiles_[static_cast<std::size_t>(layer)];
+  if (n <= budget) {  // the budget holds the whole prompt: nothing to compress, as for every budgeted policy
+    profile.assign(static_cast<std::size_t>(kv_heads), kPolicies);
+    return std::optional<at::Tensor>();
+  }
+  const auto prompt = static_cast<int64_t>(prompt_ids_.size());
+  return internal::catch_torch_errors("FastGen end of prefill", [&]() -> Result<std::optional<at::Tensor>> {
+    const at::Tensor positions = cache.positions();
+    if (n > 0 && positions.max().item<int64_t>() >= prompt) {
+      return Status::FailedPrecondition("FastGen: the cache holds tokens beyond the prompt at the end of prefill");
+    }
+    const at::Tensor ids = at::tensor(prompt_ids_, positions.options()).index({positions});  // [kv, n]
+    const at::Tensor accumulated = cache.state(kAttentionState);
+    const at::Tensor window = cache.state(kWindowState);
+    const at::Tensor newest = at::zeros({kv_heads, n}, positions.options().dtype(at::kBool));
+    newest.narrow(1, n - 1, 1).fill_(true);
+
+    // The nested policies' masks, [kPolicies, kv, n].
+    const at::Tensor special = IsOneOf(ids, options_.special_ids).logical_or_(newest);
+    const at::Tensor with_punctuation = IsOneOf(ids, options_.punctuation_ids).logical_or_(special);
+    const int64_t frequent = std::min(budget / 2, n), local = std::min(budget - budget / 2, n);
+    at::Tensor with_frequent = with_punctuation.clone();
+    if (frequent > 0) {
+      const at::Tensor others = accumulated.masked_fill(with_punctuation, -std::numeric_limits<float>::infinity());
+      const at::Tensor top = std::get<1>(others.topk(frequent, 1));
+      with_frequent.scatter_(1, top, true);  // with fewer others than `frequent`, -inf picks are already kept
+    }
+    at::Tensor with_local = with_frequent.clone();
+    with_local.narrow(1, n - local, local).fill_(true);
+    const at::Tensor full = at::ones_like(newest);
+    const at::Tensor masks = at::stack({special, with_punctuation, with_frequent, with_local, full});
+
+    // Recovered attention of each policy, and each head's cheapest policy that recovers enough.
+    const at::Tensor total = window.sum(1).clamp_min(std::numeric_limits<float>::min());  // [kv]
+    const at::Tensor recovered = (masks.to(at::kFloat) * window.unsqueeze(0)).sum(2) / total;  // [kPolicies, kv]
+    at::Tensor enough = recovered.ge(options_.recovery);
+    enough.select(0, kPolicies - 1).fill_(true);
+    const at::Tensor chosen = enough.to(at::kLong).argmax(0);  // first policy that recovers enough, [kv]
+    const at::Tensor keep = masks.gather(0, chosen.view({1, kv_heads, 1}).expand({1, kv_heads, n})).squeeze(0);
+
+    const at::Tensor chosen_cpu = chosen.cpu();
+    profile.assign(chosen_cpu.data_ptr<int64_t>(), chosen_cpu.data_ptr<int64_t>() + kv_heads);
+    for (int64_t& p : profile) ++p;
+
+    // A rectangular cache: every head keeps the layer's largest count, padding with its most-attended others.
+    const int64_t k = keep.sum(1).max().item<int64_t>();
+    if (k == n) return std::optional<at::Tensor>();
+    const at::Tensor ranking = accumulated.masked_fill(keep, std::numeric_limits<float>::max());
+    return std::optional<at::Tensor>(keep_top_k_per_head(ranking, k));
+  });
+}
+
+std::vector<int64_t> FastGenPolicy::profile(int layer) const {
+  if (layer < 0 || layer >= static_cast<int>(profiles_.size())) return {};
+  return profiles_[static_cast<std::size_t>(layer)];
+}
+
+}  // namespace namm

@@ -1,0 +1,71 @@
+#include "namm/policies/snapkv_policy.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "aten.h"
+#include "namm/selection.h"
+#include "namm/stft_features.h"
+#include "torch_status.h"
+
+namespace namm {
+
+namespace {
+constexpr const char* kVotesState = "snapkv.votes";
+}  // namespace
+
+Result<std::unique_ptr<SnapKvPolicy>> SnapKvPolicy::Create(CacheBudget budget, int64_t window, int64_t kernel) {
+  if (window <= 0) return Status::InvalidArgument("SnapKV needs window > 0, got " + std::to_string(window));
+  if (kernel <= 0 || kernel % 2 == 0) {
+    return Status::InvalidArgument("SnapKV needs an odd pooling kernel > 0, got " + std::to_string(kernel));
+  }
+  return std::unique_ptr<SnapKvPolicy>(new SnapKvPolicy(budget, window, kernel));
+}
+
+std::string SnapKvPolicy::name() const {
+  return "snapkv(" + budget().ToString() + ", window=" + std::to_string(window_) + ", kernel=" +
+         std::to_string(kernel_) + ")";
+}
+
+std::vector<TokenStateSpec> SnapKvPolicy::token_state() const { return {{kVotesState, {}, at::kFloat}}; }
+
+Status SnapKvPolicy::BeginSequence(const SequenceInfo& info) {
+  NAMM_RETURN_IF_ERROR(BudgetedPolicy::BeginSequence(info));
+  prompt_tokens_ = static_cast<int64_t>(info.prompt_ids.size());
+  return Status::Ok();
+}
+
+Status SnapKvPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+  if (prompt_tokens_ < 0) return Status::FailedPrecondition("SnapKV needs BeginSequence() before Observe()");
+  // The chunk's queries that fall in the observation window [prompt - window, prompt).
+  const int64_t first = first_observed_query(attention, cache), n_q = attention.size(1);
+  const int64_t lo = std::max(first, prompt_tokens_ - window_), hi = std::min(first + n_q, prompt_tokens_);
+  if (lo >= hi) return Status::Ok();
+  return internal::catch_torch_errors("SnapKV observe", [&] {
+    const at::Tensor window = attention.narrow(1, lo - first, hi - lo);
+    cache.state(kVotesState).add_(gqa_mean(window, cache.kv_heads(), AttentionPrecision::kF32).sum(1));
+    return Status::Ok();
+  });
+}
+
+Result<at::Tensor> SnapKvPolicy::Select(int /*layer*/, LayerKVCache& cache) { return all_token_indices(cache); }
+
+Result<std::optional<at::Tensor>> SnapKvPolicy::EndPrefill(int /*layer*/, LayerKVCache& cache) {
+  NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
+  const int64_t n = cache.size();
+  if (n <= budget) return std::optional<at::Tensor>();
+  return internal::catch_torch_errors("SnapKV end of prefill", [&]() -> Result<std::optional<at::Tensor>> {
+    const int64_t window = std::min(window_, budget);
+    at::Tensor ranking = cache.state(kVotesState).clone();  // [kv_heads, n]
+    // Pool the votes of the tokens before the window; the window itself ranks above everything.
+    const int64_t earlier = n - window;
+    const at::Tensor pooled = at::max_pool1d(ranking.narrow(1, 0, earlier).unsqueeze(1), {kernel_}, {1},
+                                             {kernel_ / 2}).squeeze(1);
+    ranking.narrow(1, 0, earlier).copy_(pooled);
+    ranking.narrow(1, earlier, window).fill_(std::numeric_limits<float>::max());
+    return std::optional<at::Tensor>(keep_top_k_per_head(ranking, budget));
+  });
+}
+
+}  // namespace namm

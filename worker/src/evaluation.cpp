@@ -1,0 +1,652 @@
+#include "namm/worker/evaluation.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <set>
+#include <sstream>
+
+#include "namm/file_util.h"
+#include "namm/html_report.h"
+#include "namm/option_spec.h"
+#include "namm/tasks/task.h"
+#include "namm/worker/policy_spec.h"
+
+namespace namm::worker {
+
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+constexpr int kConfigVersion = 1;
+
+// ---- configuration ----------------------------------------------------------------------------------------------
+
+template <typename T>
+T Get(const YAML::Node& root, const char* key, const T& fallback) {
+  return root[key] ? root[key].as<T>() : fallback;
+}
+
+// The settings that define what is evaluated, as (key, printed value) pairs in a fixed order.
+std::vector<std::pair<std::string, std::string>> Identity(const EvalConfig& c) {
+  const auto list = [](const std::vector<std::string>& items) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+    return out + "]";
+  };
+  std::string rows;
+  for (const auto& [task, range] : c.task_rows) rows += task + "=" + range + " ";
+  return {{"model", c.model},
+          {"tokenizer", c.tokenizer},
+          {"rope_scaling", c.rope_scaling},
+          {"device", c.device},
+          {"tasks", list(c.tasks)},
+          {"rows", rows},
+          {"policies", list(c.policies)},
+          {"chunk_size", std::to_string(c.chunk_size)},
+          {"update_interval", std::to_string(c.update_interval)},
+          {"max_context", std::to_string(c.max_context)},
+          {"tasks_dir", c.tasks_dir},
+          {"data_dirs", list(c.data_dirs)},
+          {"config_dirs", list(c.config_dirs)}};
+}
+
+// "budget=256" / "ratio=0.5" / "".
+std::string CacheSetting(const std::string& spec) {
+  if (spec.rfind("namm:", 0) == 0) return "";
+  const Result<OptionSpec> parsed = parse_option_spec(spec);
+  if (!parsed.ok()) return "";
+  for (const char* key : {"budget", "ratio"}) {
+    if (const auto it = parsed->options.find(key); it != parsed->options.end()) return std::string(key) + "=" + it->second;
+  }
+  return "";
+}
+
+std::string Family(const std::string& spec) {
+  const Result<std::string> family = policy_family(spec);
+  return family.ok() ? *family : spec;
+}
+
+// ---- predictions ------------------------------------------------------------------------------------------------
+
+Status SyncFd(int fd, const std::string& path) {
+  if (::fsync(fd) != 0) return Status::IOError(path + ": fsync failed: " + std::strerror(errno));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string EvalConfig::ToYaml() const {
+  YAML::Emitter out;
+  out << YAML::Comment("namm-worker eval configuration: `namm-worker eval` with these settings re-runs it") << YAML::Newline;
+  out << YAML::BeginMap;
+  out << YAML::Key << "version" << YAML::Value << kConfigVersion;
+  out << YAML::Key << "commit" << YAML::Value << commit;
+  out << YAML::Key << "model" << YAML::Value << model;
+  out << YAML::Key << "tokenizer" << YAML::Value << tokenizer;
+  out << YAML::Key << "rope_scaling" << YAML::Value << rope_scaling;
+  out << YAML::Key << "device" << YAML::Value << device;
+  out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << tasks;
+  out << YAML::Key << "task_rows" << YAML::Value << YAML::BeginMap;
+  for (const auto& [task, range] : task_rows) out << YAML::Key << task << YAML::Value << YAML::DoubleQuoted << range;
+  out << YAML::EndMap;
+  out << YAML::Key << "policies" << YAML::Value << YAML::BeginSeq;
+  for (const auto& p : policies) out << YAML::DoubleQuoted << p;
+  out << YAML::EndSeq;
+  out << YAML::Key << "budgets" << YAML::Value << YAML::Flow << budgets;
+  out << YAML::Key << "ratios" << YAML::Value << YAML::Flow << ratios;
+  out << YAML::Key << "chunk_size" << YAML::Value << chunk_size;
+  out << YAML::Key << "update_interval" << YAML::Value << update_interval;
+  out << YAML::Key << "max_context" << YAML::Value << max_context;
+  out << YAML::Key << "threads" << YAML::Value << threads;
+  out << YAML::Key << "tasks_dir" << YAML::Value << tasks_dir;
+  out << YAML::Key << "data_dirs" << YAML::Value << YAML::Flow << data_dirs;
+  out << YAML::Key << "config_dirs" << YAML::Value << YAML::Flow << config_dirs;
+  out << YAML::Key << "shard" << YAML::Value << YAML::DoubleQuoted
+      << (std::to_string(shard_index) + "/" + std::to_string(shard_count));
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::string& source) {
+  EvalConfig c;
+  try {
+    const YAML::Node root = YAML::Load(text);
+    if (!root.IsMap()) return Status::Corruption(source + ": not an evaluation configuration (a YAML map)");
+    const int version = Get<int>(root, "version", 0);
+    if (version != kConfigVersion) {
+      return Status::Corruption(source + ": configuration version " + std::to_string(version) + ", this build reads " +
+                                std::to_string(kConfigVersion));
+    }
+    c.commit = Get<std::string>(root, "commit", "");
+    c.model = Get<std::string>(root, "model", "");
+    c.tokenizer = Get<std::string>(root, "tokenizer", "");
+    c.rope_scaling = Get<std::string>(root, "rope_scaling", "");
+    c.device = Get<std::string>(root, "device", "cpu");
+    c.tasks = Get<std::vector<std::string>>(root, "tasks", {});
+    c.task_rows = Get<std::map<std::string, std::string>>(root, "task_rows", {});
+    c.policies = Get<std::vector<std::string>>(root, "policies", {});
+    c.budgets = Get<std::vector<std::string>>(root, "budgets", {});
+    c.ratios = Get<std::vector<std::string>>(root, "ratios", {});
+    c.chunk_size = Get<int64_t>(root, "chunk_size", 0);
+    c.update_interval = Get<int64_t>(root, "update_interval", 0);
+    c.max_context = Get<int64_t>(root, "max_context", 0);
+    c.threads = Get<int>(root, "threads", 0);
+    c.tasks_dir = Get<std::string>(root, "tasks_dir", "");
+    c.data_dirs = Get<std::vector<std::string>>(root, "data_dirs", {});
+    c.config_dirs = Get<std::vector<std::string>>(root, "config_dirs", {});
+    const std::string shard = Get<std::string>(root, "shard", "0/1");
+    const auto slash = shard.find('/');
+    if (slash == std::string::npos) return Status::Corruption(source + ": shard must be I/N, got '" + shard + "'");
+    c.shard_index = std::stoll(shard.substr(0, slash));
+    c.shard_count = std::stoll(shard.substr(slash + 1));
+  } catch (const std::exception& e) {
+    return Status::Corruption(source + ": malformed evaluation configuration: " + e.what());
+  }
+  if (c.model.empty() || c.tasks.empty() || c.policies.empty() || c.shard_count < 1 || c.shard_index < 0 ||
+      c.shard_index >= c.shard_count) {
+    return Status::Corruption(source + ": an evaluation configuration needs a model, tasks, policies and a shard I/N "
+                                       "with 0 <= I < N");
+  }
+  for (const auto& task : c.tasks) {
+    if (!c.task_rows.count(task)) return Status::Corruption(source + ": no row range for task " + task);
+  }
+  return c;
+}
+
+std::string EvalConfig::DifferenceFrom(const EvalConfig& other) const {
+  const auto mine = Identity(*this), theirs = Identity(other);
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i].second != theirs[i].second) {
+      return mine[i].first + ": " + mine[i].second + " vs " + theirs[i].second;
+    }
+  }
+  return "";
+}
+
+Result<std::vector<int64_t>> EvalConfig::ShardRows(const std::string& task) const {
+  const auto it = task_rows.find(task);
+  if (it == task_rows.end()) return Status::InvalidArgument("the evaluation has no task " + task);
+  const auto colon = it->second.find(':');
+  int64_t begin = 0, end = 0;
+  try {
+    begin = std::stoll(it->second.substr(0, colon));
+    end = std::stoll(it->second.substr(colon + 1));
+  } catch (const std::exception&) {
+    return Status::Corruption("row range '" + it->second + "' of task " + task + " is not A:B");
+  }
+  std::vector<int64_t> rows;
+  for (int64_t k = 0; begin + k < end; ++k) {
+    if (k % shard_count == shard_index) rows.push_back(begin + k);
+  }
+  return rows;
+}
+
+Result<std::vector<std::string>> split_policy_list(const std::vector<std::string>& values) {
+  std::vector<std::string> specs;
+  for (const auto& value : values) {
+    std::stringstream pieces(value);
+    std::string piece;
+    while (std::getline(pieces, piece, ',')) {
+      const bool continues = piece.find(':') == std::string::npos && piece.find('=') != std::string::npos;
+      if (continues && !specs.empty() && specs.back().rfind("namm:", 0) != 0) {
+        specs.back() += "," + piece;
+        continue;
+      }
+      if (piece.empty() || continues) {
+        return Status::InvalidArgument("--policies '" + value + "': '" + piece + "' is not a policy");
+      }
+      specs.push_back(piece);
+    }
+  }
+  if (specs.empty()) return Status::InvalidArgument("--policies names no policy");
+  return specs;
+}
+
+Result<std::vector<std::string>> expand_policies(const std::vector<std::string>& specs,
+                                                 const std::vector<std::string>& budgets,
+                                                 const std::vector<std::string>& ratios) {
+  std::vector<std::string> settings;
+  for (const auto& b : budgets) settings.push_back("budget=" + b);
+  for (const auto& r : ratios) settings.push_back("ratio=" + r);
+  std::vector<std::string> out = {"full"};
+  for (const auto& spec : specs) {
+    NAMM_ASSIGN_OR_RETURN(std::string family, policy_family(spec));
+    std::vector<std::string> expanded = {spec};
+    if (is_budgeted_family(family) && CacheSetting(spec).empty()) {
+      if (settings.empty()) {
+        return Status::InvalidArgument("policy '" + spec + "' needs budget=N or ratio=R, or --budgets / --ratios to "
+                                       "expand it over");
+      }
+      expanded.clear();
+      for (const auto& setting : settings) {
+        NAMM_ASSIGN_OR_RETURN(std::string with, with_cache_setting(spec, setting));
+        expanded.push_back(with);
+      }
+    }
+    for (const auto& e : expanded) {
+      if (e == "full" && spec == "full") continue;  // already first
+      if (std::find(out.begin(), out.end(), e) != out.end()) {
+        return Status::InvalidArgument("policy '" + e + "' is listed twice");
+      }
+      out.push_back(e);
+    }
+  }
+  // Each policy's directory must be its own.
+  std::set<std::string> directories;
+  for (const auto& p : out) {
+    if (!directories.insert(output_directory_name(p)).second) {
+      return Status::InvalidArgument("policies '" + p + "' and another one would share the output directory " +
+                                     output_directory_name(p) + "; rename one of the files");
+    }
+  }
+  return out;
+}
+
+std::string output_directory_name(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '=' || c == '-' || c == '_';
+    out += keep ? c : '_';
+  }
+  if (out.empty() || out == "." || out == "..") out = "_" + out;
+  return out;
+}
+
+std::string predictions_path(const std::string& dir, const std::string& task, const std::string& policy) {
+  return dir + "/" + output_directory_name(task) + "/" + output_directory_name(policy) + "/predictions.jsonl";
+}
+
+OrderedJson PredictionRecord::ToJson() const {
+  OrderedJson j;
+  j["row"] = row;
+  j["pred"] = pred;
+  j["answers"] = answers;
+  j["all_classes"] = all_classes;
+  j["length"] = length;
+  j["score"] = score;
+  j["mean_kv_tokens"] = mean_kv_tokens;
+  j["answer_kv_tokens"] = answer_kv_tokens;
+  j["peak_kv_tokens"] = peak_kv_tokens;
+  j["prompt_tokens"] = prompt_tokens;
+  j["generated_tokens"] = generated_tokens;
+  j["prefill_tokens"] = prefill_tokens;
+  j["decode_tokens"] = decode_tokens;
+  j["seconds"] = seconds;
+  return j;
+}
+
+Result<PredictionRecord> PredictionRecord::FromJson(const Json& j, const std::string& where) {
+  PredictionRecord r;
+  try {
+    r.row = j.at("row").get<int64_t>();
+    r.pred = j.at("pred").get<std::string>();
+    r.answers = j.at("answers");
+    r.all_classes = j.value("all_classes", Json());
+    r.length = j.value("length", Json());
+    r.score = j.at("score").get<double>();
+    r.mean_kv_tokens = j.at("mean_kv_tokens").get<double>();
+    r.answer_kv_tokens = j.value("answer_kv_tokens", 0.0);
+    r.peak_kv_tokens = j.at("peak_kv_tokens").get<double>();
+    r.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
+    r.generated_tokens = j.at("generated_tokens").get<int64_t>();
+    r.prefill_tokens = j.value("prefill_tokens", int64_t{0});
+    r.decode_tokens = j.value("decode_tokens", int64_t{0});
+    r.seconds = j.value("seconds", 0.0);
+  } catch (const std::exception& e) {
+    return Status::Corruption(where + ": not a prediction record: " + e.what());
+  }
+  return r;
+}
+
+Result<std::vector<PredictionRecord>> load_predictions(const std::string& path, bool repair) {
+  std::vector<PredictionRecord> records;
+  if (!path_exists(path)) return records;
+  NAMM_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  std::size_t start = 0;
+  int64_t line = 0;
+  while (start < text.size()) {
+    const std::size_t newline = text.find('\n', start);
+    ++line;
+    const std::string where = path + " line " + std::to_string(line);
+    if (newline == std::string::npos) {
+      // A line without its newline: the process stopped while writing it.
+      if (!repair) return Status::Corruption(where + ": incomplete last line");
+      if (::truncate(path.c_str(), static_cast<off_t>(start)) != 0) {
+        return Status::IOError(path + ": cannot cut the incomplete last line: " + std::strerror(errno));
+      }
+      break;
+    }
+    Json j;
+    try {
+      j = Json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.begin() + static_cast<std::ptrdiff_t>(newline));
+    } catch (const std::exception& e) {
+      return Status::Corruption(where + ": invalid JSON: " + e.what());
+    }
+    NAMM_ASSIGN_OR_RETURN(PredictionRecord record, PredictionRecord::FromJson(j, where));
+    records.push_back(std::move(record));
+    start = newline + 1;
+  }
+  return records;
+}
+
+Result<PredictionWriter> PredictionWriter::Open(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return Status::IOError(path + ": cannot create its directory: " + ec.message());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError(path + ": cannot open for appending: " + std::strerror(errno));
+  return PredictionWriter(path, fd);
+}
+
+PredictionWriter::PredictionWriter(PredictionWriter&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) {
+  other.fd_ = -1;
+}
+
+PredictionWriter::~PredictionWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status PredictionWriter::Append(const PredictionRecord& record) {
+  const std::string line = record.ToJson().dump() + "\n";
+  std::size_t written = 0;
+  while (written < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + written, line.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::IOError(path_ + ": write failed: " + std::strerror(errno));
+    written += static_cast<std::size_t>(n);
+  }
+  return SyncFd(fd_, path_);
+}
+
+Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, const std::string& dir) {
+  std::vector<PolicyResult> results;
+  for (const auto& task : config.tasks) {
+    NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> rows, config.ShardRows(task));
+    std::map<std::string, std::map<int64_t, PredictionRecord>> by_policy;
+    for (const auto& policy : config.policies) {
+      const std::string path = predictions_path(dir, task, policy);
+      NAMM_ASSIGN_OR_RETURN(std::vector<PredictionRecord> records, load_predictions(path, /*repair=*/false));
+      auto& by_row = by_policy[policy];
+      for (auto& r : records) by_row.emplace(r.row, std::move(r));
+      for (int64_t row : rows) {
+        if (!by_row.count(row)) {
+          return Status::FailedPrecondition(path + ": row " + std::to_string(row) + " of task " + task +
+                                            " has no prediction (the evaluation is incomplete)");
+        }
+      }
+    }
+    // Means over the configuration's rows (records of other rows, if any, are ignored).
+    const auto mean_of = [&](const std::string& policy, double PredictionRecord::*field) {
+      double sum = 0;
+      for (int64_t row : rows) sum += by_policy[policy][row].*field;
+      return rows.empty() ? 0.0 : sum / static_cast<double>(rows.size());
+    };
+    const double full_score = mean_of("full", &PredictionRecord::score);
+    const double full_cache = mean_of("full", &PredictionRecord::mean_kv_tokens);
+    const double full_answer_cache = mean_of("full", &PredictionRecord::answer_kv_tokens);
+    for (const auto& policy : config.policies) {
+      PolicyResult r;
+      r.task = task;
+      r.policy = policy;
+      r.family = Family(policy);
+      r.cache_setting = CacheSetting(policy);
+      r.rows = static_cast<int64_t>(rows.size());
+      r.score = mean_of(policy, &PredictionRecord::score);
+      r.normalized_score = full_score > 0 ? r.score / full_score : std::nan("");
+      r.mean_kv_tokens = mean_of(policy, &PredictionRecord::mean_kv_tokens);
+      r.peak_kv_tokens = mean_of(policy, &PredictionRecord::peak_kv_tokens);
+      r.relative_cache = full_cache > 0 ? r.mean_kv_tokens / full_cache : std::nan("");
+      r.answer_kv_tokens = mean_of(policy, &PredictionRecord::answer_kv_tokens);
+      r.answer_relative_cache = full_answer_cache > 0 ? r.answer_kv_tokens / full_answer_cache : std::nan("");
+      double tokens = 0;
+      for (int64_t row : rows) {
+        const PredictionRecord& p = by_policy[policy][row];
+        r.seconds += p.seconds;
+        tokens += static_cast<double>(p.prefill_tokens + p.decode_tokens);
+      }
+      r.tokens_per_second = r.seconds > 0 ? tokens / r.seconds : 0;
+      results.push_back(r);
+    }
+  }
+  return results;
+}
+
+namespace {
+
+// JSON numbers for NaN are null.
+Json Number(double v) { return std::isfinite(v) ? Json(v) : Json(); }
+
+std::string ResultsJson(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+  OrderedJson j;
+  j["commit"] = config.commit;
+  j["model"] = config.model;
+  j["tasks"] = config.tasks;
+  j["policies"] = config.policies;
+  j["results"] = OrderedJson::array();
+  for (const auto& r : results) {
+    j["results"].push_back({{"task", r.task},
+                            {"policy", r.policy},
+                            {"family", r.family},
+                            {"cache_setting", r.cache_setting},
+                            {"rows", r.rows},
+                            {"score", Number(r.score)},
+                            {"normalized_score", Number(r.normalized_score)},
+                            {"mean_kv_tokens", Number(r.mean_kv_tokens)},
+                            {"peak_kv_tokens", Number(r.peak_kv_tokens)},
+                            {"relative_cache", Number(r.relative_cache)},
+                            {"answer_kv_tokens", Number(r.answer_kv_tokens)},
+                            {"answer_relative_cache", Number(r.answer_relative_cache)},
+                            {"seconds", Number(r.seconds)},
+                            {"tokens_per_second", Number(r.tokens_per_second)}});
+  }
+  return j.dump(2) + "\n";
+}
+
+// A CSV field, quoted when it holds a separator, a quote or a line break.
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string ResultsCsv(const std::vector<PolicyResult>& results) {
+  std::ostringstream out;
+  out << "task,policy,family,cache_setting,rows,score,normalized_score,mean_kv_tokens,peak_kv_tokens,relative_cache,"
+         "answer_kv_tokens,answer_relative_cache,seconds,tokens_per_second\n";
+  for (const auto& r : results) {
+    out << CsvField(r.task) << ',' << CsvField(r.policy) << ',' << CsvField(r.family) << ','
+        << CsvField(r.cache_setting) << ',' << r.rows << ',' << format_number(r.score, 6) << ','
+        << format_number(r.normalized_score, 6) << ',' << format_number(r.mean_kv_tokens, 3) << ','
+        << format_number(r.peak_kv_tokens, 3) << ',' << format_number(r.relative_cache, 6) << ','
+        << format_number(r.answer_kv_tokens, 3) << ',' << format_number(r.answer_relative_cache, 6) << ','
+        << format_number(r.seconds, 3) << ',' << format_number(r.tokens_per_second, 1) << '\n';
+  }
+  return out.str();
+}
+
+// Rows of Table 1: per policy, its score per task, the mean normalized score and the mean relative cache.
+std::vector<std::vector<std::string>> TableRows(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& policy : config.policies) {
+    std::vector<std::string> row = {policy};
+    double normalized = 0, relative = 0;
+    int64_t n = 0;
+    for (const auto& task : config.tasks) {
+      for (const auto& r : results) {
+        if (r.task != task || r.policy != policy) continue;
+        row.push_back(format_number(r.score, 4));
+        normalized += r.normalized_score;
+        relative += r.relative_cache;
+        ++n;
+      }
+    }
+    row.push_back(format_number(n ? normalized / static_cast<double>(n) : std::nan(""), 3));
+    row.push_back(format_number(n ? relative / static_cast<double>(n) : std::nan(""), 3));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<std::string> TableHeader(const EvalConfig& config) {
+  std::vector<std::string> header = {"policy"};
+  header.insert(header.end(), config.tasks.begin(), config.tasks.end());
+  header.push_back("mean normalized");
+  header.push_back("relative cache");
+  return header;
+}
+
+std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+  std::ostringstream body;
+  body << "<h1>namm-worker eval</h1>\n<p class=\"meta\">model <code>" << html_escape(config.model)
+       << "</code>, commit <code>" << html_escape(config.commit) << "</code>. Score per task against the cache "
+       << "kept, relative to the full cache (mean over every query of the cached tokens it attended to); one line per "
+          "policy family, one point per cache setting.</p>\n";
+  body << "<h2>Scores</h2>\n" << html_table(TableHeader(config), TableRows(config, results));
+  body << "<h2>Score vs relative cache</h2>\n<div class=\"charts\">\n";
+  for (const auto& task : config.tasks) {
+    // One series per family, points sorted by cache.
+    std::map<std::string, std::vector<std::pair<double, double>>> families;
+    std::vector<std::string> order;
+    for (const auto& r : results) {
+      if (r.task != task) continue;
+      if (!families.count(r.family)) order.push_back(r.family);
+      families[r.family].emplace_back(r.relative_cache, r.score);
+    }
+    std::vector<ChartSeries> series;
+    for (const auto& family : order) {
+      auto points = families[family];
+      std::sort(points.begin(), points.end());
+      series.push_back({family, points, family == "full"});
+    }
+    ChartOptions options;
+    options.title = task;
+    options.x_label = "cache relative to full";
+    options.y_label = "score";
+    options.x_min = 0;
+    body << render_line_chart(series, options);
+  }
+  body << "</div>\n<h2>Every result</h2>\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : results) {
+    rows.push_back({r.task, r.policy, std::to_string(r.rows), format_number(r.score, 4),
+                    format_number(r.normalized_score, 3), format_number(r.mean_kv_tokens, 1),
+                    format_number(r.peak_kv_tokens, 1), format_number(r.relative_cache, 3),
+                    format_number(r.answer_relative_cache, 3), format_number(r.seconds, 1),
+                    format_number(r.tokens_per_second, 0)});
+  }
+  body << html_table({"task", "policy", "rows", "score", "normalized", "mean KV tokens", "peak KV tokens",
+                      "relative cache", "relative cache while answering", "seconds", "tokens/s"},
+                     rows);
+  return html_page("namm eval: " + config.model, body.str());
+}
+
+}  // namespace
+
+Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& dir) {
+  const std::string json = ResultsJson(config, results), csv = ResultsCsv(results),
+                    html = ResultsHtml(config, results);
+  NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.json", {json}));
+  NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.csv", {csv}));
+  return write_file_atomically(dir + "/results.html", {html});
+}
+
+std::string results_table(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+  const std::vector<std::string> header = TableHeader(config);
+  const std::vector<std::vector<std::string>> rows = TableRows(config, results);
+  std::vector<std::size_t> width(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) {
+    width[c] = header[c].size();
+    for (const auto& row : rows) width[c] = std::max(width[c], row[c].size());
+  }
+  std::ostringstream out;
+  const auto line = [&](const std::vector<std::string>& cells) {
+    for (std::size_t c = 0; c < cells.size(); ++c) {
+      out << (c ? "  " : "") << (c == 0 ? std::left : std::right) << std::setw(static_cast<int>(width[c])) << cells[c];
+    }
+    out << "\n";
+  };
+  line(header);
+  std::size_t total = 0;
+  for (std::size_t w : width) total += w + 2;
+  out << std::string(total - 2, '-') << "\n";
+  for (const auto& row : rows) line(row);
+  return out.str();
+}
+
+Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& shard_dirs, const std::string& out) {
+  if (shard_dirs.empty()) return Status::InvalidArgument("--merge needs the shards' output directories");
+  std::vector<EvalConfig> configs;
+  for (const auto& dir : shard_dirs) {
+    NAMM_ASSIGN_OR_RETURN(std::string text, read_file(dir + "/config.yaml"));
+    NAMM_ASSIGN_OR_RETURN(EvalConfig config, EvalConfig::FromYaml(text, dir + "/config.yaml"));
+    configs.push_back(std::move(config));
+  }
+  const EvalConfig& first = configs.front();
+  std::vector<int> seen(static_cast<std::size_t>(first.shard_count), 0);
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    const EvalConfig& c = configs[i];
+    if (const std::string diff = c.DifferenceFrom(first); !diff.empty() || c.shard_count != first.shard_count) {
+      return Status::InvalidArgument(shard_dirs[i] + " is a shard of another evaluation than " + shard_dirs[0] +
+                                     " (" + (diff.empty() ? "shard count" : diff) + ")");
+    }
+    if (seen[static_cast<std::size_t>(c.shard_index)]++) {
+      return Status::InvalidArgument("shard " + std::to_string(c.shard_index) + "/" + std::to_string(c.shard_count) +
+                                     " is given twice (" + shard_dirs[i] + ")");
+    }
+  }
+  for (std::size_t s = 0; s < seen.size(); ++s) {
+    if (!seen[s]) {
+      return Status::InvalidArgument("shard " + std::to_string(s) + "/" + std::to_string(first.shard_count) +
+                                     " is missing");
+    }
+  }
+  EvalConfig merged = first;
+  merged.shard_index = 0;
+  merged.shard_count = 1;
+  if (path_exists(out + "/config.yaml")) {
+    return Status::InvalidArgument(out + " already holds an evaluation; merge into a new directory");
+  }
+  // Every shard must be complete before anything is written.
+  std::map<std::pair<std::string, std::string>, std::vector<PredictionRecord>> joined;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    NAMM_RETURN_IF_ERROR(compute_results(configs[i], shard_dirs[i]).status());
+    for (const auto& task : merged.tasks) {
+      for (const auto& policy : merged.policies) {
+        NAMM_ASSIGN_OR_RETURN(std::vector<PredictionRecord> records,
+                              load_predictions(predictions_path(shard_dirs[i], task, policy), false));
+        auto& all = joined[{task, policy}];
+        all.insert(all.end(), records.begin(), records.end());
+      }
+    }
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return Status::IOError(out + ": cannot create the directory: " + ec.message());
+  for (auto& [key, records] : joined) {
+    std::stable_sort(records.begin(), records.end(),
+                     [](const PredictionRecord& a, const PredictionRecord& b) { return a.row < b.row; });
+    std::string text;
+    for (const auto& r : records) text += r.ToJson().dump() + "\n";
+    const std::string path = predictions_path(out, key.first, key.second);
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    if (ec) return Status::IOError(path + ": cannot create its directory: " + ec.message());
+    NAMM_RETURN_IF_ERROR(write_file_atomically(path, {text}));
+  }
+  NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, compute_results(merged, out));
+  NAMM_RETURN_IF_ERROR(write_results(merged, results, out));
+  NAMM_RETURN_IF_ERROR(write_file_atomically(out + "/config.yaml", {merged.ToYaml()}));
+  return results;
+}
+
+}  // namespace namm::worker

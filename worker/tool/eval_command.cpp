@@ -1,0 +1,331 @@
+// namm-worker eval: memory policies compared on task rows (docs/evaluation.md). Resumable (rows already in a
+// predictions file are skipped), shardable (--shard I/N, joined by eval --merge), and its results are computed
+// from the predictions files alone.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "commands.h"
+#include "namm/build_info.h"
+#include "namm/file_util.h"
+#include "namm/tasks/task_path_options.h"
+#include "namm/worker/evaluation.h"
+#include "namm/worker/policy_spec.h"
+#include "namm/worker/task_runner.h"
+#include "setup.h"
+
+namespace namm::worker::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct EvalOptions {
+  ModelOptions model;
+  InferenceOptions inference;
+  tasks::TaskPathFlags paths;
+  std::vector<std::string> tasks, policies, budgets, ratios, merge;
+  std::string rows = ":", shard, out;
+  bool overwrite = false;
+};
+
+std::string Duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  std::ostringstream out;
+  out << s / 3600 << ":" << std::setw(2) << std::setfill('0') << (s / 60) % 60 << ":" << std::setw(2) << s % 60;
+  return out.str();
+}
+
+// Progress over every (task, policy, row) unit: a bar redrawn in place on a terminal, plain lines otherwise.
+class Progress {
+ public:
+  explicit Progress(int64_t total) : total_(total), tty_(::isatty(STDERR_FILENO) != 0) {}
+
+  void Skipped(int64_t n) { done_ += n; }
+  void Ran(const std::string& task, const std::string& policy) {
+    ++done_;
+    ++ran_;
+    if (!tty_) return;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double eta = elapsed / static_cast<double>(ran_) * static_cast<double>(total_ - done_);
+    const int width = 30, filled = static_cast<int>(width * done_ / std::max<int64_t>(1, total_));
+    std::cerr << "\r[" << std::string(static_cast<std::size_t>(filled), '#')
+              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << done_ << "/" << total_ << "  "
+              << task << "  " << policy << "  ETA " << Duration(eta) << "\033[K" << std::flush;
+  }
+  void Finished(const std::string& task, const std::string& policy, int64_t rows, double score, double seconds) {
+    if (tty_) std::cerr << "\r\033[K";
+    std::cerr << task << "  " << policy << ": " << rows << " rows, score " << std::fixed << std::setprecision(4) << score
+              << " (" << std::setprecision(1) << seconds << " s; " << done_ << "/" << total_ << " done)\n";
+  }
+
+ private:
+  int64_t total_, done_ = 0, ran_ = 0;
+  bool tty_;
+  Clock::time_point start_ = Clock::now();
+};
+
+// Removes what an earlier evaluation wrote to `dir` (its configuration, results and predictions), nothing else.
+Status RemoveEvaluation(const std::string& dir) {
+  std::error_code ec;
+  const std::string config_path = dir + "/config.yaml";
+  if (path_exists(config_path)) {
+    NAMM_ASSIGN_OR_RETURN(std::string text, read_file(config_path));
+    if (Result<EvalConfig> old = EvalConfig::FromYaml(text, config_path); old.ok()) {
+      for (const auto& task : old->tasks) {
+        for (const auto& policy : old->policies) {
+          const std::filesystem::path file = predictions_path(dir, task, policy);
+          std::filesystem::remove(file, ec);
+          std::filesystem::remove(file.parent_path(), ec);  // only if now empty
+          std::filesystem::remove(file.parent_path().parent_path(), ec);
+        }
+      }
+    }
+  }
+  for (const char* name : {"results.json", "results.csv", "results.html", "config.yaml"}) {
+    std::filesystem::remove(dir + "/" + name, ec);
+    if (ec) return Status::IOError(dir + "/" + name + ": cannot remove it: " + ec.message());
+  }
+  return Status::Ok();
+}
+
+// Checks `config` against an evaluation already in `dir`; true when there is one to resume.
+Result<bool> CheckResumable(const EvalConfig& config, const std::string& dir) {
+  const std::string path = dir + "/config.yaml";
+  if (!path_exists(path)) return false;
+  NAMM_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  NAMM_ASSIGN_OR_RETURN(EvalConfig old, EvalConfig::FromYaml(text, path));
+  if (const std::string diff = config.DifferenceFrom(old); !diff.empty()) {
+    return Status::InvalidArgument(dir + " holds another evaluation (" + diff +
+                                   "); pass --overwrite to start over, or choose another --out");
+  }
+  if (old.shard_index != config.shard_index || old.shard_count != config.shard_count) {
+    return Status::InvalidArgument(dir + " holds shard " + std::to_string(old.shard_index) + "/" +
+                                   std::to_string(old.shard_count) + " of this evaluation, not " +
+                                   std::to_string(config.shard_index) + "/" + std::to_string(config.shard_count));
+  }
+  if (old.commit != config.commit) {
+    std::cerr << "namm-worker: warning: resuming an evaluation started by commit " << old.commit << " with "
+              << config.commit << "\n";
+  }
+  return true;
+}
+
+Status ParseShard(const std::string& text, EvalConfig* config) {
+  if (text.empty()) return Status::Ok();
+  const auto slash = text.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument(text);
+    std::size_t used = 0;
+    config->shard_index = std::stoll(text.substr(0, slash), &used);
+    if (used != slash) throw std::invalid_argument(text);
+    config->shard_count = std::stoll(text.substr(slash + 1), &used);
+    if (used != text.size() - slash - 1) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    return Status::InvalidArgument("--shard expects I/N, got '" + text + "'");
+  }
+  if (config->shard_count < 1 || config->shard_index < 0 || config->shard_index >= config->shard_count) {
+    return Status::InvalidArgument("--shard " + text + ": needs 0 <= I < N");
+  }
+  return Status::Ok();
+}
+
+Status Report(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& out) {
+  NAMM_RETURN_IF_ERROR(write_results(config, results, out));
+  std::cout << results_table(config, results) << "\nwrote " << out << "/results.csv, " << out << "/results.json, "
+            << out << "/results.html\n";
+  return Status::Ok();
+}
+
+Status RunMerge(const EvalOptions& o) {
+  NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, merge_shards(o.merge, o.out));
+  NAMM_ASSIGN_OR_RETURN(std::string text, read_file(o.out + "/config.yaml"));
+  NAMM_ASSIGN_OR_RETURN(EvalConfig config, EvalConfig::FromYaml(text, o.out + "/config.yaml"));
+  std::cout << "merged " << o.merge.size() << " shards into " << o.out << "\n";
+  return Report(config, results, o.out);
+}
+
+Status RunEval(const EvalOptions& o) {
+  if (o.model.model.empty()) return Status::InvalidArgument("--model is required (except with --merge)");
+  if (o.tasks.empty()) return Status::InvalidArgument("--tasks is required");
+  EvalConfig config;
+  config.commit = NAMM_GIT_COMMIT;
+  config.model = o.model.model;
+  config.tokenizer = o.model.tokenizer;
+  config.rope_scaling = o.model.rope_scaling;
+  config.device = o.model.device;
+  config.tasks = o.tasks;
+  config.budgets = o.budgets;
+  config.ratios = o.ratios;
+  config.chunk_size = o.inference.chunk_size;
+  config.update_interval = o.inference.update_interval;
+  config.max_context = o.inference.max_context;
+  config.threads = o.inference.threads;
+  config.tasks_dir = o.paths.tasks_dir;
+  config.data_dirs = o.paths.data_dirs;
+  config.config_dirs = o.paths.config_dirs;
+  NAMM_RETURN_IF_ERROR(ParseShard(o.shard, &config));
+  NAMM_ASSIGN_OR_RETURN(std::vector<std::string> specs, split_policy_list(o.policies));
+  NAMM_ASSIGN_OR_RETURN(config.policies, expand_policies(specs, o.budgets, o.ratios));
+
+  // Tasks and their rows.
+  NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
+  std::map<std::string, tasks::TaskSpec> specs_by_task;
+  std::map<std::string, std::vector<tasks::TaskRow>> rows_by_task;
+  for (const auto& name : config.tasks) {
+    if (specs_by_task.count(name)) return Status::InvalidArgument("task " + name + " is listed twice");
+    NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(name, paths));
+    NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
+    NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> selected,
+                          tasks::parse_row_range(o.rows, static_cast<int64_t>(rows.size())));
+    config.task_rows[name] = std::to_string(selected.front()) + ":" + std::to_string(selected.back() + 1);
+    specs_by_task[name] = std::move(task);
+    rows_by_task[name] = std::move(rows);
+  }
+
+  ApplyThreads(o.inference);
+  const std::string first_rope = specs_by_task[config.tasks.front()].rope_scaling;
+  NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model, first_rope));
+  // Every policy must build before anything is written (the oracle checks its rows' marks on the first row).
+  for (const auto& spec : config.policies) {
+    const auto& first_rows = rows_by_task[config.tasks.front()];
+    NAMM_RETURN_IF_ERROR(MakePolicy(spec, loaded, first_rows.empty() ? nullptr : &first_rows.front().fields).status());
+  }
+
+  // The output directory: a new evaluation, or the same one resumed.
+  if (o.overwrite) NAMM_RETURN_IF_ERROR(RemoveEvaluation(o.out));
+  NAMM_ASSIGN_OR_RETURN(bool resuming, CheckResumable(config, o.out));
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) return Status::IOError(o.out + ": cannot create the directory: " + ec.message());
+  if (!resuming) NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/config.yaml", {config.ToYaml()}));
+
+  // Tasks meant for another RoPE setting run a variant sharing the weights (unless --rope-scaling fixes one).
+  std::map<std::string, std::unique_ptr<LlamaModel>> variants;
+  const auto model_for = [&](const tasks::TaskSpec& task) -> Result<const LlamaModel*> {
+    if (!o.model.rope_scaling.empty() || task.rope_scaling == first_rope) return loaded.model.get();
+    auto& variant = variants[task.rope_scaling];
+    if (!variant) {
+      LlamaConfig model_config = loaded.model->config();
+      if (task.rope_scaling.empty()) return Status::InvalidArgument(
+          "task " + task.name + " runs with the checkpoint's RoPE and " + config.tasks.front() +
+          " with another: evaluate them separately or pass --rope-scaling");
+      NAMM_ASSIGN_OR_RETURN(model_config.rope_scaling, RopeScaling::Parse(task.rope_scaling));
+      variant = std::make_unique<LlamaModel>(LoadedModel{model_config, loaded.model->weights()},
+                                             loaded.model->options());
+    }
+    return variant.get();
+  };
+
+  int64_t total = 0;
+  for (const auto& task : config.tasks) {
+    NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> rows, config.ShardRows(task));
+    total += static_cast<int64_t>(rows.size() * config.policies.size());
+  }
+  Progress progress(total);
+  TaskRunOptions run_options;
+  run_options.max_context = config.max_context;
+  run_options.chunk_size = config.chunk_size;
+  run_options.memory_update_interval = config.update_interval;
+  for (const auto& name : config.tasks) {
+    const tasks::TaskSpec& task = specs_by_task[name];
+    const std::vector<tasks::TaskRow>& rows = rows_by_task[name];
+    NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> shard_rows, config.ShardRows(name));
+    NAMM_ASSIGN_OR_RETURN(const LlamaModel* model, model_for(task));
+    TaskRunner runner(*model, *loaded.tokenizer);
+    for (const auto& policy_spec : config.policies) {
+      const std::string path = predictions_path(o.out, name, policy_spec);
+      NAMM_ASSIGN_OR_RETURN(std::vector<PredictionRecord> existing, load_predictions(path, /*repair=*/true));
+      std::set<int64_t> done;
+      for (const auto& r : existing) done.insert(r.row);
+      NAMM_ASSIGN_OR_RETURN(PredictionWriter writer, PredictionWriter::Open(path));
+      double score = 0, seconds = 0;
+      for (const auto& r : existing) score += r.score, seconds += r.seconds;
+      int64_t counted = static_cast<int64_t>(existing.size());
+      for (int64_t index : shard_rows) {
+        if (done.count(index)) {
+          progress.Skipped(1);
+          continue;
+        }
+        const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
+        // A policy serves one sequence (and the oracle reads its row), so each row gets a fresh one.
+        NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(policy_spec, loaded, &row.fields));
+        Result<PromptResult> ran = runner.Run(task, row, *policy, run_options);
+        if (!ran.ok()) return ran.status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
+        const PromptResult& r = *ran;
+        PredictionRecord record;
+        record.row = index;
+        record.pred = r.prediction;
+        record.answers = row.fields.value(task.answers_field, nlohmann::json::array());
+        record.all_classes = row.fields.value(task.classes_field, nlohmann::json());
+        record.length = row.fields.contains("length") ? row.fields["length"] : nlohmann::json(r.prompt_tokens);
+        record.score = r.score;
+        record.mean_kv_tokens = r.mean_kv_tokens;
+        record.answer_kv_tokens = r.answer_kv_tokens;
+        record.peak_kv_tokens = r.peak_kv_tokens;
+        record.prompt_tokens = r.prompt_tokens;
+        record.generated_tokens = r.generated_tokens;
+        record.prefill_tokens = r.prefill_tokens;
+        record.decode_tokens = r.decode_tokens;
+        record.seconds = r.seconds;
+        NAMM_RETURN_IF_ERROR(writer.Append(record));
+        score += r.score;
+        seconds += r.seconds;
+        ++counted;
+        progress.Ran(name, policy_spec);
+      }
+      progress.Finished(name, policy_spec, counted, counted ? score / static_cast<double>(counted) : 0.0, seconds);
+    }
+  }
+  NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, compute_results(config, o.out));
+  if (config.shard_count > 1) {
+    std::cout << "shard " << config.shard_index << "/" << config.shard_count << " done; join the shards with "
+              << "namm-worker eval --merge DIR... --out DIR (results below cover this shard's rows only)\n";
+  }
+  return Report(config, results, o.out);
+}
+
+}  // namespace
+
+void AddEvalCommand(CLI::App& app, Action& run) {
+  auto o = std::make_shared<EvalOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Compare memory policies on task rows: predictions, scores normalized by the full cache, cache sizes, "
+              "a table, CSV/JSON and an HTML plot (resumable; --shard / --merge)");
+  AddModelOptions(cmd, o->model, /*required=*/false);
+  AddInferenceOptions(cmd, o->inference);
+  tasks::add_task_path_options(cmd, o->paths);
+  cmd->add_option("--tasks", o->tasks, "Tasks, comma-separated (e.g. syn/interruption_heldout,lb/dureader)")
+      ->delimiter(',');
+  cmd->add_option("--policies", o->policies,
+                  "Policies, comma-separated (full is always included): full, namm:FILE.safetensors, "
+                  "h2o|l2|streaming|tova|snapkv|fastgen[:budget=N|ratio=R,...], oracle");
+  cmd->add_option("--rows", o->rows, "Rows of every task: N, A:B, A: or :B (default: all)");
+  auto* budgets = cmd->add_option("--budgets", o->budgets,
+                                  "Expand each baseline without a cache setting over these budgets (tokens per KV "
+                                  "head), comma-separated")->delimiter(',');
+  auto* ratios = cmd->add_option("--ratios", o->ratios,
+                                 "... or over these shares of each prompt, comma-separated")->delimiter(',');
+  budgets->excludes(ratios);
+  cmd->add_option("--shard", o->shard, "Evaluate only every N-th row, starting at row I of each range: I/N");
+  cmd->add_flag("--overwrite", o->overwrite, "Start over: remove the evaluation already in --out");
+  auto* merge = cmd->add_option("--merge", o->merge, "Join the output directories of the shards of one evaluation "
+                                                     "into --out (nothing is run)")->expected(1, -1);
+  cmd->add_option("--out", o->out, "Output directory")->required();
+  cmd->callback([o, &run, merge] {
+    run = [o, merge] {
+      Status s = merge->count() > 0 ? RunMerge(*o) : RunEval(*o);
+      return s.ok() ? 0 : Fail(s.message());
+    };
+  });
+}
+
+}  // namespace namm::worker::cli
