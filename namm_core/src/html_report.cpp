@@ -97,33 +97,34 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
   const auto sy = [&](double v) { return top + plot_h - (v - y.lo) / (y.hi - y.lo) * plot_h; };
 
   std::ostringstream svg;
-  svg << "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width << "\" height=\""
+  svg << "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" width=\"" << o.width << "\" height=\""
       << Num(total_h) << "\" viewBox=\"0 0 " << o.width << " " << Num(total_h) << "\" role=\"img\" aria-label=\""
       << html_escape(o.title) << "\">\n";
+  svg << "<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n";
   if (!o.title.empty()) {
-    svg << "<text class=\"title\" x=\"" << Num(left) << "\" y=\"20\">" << html_escape(o.title) << "</text>\n";
+    svg << "<text class=\"title\" font-size=\"14\" font-weight=\"600\" x=\"" << Num(left) << "\" y=\"20\">" << html_escape(o.title) << "</text>\n";
   }
-  svg << "<rect class=\"frame\" x=\"" << Num(left) << "\" y=\"" << Num(top) << "\" width=\"" << Num(plot_w)
+  svg << "<rect class=\"frame\" fill=\"none\" stroke=\"#888\" x=\"" << Num(left) << "\" y=\"" << Num(top) << "\" width=\"" << Num(plot_w)
       << "\" height=\"" << Num(plot_h) << "\"/>\n";
   // Grid and ticks.
   const double x_step = TickStep(x.hi - x.lo, 6), y_step = TickStep(y.hi - y.lo, 5);
   for (double v = std::ceil(x.lo / x_step) * x_step; v <= x.hi + 1e-9 * x_step; v += x_step) {
-    svg << "<line class=\"grid\" x1=\"" << Num(sx(v)) << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(v))
-        << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"tick\" x=\"" << Num(sx(v)) << "\" y=\""
+    svg << "<line class=\"grid\" stroke=\"#eee\" x1=\"" << Num(sx(v)) << "\" y1=\"" << Num(top) << "\" x2=\""
+        << Num(sx(v)) << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(v)) << "\" y=\""
         << Num(top + plot_h + 16) << "\" text-anchor=\"middle\">" << TickLabel(v, x_step) << "</text>\n";
   }
   for (double v = std::ceil(y.lo / y_step) * y_step; v <= y.hi + 1e-9 * y_step; v += y_step) {
-    svg << "<line class=\"grid\" x1=\"" << Num(left) << "\" y1=\"" << Num(sy(v)) << "\" x2=\"" << Num(left + plot_w)
-        << "\" y2=\"" << Num(sy(v)) << "\"/><text class=\"tick\" x=\"" << Num(left - 6) << "\" y=\""
+    svg << "<line class=\"grid\" stroke=\"#eee\" x1=\"" << Num(left) << "\" y1=\"" << Num(sy(v)) << "\" x2=\""
+        << Num(left + plot_w) << "\" y2=\"" << Num(sy(v)) << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(left - 6) << "\" y=\""
         << Num(sy(v) + 4) << "\" text-anchor=\"end\">" << TickLabel(v, y_step) << "</text>\n";
   }
-  svg << "<text class=\"label\" x=\"" << Num(left + plot_w / 2) << "\" y=\"" << Num(top + plot_h + 36)
+  svg << "<text class=\"label\" font-size=\"12\" x=\"" << Num(left + plot_w / 2) << "\" y=\"" << Num(top + plot_h + 36)
       << "\" text-anchor=\"middle\">" << html_escape(o.x_label) << "</text>\n";
-  svg << "<text class=\"label\" transform=\"translate(14," << Num(top + plot_h / 2)
+  svg << "<text class=\"label\" font-size=\"12\" transform=\"translate(14," << Num(top + plot_h / 2)
       << ") rotate(-90)\" text-anchor=\"middle\">" << html_escape(o.y_label) << "</text>\n";
   for (const auto& [mx, label] : o.x_markers) {
-    svg << "<line class=\"marker\" x1=\"" << Num(sx(mx)) << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(mx))
-        << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"marker-label\" x=\"" << Num(sx(mx) + 3)
+    svg << "<line class=\"marker\" stroke=\"#999\" stroke-dasharray=\"3 3\" x1=\"" << Num(sx(mx)) << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(mx))
+        << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"marker-label\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(mx) + 3)
         << "\" y=\"" << Num(top + 12) << "\">" << html_escape(label) << "</text>\n";
   }
   // Series.
@@ -149,7 +150,7 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
     const double ly = o.height + static_cast<double>(i / 3) * legend_row;
     svg << "<line x1=\"" << Num(lx) << "\" y1=\"" << Num(ly) << "\" x2=\"" << Num(lx + 18) << "\" y2=\"" << Num(ly)
         << "\" stroke=\"" << colour << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
-        << "/><text class=\"legend\" x=\"" << Num(lx + 24) << "\" y=\"" << Num(ly + 4) << "\">"
+        << "/><text class=\"legend\" font-size=\"11\" fill=\"#444\" x=\"" << Num(lx + 24) << "\" y=\"" << Num(ly + 4) << "\">"
         << html_escape(s.name) << "</text>\n";
   }
   svg << "</svg>\n";
@@ -180,11 +181,7 @@ std::string html_page(const std::string& title, const std::string& body_html) {
          "th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }\n"
          "th:first-child, td:first-child { text-align: left; }\n"
          ".charts { display: flex; flex-wrap: wrap; gap: 16px; }\n"
-         "svg.chart { background: #fff; border: 1px solid #ddd; }\n"
-         "svg .frame { fill: none; stroke: #888; } svg .grid { stroke: #eee; }\n"
-         "svg .tick, svg .legend, svg .marker-label { font-size: 11px; fill: #444; }\n"
-         "svg .label { font-size: 12px; fill: #222; } svg .title { font-size: 14px; font-weight: 600; }\n"
-         "svg .marker { stroke: #999; stroke-dasharray: 3 3; }\n"
+         "svg.chart { border: 1px solid #ddd; }\n"
          "#readout { position: fixed; pointer-events: none; background: #222; color: #fff; padding: 2px 6px;\n"
          "  font-size: 12px; border-radius: 3px; display: none; }\n"
          ".meta { color: #555; font-size: 0.9em; } code { background: #f3f3f3; padding: 0 3px; }\n"

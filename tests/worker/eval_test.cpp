@@ -3,6 +3,7 @@
 // and the HTML page rendered by headless Chromium.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,47 @@ std::vector<std::string> ResultsWithoutTiming(const std::string& dir) {
     rows.push_back(line);
   }
   return rows;
+}
+
+TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
+  auto specs = split_policy_list({"h2o:budget=8,recent=2,tova", "namm:a,b.safetensors"});
+  ASSERT_TRUE(specs.ok()) << specs.status().ToString();
+  EXPECT_EQ(*specs, (std::vector<std::string>{"h2o:budget=8,recent=2", "tova", "namm:a", "b.safetensors"}))
+      << "a comma ends a NAMM path too: name files without commas";
+  auto expanded = expand_policies({"tova", "snapkv:window=4", "full", "oracle"}, {}, {"0.25", "0.5"});
+  ASSERT_TRUE(expanded.ok()) << expanded.status().ToString();
+  EXPECT_EQ(*expanded, (std::vector<std::string>{"full", "tova:ratio=0.25", "tova:ratio=0.5", "snapkv:ratio=0.25,window=4",
+                                                 "snapkv:ratio=0.5,window=4", "oracle"}));
+  EXPECT_FALSE(split_policy_list({"recent=2,h2o:budget=4"}).ok());
+  EXPECT_EQ(output_directory_name("namm:runs/a b.safetensors"), "namm_runs_a_b.safetensors");
+}
+
+TEST(EvalPolicies, MatchedCacheComparisonInterpolatesEachFamily) {
+  const auto result = [](const std::string& policy, const std::string& family, const std::string& setting, double cache,
+                         double score) {
+    PolicyResult r;
+    r.task = "t";
+    r.policy = policy;
+    r.family = family;
+    r.cache_setting = setting;
+    r.relative_cache = cache;
+    r.score = score;
+    return r;
+  };
+  const std::vector<PolicyResult> results = {
+      result("full", "full", "", 1.0, 0.3),
+      result("h2o:budget=8", "h2o", "budget=8", 0.2, 0.20),
+      result("h2o:budget=16", "h2o", "budget=16", 0.4, 0.30),
+      result("tova:budget=16", "tova", "budget=16", 0.4, 0.10),
+      result("namm:x", "namm", "", 0.25, 0.28),
+  };
+  const auto matched = matched_cache_comparison(results);
+  ASSERT_EQ(matched.size(), 2u);
+  EXPECT_EQ(matched[0].family, "h2o");
+  EXPECT_NEAR(matched[0].family_score, 0.225, 1e-12);  // a quarter of the way from 0.20 to 0.30
+  EXPECT_EQ(matched[1].family, "tova");
+  EXPECT_TRUE(std::isnan(matched[1].family_score));
+  EXPECT_NE(matched[1].note.find("below its smallest cache"), std::string::npos) << matched[1].note;
 }
 
 class Eval : public ::testing::Test {

@@ -71,9 +71,14 @@ std::string CacheSetting(const std::string& spec) {
   return "";
 }
 
+// The spec without its cache setting ("fastgen:budget=16,recovery=0.5" -> "fastgen:recovery=0.5"): one curve.
 std::string Family(const std::string& spec) {
-  const Result<std::string> family = policy_family(spec);
-  return family.ok() ? *family : spec;
+  if (spec.rfind("namm:", 0) == 0) return spec;
+  Result<OptionSpec> parsed = parse_option_spec(spec);
+  if (!parsed.ok()) return spec;
+  parsed->options.erase("budget");
+  parsed->options.erase("ratio");
+  return parsed->ToString();
 }
 
 // ---- predictions ------------------------------------------------------------------------------------------------
@@ -449,6 +454,16 @@ std::string ResultsJson(const EvalConfig& config, const std::vector<PolicyResult
                             {"seconds", Number(r.seconds)},
                             {"tokens_per_second", Number(r.tokens_per_second)}});
   }
+  j["matched_cache"] = OrderedJson::array();
+  for (const auto& m : matched_cache_comparison(results)) {
+    j["matched_cache"].push_back({{"task", m.task},
+                                  {"policy", m.policy},
+                                  {"family", m.family},
+                                  {"relative_cache", Number(m.relative_cache)},
+                                  {"score", Number(m.score)},
+                                  {"family_score", Number(m.family_score)},
+                                  {"note", m.note}});
+  }
   return j.dump(2) + "\n";
 }
 
@@ -506,6 +521,29 @@ std::vector<std::string> TableHeader(const EvalConfig& config) {
   return header;
 }
 
+// Score vs relative cache for one task: one series per family, its points sorted by cache.
+std::string TaskChart(const std::string& task, const std::vector<PolicyResult>& results) {
+  std::map<std::string, std::vector<std::pair<double, double>>> families;
+  std::vector<std::string> order;
+  for (const auto& r : results) {
+    if (r.task != task) continue;
+    if (!families.count(r.family)) order.push_back(r.family);
+    families[r.family].emplace_back(r.relative_cache, r.score);
+  }
+  std::vector<ChartSeries> series;
+  for (const auto& family : order) {
+    auto points = families[family];
+    std::sort(points.begin(), points.end());
+    series.push_back({family, points, family == "full"});
+  }
+  ChartOptions options;
+  options.title = task;
+  options.x_label = "cache relative to full";
+  options.y_label = "score";
+  options.x_min = 0;
+  return render_line_chart(series, options);
+}
+
 std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult>& results) {
   std::ostringstream body;
   body << "<h1>namm-worker eval</h1>\n<p class=\"meta\">model <code>" << html_escape(config.model)
@@ -514,29 +552,19 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
           "policy family, one point per cache setting.</p>\n";
   body << "<h2>Scores</h2>\n" << html_table(TableHeader(config), TableRows(config, results));
   body << "<h2>Score vs relative cache</h2>\n<div class=\"charts\">\n";
-  for (const auto& task : config.tasks) {
-    // One series per family, points sorted by cache.
-    std::map<std::string, std::vector<std::pair<double, double>>> families;
-    std::vector<std::string> order;
-    for (const auto& r : results) {
-      if (r.task != task) continue;
-      if (!families.count(r.family)) order.push_back(r.family);
-      families[r.family].emplace_back(r.relative_cache, r.score);
-    }
-    std::vector<ChartSeries> series;
-    for (const auto& family : order) {
-      auto points = families[family];
-      std::sort(points.begin(), points.end());
-      series.push_back({family, points, family == "full"});
-    }
-    ChartOptions options;
-    options.title = task;
-    options.x_label = "cache relative to full";
-    options.y_label = "score";
-    options.x_min = 0;
-    body << render_line_chart(series, options);
+  for (const auto& task : config.tasks) body << TaskChart(task, results);
+  body << "</div>\n";
+  std::vector<std::vector<std::string>> matched;
+  for (const auto& m : matched_cache_comparison(results)) {
+    matched.push_back({m.task, m.policy, format_number(m.relative_cache, 3), format_number(m.score, 4), m.family,
+                       format_number(m.family_score, 4), m.note});
   }
-  body << "</div>\n<h2>Every result</h2>\n";
+  if (!matched.empty()) {
+    body << "<h2>At the same cache</h2>\n<p class=\"meta\">Each fixed-budget family's score interpolated linearly "
+            "between its two cache settings that enclose the policy's relative cache.</p>\n"
+         << html_table({"task", "policy", "relative cache", "score", "family", "family at that cache", "note"}, matched);
+  }
+  body << "<h2>Every result</h2>\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : results) {
     rows.push_back({r.task, r.policy, std::to_string(r.rows), format_number(r.score, 4),
@@ -558,6 +586,10 @@ Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& 
                     html = ResultsHtml(config, results);
   NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.json", {json}));
   NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.csv", {csv}));
+  for (const auto& task : config.tasks) {
+    const std::string svg = TaskChart(task, results);
+    NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/plot_" + output_directory_name(task) + ".svg", {svg}));
+  }
   return write_file_atomically(dir + "/results.html", {html});
 }
 
@@ -581,6 +613,65 @@ std::string results_table(const EvalConfig& config, const std::vector<PolicyResu
   for (std::size_t w : width) total += w + 2;
   out << std::string(total - 2, '-') << "\n";
   for (const auto& row : rows) line(row);
+  return out.str();
+}
+
+std::vector<MatchedComparison> matched_cache_comparison(const std::vector<PolicyResult>& results) {
+  std::vector<MatchedComparison> out;
+  for (const PolicyResult& p : results) {
+    if (p.family == "full" || !p.cache_setting.empty() || !std::isfinite(p.relative_cache)) continue;
+    std::vector<std::string> families;
+    for (const PolicyResult& r : results) {
+      if (r.task == p.task && !r.cache_setting.empty() &&
+          std::find(families.begin(), families.end(), r.family) == families.end()) {
+        families.push_back(r.family);
+      }
+    }
+    for (const auto& family : families) {
+      std::vector<const PolicyResult*> points;
+      for (const PolicyResult& r : results) {
+        if (r.task == p.task && r.family == family && std::isfinite(r.relative_cache)) points.push_back(&r);
+      }
+      std::sort(points.begin(), points.end(),
+                [](const PolicyResult* a, const PolicyResult* b) { return a->relative_cache < b->relative_cache; });
+      MatchedComparison m{p.task, p.policy, family, p.relative_cache, p.score, std::nan(""), ""};
+      const auto describe = [](const PolicyResult* r) {
+        return r->cache_setting + " at " + format_number(r->relative_cache, 3) + ": " + format_number(r->score, 4);
+      };
+      if (p.relative_cache < points.front()->relative_cache) {
+        m.note = "below its smallest cache (" + describe(points.front()) + ")";
+      } else if (p.relative_cache > points.back()->relative_cache) {
+        m.note = "above its largest cache (" + describe(points.back()) + ")";
+      } else {
+        for (std::size_t i = 0; i + 1 < points.size() || i == 0; ++i) {
+          const PolicyResult* lo = points[i];
+          const PolicyResult* hi = points[std::min(i + 1, points.size() - 1)];
+          if (p.relative_cache > hi->relative_cache) continue;
+          const double span = hi->relative_cache - lo->relative_cache;
+          const double t = span > 0 ? (p.relative_cache - lo->relative_cache) / span : 0.0;
+          m.family_score = lo->score + t * (hi->score - lo->score);
+          m.note = "between " + lo->cache_setting + " and " + hi->cache_setting;
+          break;
+        }
+      }
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+std::string matched_table(const std::vector<MatchedComparison>& comparisons) {
+  std::ostringstream out;
+  for (const auto& m : comparisons) {
+    out << m.task << "  " << m.policy << " (score " << format_number(m.score, 4) << ", relative cache "
+        << format_number(m.relative_cache, 3) << ") vs " << m.family << ": ";
+    if (std::isfinite(m.family_score)) {
+      out << format_number(m.family_score, 4) << " at the same cache (" << m.note << "): "
+          << (m.score > m.family_score ? "above" : "not above") << "\n";
+    } else {
+      out << m.note << "\n";
+    }
+  }
   return out.str();
 }
 

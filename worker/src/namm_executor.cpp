@@ -1,5 +1,7 @@
 #include "namm/worker/namm_executor.h"
 
+#include <cmath>
+
 #ifdef NAMM_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -107,17 +109,14 @@ Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t pr
   out.prefill_seconds = r.prefill_seconds;
   out.decode_seconds = r.decode_seconds;
   out.device_memory_bytes = DeviceMemoryInUse(model->options().device());
-  // Cache size per layer, averaged over layers: finally, and over the memory updates and the end.
-  auto layer_mean = [](const std::vector<int64_t>& sizes) {
-    double sum = 0;
-    for (int64_t s : sizes) sum += static_cast<double>(s);
-    return sizes.empty() ? 0.0 : sum / static_cast<double>(sizes.size());
-  };
-  const double final_mean = layer_mean(r.final_cache_sizes);
-  out.cache_size_final = static_cast<int64_t>(std::llround(final_mean));
-  double sum = final_mean;
-  for (const MemoryUpdateRecord& u : r.updates) sum += layer_mean(u.cache_sizes);
-  out.cache_size_mean = sum / static_cast<double>(r.updates.size() + 1);
+  // Cache sizes in tokens per KV head, averaged over layers: the mean over every query of the cached tokens it
+  // attended to (eval's measure, docs/evaluation.md), and the size at the end.
+  out.cache_size_mean = r.mean_kv_tokens;
+  double final_sum = 0;
+  for (int64_t s : r.final_cache_sizes) final_sum += static_cast<double>(s);
+  out.cache_size_final = r.final_cache_sizes.empty()
+                             ? 0
+                             : static_cast<int64_t>(std::llround(final_sum / static_cast<double>(r.final_cache_sizes.size())));
   if (lease.collect_norm_stats && namm_policy != nullptr) out.norm_stats = namm_policy->normalizer().stats();
   return out;
 }

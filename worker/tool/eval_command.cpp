@@ -81,6 +81,7 @@ Status RemoveEvaluation(const std::string& dir) {
     NAMM_ASSIGN_OR_RETURN(std::string text, read_file(config_path));
     if (Result<EvalConfig> old = EvalConfig::FromYaml(text, config_path); old.ok()) {
       for (const auto& task : old->tasks) {
+        std::filesystem::remove(dir + "/plot_" + output_directory_name(task) + ".svg", ec);
         for (const auto& policy : old->policies) {
           const std::filesystem::path file = predictions_path(dir, task, policy);
           std::filesystem::remove(file, ec);
@@ -140,7 +141,12 @@ Status ParseShard(const std::string& text, EvalConfig* config) {
 
 Status Report(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& out) {
   NAMM_RETURN_IF_ERROR(write_results(config, results, out));
-  std::cout << results_table(config, results) << "\nwrote " << out << "/results.csv, " << out << "/results.json, "
+  std::cout << results_table(config, results);
+  if (const std::string matched = matched_table(matched_cache_comparison(results)); !matched.empty()) {
+    std::cout << "\nAt the same cache (fixed-budget families interpolated between their two nearest settings):\n"
+              << matched;
+  }
+  std::cout << "\nwrote " << out << "/results.csv, " << out << "/results.json, "
             << out << "/results.html\n";
   return Status::Ok();
 }

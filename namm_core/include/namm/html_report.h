@@ -28,8 +28,9 @@ struct ChartOptions {
   std::vector<std::pair<double, std::string>> x_markers;
 };
 
-// An <svg> element: axes with ticks, one polyline per series (class "curve", with data-series), a marker per
-// point (class "point", with data-x / data-y / data-series for the read-out), and a legend.
+// An <svg> element, styled by its own attributes so that it also stands alone as an .svg file: axes with ticks,
+// one polyline per series (class "curve", with data-series), a marker per point (class "point", with data-x /
+// data-y / data-series for the read-out), and a legend.
 std::string render_line_chart(const std::vector<ChartSeries>& series, const ChartOptions& options);
 
 // Text escaped for HTML element content and attribute values.

@@ -7,6 +7,7 @@
 //   results.json, results.csv          per (task, policy): score, score normalized by the full cache on the same
 //                                      rows, cache sizes, time
 //   results.html                       self-contained: score vs relative cache per task, one line per policy
+//   plot_<task>.svg                    each task's chart as a standalone image
 // Results are computed from the predictions files alone, so a resumed run, a merge of shards and an unsharded
 // run produce the same results from the same predictions.
 #pragma once
@@ -99,7 +100,9 @@ class PredictionWriter {
 std::string predictions_path(const std::string& dir, const std::string& task, const std::string& policy);
 
 struct PolicyResult {
-  std::string task, policy, family, cache_setting;  // cache_setting: "budget=256", "ratio=0.5" or ""
+  std::string task, policy;
+  std::string family;         // the policy without its cache setting ("tova", "fastgen:recovery=0.5"): one curve
+  std::string cache_setting;  // "budget=256", "ratio=0.5" or ""
   int64_t rows = 0;
   double score = 0;             // mean over rows
   double normalized_score = 0;  // score / the full cache's score on the same rows
@@ -117,12 +120,24 @@ struct PolicyResult {
 // merged: pass the merged configuration).
 Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, const std::string& dir);
 
-// results.json, results.csv and results.html in `dir`.
+// results.json, results.csv, results.html and plot_<task>.svg in `dir`.
 Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& dir);
 
 // The paper's Table 1 layout: a row per policy; a column per task (mean score), the mean normalized score over
 // tasks and the mean relative cache.
 std::string results_table(const EvalConfig& config, const std::vector<PolicyResult>& results);
+
+// A policy without a cache setting (a NAMM, the oracle) against a fixed-budget family at the same relative cache:
+// the family's score interpolated linearly between its two settings whose relative caches enclose the policy's
+// (NaN, with `note`, when the policy's cache is outside the family's range).
+struct MatchedComparison {
+  std::string task, policy, family;
+  double relative_cache = 0, score = 0;  // the policy's
+  double family_score = 0;               // at the same relative cache
+  std::string note;                      // e.g. "below the smallest setting (budget=8: 0.21)"
+};
+std::vector<MatchedComparison> matched_cache_comparison(const std::vector<PolicyResult>& results);
+std::string matched_table(const std::vector<MatchedComparison>& comparisons);
 
 // eval --merge: joins the shards' predictions into `out` (configurations must agree, every shard 0..N-1 present
 // exactly once) and writes the merged configuration and results.
