@@ -66,7 +66,7 @@ std::string EvalTasksCsv(const std::vector<Row>& rows) {
   out << "generation,task,raw,normalized\n";
   for (const Row& r : rows) {
     for (const auto& [task, score] : r.g->eval_tasks) {
-      out << r.g->generation << ',' << task << ',' << Csv(score.raw) << ',' << Csv(score.normalized) << '\n';
+      out << r.g->generation << ',' << csv_field(task) << ',' << Csv(score.raw) << ',' << Csv(score.normalized) << '\n';
     }
   }
   return out.str();
@@ -79,7 +79,7 @@ std::string StagesCsv(const std::vector<StageRecord>& stages) {
     std::string tasks;
     for (const auto& t : s.tasks) tasks += (tasks.empty() ? "" : " ") + t;
     const auto opt = [](const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string(); };
-    out << s.stage << ',' << tasks << ',' << s.generations << ',' << opt(s.start_generation) << ','
+    out << s.stage << ',' << csv_field(tasks) << ',' << s.generations << ',' << opt(s.start_generation) << ','
         << opt(s.end_generation) << ',' << (s.best_eval_fitness ? Csv(*s.best_eval_fitness) : "") << ','
         << opt(s.best_eval_generation) << '\n';
   }
@@ -191,7 +191,9 @@ Status Report(const ReportOptions& o) {
     row.activity = activity_of[g.generation];
     const double completed = EpochSeconds(g.completed_at);
     row.wall_seconds = completed >= 0 && previous >= 0 ? completed - previous : std::nan("");
-    row.evaluations_per_second = static_cast<double>(row.activity.evaluations) / std::max(1.0, row.wall_seconds);
+    row.evaluations_per_second = std::isfinite(row.wall_seconds)
+                                     ? static_cast<double>(row.activity.evaluations) / std::max(1.0, row.wall_seconds)
+                                     : std::nan("");
     if (completed >= 0) previous = completed;
     rows.push_back(std::move(row));
   }

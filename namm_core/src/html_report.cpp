@@ -20,9 +20,10 @@ std::string Num(double v) {
   return text;
 }
 
-// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `count` ticks over `span`.
+// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `count` ticks over `span` (> 0).
 double TickStep(double span, int count) {
   const double raw = span / std::max(1, count);
+  if (!(raw > 0) || !std::isfinite(raw)) return 1;
   const double power = std::pow(10.0, std::floor(std::log10(raw)));
   for (double m : {1.0, 2.0, 5.0, 10.0}) {
     if (m * power >= raw) return m * power;
@@ -44,11 +45,15 @@ struct Range {
   // Pads an empty or zero-width range, and adds 5% on each side.
   void Finish(std::optional<double> fixed_lo, std::optional<double> fixed_hi) {
     if (!std::isfinite(lo)) lo = 0, hi = 1;
-    if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+    // A flat range gets a width relative to its magnitude, so that lo + width > lo in floating point.
+    if (hi - lo <= 1e-9 * std::max(1.0, std::abs(hi))) {
+      const double half = 0.5 * std::max(1.0, std::abs(hi));
+      lo -= half, hi += half;
+    }
     const double pad = 0.05 * (hi - lo);
     lo = fixed_lo ? *fixed_lo : lo - pad;
     hi = fixed_hi ? *fixed_hi : hi + pad;
-    if (hi <= lo) hi = lo + 1;
+    if (!(hi > lo)) hi = lo + std::max(1.0, std::abs(lo));
   }
 };
 
@@ -59,6 +64,13 @@ std::string format_number(double value, int digits) {
   char text[64];
   std::snprintf(text, sizeof text, "%.*f", digits, value);
   return text;
+}
+
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
+  std::string out = "\"";
+  for (char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
 }
 
 std::string html_escape(const std::string& text) {
@@ -108,12 +120,23 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
       << "\" height=\"" << Num(plot_h) << "\"/>\n";
   // Grid and ticks.
   const double x_step = TickStep(x.hi - x.lo, 6), y_step = TickStep(y.hi - y.lo, 5);
-  for (double v = std::ceil(x.lo / x_step) * x_step; v <= x.hi + 1e-9 * x_step; v += x_step) {
+  // Ticks by integer index, at most 50 per axis, so that no step can fail to advance.
+  const auto ticks = [](const Range& r, double step) {
+    std::vector<double> at;
+    const double first = std::ceil(r.lo / step);
+    for (int i = 0; i < 50; ++i) {
+      const double v = (first + i) * step;
+      if (v > r.hi + 1e-9 * step) break;
+      at.push_back(v);
+    }
+    return at;
+  };
+  for (double v : ticks(x, x_step)) {
     svg << "<line class=\"grid\" stroke=\"#eee\" x1=\"" << Num(sx(v)) << "\" y1=\"" << Num(top) << "\" x2=\""
         << Num(sx(v)) << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(v)) << "\" y=\""
         << Num(top + plot_h + 16) << "\" text-anchor=\"middle\">" << TickLabel(v, x_step) << "</text>\n";
   }
-  for (double v = std::ceil(y.lo / y_step) * y_step; v <= y.hi + 1e-9 * y_step; v += y_step) {
+  for (double v : ticks(y, y_step)) {
     svg << "<line class=\"grid\" stroke=\"#eee\" x1=\"" << Num(left) << "\" y1=\"" << Num(sy(v)) << "\" x2=\""
         << Num(left + plot_w) << "\" y2=\"" << Num(sy(v)) << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(left - 6) << "\" y=\""
         << Num(sy(v) + 4) << "\" text-anchor=\"end\">" << TickLabel(v, y_step) << "</text>\n";

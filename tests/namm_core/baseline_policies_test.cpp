@@ -134,9 +134,14 @@ TEST(StreamingLlmPolicy, KeepsTheSinksAndTheRecentWindow) {
 TEST(StreamingLlmPolicy, RefusesSinksThatLeaveNoRoom) {
   EXPECT_FALSE(StreamingLlmPolicy::Create(*CacheBudget::Tokens(4), 4).ok());
   EXPECT_FALSE(StreamingLlmPolicy::Create(*CacheBudget::Tokens(4), -1).ok());
+  // A share of a short prompt keeps the sinks that fit beside the newest token: 2 tokens, 1 sink.
   auto by_ratio = StreamingLlmPolicy::Create(*CacheBudget::Ratio(0.1), 4);
   ASSERT_TRUE(by_ratio.ok());
-  EXPECT_FALSE((*by_ratio)->BeginSequence(PromptOf(20)).ok());  // 2 tokens cannot hold 4 sinks
+  ASSERT_TRUE((*by_ratio)->BeginSequence(PromptOf(20)).ok());
+  LayerKVCache cache = CacheOf(**by_ratio, 1, 20);
+  auto keep = (*by_ratio)->Select(0, cache);
+  ASSERT_TRUE(keep.ok());
+  EXPECT_EQ(Row(*keep, 0), (std::vector<int64_t>{0, 19}));
 }
 
 TEST(TovaPolicy, RanksByTheLatestQueryOnly) {

@@ -89,6 +89,32 @@ TEST(EvalPolicies, MatchedCacheComparisonInterpolatesEachFamily) {
   EXPECT_NE(matched[1].note.find("below its smallest cache"), std::string::npos) << matched[1].note;
 }
 
+TEST(EvalPredictions, ATornLastLineIsCutAndACompleteOneKept) {
+  const std::string path = namm::testing::TempPath("predictions.jsonl");
+  PredictionRecord a, b;
+  a.row = 0;
+  b.row = 1;
+  b.score = std::nan("");  // written as null, read back as NaN
+  const std::string line_a = a.ToJson().dump(), line_b = b.ToJson().dump();
+  namm::testing::WriteText(path, line_a + "\n" + line_b.substr(0, 10));
+  auto cut = load_predictions(path, /*repair=*/true);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_EQ(cut->size(), 1u);
+  EXPECT_EQ(ReadText(path), line_a + "\n");
+  namm::testing::WriteText(path, line_a + "\n" + line_b);  // complete, only its newline missing
+  auto kept = load_predictions(path, /*repair=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  ASSERT_EQ(kept->size(), 2u);
+  EXPECT_TRUE(std::isnan((*kept)[1].score));
+  EXPECT_EQ(ReadText(path), line_a + "\n" + line_b + "\n");
+  const std::string broken = line_a + "\n{not json\n" + line_b + "\n";
+  namm::testing::WriteText(path, broken);
+  auto refused = load_predictions(path, /*repair=*/true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("line 2"), std::string::npos) << refused.status().ToString();
+  EXPECT_EQ(ReadText(path), broken) << "a malformed file is left as it is";
+}
+
 class Eval : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -221,6 +247,37 @@ TEST_F(Eval, ResumesAfterACrashWithoutRecomputingFinishedRows) {
   ASSERT_EQ(overwritten.exit_code, 0) << overwritten.output;
   EXPECT_FALSE(std::filesystem::exists(path)) << "the old policy's predictions are gone";
   EXPECT_EQ(Lines(ReadText(predictions_path(out, "syn/interruption_heldout", "tova:budget=16"))).size(), 6u);
+}
+
+TEST_F(Eval, RefusesToMixFilesItCannotVouchFor) {
+  // Another NAMM behind the same path: the finished rows were computed with the first one.
+  const std::string out = *dir_ + "/fingerprint", namm = *dir_ + "/changing.safetensors";
+  std::filesystem::remove_all(out);
+  std::filesystem::copy_file(*dir_ + "/zero.safetensors", namm, std::filesystem::copy_options::overwrite_existing);
+  ASSERT_EQ(RunEval(out, "namm:" + namm).exit_code, 0);
+  const auto init = RunProcess(std::string(NAMM_TOOL_PATH) + " init --arch bam --seed 5 --scale 0.05 --force --out " + namm);
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  const auto resumed = RunEval(out, "namm:" + namm);
+  EXPECT_NE(resumed.exit_code, 0);
+  EXPECT_NE(resumed.output.find("holds another evaluation (fingerprints:"), std::string::npos) << resumed.output;
+
+  // --overwrite removes only an evaluation's own files: not a configuration it cannot read...
+  const std::string foreign = *dir_ + "/foreign";
+  std::filesystem::remove_all(foreign);
+  std::filesystem::create_directories(foreign);
+  namm::testing::WriteText(foreign + "/config.yaml", "name: someone else's\n");
+  const auto overwrite = RunEval(foreign, "tova:budget=8", "--overwrite");
+  EXPECT_NE(overwrite.exit_code, 0);
+  EXPECT_NE(overwrite.output.find("remove it yourself"), std::string::npos) << overwrite.output;
+  EXPECT_EQ(ReadText(foreign + "/config.yaml"), "name: someone else's\n");
+  // ... and predictions without a configuration are not taken for finished rows.
+  std::filesystem::remove(foreign + "/config.yaml");
+  const std::string stray = predictions_path(foreign, "syn/interruption_heldout", "tova:budget=8");
+  std::filesystem::create_directories(std::filesystem::path(stray).parent_path());
+  namm::testing::WriteText(stray, "");
+  const auto unknown = RunEval(foreign, "tova:budget=8");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.output.find("no config.yaml"), std::string::npos) << unknown.output;
 }
 
 TEST_F(Eval, ShardsMergeIntoExactlyTheUnshardedResult) {

@@ -374,6 +374,7 @@ TEST(Generator, CacheSizesAreMeansOverQueries) {
   GenerationOptions options;
   options.max_new_tokens = 0;
   options.chunk_size = 32;
+  options.teacher_forcing = true;
   options.forced_tokens = std::vector<int64_t>(20, 300);
   const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 100);
   auto run = Generator(s.model, *s.tokenizer).Generate(prompt, full, options);

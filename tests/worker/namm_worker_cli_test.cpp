@@ -71,7 +71,7 @@ TEST(NammWorkerCli, BadInputGetsAClearError) {
       {"generate --model /nonexistent/model.bin" + tok + " --prompt hi", "no such file"},
       {"generate --model " + truncated + tok + " --prompt hi", "the header implies"},
       {StoriesArgs() + " --prompt-file " + long_prompt, "pass --truncate"},
-      {StoriesArgs() + " --prompt hi --policy h2o", "h2o needs budget=N"},
+      {StoriesArgs() + " --prompt hi --policy h2o", "h2o needs exactly one of budget=N"},
       {StoriesArgs() + " --prompt hi --policy lru:budget=3", "unknown policy 'lru'"},
       {StoriesArgs() + " --prompt hi --rope-scaling ntk:alpha=2", "factor=F is required"},
       {StoriesArgs() + " --prompt hi --chunk-size 100", "must be positive and divide"},

@@ -127,6 +127,14 @@ TEST(TaskRunner, TeacherForcedScoresMatchADirectComputation) {
   EXPECT_NEAR(likelihood->score, std::exp(-nll / static_cast<double>(continuation.size())), 1e-5);
   EXPECT_DOUBLE_EQ(accuracy->score, static_cast<double>(right) / static_cast<double>(continuation.size()));
   EXPECT_EQ(likelihood->updates.size(), 1u);  // the sequence crosses 512 once: a memory update ran
+
+  // A one-token continuation is scored from the prompt's last position alone.
+  row.fields["continuation_ids"] = std::vector<int64_t>{continuation[0]};
+  task.scoring = tasks::Scoring::kLikelihood;
+  auto one = runner.Run(task, row, full, {});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  const at::Tensor first = (*logits)[static_cast<int64_t>(prompt_length - 1)];
+  EXPECT_NEAR(one->score, std::exp(at::log_softmax(first.to(at::kDouble), 0)[continuation[0]].item<double>()), 1e-5);
 }
 
 TEST(TaskRunner, CleanContextBeatsDistractorsUnderPlainRope) {

@@ -43,12 +43,14 @@ std::vector<std::pair<std::string, std::string>> Identity(const EvalConfig& c) {
     for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
     return out + "]";
   };
-  std::string rows;
+  std::string rows, fingerprints;
   for (const auto& [task, range] : c.task_rows) rows += task + "=" + range + " ";
+  for (const auto& [input, fingerprint] : c.fingerprints) fingerprints += input + "=" + fingerprint + " ";
   return {{"model", c.model},
           {"tokenizer", c.tokenizer},
+          {"fingerprints", fingerprints},
           {"rope_scaling", c.rope_scaling},
-          {"device", c.device},
+          {"device type", c.device.substr(0, c.device.find(':'))},
           {"tasks", list(c.tasks)},
           {"rows", rows},
           {"policies", list(c.policies)},
@@ -100,6 +102,9 @@ std::string EvalConfig::ToYaml() const {
   out << YAML::Key << "tokenizer" << YAML::Value << tokenizer;
   out << YAML::Key << "rope_scaling" << YAML::Value << rope_scaling;
   out << YAML::Key << "device" << YAML::Value << device;
+  out << YAML::Key << "fingerprints" << YAML::Value << YAML::BeginMap;
+  for (const auto& [input, fingerprint] : fingerprints) out << YAML::Key << input << YAML::Value << fingerprint;
+  out << YAML::EndMap;
   out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << tasks;
   out << YAML::Key << "task_rows" << YAML::Value << YAML::BeginMap;
   for (const auto& [task, range] : task_rows) out << YAML::Key << task << YAML::Value << YAML::DoubleQuoted << range;
@@ -137,6 +142,7 @@ Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::stri
     c.tokenizer = Get<std::string>(root, "tokenizer", "");
     c.rope_scaling = Get<std::string>(root, "rope_scaling", "");
     c.device = Get<std::string>(root, "device", "cpu");
+    c.fingerprints = Get<std::map<std::string, std::string>>(root, "fingerprints", {});
     c.tasks = Get<std::vector<std::string>>(root, "tasks", {});
     c.task_rows = Get<std::map<std::string, std::string>>(root, "task_rows", {});
     c.policies = Get<std::vector<std::string>>(root, "policies", {});
@@ -298,10 +304,15 @@ Result<PredictionRecord> PredictionRecord::FromJson(const Json& j, const std::st
     r.answers = j.at("answers");
     r.all_classes = j.value("all_classes", Json());
     r.length = j.value("length", Json());
-    r.score = j.at("score").get<double>();
-    r.mean_kv_tokens = j.at("mean_kv_tokens").get<double>();
-    r.answer_kv_tokens = j.value("answer_kv_tokens", 0.0);
-    r.peak_kv_tokens = j.at("peak_kv_tokens").get<double>();
+    // JSON has no NaN: a non-finite number was written as null.
+    const auto number = [&](const char* key) {
+      const Json& v = j.at(key);
+      return v.is_null() ? std::nan("") : v.get<double>();
+    };
+    r.score = number("score");
+    r.mean_kv_tokens = number("mean_kv_tokens");
+    r.answer_kv_tokens = j.contains("answer_kv_tokens") ? number("answer_kv_tokens") : 0.0;
+    r.peak_kv_tokens = number("peak_kv_tokens");
     r.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
     r.generated_tokens = j.at("generated_tokens").get<int64_t>();
     r.prefill_tokens = j.value("prefill_tokens", int64_t{0});
@@ -324,9 +335,24 @@ Result<std::vector<PredictionRecord>> load_predictions(const std::string& path, 
     ++line;
     const std::string where = path + " line " + std::to_string(line);
     if (newline == std::string::npos) {
-      // A line without its newline: the process stopped while writing it.
+      // A last line without its newline: a complete record whose newline is missing keeps its place; anything
+      // else is what a process stopped while writing, and is cut off.
+      Json tail;
+      bool complete = false;
+      try {
+        tail = Json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.end());
+        complete = PredictionRecord::FromJson(tail, where).ok();
+      } catch (const std::exception&) {
+      }
       if (!repair) return Status::Corruption(where + ": incomplete last line");
-      if (::truncate(path.c_str(), static_cast<off_t>(start)) != 0) {
+      if (complete) {
+        NAMM_ASSIGN_OR_RETURN(PredictionRecord record, PredictionRecord::FromJson(tail, where));
+        records.push_back(std::move(record));
+        const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+        const bool ok = fd >= 0 && ::write(fd, "\n", 1) == 1 && ::fsync(fd) == 0;
+        if (fd >= 0) ::close(fd);
+        if (!ok) return Status::IOError(path + ": cannot end the last line: " + std::strerror(errno));
+      } else if (::truncate(path.c_str(), static_cast<off_t>(start)) != 0) {
         return Status::IOError(path + ": cannot cut the incomplete last line: " + std::strerror(errno));
       }
       break;
@@ -396,9 +422,19 @@ Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, cons
       for (int64_t row : rows) sum += by_policy[policy][row].*field;
       return rows.empty() ? 0.0 : sum / static_cast<double>(rows.size());
     };
+    // Rows whose answer had no query (EOS first) have no answer-time cache.
+    const auto answer_mean_of = [&](const std::string& policy) {
+      double sum = 0;
+      int64_t n = 0;
+      for (int64_t row : rows) {
+        const double v = by_policy[policy][row].answer_kv_tokens;
+        if (v > 0) sum += v, ++n;
+      }
+      return n > 0 ? sum / static_cast<double>(n) : std::nan("");
+    };
     const double full_score = mean_of("full", &PredictionRecord::score);
     const double full_cache = mean_of("full", &PredictionRecord::mean_kv_tokens);
-    const double full_answer_cache = mean_of("full", &PredictionRecord::answer_kv_tokens);
+    const double full_answer_cache = answer_mean_of("full");
     for (const auto& policy : config.policies) {
       PolicyResult r;
       r.task = task;
@@ -411,7 +447,7 @@ Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, cons
       r.mean_kv_tokens = mean_of(policy, &PredictionRecord::mean_kv_tokens);
       r.peak_kv_tokens = mean_of(policy, &PredictionRecord::peak_kv_tokens);
       r.relative_cache = full_cache > 0 ? r.mean_kv_tokens / full_cache : std::nan("");
-      r.answer_kv_tokens = mean_of(policy, &PredictionRecord::answer_kv_tokens);
+      r.answer_kv_tokens = answer_mean_of(policy);
       r.answer_relative_cache = full_answer_cache > 0 ? r.answer_kv_tokens / full_answer_cache : std::nan("");
       double tokens = 0;
       for (int64_t row : rows) {
@@ -467,21 +503,13 @@ std::string ResultsJson(const EvalConfig& config, const std::vector<PolicyResult
   return j.dump(2) + "\n";
 }
 
-// A CSV field, quoted when it holds a separator, a quote or a line break.
-std::string CsvField(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
 std::string ResultsCsv(const std::vector<PolicyResult>& results) {
   std::ostringstream out;
   out << "task,policy,family,cache_setting,rows,score,normalized_score,mean_kv_tokens,peak_kv_tokens,relative_cache,"
          "answer_kv_tokens,answer_relative_cache,seconds,tokens_per_second\n";
   for (const auto& r : results) {
-    out << CsvField(r.task) << ',' << CsvField(r.policy) << ',' << CsvField(r.family) << ','
-        << CsvField(r.cache_setting) << ',' << r.rows << ',' << format_number(r.score, 6) << ','
+    out << csv_field(r.task) << ',' << csv_field(r.policy) << ',' << csv_field(r.family) << ','
+        << csv_field(r.cache_setting) << ',' << r.rows << ',' << format_number(r.score, 6) << ','
         << format_number(r.normalized_score, 6) << ',' << format_number(r.mean_kv_tokens, 3) << ','
         << format_number(r.peak_kv_tokens, 3) << ',' << format_number(r.relative_cache, 6) << ','
         << format_number(r.answer_kv_tokens, 3) << ',' << format_number(r.answer_relative_cache, 6) << ','
@@ -716,8 +744,14 @@ Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& s
       for (const auto& policy : merged.policies) {
         NAMM_ASSIGN_OR_RETURN(std::vector<PredictionRecord> records,
                               load_predictions(predictions_path(shard_dirs[i], task, policy), false));
+        NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> own, configs[i].ShardRows(task));
+        const std::set<int64_t> own_rows(own.begin(), own.end());
+        std::set<int64_t> taken;
         auto& all = joined[{task, policy}];
-        all.insert(all.end(), records.begin(), records.end());
+        for (auto& r : records) {
+          // Only the shard's own rows, once each (compute_results above checked that all are there).
+          if (own_rows.count(r.row) && taken.insert(r.row).second) all.push_back(std::move(r));
+        }
       }
     }
   }

@@ -144,7 +144,10 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
   }
   if (options.max_new_tokens < 0) return Status::InvalidArgument("max_new_tokens must be >= 0");
   const auto forced = static_cast<int64_t>(options.forced_tokens.size());
-  if (forced > 0 && options.max_new_tokens > 0) {
+  if (!options.teacher_forcing && forced > 0) {
+    return Status::InvalidArgument("forced tokens need teacher_forcing");
+  }
+  if (options.teacher_forcing && options.max_new_tokens > 0) {
     return Status::InvalidArgument("teacher-forced tokens and generated tokens cannot be combined");
   }
   const int64_t context = options.max_context > 0 ? options.max_context : model_.config().context_length();
@@ -191,10 +194,13 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
   result.prefill_seconds = Since(prefill_start);
 
   // Teacher-forced tokens (counted as decoding work).
-  if (forced > 0) {
+  if (options.teacher_forcing) {
     const auto forced_start = Clock::now();
-    NAMM_ASSIGN_OR_RETURN(at::Tensor forced_logits, run_chunked(options.forced_tokens, true));
-    result.forced_logits = at::cat({logits, forced_logits}, 0);
+    result.forced_logits = logits;
+    if (forced > 0) {
+      NAMM_ASSIGN_OR_RETURN(at::Tensor forced_logits, run_chunked(options.forced_tokens, true));
+      result.forced_logits = at::cat({logits, forced_logits}, 0);
+    }
     result.decode_steps = forced;
     result.decode_seconds = Since(forced_start);
     result.stop_reason = "forced";

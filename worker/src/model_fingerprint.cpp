@@ -30,16 +30,8 @@ std::vector<fs::path> ModelFiles(const std::string& model_path) {
   return files;
 }
 
-}  // namespace
-
-Result<std::string> model_fingerprint(const std::string& model_path, const std::string& tokenizer_path) {
-  if (!path_exists(model_path)) return Status::NotFound(model_path + ": no such model");
-  std::vector<fs::path> files = ModelFiles(model_path);
-  if (files.empty()) return Status::NotFound(model_path + ": no config.json or *.safetensors to fingerprint");
-  if (!tokenizer_path.empty() && !is_directory(tokenizer_path) &&
-      std::find(files.begin(), files.end(), fs::path(tokenizer_path)) == files.end()) {
-    files.emplace_back(tokenizer_path);
-  }
+// "sha256:<hex>" over `files`, each as its name, size and bytes, in the given order.
+Result<std::string> Digest(const std::vector<fs::path>& files) {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return Status::Internal("SHA-256 unavailable");
   std::vector<char> buffer(1 << 20);
@@ -64,6 +56,24 @@ Result<std::string> model_fingerprint(const std::string& model_path, const std::
     out += hex[digest[i] & 15];
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::string> model_fingerprint(const std::string& model_path, const std::string& tokenizer_path) {
+  if (!path_exists(model_path)) return Status::NotFound(model_path + ": no such model");
+  std::vector<fs::path> files = ModelFiles(model_path);
+  if (files.empty()) return Status::NotFound(model_path + ": no config.json or *.safetensors to fingerprint");
+  if (!tokenizer_path.empty() && !is_directory(tokenizer_path) &&
+      std::find(files.begin(), files.end(), fs::path(tokenizer_path)) == files.end()) {
+    files.emplace_back(tokenizer_path);
+  }
+  return Digest(files);
+}
+
+Result<std::string> file_fingerprint(const std::string& path) {
+  if (!path_exists(path) || is_directory(path)) return Status::NotFound(path + ": no such file");
+  return Digest({fs::path(path)});
 }
 
 }  // namespace namm::worker

@@ -31,18 +31,13 @@ Result<std::unique_ptr<MemoryPolicy>> Upcast(Result<std::unique_ptr<P>> policy) 
   return std::unique_ptr<MemoryPolicy>(std::move(*policy));
 }
 
-Result<std::unique_ptr<MemoryPolicy>> MakeNamm(const std::string& path, at::Device device) {
-  NAMM_ASSIGN_OR_RETURN(NammModel model, read_namm_file(path));
-  return Upcast(NammPolicy::Create(model, device));
-}
-
-Result<std::unique_ptr<MemoryPolicy>> MakeOracle(const PolicyContext& context) {
-  if (context.row == nullptr || !context.row->contains("evict_spans")) {
+Result<std::unique_ptr<MemoryPolicy>> MakeOracle(const nlohmann::json* row) {
+  if (row == nullptr || !row->contains("evict_spans")) {
     return Status::InvalidArgument("the oracle policy needs rows that mark what to evict ('evict_spans', as the "
                                    "syn/interruption rows do)");
   }
   std::vector<std::pair<int64_t, int64_t>> spans;
-  for (const auto& span : (*context.row)["evict_spans"]) {
+  for (const auto& span : (*row)["evict_spans"]) {
     if (!span.is_array() || span.size() != 2 || !span[0].is_number_integer() || !span[1].is_number_integer()) {
       return Status::InvalidArgument("'evict_spans' must be a list of [begin, end] integer pairs");
     }
@@ -53,18 +48,27 @@ Result<std::unique_ptr<MemoryPolicy>> MakeOracle(const PolicyContext& context) {
 
 }  // namespace
 
-Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& text, const PolicyContext& context) {
-  // A NAMM file's path may contain ':' or ',', so it is not parsed as options.
+Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const PolicyContext& context) {
+  return PolicyFactory(context.device, context.tokenizer).Make(spec, context.row);
+}
+
+Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& text, const nlohmann::json* row) {
+  // A NAMM file's path may contain ':', so it is not parsed as options.
   if (text.rfind("namm:", 0) == 0) {
     const std::string path = text.substr(5);
     if (path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
-    return MakeNamm(path, context.device);
+    auto it = namm_models_.find(path);
+    if (it == namm_models_.end()) {
+      NAMM_ASSIGN_OR_RETURN(NammModel model, read_namm_file(path));
+      it = namm_models_.emplace(path, std::move(model)).first;
+    }
+    return Upcast(NammPolicy::Create(it->second, device_));
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   const auto where = [&](const Status& s) { return s.WithContext("policy '" + text + "'"); };
   if (spec.name == "full" || spec.name == "oracle") {
     NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({})));
-    if (spec.name == "oracle") return MakeOracle(context);
+    if (spec.name == "oracle") return MakeOracle(row);
     return std::unique_ptr<MemoryPolicy>(new FullCachePolicy());
   }
   if (!is_budgeted_family(spec.name)) {
@@ -101,13 +105,13 @@ Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& text, const
   }
   // fastgen
   NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "recovery", "window"})));
-  if (context.tokenizer == nullptr) return Status::InvalidArgument("fastgen needs the tokenizer (token classes)");
+  if (tokenizer_ == nullptr) return Status::InvalidArgument("fastgen needs the tokenizer (token classes)");
   FastGenOptions options;
   NAMM_ASSIGN_OR_RETURN(options.recovery, spec.GetDouble("recovery", options.recovery));
   NAMM_ASSIGN_OR_RETURN(options.window, spec.GetInt("window", options.window));
-  TokenClasses classes = classify_tokens(*context.tokenizer);
-  options.special_ids = std::move(classes.special);
-  options.punctuation_ids = std::move(classes.punctuation);
+  if (!classes_) classes_ = classify_tokens(*tokenizer_);
+  options.special_ids = classes_->special;
+  options.punctuation_ids = classes_->punctuation;
   return Upcast(FastGenPolicy::Create(budget, std::move(options)));
 }
 

@@ -97,6 +97,7 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
     // are compared with the next true token.
     if (continuation.empty()) return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + ": empty continuation");
     generation.max_new_tokens = 0;
+    generation.teacher_forcing = true;
     generation.forced_tokens.assign(continuation.begin(), continuation.end() - 1);
     NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(prompt, policy, generation));
     const int64_t n = static_cast<int64_t>(continuation.size());

@@ -1,11 +1,15 @@
 // namm-worker eval: memory policies compared on task rows (docs/evaluation.md). Resumable (rows already in a
 // predictions file are skipped), shardable (--shard I/N, joined by eval --merge), and its results are computed
 // from the predictions files alone.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -18,6 +22,7 @@
 #include "namm/file_util.h"
 #include "namm/tasks/task_path_options.h"
 #include "namm/worker/evaluation.h"
+#include "namm/worker/model_fingerprint.h"
 #include "namm/worker/policy_spec.h"
 #include "namm/worker/task_runner.h"
 #include "setup.h"
@@ -73,27 +78,61 @@ class Progress {
   Clock::time_point start_ = Clock::now();
 };
 
-// Removes what an earlier evaluation wrote to `dir` (its configuration, results and predictions), nothing else.
+// An exclusive lock on an output directory (DIR/.lock) for as long as the object lives, so that two evaluations
+// never append to, repair or merge into the same files at once.
+class DirectoryLock {
+ public:
+  static Result<DirectoryLock> Acquire(const std::string& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status::IOError(dir + ": cannot create the directory: " + ec.message());
+    const std::string path = dir + "/.lock";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      return Status::FailedPrecondition(dir + " is in use by another namm-worker eval");
+    }
+    return DirectoryLock(fd);
+  }
+  DirectoryLock(DirectoryLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  DirectoryLock& operator=(DirectoryLock&&) = delete;
+  ~DirectoryLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  explicit DirectoryLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+// Removes what an earlier evaluation wrote to `dir` (the files its configuration names: predictions, results,
+// plots, the configuration), nothing else. Refuses a configuration it cannot read: it cannot know what is ours.
 Status RemoveEvaluation(const std::string& dir) {
-  std::error_code ec;
   const std::string config_path = dir + "/config.yaml";
-  if (path_exists(config_path)) {
-    NAMM_ASSIGN_OR_RETURN(std::string text, read_file(config_path));
-    if (Result<EvalConfig> old = EvalConfig::FromYaml(text, config_path); old.ok()) {
-      for (const auto& task : old->tasks) {
-        std::filesystem::remove(dir + "/plot_" + output_directory_name(task) + ".svg", ec);
-        for (const auto& policy : old->policies) {
-          const std::filesystem::path file = predictions_path(dir, task, policy);
-          std::filesystem::remove(file, ec);
-          std::filesystem::remove(file.parent_path(), ec);  // only if now empty
-          std::filesystem::remove(file.parent_path().parent_path(), ec);
-        }
-      }
+  if (!path_exists(config_path)) return Status::Ok();
+  NAMM_ASSIGN_OR_RETURN(std::string text, read_file(config_path));
+  Result<EvalConfig> old = EvalConfig::FromYaml(text, config_path);
+  if (!old.ok()) {
+    return old.status().WithContext("--overwrite removes only an evaluation's own files, and " + config_path +
+                                    " is not an evaluation configuration this build reads; remove it yourself");
+  }
+  std::error_code ec;
+  const auto remove = [&](const std::filesystem::path& file) -> Status {
+    std::filesystem::remove(file, ec);
+    return ec ? Status::IOError(file.string() + ": cannot remove it: " + ec.message()) : Status::Ok();
+  };
+  for (const auto& task : old->tasks) {
+    NAMM_RETURN_IF_ERROR(remove(dir + "/plot_" + output_directory_name(task) + ".svg"));
+    for (const auto& policy : old->policies) {
+      const std::filesystem::path file = predictions_path(dir, task, policy);
+      NAMM_RETURN_IF_ERROR(remove(file));
+      std::filesystem::remove(file.parent_path(), ec);  // only if now empty
+      std::filesystem::remove(file.parent_path().parent_path(), ec);
     }
   }
   for (const char* name : {"results.json", "results.csv", "results.html", "config.yaml"}) {
-    std::filesystem::remove(dir + "/" + name, ec);
-    if (ec) return Status::IOError(dir + "/" + name + ": cannot remove it: " + ec.message());
+    NAMM_RETURN_IF_ERROR(remove(dir + "/" + name));
   }
   return Status::Ok();
 }
@@ -101,7 +140,18 @@ Status RemoveEvaluation(const std::string& dir) {
 // Checks `config` against an evaluation already in `dir`; true when there is one to resume.
 Result<bool> CheckResumable(const EvalConfig& config, const std::string& dir) {
   const std::string path = dir + "/config.yaml";
-  if (!path_exists(path)) return false;
+  if (!path_exists(path)) {
+    // Predictions without a configuration (a merge that stopped, files copied by hand) are of unknown origin.
+    for (const auto& task : config.tasks) {
+      for (const auto& policy : config.policies) {
+        if (path_exists(predictions_path(dir, task, policy))) {
+          return Status::FailedPrecondition(dir + " holds " + predictions_path(dir, task, policy) +
+                                            " but no config.yaml saying what it is; choose another --out or remove it");
+        }
+      }
+    }
+    return false;
+  }
   NAMM_ASSIGN_OR_RETURN(std::string text, read_file(path));
   NAMM_ASSIGN_OR_RETURN(EvalConfig old, EvalConfig::FromYaml(text, path));
   if (const std::string diff = config.DifferenceFrom(old); !diff.empty()) {
@@ -152,6 +202,7 @@ Status Report(const EvalConfig& config, const std::vector<PolicyResult>& results
 }
 
 Status RunMerge(const EvalOptions& o) {
+  NAMM_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::Acquire(o.out));
   NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, merge_shards(o.merge, o.out));
   NAMM_ASSIGN_OR_RETURN(std::string text, read_file(o.out + "/config.yaml"));
   NAMM_ASSIGN_OR_RETURN(EvalConfig config, EvalConfig::FromYaml(text, o.out + "/config.yaml"));
@@ -182,8 +233,9 @@ Status RunEval(const EvalOptions& o) {
   NAMM_ASSIGN_OR_RETURN(std::vector<std::string> specs, split_policy_list(o.policies));
   NAMM_ASSIGN_OR_RETURN(config.policies, expand_policies(specs, o.budgets, o.ratios));
 
-  // Tasks and their rows.
+  // Tasks, their rows and what they are run with.
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
+  std::set<std::string> task_directories;
   std::map<std::string, tasks::TaskSpec> specs_by_task;
   std::map<std::string, std::vector<tasks::TaskRow>> rows_by_task;
   for (const auto& name : config.tasks) {
@@ -193,6 +245,18 @@ Status RunEval(const EvalOptions& o) {
     NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> selected,
                           tasks::parse_row_range(o.rows, static_cast<int64_t>(rows.size())));
     config.task_rows[name] = std::to_string(selected.front()) + ":" + std::to_string(selected.back() + 1);
+    if (!task_directories.insert(output_directory_name(name)).second) {
+      return Status::InvalidArgument("task " + name + " would share its output directory with another task");
+    }
+    const int64_t chunk = o.inference.chunk_size > 0 ? o.inference.chunk_size : task.chunk_size > 0 ? task.chunk_size : 128;
+    const int64_t interval = o.inference.update_interval > 0 ? o.inference.update_interval
+                             : task.update_interval > 0      ? task.update_interval
+                                                             : 512;
+    if (interval % chunk != 0) {
+      return Status::InvalidArgument("task " + name + ": the chunk size " + std::to_string(chunk) +
+                                     " does not divide the update interval " + std::to_string(interval));
+    }
+    NAMM_ASSIGN_OR_RETURN(config.fingerprints["data:" + name], file_fingerprint(task.data_path));
     specs_by_task[name] = std::move(task);
     rows_by_task[name] = std::move(rows);
   }
@@ -200,13 +264,24 @@ Status RunEval(const EvalOptions& o) {
   ApplyThreads(o.inference);
   const std::string first_rope = specs_by_task[config.tasks.front()].rope_scaling;
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model, first_rope));
-  // Every policy must build before anything is written (the oracle checks its rows' marks on the first row).
+  // Every policy must build before anything is written (the oracle checks each task's first row for marks).
+  PolicyFactory policies = MakePolicyFactory(loaded);
   for (const auto& spec : config.policies) {
-    const auto& first_rows = rows_by_task[config.tasks.front()];
-    NAMM_RETURN_IF_ERROR(MakePolicy(spec, loaded, first_rows.empty() ? nullptr : &first_rows.front().fields).status());
+    for (const auto& task : config.tasks) {
+      const auto& rows = rows_by_task[task];
+      if (!rows.empty()) NAMM_RETURN_IF_ERROR(policies.Make(spec, &rows.front().fields).status().WithContext(task));
+    }
+  }
+
+  // What the model and the NAMM files are, beyond their paths.
+  NAMM_ASSIGN_OR_RETURN(config.fingerprints["model"], model_fingerprint(o.model.model, o.model.tokenizer));
+  for (const auto& spec : config.policies) {
+    if (spec.rfind("namm:", 0) != 0) continue;
+    NAMM_ASSIGN_OR_RETURN(config.fingerprints[spec], file_fingerprint(spec.substr(5)));
   }
 
   // The output directory: a new evaluation, or the same one resumed.
+  NAMM_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::Acquire(o.out));
   if (o.overwrite) NAMM_RETURN_IF_ERROR(RemoveEvaluation(o.out));
   NAMM_ASSIGN_OR_RETURN(bool resuming, CheckResumable(config, o.out));
   std::error_code ec;
@@ -263,7 +338,7 @@ Status RunEval(const EvalOptions& o) {
         }
         const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
         // A policy serves one sequence (and the oracle reads its row), so each row gets a fresh one.
-        NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(policy_spec, loaded, &row.fields));
+        NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(policy_spec, &row.fields));
         Result<PromptResult> ran = runner.Run(task, row, *policy, run_options);
         if (!ran.ok()) return ran.status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
         const PromptResult& r = *ran;

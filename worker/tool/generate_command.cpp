@@ -58,7 +58,7 @@ Status RunGenerate(const GenerateOptions& o) {
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
   const LlamaModel& model = *loaded.model;
   const Tokenizer* tokenizer = loaded.tokenizer.get();
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(o.policy.Spec(), loaded));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicyFactory(loaded).Make(o.policy.Spec()));
 
   const int64_t context = o.inference.max_context > 0 ? o.inference.max_context : model.config().context_length();
   std::vector<int64_t> ids;

@@ -32,7 +32,12 @@ Status RunTask(const RunTaskOptions& o) {
   ApplyThreads(o.inference);
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model, task.rope_scaling));
   const std::string spec = o.policy.Spec();
-  NAMM_RETURN_IF_ERROR(policy_family(spec).status());
+  NAMM_ASSIGN_OR_RETURN(std::string family, policy_family(spec));
+  if (family == "oracle" && o.clean_context) {
+    return Status::InvalidArgument("the oracle's marks are positions in the full prompt: it cannot run with "
+                                   "--clean-context");
+  }
+  PolicyFactory policies = MakePolicyFactory(loaded);
   std::string policy_name;
   tasks::ReferenceScores reference;
   if (!o.record_reference.empty()) {
@@ -56,7 +61,7 @@ Status RunTask(const RunTaskOptions& o) {
   for (int64_t index : selected) {
     const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
     // A policy serves one sequence; the oracle reads what to evict from its row.
-    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, MakePolicy(spec, loaded, &row.fields));
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(spec, &row.fields));
     policy_name = policy->name();
     NAMM_ASSIGN_OR_RETURN(PromptResult r, runner.Run(task, row, *policy, options));
     total += r.score;

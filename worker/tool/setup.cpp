@@ -91,13 +91,8 @@ void AddPolicyOptions(CLI::App* cmd, PolicyOptions& o) {
   namm->excludes(policy);
 }
 
-Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const std::string& spec, const LoadedModelAndTokenizer& loaded,
-                                                 const nlohmann::json* row) {
-  PolicyContext context;
-  context.device = loaded.model->options().device();
-  context.tokenizer = loaded.tokenizer.get();
-  context.row = row;
-  return make_policy(spec, context);
+PolicyFactory MakePolicyFactory(const LoadedModelAndTokenizer& loaded) {
+  return PolicyFactory(loaded.model->options().device(), loaded.tokenizer.get());
 }
 
 }  // namespace namm::worker::cli

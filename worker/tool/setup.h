@@ -2,13 +2,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <string>
 
 #include "namm/policies/memory_policy.h"
 #include "namm/worker/llama_model.h"
+#include "namm/worker/policy_spec.h"
 #include "namm/worker/tokenizer.h"
 
 namespace namm::worker::cli {
@@ -43,8 +43,7 @@ struct PolicyOptions {
 };
 // --namm F | --policy SPEC.
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& options);
-// The policy of `spec` for the loaded model (its device, its tokenizer) and, for the oracle, `row`.
-Result<std::unique_ptr<MemoryPolicy>> MakePolicy(const std::string& spec, const LoadedModelAndTokenizer& loaded,
-                                                 const nlohmann::json* row = nullptr);
+// A policy factory for the loaded model (its device, its tokenizer).
+PolicyFactory MakePolicyFactory(const LoadedModelAndTokenizer& loaded);
 
 }  // namespace namm::worker::cli

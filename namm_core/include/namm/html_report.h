@@ -45,4 +45,7 @@ std::string html_table(const std::vector<std::string>& header, const std::vector
 // A number with `digits` decimals, or "" for NaN.
 std::string format_number(double value, int digits);
 
+// A CSV field (RFC 4180), for the reports' CSV files: quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& text);
+
 }  // namespace namm

@@ -1,5 +1,6 @@
 #include "namm/policies/h2o_policy.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "aten.h"
@@ -35,12 +36,6 @@ std::string H2OPolicy::name() const {
 
 std::vector<TokenStateSpec> H2OPolicy::token_state() const { return {{kAttentionState, {}, at::kFloat}}; }
 
-Status H2OPolicy::BeginSequence(const SequenceInfo& info) {
-  NAMM_RETURN_IF_ERROR(BudgetedPolicy::BeginSequence(info));
-  NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
-  return CheckRecent(budget, recent_);
-}
-
 Status H2OPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
   NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
   return internal::catch_torch_errors("H2O observe", [&] {
@@ -53,7 +48,8 @@ Result<at::Tensor> H2OPolicy::Select(int /*layer*/, LayerKVCache& cache) {
   NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
   const int64_t n = cache.size();
   if (n <= budget) return all_token_indices(cache);
-  const int64_t recent = recent_ ? *recent_ : budget / 2;
+  // A recent window larger than a ratio's budget on a short prompt fills the whole budget.
+  const int64_t recent = recent_ ? std::min(*recent_, budget) : budget / 2;
   return internal::catch_torch_errors("H2O select", [&]() -> Result<at::Tensor> {
     at::Tensor ranking = force_keep_newest(cache.state(kAttentionState));
     ranking.narrow(1, n - recent, recent).fill_(std::numeric_limits<float>::max());

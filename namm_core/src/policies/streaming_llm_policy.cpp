@@ -1,5 +1,7 @@
 #include "namm/policies/streaming_llm_policy.h"
 
+#include <algorithm>
+
 #include "aten.h"
 #include "torch_status.h"
 
@@ -27,8 +29,10 @@ std::string StreamingLlmPolicy::name() const {
 
 Status StreamingLlmPolicy::BeginSequence(const SequenceInfo& info) {
   NAMM_RETURN_IF_ERROR(BudgetedPolicy::BeginSequence(info));
-  NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
-  return CheckSinks(budget, sinks_);
+  NAMM_ASSIGN_OR_RETURN(int64_t tokens, budget_tokens());
+  // A share of a short prompt may leave no room for every sink: keep what fits with the newest token.
+  sinks_now_ = budget().is_ratio() ? std::min(sinks_, tokens - 1) : sinks_;
+  return CheckSinks(tokens, sinks_now_);
 }
 
 Result<at::Tensor> StreamingLlmPolicy::Select(int /*layer*/, LayerKVCache& cache) {
@@ -38,7 +42,7 @@ Result<at::Tensor> StreamingLlmPolicy::Select(int /*layer*/, LayerKVCache& cache
   return internal::catch_torch_errors("StreamingLLM select", [&]() -> Result<at::Tensor> {
     // Every head holds the same tokens, oldest first: the sinks are the first slots.
     const at::TensorOptions index = cache.positions().options();
-    const at::Tensor kept = at::cat({at::arange(sinks_, index), at::arange(n - (budget - sinks_), n, index)});
+    const at::Tensor kept = at::cat({at::arange(sinks_now_, index), at::arange(n - (budget - sinks_now_), n, index)});
     return kept.unsqueeze(0).expand({cache.kv_heads(), budget}).contiguous();
   });
 }

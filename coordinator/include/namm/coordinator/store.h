@@ -160,7 +160,7 @@ struct GenerationCommit {
 // The work recorded for one generation, from its evaluations.
 struct GenerationActivity {
   int64_t generation = 0;
-  int64_t evaluations = 0;    // units recorded: candidates and evaluations of the mean
+  int64_t evaluations = 0;    // results recorded, one per (candidate or the mean) x task x prompt
   int64_t workers = 0;        // distinct workers that reported them
   double worker_seconds = 0;  // their summed durations
 };

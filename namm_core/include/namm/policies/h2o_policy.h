@@ -21,14 +21,13 @@ namespace namm {
 class H2OPolicy final : public BudgetedPolicy {
  public:
   // recent: how many of the kept tokens are the most recent ones (<= the budget; default: half of it, H2O's
-  // split).
+  // split). With a budget given as a ratio, a prompt whose budget is smaller than `recent` keeps only recent ones.
   static Result<std::unique_ptr<H2OPolicy>> Create(CacheBudget budget, std::optional<int64_t> recent = std::nullopt);
 
   std::string name() const override;
   // "h2o.attention" [] float32: the accumulated attention per token.
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
-  Status BeginSequence(const SequenceInfo& info) override;
   Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
   // Keeps everything while the cache holds <= budget tokens; otherwise the `recent` newest tokens and the
   // budget - recent others with the most accumulated attention.

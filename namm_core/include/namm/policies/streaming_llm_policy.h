@@ -16,7 +16,8 @@ namespace namm {
 
 class StreamingLlmPolicy final : public BudgetedPolicy {
  public:
-  // sinks: initial tokens kept (the paper uses 4); must leave room for the newest token within the budget.
+  // sinks: initial tokens kept (the paper uses 4); must leave room for the newest token within the budget. With a
+  // budget given as a ratio, a prompt too short for every sink keeps budget - 1 of them.
   static Result<std::unique_ptr<StreamingLlmPolicy>> Create(CacheBudget budget, int64_t sinks = 4);
 
   std::string name() const override;
@@ -25,8 +26,10 @@ class StreamingLlmPolicy final : public BudgetedPolicy {
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
 
  private:
-  StreamingLlmPolicy(CacheBudget budget, int64_t sinks) : BudgetedPolicy(budget), sinks_(sinks) {}
+  StreamingLlmPolicy(CacheBudget budget, int64_t sinks)
+      : BudgetedPolicy(budget), sinks_(sinks), sinks_now_(sinks) {}
   int64_t sinks_;
+  int64_t sinks_now_;  // for the current sequence
 };
 
 }  // namespace namm

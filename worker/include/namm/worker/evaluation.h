@@ -26,6 +26,9 @@ namespace namm::worker {
 struct EvalConfig {
   std::string commit;  // the project commit the binary was built from ("-dirty": with local changes)
   std::string model, tokenizer, rope_scaling, device = "cpu";
+  // What the inputs were, so that a resumed run or a merge cannot mix in other files behind the same paths:
+  // "model" (the model and tokenizer files), "namm:<path>" (each NAMM file), "data:<task>" (each task's rows).
+  std::map<std::string, std::string> fingerprints;
   std::vector<std::string> tasks;
   std::map<std::string, std::string> task_rows;  // task -> resolved row range "A:B"
   std::vector<std::string> policies;             // expanded specs, "full" first
@@ -39,7 +42,8 @@ struct EvalConfig {
   std::string ToYaml() const;
   static Result<EvalConfig> FromYaml(const std::string& text, const std::string& source);
   // The first setting in which two configurations describe different evaluations, as "key: a vs b", or "" when
-  // they describe the same one. The commit, the thread count and the shard do not change what is evaluated.
+  // they describe the same one. The commit, the thread count, the shard and the device's index (cuda:0 vs
+  // cuda:1) do not change what is evaluated.
   std::string DifferenceFrom(const EvalConfig& other) const;
   // The row indices of `task` this shard evaluates: every shard_count-th row of the range, from shard_index.
   Result<std::vector<int64_t>> ShardRows(const std::string& task) const;

@@ -36,8 +36,10 @@ struct GenerationOptions {
   double temperature = 0.0;
   uint64_t seed = 0;
   std::vector<int64_t> banned_ids;        // never generated (e.g. EOS, to sample text of a fixed length)
-  // Teacher forcing: tokens fed after the prompt instead of generated ones (max_new_tokens must be 0). They are
-  // not part of the prefill: the policy's end-of-prefill hook runs before them, as before decoding.
+  // Teacher forcing: `forced_tokens` are fed after the prompt instead of generated ones (max_new_tokens must be
+  // 0), and forced_logits are recorded. They are not part of the prefill: the policy's end-of-prefill hook runs
+  // before them, as before decoding. With no forced tokens, forced_logits is the prompt's last position.
+  bool teacher_forcing = false;
   std::vector<int64_t> forced_tokens;
 };
 
@@ -68,7 +70,7 @@ struct GenerationResult {
   double peak_kv_tokens = 0;
   at::Tensor prompt_logits;          // [prompt_tokens, vocab] when record_logits
   at::Tensor generated_logits;       // [n, vocab] when record_logits: logits that chose each generated token
-  // With forced_tokens: [n_forced + 1, vocab] float32, the logits after the prompt's last token and after each
+  // With teacher_forcing: [n_forced + 1, vocab] float32, the logits after the prompt's last token and after each
   // forced token (row i predicts forced token i).
   at::Tensor forced_logits;
 

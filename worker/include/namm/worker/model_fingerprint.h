@@ -13,4 +13,7 @@ namespace namm::worker {
 // Reads every byte once (a few seconds per GB).
 Result<std::string> model_fingerprint(const std::string& model_path, const std::string& tokenizer_path);
 
+// "sha256:<64 hex>" over one file, as its name, size and bytes (e.g. a NAMM file or a task's rows).
+Result<std::string> file_fingerprint(const std::string& path);
+
 }  // namespace namm::worker

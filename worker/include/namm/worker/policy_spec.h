@@ -14,15 +14,25 @@
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "namm/namm_model.h"
 #include "namm/policies/memory_policy.h"
 #include "namm/status.h"
 #include "namm/worker/tokenizer.h"
 
 namespace namm::worker {
+
+// Token classes for FastGen: special tokens (dropped when decoding with skip_special_tokens) and punctuation
+// (tokens whose text, without surrounding whitespace, is nothing but punctuation).
+struct TokenClasses {
+  std::vector<int64_t> special, punctuation;
+};
+TokenClasses classify_tokens(const Tokenizer& tokenizer);
 
 // What some policies need besides their spec.
 struct PolicyContext {
@@ -32,6 +42,22 @@ struct PolicyContext {
   const nlohmann::json* row = nullptr;
 };
 
+// Builds policies for one sequence each, keeping what is costly to derive (FastGen's token classes, NAMM files)
+// from one policy to the next. Not thread-safe.
+class PolicyFactory {
+ public:
+  // `tokenizer` (may be null when no FastGen policy is made) must outlive the factory.
+  PolicyFactory(at::Device device, const Tokenizer* tokenizer) : device_(device), tokenizer_(tokenizer) {}
+  Result<std::unique_ptr<MemoryPolicy>> Make(const std::string& spec, const nlohmann::json* row = nullptr);
+
+ private:
+  at::Device device_;
+  const Tokenizer* tokenizer_;
+  std::optional<TokenClasses> classes_;
+  std::map<std::string, NammModel> namm_models_;
+};
+
+// One policy, without a factory's caching.
 Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const PolicyContext& context);
 
 // The spec's family ("h2o" for "h2o:budget=256", "namm" for "namm:F"), after checking that it parses.
@@ -40,12 +66,5 @@ Result<std::string> policy_family(const std::string& spec);
 bool is_budgeted_family(const std::string& family);
 // The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8".
 Result<std::string> with_cache_setting(const std::string& spec, const std::string& setting);
-
-// Token classes for FastGen: special tokens (dropped when decoding with skip_special_tokens) and punctuation
-// (tokens whose text, without surrounding whitespace, is nothing but punctuation).
-struct TokenClasses {
-  std::vector<int64_t> special, punctuation;
-};
-TokenClasses classify_tokens(const Tokenizer& tokenizer);
 
 }  // namespace namm::worker
