@@ -12,7 +12,9 @@ namespace {
 
 // Colour-blind-safe palette (Okabe-Ito), then greys.
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
-                                    "#56B4E9", "#000000", "#F0E442", "#666666", "#999999"};
+                                    "#56B4E9", "#000000", "#B8A000", "#666666", "#999999"};
+constexpr int kLegendColumns = 2;
+constexpr std::size_t kLegendChars = 44;  // longer names are cut with an ellipsis (the full one is the tooltip)
 
 std::string Num(double v) {
   char text[32];
@@ -92,7 +94,7 @@ std::string html_escape(const std::string& text) {
 std::string render_line_chart(const std::vector<ChartSeries>& series, const ChartOptions& o) {
   const double left = 64, right = 16, top = o.title.empty() ? 16 : 36, bottom = 48;
   const double legend_row = 18;
-  const auto legend_rows = static_cast<double>((series.size() + 2) / 3);
+  const auto legend_rows = static_cast<double>((series.size() + kLegendColumns - 1) / kLegendColumns);
   const double plot_w = o.width - left - right, plot_h = o.height - top - bottom;
   const double total_h = o.height + legend_rows * legend_row + 8;
 
@@ -150,8 +152,8 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
         << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"marker-label\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(mx) + 3)
         << "\" y=\"" << Num(top + 12) << "\">" << html_escape(label) << "</text>\n";
   }
-  // Series.
-  for (std::size_t i = 0; i < series.size(); ++i) {
+  // Series, the first drawn last so that it stays visible where others cover it.
+  for (std::size_t i = series.size(); i-- > 0;) {
     const ChartSeries& s = series[i];
     const char* colour = kPalette[i % std::size(kPalette)];
     std::ostringstream points;
@@ -169,12 +171,18 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
           << colour << "\" data-series=\"" << html_escape(s.name) << "\" data-x=\"" << format_number(px, 4)
           << "\" data-y=\"" << format_number(py, 4) << "\"/>\n";
     }
-    const double lx = left + static_cast<double>(i % 3) * (plot_w / 3);
-    const double ly = o.height + static_cast<double>(i / 3) * legend_row;
+    const double lx = left + static_cast<double>(i % kLegendColumns) * (plot_w / kLegendColumns);
+    const double ly = o.height + static_cast<double>(i / kLegendColumns) * legend_row;
+    std::string label = s.name;
+    if (label.size() > kLegendChars) {
+      std::size_t cut = kLegendChars - 1;
+      while (cut > 0 && (static_cast<unsigned char>(label[cut]) & 0xC0) == 0x80) --cut;  // a UTF-8 boundary
+      label = label.substr(0, cut) + "…";
+    }
     svg << "<line x1=\"" << Num(lx) << "\" y1=\"" << Num(ly) << "\" x2=\"" << Num(lx + 18) << "\" y2=\"" << Num(ly)
         << "\" stroke=\"" << colour << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
         << "/><text class=\"legend\" font-size=\"11\" fill=\"#444\" x=\"" << Num(lx + 24) << "\" y=\"" << Num(ly + 4) << "\">"
-        << html_escape(s.name) << "</text>\n";
+        << "<title>" << html_escape(s.name) << "</title>" << html_escape(label) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();
