@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The held-out experiment of docs/results.md, end to end on this machine (about 70 minutes on 2 cores):
+# The held-out experiment of docs/results.md, end to end on this machine (about 40 minutes on 2 cores):
 #  1. the interruption task's rows: 512 training rows (seed 1) and 128 held-out rows (seed 2, other stories);
 #  2. a NAMM evolved on the training rows (coordinator/runs/interruption-cpu.yaml, 2 local workers);
 #  3. the stage's best NAMM exported, and the run's training report;
