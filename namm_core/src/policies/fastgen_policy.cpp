@@ -54,9 +54,8 @@ Status FastGenPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerK
   return internal::catch_torch_errors("FastGen observe", [&] {
     const at::Tensor mean = gqa_mean(attention, cache.kv_heads(), AttentionPrecision::kF32);  // [kv, n_q, n]
     cache.state(kAttentionState).add_(mean.sum(1));
-    const int64_t first = first_observed_query(attention, cache), n_q = attention.size(1);
-    const int64_t lo = std::max(first, prompt - options_.window), hi = std::min(first + n_q, prompt);
-    if (lo < hi) cache.state(kWindowState).add_(mean.narrow(1, lo - first, hi - lo).sum(1));
+    const auto [begin, end] = prompt_window_rows(attention, cache, prompt, options_.window);
+    if (begin < end) cache.state(kWindowState).add_(mean.narrow(1, begin, end - begin).sum(1));
     return Status::Ok();
   });
 }

@@ -1,5 +1,7 @@
 #include "namm/policies/memory_policy.h"
 
+#include <algorithm>
+
 #include "aten.h"
 #include "namm/dtype.h"
 
@@ -25,6 +27,13 @@ Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache&
   if (!keep) return false;
   NAMM_RETURN_IF_ERROR(cache.Gather(*keep));
   return true;
+}
+
+std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, const LayerKVCache& cache,
+                                               int64_t prompt_tokens, int64_t window) {
+  const int64_t first = first_observed_query(attention, cache), n_q = attention.size(1);
+  const int64_t lo = std::max(first, prompt_tokens - window), hi = std::min(first + n_q, prompt_tokens);
+  return lo < hi ? std::make_pair(lo - first, hi - first) : std::make_pair(int64_t{0}, int64_t{0});
 }
 
 at::Tensor all_token_indices(const LayerKVCache& cache) {

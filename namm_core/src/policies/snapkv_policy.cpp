@@ -38,12 +38,10 @@ Status SnapKvPolicy::BeginSequence(const SequenceInfo& info) {
 Status SnapKvPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
   NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
   if (prompt_tokens_ < 0) return Status::FailedPrecondition("SnapKV needs BeginSequence() before Observe()");
-  // The chunk's queries that fall in the observation window [prompt - window, prompt).
-  const int64_t first = first_observed_query(attention, cache), n_q = attention.size(1);
-  const int64_t lo = std::max(first, prompt_tokens_ - window_), hi = std::min(first + n_q, prompt_tokens_);
-  if (lo >= hi) return Status::Ok();
+  const auto [begin, end] = prompt_window_rows(attention, cache, prompt_tokens_, window_);
+  if (begin == end) return Status::Ok();
   return internal::catch_torch_errors("SnapKV observe", [&] {
-    const at::Tensor window = attention.narrow(1, lo - first, hi - lo);
+    const at::Tensor window = attention.narrow(1, begin, end - begin);
     cache.state(kVotesState).add_(gqa_mean(window, cache.kv_heads(), AttentionPrecision::kF32).sum(1));
     return Status::Ok();
   });

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "namm/kv_cache.h"
@@ -76,5 +77,10 @@ Status validate_observed_attention(const at::Tensor& attention, const LayerKVCac
 inline int64_t first_observed_query(const at::Tensor& attention, const LayerKVCache& cache) {
   return cache.tokens_seen() - attention.size(1);
 }
+
+// The rows [begin, end) of an observed chunk's query axis that are among the last `window` queries of a prompt of
+// `prompt_tokens` (begin == end when none are): the observation window of SnapKV and FastGen.
+std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, const LayerKVCache& cache,
+                                               int64_t prompt_tokens, int64_t window);
 
 }  // namespace namm
