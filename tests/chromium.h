@@ -16,9 +16,11 @@ inline bool ChromiumInstalled() { return RunProcess("command -v chromium").exit_
 // The rendered DOM of a local HTML file. Flags as the machine notes prescribe for a closed network.
 inline std::string RenderedDom(const std::string& html_path) {
   const std::string profile = TempPath("chromium-profile");
-  const auto r = RunProcess("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-                            "--disable-background-networking --disable-component-update --disable-sync "
-                            "--user-data-dir=" + profile + " --dump-dom 'file://" + html_path + "' 2>/dev/null");
+  const auto r = RunProcess(
+      "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+      "--disable-background-networking --disable-component-update --disable-sync "
+      "--user-data-dir=" +
+      profile + " --dump-dom 'file://" + html_path + "' 2>/dev/null");
   return r.exit_code == 0 ? r.output : "";
 }
 
@@ -34,7 +36,8 @@ inline void ExpectRenderedWithCurves(const std::string& dom, int min_curves) {
     const std::size_t points = dom.find(" points=\"", at);
     if (points == std::string::npos || points > end) continue;
     const std::size_t close = dom.find('"', points + 9);
-    if (dom.substr(points + 9, close - points - 9).find(' ') != std::string::npos) ++curves;  // two points or more
+    if (dom.substr(points + 9, close - points - 9).find(' ') != std::string::npos)
+      ++curves;  // two points or more
   }
   EXPECT_GE(curves, min_curves) << "curves with at least two points";
 }

@@ -47,16 +47,19 @@ std::string Csv(double v, int digits = 6) { return format_number(v, digits); }
 
 std::string GenerationsCsv(const std::vector<Row>& rows) {
   std::ostringstream out;
-  out << "generation,stage,fitness_best,fitness_mean,fitness_std,fitness_worst,eval_fitness,sigma,eigen_min,eigen_max,"
-         "cache_size_mean,eval_cache_size_mean,evaluations,workers,wall_seconds,evaluations_per_second,completed_at\n";
+  out << "generation,stage,fitness_best,fitness_mean,fitness_std,fitness_worst,eval_fitness,sigma,eigen_min,"
+         "eigen_max,"
+         "cache_size_mean,eval_cache_size_mean,evaluations,workers,wall_seconds,evaluations_per_second,"
+         "completed_at\n";
   for (const Row& r : rows) {
     const GenerationRecord& g = *r.g;
     out << g.generation << ',' << g.stage << ',' << Csv(g.fitness_best) << ',' << Csv(g.fitness_mean) << ','
-        << Csv(g.fitness_std) << ',' << Csv(g.fitness_worst) << ',' << (g.eval_fitness ? Csv(*g.eval_fitness) : "")
-        << ',' << Csv(g.sigma, 8) << ',' << Csv(g.eigen_min, 10) << ',' << Csv(g.eigen_max, 10) << ','
-        << Csv(Metric(r, "cache_size_mean"), 2) << ',' << Csv(Metric(r, "eval_cache_size_mean"), 2) << ','
-        << r.activity.evaluations << ',' << r.activity.workers << ',' << Csv(r.wall_seconds, 0) << ','
-        << Csv(r.evaluations_per_second, 2) << ',' << g.completed_at << '\n';
+        << Csv(g.fitness_std) << ',' << Csv(g.fitness_worst) << ','
+        << (g.eval_fitness ? Csv(*g.eval_fitness) : "") << ',' << Csv(g.sigma, 8) << ','
+        << Csv(g.eigen_min, 10) << ',' << Csv(g.eigen_max, 10) << ',' << Csv(Metric(r, "cache_size_mean"), 2)
+        << ',' << Csv(Metric(r, "eval_cache_size_mean"), 2) << ',' << r.activity.evaluations << ','
+        << r.activity.workers << ',' << Csv(r.wall_seconds, 0) << ',' << Csv(r.evaluations_per_second, 2)
+        << ',' << g.completed_at << '\n';
   }
   return out.str();
 }
@@ -66,7 +69,8 @@ std::string EvalTasksCsv(const std::vector<Row>& rows) {
   out << "generation,task,raw,normalized\n";
   for (const Row& r : rows) {
     for (const auto& [task, score] : r.g->eval_tasks) {
-      out << r.g->generation << ',' << csv_field(task) << ',' << Csv(score.raw) << ',' << Csv(score.normalized) << '\n';
+      out << r.g->generation << ',' << csv_field(task) << ',' << Csv(score.raw) << ','
+          << Csv(score.normalized) << '\n';
     }
   }
   return out.str();
@@ -74,7 +78,8 @@ std::string EvalTasksCsv(const std::vector<Row>& rows) {
 
 std::string StagesCsv(const std::vector<StageRecord>& stages) {
   std::ostringstream out;
-  out << "stage,tasks,planned_generations,start_generation,end_generation,best_eval_fitness,best_eval_generation\n";
+  out << "stage,tasks,planned_generations,start_generation,end_generation,best_eval_fitness,best_eval_"
+         "generation\n";
   for (const StageRecord& s : stages) {
     std::string tasks;
     for (const auto& t : s.tasks) tasks += (tasks.empty() ? "" : " ") + t;
@@ -97,14 +102,17 @@ ChartSeries Series(const std::string& name, const std::vector<Row>& rows, F valu
   return s;
 }
 
-std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& stages, const std::vector<Row>& rows) {
+std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& stages,
+                       const std::vector<Row>& rows) {
   std::vector<std::pair<double, std::string>> boundaries;
   for (const StageRecord& s : stages) {
     if (s.start_generation && *s.start_generation > 0) {
-      boundaries.emplace_back(static_cast<double>(*s.start_generation) - 0.5, "stage " + std::to_string(s.stage + 1));
+      boundaries.emplace_back(static_cast<double>(*s.start_generation) - 0.5,
+                              "stage " + std::to_string(s.stage + 1));
     }
   }
-  const auto chart = [&](const std::string& title, const std::string& y_label, std::vector<ChartSeries> series) {
+  const auto chart = [&](const std::string& title, const std::string& y_label,
+                         std::vector<ChartSeries> series) {
     ChartOptions o;
     o.title = title;
     o.x_label = "generation";
@@ -116,9 +124,11 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
   std::ostringstream body;
   const RunRecord& run = opened.run;
   body << "<h1>Training run " << run.id << ": " << html_escape(run.name) << "</h1>\n<p class=\"meta\">"
-       << html_escape(run.status) << ", " << rows.size() << " generations, " << run.dimension << " parameters, model "
+       << html_escape(run.status) << ", " << rows.size() << " generations, " << run.dimension
+       << " parameters, model "
        << "<code>" << html_escape(run.model_fingerprint) << "</code>, created " << html_escape(run.created_at)
-       << ". Fitness is the score normalized by the base model's on the same prompts, averaged over tasks.</p>\n";
+       << ". Fitness is the score normalized by the base model's on the same prompts, averaged over "
+          "tasks.</p>\n";
 
   std::vector<std::vector<std::string>> stage_rows;
   for (const StageRecord& s : stages) {
@@ -160,12 +170,16 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
                 {Series("population mean", rows, [](const Row& r) { return Metric(r, "cache_size_mean"); }),
                  Series("sampling mean (evaluated)", rows,
                         [](const Row& r) { return Metric(r, "eval_cache_size_mean"); })});
-  body << chart("Throughput", "evaluations / s",
-                {Series("evaluations per second", rows, [](const Row& r) { return r.evaluations_per_second; })});
-  body << chart("Workers", "workers reporting",
-                {Series("workers", rows, [](const Row& r) { return static_cast<double>(r.activity.workers); })});
-  body << "</div>\n<p class=\"meta\">Evaluations per second: the generation's recorded evaluations over the time "
-          "since the previous generation completed (timestamps have one-second resolution). CSVs beside this page: "
+  body << chart(
+      "Throughput", "evaluations / s",
+      {Series("evaluations per second", rows, [](const Row& r) { return r.evaluations_per_second; })});
+  body << chart(
+      "Workers", "workers reporting",
+      {Series("workers", rows, [](const Row& r) { return static_cast<double>(r.activity.workers); })});
+  body << "</div>\n<p class=\"meta\">Evaluations per second: the generation's recorded evaluations over the "
+          "time "
+          "since the previous generation completed (timestamps have one-second resolution). CSVs beside this "
+          "page: "
           "generations.csv, eval_tasks.csv, stages.csv.</p>\n";
   return html_page("namm run " + std::to_string(run.id) + ": " + run.name, body.str());
 }
@@ -191,9 +205,10 @@ Status Report(const ReportOptions& o) {
     row.activity = activity_of[g.generation];
     const double completed = EpochSeconds(g.completed_at);
     row.wall_seconds = completed >= 0 && previous >= 0 ? completed - previous : std::nan("");
-    row.evaluations_per_second = std::isfinite(row.wall_seconds)
-                                     ? static_cast<double>(row.activity.evaluations) / std::max(1.0, row.wall_seconds)
-                                     : std::nan("");
+    row.evaluations_per_second =
+        std::isfinite(row.wall_seconds)
+            ? static_cast<double>(row.activity.evaluations) / std::max(1.0, row.wall_seconds)
+            : std::nan("");
     if (completed >= 0) previous = completed;
     rows.push_back(std::move(row));
   }
@@ -205,8 +220,8 @@ Status Report(const ReportOptions& o) {
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/eval_tasks.csv", {EvalTasksCsv(rows)}));
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/stages.csv", {StagesCsv(stages)}));
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/report.html", {ReportHtml(opened, stages, rows)}));
-  std::cout << "wrote " << o.out << "/report.html (run " << run_id << ", " << rows.size() << " generations) and "
-            << o.out << "/{generations,eval_tasks,stages}.csv\n";
+  std::cout << "wrote " << o.out << "/report.html (run " << run_id << ", " << rows.size()
+            << " generations) and " << o.out << "/{generations,eval_tasks,stages}.csv\n";
   return Status::Ok();
 }
 
@@ -214,8 +229,9 @@ Status Report(const ReportOptions& o) {
 
 void AddReportCommand(CLI::App& app, Action& run) {
   auto o = std::make_shared<ReportOptions>();
-  CLI::App* cmd = app.add_subcommand("report", "Training curves of a run: a self-contained report.html (fitness, "
-                                               "sigma, per-task scores, cache size, throughput) and CSVs");
+  CLI::App* cmd = app.add_subcommand("report",
+                                     "Training curves of a run: a self-contained report.html (fitness, "
+                                     "sigma, per-task scores, cache size, throughput) and CSVs");
   cmd->add_option("--db", o->db, "The run's database")->required()->check(CLI::ExistingFile);
   cmd->add_option("--run", o->run, "Run id (default: the newest run)")->check(CLI::PositiveNumber);
   cmd->add_option("--out", o->out, "Output directory")->required();

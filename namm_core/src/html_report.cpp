@@ -14,7 +14,8 @@ namespace {
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
                                     "#56B4E9", "#000000", "#B8A000", "#666666", "#999999"};
 constexpr int kLegendColumns = 2;
-constexpr std::size_t kLegendChars = 44;  // longer names are cut with an ellipsis (the full one is the tooltip)
+constexpr std::size_t kLegendChars =
+    44;  // longer names are cut with an ellipsis (the full one is the tooltip)
 
 std::string Num(double v) {
   char text[32];
@@ -80,12 +81,23 @@ std::string html_escape(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -111,15 +123,16 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
   const auto sy = [&](double v) { return top + plot_h - (v - y.lo) / (y.hi - y.lo) * plot_h; };
 
   std::ostringstream svg;
-  svg << "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" width=\"" << o.width << "\" height=\""
-      << Num(total_h) << "\" viewBox=\"0 0 " << o.width << " " << Num(total_h) << "\" role=\"img\" aria-label=\""
-      << html_escape(o.title) << "\">\n";
+  svg << "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" width=\""
+      << o.width << "\" height=\"" << Num(total_h) << "\" viewBox=\"0 0 " << o.width << " " << Num(total_h)
+      << "\" role=\"img\" aria-label=\"" << html_escape(o.title) << "\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n";
   if (!o.title.empty()) {
-    svg << "<text class=\"title\" font-size=\"14\" font-weight=\"600\" x=\"" << Num(left) << "\" y=\"20\">" << html_escape(o.title) << "</text>\n";
+    svg << "<text class=\"title\" font-size=\"14\" font-weight=\"600\" x=\"" << Num(left) << "\" y=\"20\">"
+        << html_escape(o.title) << "</text>\n";
   }
-  svg << "<rect class=\"frame\" fill=\"none\" stroke=\"#888\" x=\"" << Num(left) << "\" y=\"" << Num(top) << "\" width=\"" << Num(plot_w)
-      << "\" height=\"" << Num(plot_h) << "\"/>\n";
+  svg << "<rect class=\"frame\" fill=\"none\" stroke=\"#888\" x=\"" << Num(left) << "\" y=\"" << Num(top)
+      << "\" width=\"" << Num(plot_w) << "\" height=\"" << Num(plot_h) << "\"/>\n";
   // Grid and ticks.
   const double x_step = TickStep(x.hi - x.lo, 6), y_step = TickStep(y.hi - y.lo, 5);
   // Ticks by integer index, at most 50 per axis, so that no step can fail to advance.
@@ -135,21 +148,24 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
   };
   for (double v : ticks(x, x_step)) {
     svg << "<line class=\"grid\" stroke=\"#eee\" x1=\"" << Num(sx(v)) << "\" y1=\"" << Num(top) << "\" x2=\""
-        << Num(sx(v)) << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(v)) << "\" y=\""
+        << Num(sx(v)) << "\" y2=\"" << Num(top + plot_h)
+        << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(v)) << "\" y=\""
         << Num(top + plot_h + 16) << "\" text-anchor=\"middle\">" << TickLabel(v, x_step) << "</text>\n";
   }
   for (double v : ticks(y, y_step)) {
     svg << "<line class=\"grid\" stroke=\"#eee\" x1=\"" << Num(left) << "\" y1=\"" << Num(sy(v)) << "\" x2=\""
-        << Num(left + plot_w) << "\" y2=\"" << Num(sy(v)) << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(left - 6) << "\" y=\""
+        << Num(left + plot_w) << "\" y2=\"" << Num(sy(v))
+        << "\"/><text class=\"tick\" font-size=\"11\" fill=\"#444\" x=\"" << Num(left - 6) << "\" y=\""
         << Num(sy(v) + 4) << "\" text-anchor=\"end\">" << TickLabel(v, y_step) << "</text>\n";
   }
-  svg << "<text class=\"label\" font-size=\"12\" x=\"" << Num(left + plot_w / 2) << "\" y=\"" << Num(top + plot_h + 36)
-      << "\" text-anchor=\"middle\">" << html_escape(o.x_label) << "</text>\n";
+  svg << "<text class=\"label\" font-size=\"12\" x=\"" << Num(left + plot_w / 2) << "\" y=\""
+      << Num(top + plot_h + 36) << "\" text-anchor=\"middle\">" << html_escape(o.x_label) << "</text>\n";
   svg << "<text class=\"label\" font-size=\"12\" transform=\"translate(14," << Num(top + plot_h / 2)
       << ") rotate(-90)\" text-anchor=\"middle\">" << html_escape(o.y_label) << "</text>\n";
   for (const auto& [mx, label] : o.x_markers) {
-    svg << "<line class=\"marker\" stroke=\"#999\" stroke-dasharray=\"3 3\" x1=\"" << Num(sx(mx)) << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(mx))
-        << "\" y2=\"" << Num(top + plot_h) << "\"/><text class=\"marker-label\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(mx) + 3)
+    svg << "<line class=\"marker\" stroke=\"#999\" stroke-dasharray=\"3 3\" x1=\"" << Num(sx(mx))
+        << "\" y1=\"" << Num(top) << "\" x2=\"" << Num(sx(mx)) << "\" y2=\"" << Num(top + plot_h)
+        << "\"/><text class=\"marker-label\" font-size=\"11\" fill=\"#444\" x=\"" << Num(sx(mx) + 3)
         << "\" y=\"" << Num(top + 12) << "\">" << html_escape(label) << "</text>\n";
   }
   // Series, the first drawn last so that it stays visible where others cover it.
@@ -162,14 +178,14 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
       if (!std::isfinite(px) || !std::isfinite(py)) continue;
       points << (drawn++ ? " " : "") << Num(sx(px)) << "," << Num(sy(py));
     }
-    svg << "<polyline class=\"curve\" data-series=\"" << html_escape(s.name) << "\" fill=\"none\" stroke=\"" << colour
-        << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << " points=\"" << points.str()
-        << "\"/>\n";
+    svg << "<polyline class=\"curve\" data-series=\"" << html_escape(s.name) << "\" fill=\"none\" stroke=\""
+        << colour << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << " points=\""
+        << points.str() << "\"/>\n";
     for (const auto& [px, py] : s.points) {
       if (!std::isfinite(px) || !std::isfinite(py)) continue;
-      svg << "<circle class=\"point\" cx=\"" << Num(sx(px)) << "\" cy=\"" << Num(sy(py)) << "\" r=\"3.5\" fill=\""
-          << colour << "\" data-series=\"" << html_escape(s.name) << "\" data-x=\"" << format_number(px, 4)
-          << "\" data-y=\"" << format_number(py, 4) << "\"/>\n";
+      svg << "<circle class=\"point\" cx=\"" << Num(sx(px)) << "\" cy=\"" << Num(sy(py))
+          << "\" r=\"3.5\" fill=\"" << colour << "\" data-series=\"" << html_escape(s.name) << "\" data-x=\""
+          << format_number(px, 4) << "\" data-y=\"" << format_number(py, 4) << "\"/>\n";
     }
     const double lx = left + static_cast<double>(i % kLegendColumns) * (plot_w / kLegendColumns);
     const double ly = o.height + static_cast<double>(i / kLegendColumns) * legend_row;
@@ -179,16 +195,19 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
       while (cut > 0 && (static_cast<unsigned char>(label[cut]) & 0xC0) == 0x80) --cut;  // a UTF-8 boundary
       label = label.substr(0, cut) + "…";
     }
-    svg << "<line x1=\"" << Num(lx) << "\" y1=\"" << Num(ly) << "\" x2=\"" << Num(lx + 18) << "\" y2=\"" << Num(ly)
-        << "\" stroke=\"" << colour << "\" stroke-width=\"3\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
-        << "/><text class=\"legend\" font-size=\"11\" fill=\"#444\" x=\"" << Num(lx + 24) << "\" y=\"" << Num(ly + 4) << "\">"
+    svg << "<line x1=\"" << Num(lx) << "\" y1=\"" << Num(ly) << "\" x2=\"" << Num(lx + 18) << "\" y2=\""
+        << Num(ly) << "\" stroke=\"" << colour << "\" stroke-width=\"3\""
+        << (s.dashed ? " stroke-dasharray=\"6 4\"" : "")
+        << "/><text class=\"legend\" font-size=\"11\" fill=\"#444\" x=\"" << Num(lx + 24) << "\" y=\""
+        << Num(ly + 4) << "\">"
         << "<title>" << html_escape(s.name) << "</title>" << html_escape(label) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();
 }
 
-std::string html_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+std::string html_table(const std::vector<std::string>& header,
+                       const std::vector<std::vector<std::string>>& rows) {
   std::ostringstream out;
   out << "<table>\n<thead><tr>";
   for (const auto& h : header) out << "<th>" << html_escape(h) << "</th>";
@@ -204,7 +223,8 @@ std::string html_table(const std::vector<std::string>& header, const std::vector
 
 std::string html_page(const std::string& title, const std::string& body_html) {
   std::ostringstream out;
-  out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" << html_escape(title)
+  out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>"
+      << html_escape(title)
       << "</title>\n<style>\n"
          "body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1400px; }\n"
          "h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }\n"
@@ -213,7 +233,8 @@ std::string html_page(const std::string& title, const std::string& body_html) {
          "th:first-child, td:first-child { text-align: left; }\n"
          ".charts { display: flex; flex-wrap: wrap; gap: 16px; }\n"
          "svg.chart { border: 1px solid #ddd; }\n"
-         "#readout { position: fixed; pointer-events: none; background: #222; color: #fff; padding: 2px 6px;\n"
+         "#readout { position: fixed; pointer-events: none; background: #222; color: #fff; padding: 2px "
+         "6px;\n"
          "  font-size: 12px; border-radius: 3px; display: none; }\n"
          ".meta { color: #555; font-size: 0.9em; } code { background: #f3f3f3; padding: 0 3px; }\n"
          "</style>\n</head>\n<body>\n"

@@ -1,6 +1,6 @@
-// namm-worker eval as a real process on stories260K and interruption rows it builds: every output file, resume
-// after a crash without recomputing, refusal to mix evaluations, shards merged into exactly the unsharded result,
-// and the HTML page rendered by headless Chromium.
+// namm-worker eval as a real process on stories260K and interruption rows it builds: every output file,
+// resume after a crash without recomputing, refusal to mix evaluations, shards merged into exactly the
+// unsharded result, and the HTML page rendered by headless Chromium.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,15 +55,16 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
       << "a comma ends a NAMM path too: name files without commas";
   auto expanded = expand_policies({"tova", "snapkv:window=4", "full", "oracle"}, {}, {"0.25", "0.5"});
   ASSERT_TRUE(expanded.ok()) << expanded.status().ToString();
-  EXPECT_EQ(*expanded, (std::vector<std::string>{"full", "tova:ratio=0.25", "tova:ratio=0.5", "snapkv:ratio=0.25,window=4",
-                                                 "snapkv:ratio=0.5,window=4", "oracle"}));
+  EXPECT_EQ(*expanded,
+            (std::vector<std::string>{"full", "tova:ratio=0.25", "tova:ratio=0.5",
+                                      "snapkv:ratio=0.25,window=4", "snapkv:ratio=0.5,window=4", "oracle"}));
   EXPECT_FALSE(split_policy_list({"recent=2,h2o:budget=4"}).ok());
   EXPECT_EQ(output_directory_name("namm:runs/a b.safetensors"), "namm_runs_a_b.safetensors");
 }
 
 TEST(EvalPolicies, MatchedCacheComparisonInterpolatesEachFamily) {
-  const auto result = [](const std::string& policy, const std::string& family, const std::string& setting, double cache,
-                         double score) {
+  const auto result = [](const std::string& policy, const std::string& family, const std::string& setting,
+                         double cache, double score) {
     PolicyResult r;
     r.task = "t";
     r.policy = policy;
@@ -123,12 +124,14 @@ class Eval : public ::testing::Test {
     std::filesystem::remove_all(*dir_);
     std::filesystem::create_directories(*dir_ + "/data");
     // Small interruption rows: ~100-token prompts, memory updates every 64 tokens (the task's setting).
-    const auto rows = RunProcess(kWorker + " build-synthetic --family interruption " + ModelFlags() +
-                                 " --rows 6 --pool 4 --story-tokens 110 --prefix-range 20:40 --interruption-range "
-                                 "30:60 --resume-range 0:8 --continuation-tokens 16 --out " + *dir_ +
-                                 "/data/interruption_heldout.jsonl");
+    const auto rows =
+        RunProcess(kWorker + " build-synthetic --family interruption " + ModelFlags() +
+                   " --rows 6 --pool 4 --story-tokens 110 --prefix-range 20:40 --interruption-range "
+                   "30:60 --resume-range 0:8 --continuation-tokens 16 --out " +
+                   *dir_ + "/data/interruption_heldout.jsonl");
     ASSERT_EQ(rows.exit_code, 0) << rows.output;
-    const auto zero = RunProcess(std::string(NAMM_TOOL_PATH) + " init --arch bam --zero --out " + *dir_ + "/zero.safetensors");
+    const auto zero = RunProcess(std::string(NAMM_TOOL_PATH) + " init --arch bam --zero --out " + *dir_ +
+                                 "/zero.safetensors");
     ASSERT_EQ(zero.exit_code, 0) << zero.output;
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -142,8 +145,9 @@ class Eval : public ::testing::Test {
   // `namm-worker eval` on the rows built above.
   static namm::testing::ProcessResult RunEval(const std::string& out, const std::string& policies,
                                               const std::string& extra = "") {
-    return RunProcess(kWorker + " eval " + ModelFlags() + " --tasks syn/interruption_heldout --data-dir synthetic=" +
-                      *dir_ + "/data --threads 1 --policies '" + policies + "' --out " + out + " " + extra);
+    return RunProcess(kWorker + " eval " + ModelFlags() +
+                      " --tasks syn/interruption_heldout --data-dir synthetic=" + *dir_ +
+                      "/data --threads 1 --policies '" + policies + "' --out " + out + " " + extra);
   }
 
   static std::string* dir_;
@@ -152,16 +156,25 @@ std::string* Eval::dir_ = nullptr;
 
 TEST_F(Eval, WritesPredictionsResultsConfigurationAndPage) {
   const std::string out = *dir_ + "/all";
-  const auto r = RunEval(out, "h2o:budget=32,recent=8,streaming,tova,snapkv,fastgen:recovery=0.5,l2,oracle,namm:" +
-                                  *dir_ + "/zero.safetensors", "--budgets 32");
+  const auto r =
+      RunEval(out,
+              "h2o:budget=32,recent=8,streaming,tova,snapkv,fastgen:recovery=0.5,l2,oracle,namm:" + *dir_ +
+                  "/zero.safetensors",
+              "--budgets 32");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("mean normalized"), std::string::npos) << "the Table 1 layout is printed";
 
   auto config = EvalConfig::FromYaml(ReadText(out + "/config.yaml"), "config.yaml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
-  const std::vector<std::string> expected = {"full", "h2o:budget=32,recent=8", "streaming:budget=32",
-                                             "tova:budget=32", "snapkv:budget=32", "fastgen:budget=32,recovery=0.5",
-                                             "l2:budget=32", "oracle", "namm:" + *dir_ + "/zero.safetensors"};
+  const std::vector<std::string> expected = {"full",
+                                             "h2o:budget=32,recent=8",
+                                             "streaming:budget=32",
+                                             "tova:budget=32",
+                                             "snapkv:budget=32",
+                                             "fastgen:budget=32,recovery=0.5",
+                                             "l2:budget=32",
+                                             "oracle",
+                                             "namm:" + *dir_ + "/zero.safetensors"};
   EXPECT_EQ(config->policies, expected);
   EXPECT_FALSE(config->commit.empty());
   EXPECT_EQ(config->task_rows.at("syn/interruption_heldout"), "0:6");
@@ -169,7 +182,8 @@ TEST_F(Eval, WritesPredictionsResultsConfigurationAndPage) {
   // LongBench-format predictions with our cache sizes, one line per row, in row order.
   const std::vector<json> source = [&] {
     std::vector<json> rows;
-    for (const auto& line : Lines(ReadText(*dir_ + "/data/interruption_heldout.jsonl"))) rows.push_back(json::parse(line));
+    for (const auto& line : Lines(ReadText(*dir_ + "/data/interruption_heldout.jsonl")))
+      rows.push_back(json::parse(line));
     return rows;
   }();
   for (const auto& policy : expected) {
@@ -205,9 +219,10 @@ TEST_F(Eval, WritesPredictionsResultsConfigurationAndPage) {
 
   const std::string html = ReadText(out + "/results.html");
   EXPECT_EQ(html.find("https://"), std::string::npos) << "self-contained";
-  if (!namm::testing::ChromiumInstalled()) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh)";
-  // One curve per family with several cache settings would need --budgets with two values; here each family has
-  // one point, so the check is the page and its chart: expand h2o over two budgets for a curve.
+  if (!namm::testing::ChromiumInstalled())
+    GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh)";
+  // One curve per family with several cache settings would need --budgets with two values; here each family
+  // has one point, so the check is the page and its chart: expand h2o over two budgets for a curve.
   const std::string curve_out = *dir_ + "/curve";
   const auto curve = RunEval(curve_out, "h2o,streaming", "--budgets 16,48");
   ASSERT_EQ(curve.exit_code, 0) << curve.output;
@@ -232,8 +247,12 @@ TEST_F(Eval, ResumesAfterACrashWithoutRecomputingFinishedRows) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto after = Lines(ReadText(path));
   ASSERT_EQ(after.size(), 6u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(after[static_cast<std::size_t>(i)], before[static_cast<std::size_t>(i)]) << "row " << i << " was recomputed";
-  for (int i = 4; i < 6; ++i) EXPECT_EQ(WithoutTiming(after[static_cast<std::size_t>(i)]), WithoutTiming(before[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(after[static_cast<std::size_t>(i)], before[static_cast<std::size_t>(i)])
+        << "row " << i << " was recomputed";
+  for (int i = 4; i < 6; ++i)
+    EXPECT_EQ(WithoutTiming(after[static_cast<std::size_t>(i)]),
+              WithoutTiming(before[static_cast<std::size_t>(i)]));
   EXPECT_TRUE(std::filesystem::exists(out + "/results.csv"));
 
   // Another evaluation in the same directory is refused and changes nothing; --overwrite starts over.
@@ -253,13 +272,16 @@ TEST_F(Eval, RefusesToMixFilesItCannotVouchFor) {
   // Another NAMM behind the same path: the finished rows were computed with the first one.
   const std::string out = *dir_ + "/fingerprint", namm = *dir_ + "/changing.safetensors";
   std::filesystem::remove_all(out);
-  std::filesystem::copy_file(*dir_ + "/zero.safetensors", namm, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(*dir_ + "/zero.safetensors", namm,
+                             std::filesystem::copy_options::overwrite_existing);
   ASSERT_EQ(RunEval(out, "namm:" + namm).exit_code, 0);
-  const auto init = RunProcess(std::string(NAMM_TOOL_PATH) + " init --arch bam --seed 5 --scale 0.05 --force --out " + namm);
+  const auto init = RunProcess(std::string(NAMM_TOOL_PATH) +
+                               " init --arch bam --seed 5 --scale 0.05 --force --out " + namm);
   ASSERT_EQ(init.exit_code, 0) << init.output;
   const auto resumed = RunEval(out, "namm:" + namm);
   EXPECT_NE(resumed.exit_code, 0);
-  EXPECT_NE(resumed.output.find("holds another evaluation (fingerprints:"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("holds another evaluation (fingerprints:"), std::string::npos)
+      << resumed.output;
 
   // --overwrite removes only an evaluation's own files: not a configuration it cannot read...
   const std::string foreign = *dir_ + "/foreign";
@@ -282,7 +304,8 @@ TEST_F(Eval, RefusesToMixFilesItCannotVouchFor) {
 
 TEST_F(Eval, ShardsMergeIntoExactlyTheUnshardedResult) {
   const std::string policies = "h2o:budget=32,oracle";
-  const std::string whole = *dir_ + "/whole", s0 = *dir_ + "/shard0", s1 = *dir_ + "/shard1", merged = *dir_ + "/merged";
+  const std::string whole = *dir_ + "/whole", s0 = *dir_ + "/shard0", s1 = *dir_ + "/shard1",
+                    merged = *dir_ + "/merged";
   for (const auto& d : {whole, s0, s1, merged}) std::filesystem::remove_all(d);
   ASSERT_EQ(RunEval(whole, policies).exit_code, 0);
   ASSERT_EQ(RunEval(s0, policies, "--shard 0/2").exit_code, 0);
@@ -299,7 +322,8 @@ TEST_F(Eval, ShardsMergeIntoExactlyTheUnshardedResult) {
     const auto a = Lines(ReadText(predictions_path(whole, "syn/interruption_heldout", policy)));
     const auto b = Lines(ReadText(predictions_path(merged, "syn/interruption_heldout", policy)));
     ASSERT_EQ(a.size(), b.size()) << policy;
-    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(WithoutTiming(a[i]), WithoutTiming(b[i])) << policy << " " << i;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(WithoutTiming(a[i]), WithoutTiming(b[i])) << policy << " " << i;
   }
   EXPECT_EQ(ResultsWithoutTiming(merged), ResultsWithoutTiming(whole));
   auto merged_config = EvalConfig::FromYaml(ReadText(merged + "/config.yaml"), "merged");
@@ -326,9 +350,11 @@ TEST_F(Eval, RefusesBadInputWithAClearMessage) {
   for (const auto& c : cases) {
     const auto r = RunEval(out, c.policies, c.extra);
     EXPECT_NE(r.exit_code, 0) << c.policies << " " << c.extra;
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.policies << " " << c.extra << ": " << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos)
+        << c.policies << " " << c.extra << ": " << r.output;
   }
-  EXPECT_FALSE(std::filesystem::exists(out + "/config.yaml")) << "nothing is written for a refused evaluation";
+  EXPECT_FALSE(std::filesystem::exists(out + "/config.yaml"))
+      << "nothing is written for a refused evaluation";
 }
 
 }  // namespace

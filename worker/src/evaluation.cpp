@@ -29,7 +29,8 @@ using OrderedJson = nlohmann::ordered_json;
 
 constexpr int kConfigVersion = 1;
 
-// ---- configuration ----------------------------------------------------------------------------------------------
+// ---- configuration
+// ----------------------------------------------------------------------------------------------
 
 template <typename T>
 T Get(const YAML::Node& root, const char* key, const T& fallback) {
@@ -68,7 +69,8 @@ std::string CacheSetting(const std::string& spec) {
   const Result<OptionSpec> parsed = parse_option_spec(spec);
   if (!parsed.ok()) return "";
   for (const char* key : {"budget", "ratio"}) {
-    if (const auto it = parsed->options.find(key); it != parsed->options.end()) return std::string(key) + "=" + it->second;
+    if (const auto it = parsed->options.find(key); it != parsed->options.end())
+      return std::string(key) + "=" + it->second;
   }
   return "";
 }
@@ -83,7 +85,8 @@ std::string Family(const std::string& spec) {
   return parsed->ToString();
 }
 
-// ---- predictions ------------------------------------------------------------------------------------------------
+// ---- predictions
+// ------------------------------------------------------------------------------------------------
 
 Status SyncFd(int fd, const std::string& path) {
   if (::fsync(fd) != 0) return Status::IOError(path + ": fsync failed: " + std::strerror(errno));
@@ -94,7 +97,8 @@ Status SyncFd(int fd, const std::string& path) {
 
 std::string EvalConfig::ToYaml() const {
   YAML::Emitter out;
-  out << YAML::Comment("namm-worker eval configuration: `namm-worker eval` with these settings re-runs it") << YAML::Newline;
+  out << YAML::Comment("namm-worker eval configuration: `namm-worker eval` with these settings re-runs it")
+      << YAML::Newline;
   out << YAML::BeginMap;
   out << YAML::Key << "version" << YAML::Value << kConfigVersion;
   out << YAML::Key << "commit" << YAML::Value << commit;
@@ -103,11 +107,13 @@ std::string EvalConfig::ToYaml() const {
   out << YAML::Key << "rope_scaling" << YAML::Value << rope_scaling;
   out << YAML::Key << "device" << YAML::Value << device;
   out << YAML::Key << "fingerprints" << YAML::Value << YAML::BeginMap;
-  for (const auto& [input, fingerprint] : fingerprints) out << YAML::Key << input << YAML::Value << fingerprint;
+  for (const auto& [input, fingerprint] : fingerprints)
+    out << YAML::Key << input << YAML::Value << fingerprint;
   out << YAML::EndMap;
   out << YAML::Key << "tasks" << YAML::Value << YAML::Flow << tasks;
   out << YAML::Key << "task_rows" << YAML::Value << YAML::BeginMap;
-  for (const auto& [task, range] : task_rows) out << YAML::Key << task << YAML::Value << YAML::DoubleQuoted << range;
+  for (const auto& [task, range] : task_rows)
+    out << YAML::Key << task << YAML::Value << YAML::DoubleQuoted << range;
   out << YAML::EndMap;
   out << YAML::Key << "policies" << YAML::Value << YAML::BeginSeq;
   for (const auto& p : policies) out << YAML::DoubleQuoted << p;
@@ -134,8 +140,8 @@ Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::stri
     if (!root.IsMap()) return Status::Corruption(source + ": not an evaluation configuration (a YAML map)");
     const int version = Get<int>(root, "version", 0);
     if (version != kConfigVersion) {
-      return Status::Corruption(source + ": configuration version " + std::to_string(version) + ", this build reads " +
-                                std::to_string(kConfigVersion));
+      return Status::Corruption(source + ": configuration version " + std::to_string(version) +
+                                ", this build reads " + std::to_string(kConfigVersion));
     }
     c.commit = Get<std::string>(root, "commit", "");
     c.model = Get<std::string>(root, "model", "");
@@ -157,7 +163,8 @@ Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::stri
     c.config_dirs = Get<std::vector<std::string>>(root, "config_dirs", {});
     const std::string shard = Get<std::string>(root, "shard", "0/1");
     const auto slash = shard.find('/');
-    if (slash == std::string::npos) return Status::Corruption(source + ": shard must be I/N, got '" + shard + "'");
+    if (slash == std::string::npos)
+      return Status::Corruption(source + ": shard must be I/N, got '" + shard + "'");
     c.shard_index = std::stoll(shard.substr(0, slash));
     c.shard_count = std::stoll(shard.substr(slash + 1));
   } catch (const std::exception& e) {
@@ -165,8 +172,9 @@ Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::stri
   }
   if (c.model.empty() || c.tasks.empty() || c.policies.empty() || c.shard_count < 1 || c.shard_index < 0 ||
       c.shard_index >= c.shard_count) {
-    return Status::Corruption(source + ": an evaluation configuration needs a model, tasks, policies and a shard I/N "
-                                       "with 0 <= I < N");
+    return Status::Corruption(source +
+                              ": an evaluation configuration needs a model, tasks, policies and a shard I/N "
+                              "with 0 <= I < N");
   }
   for (const auto& task : c.tasks) {
     if (!c.task_rows.count(task)) return Status::Corruption(source + ": no row range for task " + task);
@@ -235,7 +243,8 @@ Result<std::vector<std::string>> expand_policies(const std::vector<std::string>&
     std::vector<std::string> expanded = {spec};
     if (is_budgeted_family(family) && CacheSetting(spec).empty()) {
       if (settings.empty()) {
-        return Status::InvalidArgument("policy '" + spec + "' needs budget=N or ratio=R, or --budgets / --ratios to "
+        return Status::InvalidArgument("policy '" + spec +
+                                       "' needs budget=N or ratio=R, or --budgets / --ratios to "
                                        "expand it over");
       }
       expanded.clear();
@@ -256,7 +265,8 @@ Result<std::vector<std::string>> expand_policies(const std::vector<std::string>&
   std::set<std::string> directories;
   for (const auto& p : out) {
     if (!directories.insert(output_directory_name(p)).second) {
-      return Status::InvalidArgument("policies '" + p + "' and another one would share the output directory " +
+      return Status::InvalidArgument("policies '" + p +
+                                     "' and another one would share the output directory " +
                                      output_directory_name(p) + "; rename one of the files");
     }
   }
@@ -266,7 +276,8 @@ Result<std::vector<std::string>> expand_policies(const std::vector<std::string>&
 std::string output_directory_name(const std::string& name) {
   std::string out;
   for (char c : name) {
-    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '=' || c == '-' || c == '_';
+    const bool keep =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '=' || c == '-' || c == '_';
     out += keep ? c : '_';
   }
   if (out.empty() || out == "." || out == "..") out = "_" + out;
@@ -359,7 +370,8 @@ Result<std::vector<PredictionRecord>> load_predictions(const std::string& path, 
     }
     Json j;
     try {
-      j = Json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.begin() + static_cast<std::ptrdiff_t>(newline));
+      j = Json::parse(text.begin() + static_cast<std::ptrdiff_t>(start),
+                      text.begin() + static_cast<std::ptrdiff_t>(newline));
     } catch (const std::exception& e) {
       return Status::Corruption(where + ": invalid JSON: " + e.what());
     }
@@ -379,7 +391,8 @@ Result<PredictionWriter> PredictionWriter::Open(const std::string& path) {
   return PredictionWriter(path, fd);
 }
 
-PredictionWriter::PredictionWriter(PredictionWriter&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) {
+PredictionWriter::PredictionWriter(PredictionWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_) {
   other.fd_ = -1;
 }
 
@@ -505,7 +518,8 @@ std::string ResultsJson(const EvalConfig& config, const std::vector<PolicyResult
 
 std::string ResultsCsv(const std::vector<PolicyResult>& results) {
   std::ostringstream out;
-  out << "task,policy,family,cache_setting,rows,score,normalized_score,mean_kv_tokens,peak_kv_tokens,relative_cache,"
+  out << "task,policy,family,cache_setting,rows,score,normalized_score,mean_kv_tokens,peak_kv_tokens,"
+         "relative_cache,"
          "answer_kv_tokens,answer_relative_cache,seconds,tokens_per_second\n";
   for (const auto& r : results) {
     out << csv_field(r.task) << ',' << csv_field(r.policy) << ',' << csv_field(r.family) << ','
@@ -519,7 +533,8 @@ std::string ResultsCsv(const std::vector<PolicyResult>& results) {
 }
 
 // Rows of Table 1: per policy, its score per task, the mean normalized score and the mean relative cache.
-std::vector<std::vector<std::string>> TableRows(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+std::vector<std::vector<std::string>> TableRows(const EvalConfig& config,
+                                                const std::vector<PolicyResult>& results) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& policy : config.policies) {
     std::vector<std::string> row = {policy};
@@ -575,8 +590,10 @@ std::string TaskChart(const std::string& task, const std::vector<PolicyResult>& 
 std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult>& results) {
   std::ostringstream body;
   body << "<h1>namm-worker eval</h1>\n<p class=\"meta\">model <code>" << html_escape(config.model)
-       << "</code>, commit <code>" << html_escape(config.commit) << "</code>. Score per task against the cache "
-       << "kept, relative to the full cache (mean over every query of the cached tokens it attended to); one line per "
+       << "</code>, commit <code>" << html_escape(config.commit)
+       << "</code>. Score per task against the cache "
+       << "kept, relative to the full cache (mean over every query of the cached tokens it attended to); one "
+          "line per "
           "policy family, one point per cache setting.</p>\n";
   body << "<h2>Scores</h2>\n" << html_table(TableHeader(config), TableRows(config, results));
   body << "<h2>Score vs relative cache</h2>\n<div class=\"charts\">\n";
@@ -584,13 +601,16 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
   body << "</div>\n";
   std::vector<std::vector<std::string>> matched;
   for (const auto& m : matched_cache_comparison(results)) {
-    matched.push_back({m.task, m.policy, format_number(m.relative_cache, 3), format_number(m.score, 4), m.family,
-                       format_number(m.family_score, 4), m.note});
+    matched.push_back({m.task, m.policy, format_number(m.relative_cache, 3), format_number(m.score, 4),
+                       m.family, format_number(m.family_score, 4), m.note});
   }
   if (!matched.empty()) {
-    body << "<h2>At the same cache</h2>\n<p class=\"meta\">Each fixed-budget family's score interpolated linearly "
+    body << "<h2>At the same cache</h2>\n<p class=\"meta\">Each fixed-budget family's score interpolated "
+            "linearly "
             "between its two cache settings that enclose the policy's relative cache.</p>\n"
-         << html_table({"task", "policy", "relative cache", "score", "family", "family at that cache", "note"}, matched);
+         << html_table(
+                {"task", "policy", "relative cache", "score", "family", "family at that cache", "note"},
+                matched);
   }
   body << "<h2>Every result</h2>\n";
   std::vector<std::vector<std::string>> rows;
@@ -609,7 +629,8 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
 
 }  // namespace
 
-Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& dir) {
+Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& results,
+                     const std::string& dir) {
   const std::string json = ResultsJson(config, results), csv = ResultsCsv(results),
                     html = ResultsHtml(config, results);
   NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.json", {json}));
@@ -632,7 +653,8 @@ std::string results_table(const EvalConfig& config, const std::vector<PolicyResu
   std::ostringstream out;
   const auto line = [&](const std::vector<std::string>& cells) {
     for (std::size_t c = 0; c < cells.size(); ++c) {
-      out << (c ? "  " : "") << (c == 0 ? std::left : std::right) << std::setw(static_cast<int>(width[c])) << cells[c];
+      out << (c ? "  " : "") << (c == 0 ? std::left : std::right) << std::setw(static_cast<int>(width[c]))
+          << cells[c];
     }
     out << "\n";
   };
@@ -660,11 +682,13 @@ std::vector<MatchedComparison> matched_cache_comparison(const std::vector<Policy
       for (const PolicyResult& r : results) {
         if (r.task == p.task && r.family == family && std::isfinite(r.relative_cache)) points.push_back(&r);
       }
-      std::sort(points.begin(), points.end(),
-                [](const PolicyResult* a, const PolicyResult* b) { return a->relative_cache < b->relative_cache; });
+      std::sort(points.begin(), points.end(), [](const PolicyResult* a, const PolicyResult* b) {
+        return a->relative_cache < b->relative_cache;
+      });
       MatchedComparison m{p.task, p.policy, family, p.relative_cache, p.score, std::nan(""), ""};
       const auto describe = [](const PolicyResult* r) {
-        return r->cache_setting + " at " + format_number(r->relative_cache, 3) + ": " + format_number(r->score, 4);
+        return r->cache_setting + " at " + format_number(r->relative_cache, 3) + ": " +
+               format_number(r->score, 4);
       };
       if (p.relative_cache < points.front()->relative_cache) {
         m.note = "below its smallest cache (" + describe(points.front()) + ")";
@@ -694,8 +718,8 @@ std::string matched_table(const std::vector<MatchedComparison>& comparisons) {
     out << m.task << "  " << m.policy << " (score " << format_number(m.score, 4) << ", relative cache "
         << format_number(m.relative_cache, 3) << ") vs " << m.family << ": ";
     if (std::isfinite(m.family_score)) {
-      out << format_number(m.family_score, 4) << " at the same cache (" << m.note << "): "
-          << (m.score > m.family_score ? "above" : "not above") << "\n";
+      out << format_number(m.family_score, 4) << " at the same cache (" << m.note
+          << "): " << (m.score > m.family_score ? "above" : "not above") << "\n";
     } else {
       out << m.note << "\n";
     }
@@ -703,7 +727,8 @@ std::string matched_table(const std::vector<MatchedComparison>& comparisons) {
   return out.str();
 }
 
-Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& shard_dirs, const std::string& out) {
+Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& shard_dirs,
+                                               const std::string& out) {
   if (shard_dirs.empty()) return Status::InvalidArgument("--merge needs the shards' output directories");
   std::vector<EvalConfig> configs;
   for (const auto& dir : shard_dirs) {
@@ -715,13 +740,15 @@ Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& s
   std::vector<int> seen(static_cast<std::size_t>(first.shard_count), 0);
   for (std::size_t i = 0; i < configs.size(); ++i) {
     const EvalConfig& c = configs[i];
-    if (const std::string diff = c.DifferenceFrom(first); !diff.empty() || c.shard_count != first.shard_count) {
-      return Status::InvalidArgument(shard_dirs[i] + " is a shard of another evaluation than " + shard_dirs[0] +
-                                     " (" + (diff.empty() ? "shard count" : diff) + ")");
+    if (const std::string diff = c.DifferenceFrom(first);
+        !diff.empty() || c.shard_count != first.shard_count) {
+      return Status::InvalidArgument(shard_dirs[i] + " is a shard of another evaluation than " +
+                                     shard_dirs[0] + " (" + (diff.empty() ? "shard count" : diff) + ")");
     }
     if (seen[static_cast<std::size_t>(c.shard_index)]++) {
-      return Status::InvalidArgument("shard " + std::to_string(c.shard_index) + "/" + std::to_string(c.shard_count) +
-                                     " is given twice (" + shard_dirs[i] + ")");
+      return Status::InvalidArgument("shard " + std::to_string(c.shard_index) + "/" +
+                                     std::to_string(c.shard_count) + " is given twice (" + shard_dirs[i] +
+                                     ")");
     }
   }
   for (std::size_t s = 0; s < seen.size(); ++s) {

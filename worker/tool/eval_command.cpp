@@ -1,12 +1,12 @@
 // namm-worker eval: memory policies compared on task rows (docs/evaluation.md). Resumable (rows already in a
-// predictions file are skipped), shardable (--shard I/N, joined by eval --merge), and its results are computed
-// from the predictions files alone.
+// predictions file are skipped), shardable (--shard I/N, joined by eval --merge), and its results are
+// computed from the predictions files alone.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -45,7 +45,8 @@ struct EvalOptions {
 std::string Duration(double seconds) {
   const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
   std::ostringstream out;
-  out << s / 3600 << ":" << std::setw(2) << std::setfill('0') << (s / 60) % 60 << ":" << std::setw(2) << s % 60;
+  out << s / 3600 << ":" << std::setw(2) << std::setfill('0') << (s / 60) % 60 << ":" << std::setw(2)
+      << s % 60;
   return out.str();
 }
 
@@ -63,13 +64,15 @@ class Progress {
     const double eta = elapsed / static_cast<double>(ran_) * static_cast<double>(total_ - done_);
     const int width = 30, filled = static_cast<int>(width * done_ / std::max<int64_t>(1, total_));
     std::cerr << "\r[" << std::string(static_cast<std::size_t>(filled), '#')
-              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << done_ << "/" << total_ << "  "
-              << task << "  " << policy << "  ETA " << Duration(eta) << "\033[K" << std::flush;
+              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << done_ << "/" << total_
+              << "  " << task << "  " << policy << "  ETA " << Duration(eta) << "\033[K" << std::flush;
   }
-  void Finished(const std::string& task, const std::string& policy, int64_t rows, double score, double seconds) {
+  void Finished(const std::string& task, const std::string& policy, int64_t rows, double score,
+                double seconds) {
     if (tty_) std::cerr << "\r\033[K";
-    std::cerr << task << "  " << policy << ": " << rows << " rows, score " << std::fixed << std::setprecision(4) << score
-              << " (" << std::setprecision(1) << seconds << " s; " << done_ << "/" << total_ << " done)\n";
+    std::cerr << task << "  " << policy << ": " << rows << " rows, score " << std::fixed
+              << std::setprecision(4) << score << " (" << std::setprecision(1) << seconds << " s; " << done_
+              << "/" << total_ << " done)\n";
   }
 
  private:
@@ -78,8 +81,8 @@ class Progress {
   Clock::time_point start_ = Clock::now();
 };
 
-// An exclusive lock on an output directory (DIR/.lock) for as long as the object lives, so that two evaluations
-// never append to, repair or merge into the same files at once.
+// An exclusive lock on an output directory (DIR/.lock) for as long as the object lives, so that two
+// evaluations never append to, repair or merge into the same files at once.
 class DirectoryLock {
  public:
   static Result<DirectoryLock> Acquire(const std::string& dir) {
@@ -107,15 +110,17 @@ class DirectoryLock {
 };
 
 // Removes what an earlier evaluation wrote to `dir` (the files its configuration names: predictions, results,
-// plots, the configuration), nothing else. Refuses a configuration it cannot read: it cannot know what is ours.
+// plots, the configuration), nothing else. Refuses a configuration it cannot read: it cannot know what is
+// ours.
 Status RemoveEvaluation(const std::string& dir) {
   const std::string config_path = dir + "/config.yaml";
   if (!path_exists(config_path)) return Status::Ok();
   NAMM_ASSIGN_OR_RETURN(std::string text, read_file(config_path));
   Result<EvalConfig> old = EvalConfig::FromYaml(text, config_path);
   if (!old.ok()) {
-    return old.status().WithContext("--overwrite removes only an evaluation's own files, and " + config_path +
-                                    " is not an evaluation configuration this build reads; remove it yourself");
+    return old.status().WithContext(
+        "--overwrite removes only an evaluation's own files, and " + config_path +
+        " is not an evaluation configuration this build reads; remove it yourself");
   }
   std::error_code ec;
   const auto remove = [&](const std::filesystem::path& file) -> Status {
@@ -145,8 +150,9 @@ Result<bool> CheckResumable(const EvalConfig& config, const std::string& dir) {
     for (const auto& task : config.tasks) {
       for (const auto& policy : config.policies) {
         if (path_exists(predictions_path(dir, task, policy))) {
-          return Status::FailedPrecondition(dir + " holds " + predictions_path(dir, task, policy) +
-                                            " but no config.yaml saying what it is; choose another --out or remove it");
+          return Status::FailedPrecondition(
+              dir + " holds " + predictions_path(dir, task, policy) +
+              " but no config.yaml saying what it is; choose another --out or remove it");
         }
       }
     }
@@ -161,7 +167,8 @@ Result<bool> CheckResumable(const EvalConfig& config, const std::string& dir) {
   if (old.shard_index != config.shard_index || old.shard_count != config.shard_count) {
     return Status::InvalidArgument(dir + " holds shard " + std::to_string(old.shard_index) + "/" +
                                    std::to_string(old.shard_count) + " of this evaluation, not " +
-                                   std::to_string(config.shard_index) + "/" + std::to_string(config.shard_count));
+                                   std::to_string(config.shard_index) + "/" +
+                                   std::to_string(config.shard_count));
   }
   if (old.commit != config.commit) {
     std::cerr << "namm-worker: warning: resuming an evaluation started by commit " << old.commit << " with "
@@ -193,11 +200,11 @@ Status Report(const EvalConfig& config, const std::vector<PolicyResult>& results
   NAMM_RETURN_IF_ERROR(write_results(config, results, out));
   std::cout << results_table(config, results);
   if (const std::string matched = matched_table(matched_cache_comparison(results)); !matched.empty()) {
-    std::cout << "\nAt the same cache (fixed-budget families interpolated between their two nearest settings):\n"
-              << matched;
+    std::cout
+        << "\nAt the same cache (fixed-budget families interpolated between their two nearest settings):\n"
+        << matched;
   }
-  std::cout << "\nwrote " << out << "/results.csv, " << out << "/results.json, "
-            << out << "/results.html\n";
+  std::cout << "\nwrote " << out << "/results.csv, " << out << "/results.json, " << out << "/results.html\n";
   return Status::Ok();
 }
 
@@ -248,7 +255,9 @@ Status RunEval(const EvalOptions& o) {
     if (!task_directories.insert(output_directory_name(name)).second) {
       return Status::InvalidArgument("task " + name + " would share its output directory with another task");
     }
-    const int64_t chunk = o.inference.chunk_size > 0 ? o.inference.chunk_size : task.chunk_size > 0 ? task.chunk_size : 128;
+    const int64_t chunk = o.inference.chunk_size > 0 ? o.inference.chunk_size
+                          : task.chunk_size > 0      ? task.chunk_size
+                                                     : 128;
     const int64_t interval = o.inference.update_interval > 0 ? o.inference.update_interval
                              : task.update_interval > 0      ? task.update_interval
                                                              : 512;
@@ -269,7 +278,8 @@ Status RunEval(const EvalOptions& o) {
   for (const auto& spec : config.policies) {
     for (const auto& task : config.tasks) {
       const auto& rows = rows_by_task[task];
-      if (!rows.empty()) NAMM_RETURN_IF_ERROR(policies.Make(spec, &rows.front().fields).status().WithContext(task));
+      if (!rows.empty())
+        NAMM_RETURN_IF_ERROR(policies.Make(spec, &rows.front().fields).status().WithContext(task));
     }
   }
 
@@ -296,9 +306,10 @@ Status RunEval(const EvalOptions& o) {
     auto& variant = variants[task.rope_scaling];
     if (!variant) {
       LlamaConfig model_config = loaded.model->config();
-      if (task.rope_scaling.empty()) return Status::InvalidArgument(
-          "task " + task.name + " runs with the checkpoint's RoPE and " + config.tasks.front() +
-          " with another: evaluate them separately or pass --rope-scaling");
+      if (task.rope_scaling.empty())
+        return Status::InvalidArgument("task " + task.name + " runs with the checkpoint's RoPE and " +
+                                       config.tasks.front() +
+                                       " with another: evaluate them separately or pass --rope-scaling");
       NAMM_ASSIGN_OR_RETURN(model_config.rope_scaling, RopeScaling::Parse(task.rope_scaling));
       variant = std::make_unique<LlamaModel>(LoadedModel{model_config, loaded.model->weights()},
                                              loaded.model->options());
@@ -340,14 +351,16 @@ Status RunEval(const EvalOptions& o) {
         // A policy serves one sequence (and the oracle reads its row), so each row gets a fresh one.
         NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(policy_spec, &row.fields));
         Result<PromptResult> ran = runner.Run(task, row, *policy, run_options);
-        if (!ran.ok()) return ran.status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
+        if (!ran.ok())
+          return ran.status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
         const PromptResult& r = *ran;
         PredictionRecord record;
         record.row = index;
         record.pred = r.prediction;
         record.answers = row.fields.value(task.answers_field, nlohmann::json::array());
         record.all_classes = row.fields.value(task.classes_field, nlohmann::json());
-        record.length = row.fields.contains("length") ? row.fields["length"] : nlohmann::json(r.prompt_tokens);
+        record.length =
+            row.fields.contains("length") ? row.fields["length"] : nlohmann::json(r.prompt_tokens);
         record.score = r.score;
         record.mean_kv_tokens = r.mean_kv_tokens;
         record.answer_kv_tokens = r.answer_kv_tokens;
@@ -363,7 +376,8 @@ Status RunEval(const EvalOptions& o) {
         ++counted;
         progress.Ran(name, policy_spec);
       }
-      progress.Finished(name, policy_spec, counted, counted ? score / static_cast<double>(counted) : 0.0, seconds);
+      progress.Finished(name, policy_spec, counted, counted ? score / static_cast<double>(counted) : 0.0,
+                        seconds);
     }
   }
   NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, compute_results(config, o.out));
@@ -379,8 +393,9 @@ Status RunEval(const EvalOptions& o) {
 void AddEvalCommand(CLI::App& app, Action& run) {
   auto o = std::make_shared<EvalOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "eval", "Compare memory policies on task rows: predictions, scores normalized by the full cache, cache sizes, "
-              "a table, CSV/JSON and an HTML plot (resumable; --shard / --merge)");
+      "eval",
+      "Compare memory policies on task rows: predictions, scores normalized by the full cache, cache sizes, "
+      "a table, CSV/JSON and an HTML plot (resumable; --shard / --merge)");
   AddModelOptions(cmd, o->model, /*required=*/false);
   AddInferenceOptions(cmd, o->inference);
   tasks::add_task_path_options(cmd, o->paths);
@@ -390,16 +405,21 @@ void AddEvalCommand(CLI::App& app, Action& run) {
                   "Policies, comma-separated (full is always included): full, namm:FILE.safetensors, "
                   "h2o|l2|streaming|tova|snapkv|fastgen[:budget=N|ratio=R,...], oracle");
   cmd->add_option("--rows", o->rows, "Rows of every task: N, A:B, A: or :B (default: all)");
-  auto* budgets = cmd->add_option("--budgets", o->budgets,
-                                  "Expand each baseline without a cache setting over these budgets (tokens per KV "
-                                  "head), comma-separated")->delimiter(',');
-  auto* ratios = cmd->add_option("--ratios", o->ratios,
-                                 "... or over these shares of each prompt, comma-separated")->delimiter(',');
+  auto* budgets =
+      cmd->add_option("--budgets", o->budgets,
+                      "Expand each baseline without a cache setting over these budgets (tokens per KV "
+                      "head), comma-separated")
+          ->delimiter(',');
+  auto* ratios =
+      cmd->add_option("--ratios", o->ratios, "... or over these shares of each prompt, comma-separated")
+          ->delimiter(',');
   budgets->excludes(ratios);
   cmd->add_option("--shard", o->shard, "Evaluate only every N-th row, starting at row I of each range: I/N");
   cmd->add_flag("--overwrite", o->overwrite, "Start over: remove the evaluation already in --out");
-  auto* merge = cmd->add_option("--merge", o->merge, "Join the output directories of the shards of one evaluation "
-                                                     "into --out (nothing is run)")->expected(1, -1);
+  auto* merge = cmd->add_option("--merge", o->merge,
+                                "Join the output directories of the shards of one evaluation "
+                                "into --out (nothing is run)")
+                    ->expected(1, -1);
   cmd->add_option("--out", o->out, "Output directory")->required();
   cmd->callback([o, &run, merge] {
     run = [o, merge] {

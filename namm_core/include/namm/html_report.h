@@ -16,7 +16,8 @@ namespace namm {
 
 struct ChartSeries {
   std::string name;
-  std::vector<std::pair<double, double>> points;  // (x, y), drawn in the given order; non-finite points skipped
+  std::vector<std::pair<double, double>>
+      points;  // (x, y), drawn in the given order; non-finite points skipped
   bool dashed = false;
 };
 
@@ -28,9 +29,9 @@ struct ChartOptions {
   std::vector<std::pair<double, std::string>> x_markers;
 };
 
-// An <svg> element, styled by its own attributes so that it also stands alone as an .svg file: axes with ticks,
-// one polyline per series (class "curve", with data-series), a marker per point (class "point", with data-x /
-// data-y / data-series for the read-out), and a legend.
+// An <svg> element, styled by its own attributes so that it also stands alone as an .svg file: axes with
+// ticks, one polyline per series (class "curve", with data-series), a marker per point (class "point", with
+// data-x / data-y / data-series for the read-out), and a legend.
 std::string render_line_chart(const std::vector<ChartSeries>& series, const ChartOptions& options);
 
 // Text escaped for HTML element content and attribute values.
@@ -40,7 +41,8 @@ std::string html_escape(const std::string& text);
 std::string html_page(const std::string& title, const std::string& body_html);
 
 // A <table> with a header row; cells are escaped.
-std::string html_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+std::string html_table(const std::vector<std::string>& header,
+                       const std::vector<std::vector<std::string>>& rows);
 
 // A number with `digits` decimals, or "" for NaN.
 std::string format_number(double value, int digits);

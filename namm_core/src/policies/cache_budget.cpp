@@ -7,7 +7,8 @@
 namespace namm {
 
 Result<CacheBudget> CacheBudget::Tokens(int64_t tokens) {
-  if (tokens <= 0) return Status::InvalidArgument("a cache budget needs budget > 0, got " + std::to_string(tokens));
+  if (tokens <= 0)
+    return Status::InvalidArgument("a cache budget needs budget > 0, got " + std::to_string(tokens));
   return CacheBudget(tokens, 0);
 }
 
@@ -21,8 +22,9 @@ Result<CacheBudget> CacheBudget::Ratio(double ratio) {
 Result<CacheBudget> CacheBudget::FromSpec(const OptionSpec& spec) {
   const bool has_budget = spec.options.count("budget") > 0, has_ratio = spec.options.count("ratio") > 0;
   if (has_budget == has_ratio) {
-    return Status::InvalidArgument("'" + spec.ToString() + "': " + spec.name +
-                                   " needs exactly one of budget=N (tokens per KV head) or ratio=R (share of the prompt)");
+    return Status::InvalidArgument(
+        "'" + spec.ToString() + "': " + spec.name +
+        " needs exactly one of budget=N (tokens per KV head) or ratio=R (share of the prompt)");
   }
   Result<CacheBudget> budget = [&]() -> Result<CacheBudget> {
     if (has_budget) {
@@ -38,7 +40,8 @@ Result<CacheBudget> CacheBudget::FromSpec(const OptionSpec& spec) {
 
 int64_t CacheBudget::Resolve(int64_t prompt_tokens) const {
   if (!is_ratio()) return tokens_;
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(ratio_ * static_cast<double>(prompt_tokens) - 1e-9)));
+  return std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(ratio_ * static_cast<double>(prompt_tokens) - 1e-9)));
 }
 
 std::string CacheBudget::ToString() const {
@@ -59,7 +62,8 @@ Status BudgetedPolicy::BeginSequence(const SequenceInfo& info) {
 
 Result<int64_t> BudgetedPolicy::budget_tokens() const {
   if (!tokens_) {
-    return Status::FailedPrecondition(name() + ": a budget given as a ratio of the prompt needs BeginSequence()");
+    return Status::FailedPrecondition(name() +
+                                      ": a budget given as a ratio of the prompt needs BeginSequence()");
   }
   return *tokens_;
 }

@@ -25,9 +25,11 @@ at::Tensor IsOneOf(const at::Tensor& ids, const std::vector<int64_t>& members) {
 
 Result<std::unique_ptr<FastGenPolicy>> FastGenPolicy::Create(CacheBudget budget, FastGenOptions options) {
   if (!(options.recovery > 0 && options.recovery <= 1)) {
-    return Status::InvalidArgument("FastGen needs a recovery ratio in (0, 1], got " + std::to_string(options.recovery));
+    return Status::InvalidArgument("FastGen needs a recovery ratio in (0, 1], got " +
+                                   std::to_string(options.recovery));
   }
-  if (options.window <= 0) return Status::InvalidArgument("FastGen needs window > 0, got " + std::to_string(options.window));
+  if (options.window <= 0)
+    return Status::InvalidArgument("FastGen needs window > 0, got " + std::to_string(options.window));
   return std::unique_ptr<FastGenPolicy>(new FastGenPolicy(budget, std::move(options)));
 }
 
@@ -60,7 +62,9 @@ Status FastGenPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerK
   });
 }
 
-Result<at::Tensor> FastGenPolicy::Select(int /*layer*/, LayerKVCache& cache) { return all_token_indices(cache); }
+Result<at::Tensor> FastGenPolicy::Select(int /*layer*/, LayerKVCache& cache) {
+  return all_token_indices(cache);
+}
 
 Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCache& cache) {
   NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
@@ -76,7 +80,8 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
   return internal::catch_torch_errors("FastGen end of prefill", [&]() -> Result<std::optional<at::Tensor>> {
     const at::Tensor positions = cache.positions();
     if (n > 0 && positions.max().item<int64_t>() >= prompt) {
-      return Status::FailedPrecondition("FastGen: the cache holds tokens beyond the prompt at the end of prefill");
+      return Status::FailedPrecondition(
+          "FastGen: the cache holds tokens beyond the prompt at the end of prefill");
     }
     const at::Tensor ids = at::tensor(prompt_ids_, positions.options()).index({positions});  // [kv, n]
     const at::Tensor accumulated = cache.state(kAttentionState);
@@ -90,7 +95,8 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
     const int64_t frequent = std::min(budget / 2, n), local = std::min(budget - budget / 2, n);
     at::Tensor with_frequent = with_punctuation.clone();
     if (frequent > 0) {
-      const at::Tensor others = accumulated.masked_fill(with_punctuation, -std::numeric_limits<float>::infinity());
+      const at::Tensor others =
+          accumulated.masked_fill(with_punctuation, -std::numeric_limits<float>::infinity());
       const at::Tensor top = std::get<1>(others.topk(frequent, 1));
       with_frequent.scatter_(1, top, true);  // with fewer others than `frequent`, -inf picks are already kept
     }
@@ -101,11 +107,13 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
 
     // Recovered attention of each policy, and each head's cheapest policy that recovers enough.
     const at::Tensor total = window.sum(1).clamp_min(std::numeric_limits<float>::min());  // [kv]
-    const at::Tensor recovered = (masks.to(at::kFloat) * window.unsqueeze(0)).sum(2) / total;  // [kPolicies, kv]
+    const at::Tensor recovered =
+        (masks.to(at::kFloat) * window.unsqueeze(0)).sum(2) / total;  // [kPolicies, kv]
     at::Tensor enough = recovered.ge(options_.recovery);
     enough.select(0, kPolicies - 1).fill_(true);
     const at::Tensor chosen = enough.to(at::kLong).argmax(0);  // first policy that recovers enough, [kv]
-    const at::Tensor keep = masks.gather(0, chosen.view({1, kv_heads, 1}).expand({1, kv_heads, n})).squeeze(0);
+    const at::Tensor keep =
+        masks.gather(0, chosen.view({1, kv_heads, 1}).expand({1, kv_heads, n})).squeeze(0);
 
     const at::Tensor chosen_cpu = chosen.cpu();
     profile.assign(chosen_cpu.data_ptr<int64_t>(), chosen_cpu.data_ptr<int64_t>() + kv_heads);

@@ -2,6 +2,8 @@
 
 namespace namm {
 
-Result<at::Tensor> FullCachePolicy::Select(int /*layer*/, LayerKVCache& cache) { return all_token_indices(cache); }
+Result<at::Tensor> FullCachePolicy::Select(int /*layer*/, LayerKVCache& cache) {
+  return all_token_indices(cache);
+}
 
 }  // namespace namm

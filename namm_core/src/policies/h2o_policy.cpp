@@ -18,15 +18,16 @@ Status CheckRecent(std::optional<int64_t> budget, std::optional<int64_t> recent)
   if (!recent) return Status::Ok();
   if (*recent < 0) return Status::InvalidArgument("H2O needs recent >= 0, got " + std::to_string(*recent));
   if (budget && *recent > *budget) {
-    return Status::InvalidArgument("H2O's recent window (" + std::to_string(*recent) + " tokens) exceeds its budget (" +
-                                   std::to_string(*budget) + " tokens)");
+    return Status::InvalidArgument("H2O's recent window (" + std::to_string(*recent) +
+                                   " tokens) exceeds its budget (" + std::to_string(*budget) + " tokens)");
   }
   return Status::Ok();
 }
 }  // namespace
 
 Result<std::unique_ptr<H2OPolicy>> H2OPolicy::Create(CacheBudget budget, std::optional<int64_t> recent) {
-  NAMM_RETURN_IF_ERROR(CheckRecent(budget.is_ratio() ? std::nullopt : std::optional<int64_t>(budget.Resolve(0)), recent));
+  NAMM_RETURN_IF_ERROR(
+      CheckRecent(budget.is_ratio() ? std::nullopt : std::optional<int64_t>(budget.Resolve(0)), recent));
   return std::unique_ptr<H2OPolicy>(new H2OPolicy(budget, recent));
 }
 

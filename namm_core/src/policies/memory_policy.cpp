@@ -37,30 +37,34 @@ std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, cons
 }
 
 at::Tensor all_token_indices(const LayerKVCache& cache) {
-  return at::arange(cache.size(), cache.positions().options()).unsqueeze(0).expand({cache.kv_heads(), cache.size()})
+  return at::arange(cache.size(), cache.positions().options())
+      .unsqueeze(0)
+      .expand({cache.kv_heads(), cache.size()})
       .contiguous();
 }
 
 Status validate_observed_attention(const at::Tensor& attention, const LayerKVCache& cache) {
   if (!attention.defined() || attention.dim() != 3) {
-    return Status::InvalidArgument("attention must be [q_heads, n_queries, n_keys], got " +
-                                   (attention.defined() ? shape_to_string(attention.sizes().vec()) : "nothing"));
+    return Status::InvalidArgument(
+        "attention must be [q_heads, n_queries, n_keys], got " +
+        (attention.defined() ? shape_to_string(attention.sizes().vec()) : "nothing"));
   }
   if (!at::isFloatingType(attention.scalar_type())) {
     return Status::InvalidArgument("attention must be floating point");
   }
   if (attention.size(0) % cache.kv_heads() != 0) {
     return Status::InvalidArgument("attention has " + std::to_string(attention.size(0)) +
-                                   " query heads, not a multiple of the cache's " + std::to_string(cache.kv_heads()) +
-                                   " KV heads");
+                                   " query heads, not a multiple of the cache's " +
+                                   std::to_string(cache.kv_heads()) + " KV heads");
   }
   if (attention.size(2) != cache.size()) {
-    return Status::InvalidArgument("attention covers " + std::to_string(attention.size(2)) + " keys but the cache holds " +
-                                   std::to_string(cache.size()) + " tokens");
+    return Status::InvalidArgument("attention covers " + std::to_string(attention.size(2)) +
+                                   " keys but the cache holds " + std::to_string(cache.size()) + " tokens");
   }
   if (attention.size(1) > cache.size()) {
     return Status::InvalidArgument(std::to_string(attention.size(1)) + " queries but only " +
-                                   std::to_string(cache.size()) + " cached tokens (queries must be cached first)");
+                                   std::to_string(cache.size()) +
+                                   " cached tokens (queries must be cached first)");
   }
   return Status::Ok();
 }

@@ -14,7 +14,8 @@ namespace {
 constexpr const char* kVotesState = "snapkv.votes";
 }  // namespace
 
-Result<std::unique_ptr<SnapKvPolicy>> SnapKvPolicy::Create(CacheBudget budget, int64_t window, int64_t kernel) {
+Result<std::unique_ptr<SnapKvPolicy>> SnapKvPolicy::Create(CacheBudget budget, int64_t window,
+                                                           int64_t kernel) {
   if (window <= 0) return Status::InvalidArgument("SnapKV needs window > 0, got " + std::to_string(window));
   if (kernel <= 0 || kernel % 2 == 0) {
     return Status::InvalidArgument("SnapKV needs an odd pooling kernel > 0, got " + std::to_string(kernel));
@@ -23,8 +24,8 @@ Result<std::unique_ptr<SnapKvPolicy>> SnapKvPolicy::Create(CacheBudget budget, i
 }
 
 std::string SnapKvPolicy::name() const {
-  return "snapkv(" + budget().ToString() + ", window=" + std::to_string(window_) + ", kernel=" +
-         std::to_string(kernel_) + ")";
+  return "snapkv(" + budget().ToString() + ", window=" + std::to_string(window_) +
+         ", kernel=" + std::to_string(kernel_) + ")";
 }
 
 std::vector<TokenStateSpec> SnapKvPolicy::token_state() const { return {{kVotesState, {}, at::kFloat}}; }
@@ -47,7 +48,9 @@ Status SnapKvPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKV
   });
 }
 
-Result<at::Tensor> SnapKvPolicy::Select(int /*layer*/, LayerKVCache& cache) { return all_token_indices(cache); }
+Result<at::Tensor> SnapKvPolicy::Select(int /*layer*/, LayerKVCache& cache) {
+  return all_token_indices(cache);
+}
 
 Result<std::optional<at::Tensor>> SnapKvPolicy::EndPrefill(int /*layer*/, LayerKVCache& cache) {
   NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
@@ -58,8 +61,8 @@ Result<std::optional<at::Tensor>> SnapKvPolicy::EndPrefill(int /*layer*/, LayerK
     at::Tensor ranking = cache.state(kVotesState).clone();  // [kv_heads, n]
     // Pool the votes of the tokens before the window; the window itself ranks above everything.
     const int64_t earlier = n - window;
-    const at::Tensor pooled = at::max_pool1d(ranking.narrow(1, 0, earlier).unsqueeze(1), {kernel_}, {1},
-                                             {kernel_ / 2}).squeeze(1);
+    const at::Tensor pooled =
+        at::max_pool1d(ranking.narrow(1, 0, earlier).unsqueeze(1), {kernel_}, {1}, {kernel_ / 2}).squeeze(1);
     ranking.narrow(1, 0, earlier).copy_(pooled);
     ranking.narrow(1, earlier, window).fill_(std::numeric_limits<float>::max());
     return std::optional<at::Tensor>(keep_top_k_per_head(ranking, budget));

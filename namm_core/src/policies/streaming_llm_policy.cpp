@@ -10,15 +10,17 @@ namespace namm {
 namespace {
 Status CheckSinks(int64_t budget, int64_t sinks) {
   if (sinks < 0 || sinks >= budget) {
-    return Status::InvalidArgument("StreamingLLM needs 0 <= sinks < budget (the newest token must fit), got sinks " +
-                                   std::to_string(sinks) + ", budget " + std::to_string(budget));
+    return Status::InvalidArgument(
+        "StreamingLLM needs 0 <= sinks < budget (the newest token must fit), got sinks " +
+        std::to_string(sinks) + ", budget " + std::to_string(budget));
   }
   return Status::Ok();
 }
 }  // namespace
 
 Result<std::unique_ptr<StreamingLlmPolicy>> StreamingLlmPolicy::Create(CacheBudget budget, int64_t sinks) {
-  if (sinks < 0) return Status::InvalidArgument("StreamingLLM needs sinks >= 0, got " + std::to_string(sinks));
+  if (sinks < 0)
+    return Status::InvalidArgument("StreamingLLM needs sinks >= 0, got " + std::to_string(sinks));
   if (!budget.is_ratio()) NAMM_RETURN_IF_ERROR(CheckSinks(budget.Resolve(0), sinks));
   return std::unique_ptr<StreamingLlmPolicy>(new StreamingLlmPolicy(budget, sinks));
 }
@@ -42,7 +44,8 @@ Result<at::Tensor> StreamingLlmPolicy::Select(int /*layer*/, LayerKVCache& cache
   return internal::catch_torch_errors("StreamingLLM select", [&]() -> Result<at::Tensor> {
     // Every head holds the same tokens, oldest first: the sinks are the first slots.
     const at::TensorOptions index = cache.positions().options();
-    const at::Tensor kept = at::cat({at::arange(sinks_now_, index), at::arange(n - (budget - sinks_now_), n, index)});
+    const at::Tensor kept =
+        at::cat({at::arange(sinks_now_, index), at::arange(n - (budget - sinks_now_), n, index)});
     return kept.unsqueeze(0).expand({cache.kv_heads(), budget}).contiguous();
   });
 }

@@ -1,6 +1,6 @@
-// How many tokens per KV head a fixed-budget baseline keeps: a number of tokens ("budget=N"), or a share of the
-// prompt ("ratio=R", resolved when a sequence begins), so that one setting means the same relative cache on
-// prompts of every length.
+// How many tokens per KV head a fixed-budget baseline keeps: a number of tokens ("budget=N"), or a share of
+// the prompt ("ratio=R", resolved when a sequence begins), so that one setting means the same relative cache
+// on prompts of every length.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,8 @@ class CacheBudget {
   // From a policy spec's "budget" or "ratio" key (exactly one of them); errors name the spec.
   static Result<CacheBudget> FromSpec(const OptionSpec& spec);
 
-  // Tokens kept for a prompt of `prompt_tokens`: the fixed number, or ceil(ratio x prompt_tokens), at least 1.
+  // Tokens kept for a prompt of `prompt_tokens`: the fixed number, or ceil(ratio x prompt_tokens), at
+  // least 1.
   int64_t Resolve(int64_t prompt_tokens) const;
   bool is_ratio() const { return ratio_ > 0; }
   // "budget=256" or "ratio=0.5", as in a policy spec.

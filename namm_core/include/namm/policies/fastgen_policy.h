@@ -1,6 +1,6 @@
-// FastGen baseline (Ge et al. 2024, "Model Tells You What to Discard: Adaptive KV Cache Compression for LLMs"):
-// at the end of prefill each KV head is profiled and gets the cheapest of these nested cache policies that
-// recovers at least `recovery` of its attention:
+// FastGen baseline (Ge et al. 2024, "Model Tells You What to Discard: Adaptive KV Cache Compression for
+// LLMs"): at the end of prefill each KV head is profiled and gets the cheapest of these nested cache policies
+// that recovers at least `recovery` of its attention:
 //   1. special tokens (C_special), 2. + punctuation (C_punct), 3. + the `frequent` tokens with the most
 //   accumulated attention (C_frequent), 4. + the `local` most recent tokens (C_local), 5. the full cache.
 // A policy's recovered attention is the share of the attention of the last `window` prompt queries (averaged
@@ -37,8 +37,8 @@ class FastGenPolicy final : public BudgetedPolicy {
   static Result<std::unique_ptr<FastGenPolicy>> Create(CacheBudget budget, FastGenOptions options);
 
   std::string name() const override;
-  // "fastgen.attention" (accumulated attention, the frequency ranking) and "fastgen.window" (attention from the
-  // profiling window), [] float32 each.
+  // "fastgen.attention" (accumulated attention, the frequency ranking) and "fastgen.window" (attention from
+  // the profiling window), [] float32 each.
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
   Status BeginSequence(const SequenceInfo& info) override;
@@ -52,7 +52,8 @@ class FastGenPolicy final : public BudgetedPolicy {
   std::vector<int64_t> profile(int layer) const;
 
  private:
-  FastGenPolicy(CacheBudget budget, FastGenOptions options) : BudgetedPolicy(budget), options_(std::move(options)) {}
+  FastGenPolicy(CacheBudget budget, FastGenOptions options)
+      : BudgetedPolicy(budget), options_(std::move(options)) {}
   FastGenOptions options_;
   std::vector<int64_t> prompt_ids_;
   std::vector<std::vector<int64_t>> profiles_;  // per layer

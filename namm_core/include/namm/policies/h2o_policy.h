@@ -1,6 +1,6 @@
-// H2O baseline ("heavy hitters"; Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference
-// of Large Language Models"): keep the tokens that have received the most attention, plus a window of the most
-// recent tokens, within a fixed budget per KV head.
+// H2O baseline ("heavy hitters"; Zhang et al. 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative
+// Inference of Large Language Models"): keep the tokens that have received the most attention, plus a window
+// of the most recent tokens, within a fixed budget per KV head.
 //
 // Accumulated attention of a token = sum over every query so far of the attention it received, averaged over
 // the query heads of its KV group (float32). Unlike the original, which evicts after every decoded token,
@@ -21,8 +21,10 @@ namespace namm {
 class H2OPolicy final : public BudgetedPolicy {
  public:
   // recent: how many of the kept tokens are the most recent ones (<= the budget; default: half of it, H2O's
-  // split). With a budget given as a ratio, a prompt whose budget is smaller than `recent` keeps only recent ones.
-  static Result<std::unique_ptr<H2OPolicy>> Create(CacheBudget budget, std::optional<int64_t> recent = std::nullopt);
+  // split). With a budget given as a ratio, a prompt whose budget is smaller than `recent` keeps only recent
+  // ones.
+  static Result<std::unique_ptr<H2OPolicy>> Create(CacheBudget budget,
+                                                   std::optional<int64_t> recent = std::nullopt);
 
   std::string name() const override;
   // "h2o.attention" [] float32: the accumulated attention per token.

@@ -3,13 +3,15 @@
 // Protocol for one sequence:
 //  0. BeginSequence() once, with the prompt, before the first token.
 //  Then, for each layer:
-//  1. After each forward chunk (prefill chunk, decoded or teacher-forced tokens) has been appended to the layer's
-//     cache and its attention computed, the engine calls Observe() with the chunk's attention probabilities, if
-//     the policy needs_attention(). The policy folds them into its per-token state, so no attention matrix
+//  1. After each forward chunk (prefill chunk, decoded or teacher-forced tokens) has been appended to the
+//  layer's
+//     cache and its attention computed, the engine calls Observe() with the chunk's attention probabilities,
+//     if the policy needs_attention(). The policy folds them into its per-token state, so no attention matrix
 //     outlives the chunk: memory stays O(n) per layer.
 //  2. At each memory update (the reference: whenever the sequence length reaches a multiple of n_up = 512),
 //     the engine calls Select() and keeps the returned tokens (apply_memory_update does both).
-//  3. Once the whole prompt has been processed (after step 1 and, if one fell there, step 2 of its last chunk),
+//  3. Once the whole prompt has been processed (after step 1 and, if one fell there, step 2 of its last
+//  chunk),
 //     the engine calls EndPrefill(): policies that compress the prompt once (SnapKV, FastGen) do it there.
 // A policy object serves one sequence at a time and is not thread-safe; per-token state lives in the caches.
 #pragma once
@@ -57,8 +59,8 @@ class MemoryPolicy {
   // (last slot) included. Called at a memory update, after the Observe() of the chunk that completed it.
   virtual Result<at::Tensor> Select(int layer, LayerKVCache& cache) = 0;
 
-  // Called once per layer at the end of the prompt. Returns retained indices as Select() does, or std::nullopt
-  // to leave the cache as it is (the default, for policies that evict only at memory updates).
+  // Called once per layer at the end of the prompt. Returns retained indices as Select() does, or
+  // std::nullopt to leave the cache as it is (the default, for policies that evict only at memory updates).
   virtual Result<std::optional<at::Tensor>> EndPrefill(int layer, LayerKVCache& cache);
 };
 
@@ -78,8 +80,8 @@ inline int64_t first_observed_query(const at::Tensor& attention, const LayerKVCa
   return cache.tokens_seen() - attention.size(1);
 }
 
-// The rows [begin, end) of an observed chunk's query axis that are among the last `window` queries of a prompt of
-// `prompt_tokens` (begin == end when none are): the observation window of SnapKV and FastGen.
+// The rows [begin, end) of an observed chunk's query axis that are among the last `window` queries of a
+// prompt of `prompt_tokens` (begin == end when none are): the observation window of SnapKV and FastGen.
 std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, const LayerKVCache& cache,
                                                int64_t prompt_tokens, int64_t window);
 

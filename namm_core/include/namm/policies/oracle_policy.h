@@ -1,7 +1,7 @@
-// An evaluation ceiling, not a memory policy one could deploy: evicts exactly the tokens whose absolute positions
-// a synthetic row marks as irrelevant (its interruption), at every memory update and at the end of prefill, and
-// keeps everything else. It tells whether a task is worth training a NAMM on: if evicting the marked tokens does
-// not recover the clean score, no policy can.
+// An evaluation ceiling, not a memory policy one could deploy: evicts exactly the tokens whose absolute
+// positions a synthetic row marks as irrelevant (its interruption), at every memory update and at the end of
+// prefill, and keeps everything else. It tells whether a task is worth training a NAMM on: if evicting the
+// marked tokens does not recover the clean score, no policy can.
 #pragma once
 
 #include <cstdint>

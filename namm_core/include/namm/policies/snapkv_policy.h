@@ -1,9 +1,9 @@
-// SnapKV baseline (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"): at the end of
-// prefill, the last `window` prompt tokens (the observation window) vote for the earlier prompt tokens they attend
-// to; votes are max-pooled along the sequence (kernel `kernel`) so that neighbours of a selected token come with
-// it; each KV head keeps the budget - window best-voted earlier tokens plus the whole window. Every token after
-// the prompt is kept (SnapKV compresses the prompt once and never evicts during generation). Memory updates
-// during prefill evict nothing.
+// SnapKV baseline (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation"): at the
+// end of prefill, the last `window` prompt tokens (the observation window) vote for the earlier prompt tokens
+// they attend to; votes are max-pooled along the sequence (kernel `kernel`) so that neighbours of a selected
+// token come with it; each KV head keeps the budget - window best-voted earlier tokens plus the whole window.
+// Every token after the prompt is kept (SnapKV compresses the prompt once and never evicts during
+// generation). Memory updates during prefill evict nothing.
 //
 // Votes are the attention of each window query averaged over the query heads of its KV group, summed over the
 // window. The paper re-normalizes the window's attention over the earlier tokens only; here the probabilities
@@ -22,7 +22,8 @@ namespace namm {
 class SnapKvPolicy final : public BudgetedPolicy {
  public:
   // window: observation-window length (the paper: 32); kernel: odd max-pooling width (the paper: 7).
-  static Result<std::unique_ptr<SnapKvPolicy>> Create(CacheBudget budget, int64_t window = 32, int64_t kernel = 7);
+  static Result<std::unique_ptr<SnapKvPolicy>> Create(CacheBudget budget, int64_t window = 32,
+                                                      int64_t kernel = 7);
 
   std::string name() const override;
   // "snapkv.votes" [] float32: attention received from the observation window's queries.

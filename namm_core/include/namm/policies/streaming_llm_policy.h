@@ -1,6 +1,7 @@
-// StreamingLLM baseline (Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks"): keep the
-// first `sinks` tokens of the sequence (attention sinks: softmax parks surplus attention on them, and evicting
-// them breaks the model) and a window of the most recent tokens, budget - sinks of them. Needs no attention.
+// StreamingLLM baseline (Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks"): keep
+// the first `sinks` tokens of the sequence (attention sinks: softmax parks surplus attention on them, and
+// evicting them breaks the model) and a window of the most recent tokens, budget - sinks of them. Needs no
+// attention.
 //
 // The original rolls the window after every token; here eviction happens at the engine's memory updates, like
 // every other policy's, so between updates the cache may exceed the budget by up to n_up tokens.
@@ -16,8 +17,8 @@ namespace namm {
 
 class StreamingLlmPolicy final : public BudgetedPolicy {
  public:
-  // sinks: initial tokens kept (the paper uses 4); must leave room for the newest token within the budget. With a
-  // budget given as a ratio, a prompt too short for every sink keeps budget - 1 of them.
+  // sinks: initial tokens kept (the paper uses 4); must leave room for the newest token within the budget.
+  // With a budget given as a ratio, a prompt too short for every sink keeps budget - 1 of them.
   static Result<std::unique_ptr<StreamingLlmPolicy>> Create(CacheBudget budget, int64_t sinks = 4);
 
   std::string name() const override;
