@@ -42,11 +42,12 @@ demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target namm-coordinator namm-worker
 	BUILD_DIR=$(BUILD_DIR) scripts/demo.sh
 
+# A test without its own TIMEOUT property fails after 10 minutes instead of stalling the suite (ctest has no default).
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -LE long -j $(JOBS)
+	cd $(BUILD_DIR) && ctest --output-on-failure -LE long -j $(JOBS) --timeout 600
 
 test-long: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -L long
+	cd $(BUILD_DIR) && ctest --output-on-failure -L long --timeout 3600
 
 bench: build
 	@for b in $(BUILD_DIR)/bin/*_bench; do echo "== $$b"; $$b || exit 1; done

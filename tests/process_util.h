@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,6 +52,9 @@ inline Child Spawn(const std::vector<std::string>& args, const std::string& log 
   Child c;
   c.pid = ::fork();
   if (c.pid == 0) {
+    // A test that fails or is killed by ctest's timeout takes its children with it: an orphan holding ctest's
+    // output pipe, or a port, would otherwise stall the rest of the suite.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (log.empty()) {
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
@@ -80,10 +84,20 @@ inline std::string ReadLine(int fd) {
   return line;
 }
 
-// Waits for the child; its exit code, or -1 when a signal ended it.
-inline int Wait(Child& c) {
+// Waits for the child; its exit code, or -1 when a signal ended it. A child still running after `limit` is a
+// failure of the test (a hang), not of the suite: it is reported, killed and reaped.
+inline int Wait(Child& c, std::chrono::seconds limit = std::chrono::seconds(300)) {
   int status = 0;
-  ::waitpid(c.pid, &status, 0);
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (::waitpid(c.pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= end) {
+      ADD_FAILURE() << "process " << c.pid << " still running after " << limit.count() << " s; killed";
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (c.out >= 0) ::close(c.out);
   c.out = -1;
   c.pid = -1;

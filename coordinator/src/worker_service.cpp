@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <regex>
@@ -320,9 +321,15 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
     spdlog::error("worker '{}' ({}) failed {} prompts in a row and gets no more work from this run", session->name, id,
                   scheduler_.options().quarantine_after);
   }
+  const bool quarantined = scheduler_.IsQuarantined(id);
   scheduler_.RemoveWorker(id);
   sessions_.erase(id);
   departed_[id] = session;
+  if (quarantined && std::all_of(sessions_.begin(), sessions_.end(),
+                                 [&](const auto& s) { return scheduler_.IsQuarantined(s.first); })) {
+    spdlog::error("every worker of this run is quarantined: it waits for a new worker to connect "
+                  "(see the prompt errors above; --quarantine-after sets the limit)");
+  }
   if (held > 0) spdlog::warn("worker '{}' ({}) left holding {} leases: returned to the queue", session->name, id, held);
   spdlog::info("worker '{}' ({}) disconnected", session->name, id);
   WakeAll();

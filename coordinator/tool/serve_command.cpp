@@ -35,6 +35,7 @@ struct ServeFlags {
   double lease_timeout_s = 30;
   int max_copies = 2;
   int max_attempts = 5;
+  int quarantine_after = 3;
   int heartbeat_ms = 2000;
   int max_message_bytes = 4 << 20;
   std::string metrics_listen;
@@ -210,6 +211,7 @@ Status Serve(const ServeFlags& f) {
   options.scheduler.lease_timeout = std::chrono::milliseconds(static_cast<int64_t>(f.lease_timeout_s * 1000));
   options.scheduler.max_copies = f.max_copies;
   options.scheduler.max_attempts = f.max_attempts;
+  options.scheduler.quarantine_after = f.quarantine_after;
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.max_message_bytes = f.max_message_bytes;
   options.metrics_listen = f.metrics_listen;
@@ -299,6 +301,9 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
   cmd->add_option("--max-attempts", f.max_attempts,
                   "Different workers a prompt may fail on before the run stops with its error (default 5)")
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--quarantine-after", f.quarantine_after,
+                  "Prompt failures in a row after which a worker gets no more work (default 3)")
+      ->check(CLI::Range(1, 1000000));
   cmd->add_option("--heartbeat-ms", f.heartbeat_ms, "How often workers send heartbeats (default 2000)")
       ->check(CLI::Range(50, 600000));
   cmd->add_option("--max-message-bytes", f.max_message_bytes,

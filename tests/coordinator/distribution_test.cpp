@@ -370,7 +370,10 @@ TEST(Distribution, AWorkerWhosePromptsFailIsQuarantinedAndTheOthersFinish) {
 
 TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
   SimRun r("dist_failing_prompt");
-  Child coordinator = r.Serve({"--max-attempts", "2"});
+  // No quarantine here: with it, both workers could be quarantined after failing different prompts (a failed
+  // prompt may go back to the worker that failed it) before any prompt failed on two, and the run would wait for
+  // new workers forever (the quarantine has its own test above).
+  Child coordinator = r.Serve({"--max-attempts", "2", "--quarantine-after", "1000000"});
   Child a = r.SimWorker("sim-a", FailEveryPrompt()), b = r.SimWorker("sim-b", FailEveryPrompt());
   EXPECT_EQ(Wait(coordinator), 1) << ReadText(r.log("coordinator"));
   const std::string log = ReadText(r.log("coordinator"));
@@ -384,7 +387,8 @@ TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
   EXPECT_EQ(Wait(healthy), 0);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
-  // The failing workers were quarantined (and exited), or were still waiting for a coordinator to come back.
+  // The failing workers were quarantined by the resumed coordinator (and exited), or were still waiting for a
+  // coordinator to come back.
   for (Child* w : {&a, &b}) {
     WaitUntil([&] { return ::waitpid(w->pid, nullptr, WNOHANG) != 0; }, std::chrono::seconds(5));
     ::kill(w->pid, SIGKILL);
