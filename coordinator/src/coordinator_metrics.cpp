@@ -89,6 +89,10 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, const Run
       units_duplicate_(Counter("namm_units_duplicate_results_total",
                                "Results for units that already had one (ignored)")),
       units_failed_(Counter("namm_units_failed_total", "Prompts workers reported as failed")),
+      units_lost_(Counter("namm_units_lost_total",
+                          "Prompts back in the queue from expired leases and vanished workers (no attempt used)")),
+      units_dropped_(Counter("namm_units_dropped_total",
+                             "Units taken out of their generation with a prompt that failed on too many workers")),
       leases_issued_(Counter("namm_leases_issued_total", "Leases handed out")),
       leases_duplicated_(Counter("namm_leases_duplicated_total", "Straggler copies among the leases handed out")),
       leases_expired_(Counter("namm_leases_expired_total", "Leases whose deadline passed without a heartbeat")),
@@ -160,6 +164,8 @@ void CoordinatorMetrics::Observe(const ServiceCounters& c, int64_t references_ou
   Advance(units_late_, s.results_late, last_.results_late);
   Advance(units_duplicate_, s.results_duplicate, last_.results_duplicate);
   Advance(units_failed_, s.prompts_failed, last_.prompts_failed);
+  Advance(units_lost_, s.units_lost, last_.units_lost);
+  Advance(units_dropped_, s.units_dropped, last_.units_dropped);
   Advance(leases_issued_, s.leases_issued, last_.leases_issued);
   Advance(leases_duplicated_, s.leases_duplicated, last_.leases_duplicated);
   Advance(leases_expired_, s.leases_expired, last_.leases_expired);

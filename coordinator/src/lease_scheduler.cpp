@@ -92,7 +92,7 @@ void LeaseScheduler::RemoveWorker(const std::string& worker) {
   if (it == workers_.end()) return;
   const std::set<uint64_t> leases = it->second.leases;
   for (uint64_t id : leases) {
-    Requeue(id, /*failed=*/true);
+    Requeue(id, /*lost=*/true);
     ++counters_.leases_returned;
   }
   workers_.erase(worker);
@@ -105,7 +105,7 @@ void LeaseScheduler::Drain(const std::string& worker, const std::vector<uint64_t
   for (uint64_t id : returned) {
     const auto a = active_.find(id);
     if (a == active_.end() || a->second.worker != worker) continue;
-    Requeue(id, /*failed=*/false);
+    Requeue(id, /*lost=*/false);
     ++counters_.leases_returned;
   }
 }
@@ -354,17 +354,35 @@ std::vector<int64_t> LeaseScheduler::Orphans(uint64_t lease) const {
   return out;
 }
 
-void LeaseScheduler::Requeue(uint64_t lease, bool failed) {
-  const std::string worker = active_.at(lease).worker;
+void LeaseScheduler::Requeue(uint64_t lease, bool lost) {
   std::vector<int64_t> orphans = Orphans(lease);
   EndLease(lease, false);
   Pending p;
   for (int64_t u : orphans) {
-    if (failed && !CountFailure(u, worker, "lease expired or worker lost while running it")) continue;
     p.units.push_back(u);
     p.cost += units_[u].scheduled.cost;
   }
+  if (lost) counters_.units_lost += static_cast<int64_t>(orphans.size());
   if (!p.units.empty()) PushFront(std::move(p));  // already late: next in line
+}
+
+void LeaseScheduler::Drop(const std::string& task, int64_t prompt) {
+  for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
+    Unit& unit = units_[u];
+    if (unit.done || unit.scheduled.key.task != task || unit.scheduled.key.prompt != prompt) continue;
+    unit.done = true;
+    unit.abandoned = false;
+    ++done_count_;
+    ++counters_.units_dropped;
+    const std::set<uint64_t> holders = unit.holders;
+    for (uint64_t h : holders) {
+      const Active& a = active_.at(h);
+      if (std::all_of(a.units.begin(), a.units.end(), [&](int64_t i) { return units_[i].done; })) EndLease(h, true);
+    }
+  }
+  abandoned_.erase(std::remove_if(abandoned_.begin(), abandoned_.end(),
+                                  [&](const AbandonedUnit& a) { return a.key.task == task && a.key.prompt == prompt; }),
+                   abandoned_.end());
 }
 
 std::vector<uint64_t> LeaseScheduler::Heartbeat(const std::string& worker, const std::vector<uint64_t>& ids,
@@ -388,7 +406,7 @@ int64_t LeaseScheduler::ExpireLeases(Clock::time_point now) {
   }
   for (uint64_t id : expired) {
     workers_[active_.at(id).worker].cancelled.push_back(id);
-    Requeue(id, /*failed=*/true);
+    Requeue(id, /*lost=*/true);
   }
   counters_.leases_expired += static_cast<int64_t>(expired.size());
   return static_cast<int64_t>(expired.size());

@@ -89,6 +89,8 @@ struct RunServer::Impl {
   void Linger();
   void Fail(const Status& status);
   void ReportProgress(const AdvanceSummary& summary);
+  // Drops prompts that failed on too many workers from the generation; an error once too many were dropped.
+  Status DropAbandoned(const std::vector<AbandonedUnit>& abandoned);
   // Metrics of where the run stands, and (resumed) of the last generation it committed.
   Status StartMetrics();
 };
@@ -341,13 +343,9 @@ Status RunServer::Impl::Flush() {
 void RunServer::Impl::Tick() {
   service->ExpireLeases();
   const ServiceCounters counters = service->counters();  // one snapshot a tick, for the checks and the metrics
-  if (const std::vector<AbandonedUnit>& abandoned = counters.abandoned; !abandoned.empty()) {
-    const AbandonedUnit& a = abandoned.front();
-    (void)Flush();  // keep what did finish
-    return Fail(Status::FailedPrecondition(
-        std::to_string(abandoned.size()) + " prompt(s) failed on " + std::to_string(a.attempts) +
-        " different workers, first " + a.key.task + " prompt " + std::to_string(a.key.prompt) + " (last error: " +
-        a.last_error + "); fix the cause and run the same command to resume"));
+  if (Status s = DropAbandoned(counters.abandoned); !s.ok()) {
+    const Status flushed = Flush();  // keep what did finish
+    return Fail(flushed.ok() ? s : flushed);
   }
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
   if (Status s = Flush(); !s.ok()) return Fail(s);
@@ -368,6 +366,25 @@ void RunServer::Impl::Tick() {
     if (Status s = StartPhase(); !s.ok()) return Fail(s);
   }
   Schedule();
+}
+
+Status RunServer::Impl::DropAbandoned(const std::vector<AbandonedUnit>& abandoned) {
+  for (const AbandonedUnit& a : abandoned) {
+    NAMM_ASSIGN_OR_RETURN(DropCounts drops, trainer.Drop(a.key.task, a.key.prompt, a.last_error));
+    service->DropPrompt(a.key.task, a.key.prompt);
+    const std::string counts = std::to_string(drops.dropped) + " of the run's " + std::to_string(drops.planned) +
+                               " prompts so far";
+    if (drops.share() > options.max_dropped_share) {
+      return Status::FailedPrecondition(
+          a.key.task + " prompt " + std::to_string(a.key.prompt) + " failed on " + std::to_string(a.attempts) +
+          " different workers (last error: " + a.last_error + "), and " + counts + " were dropped, more than " +
+          fmt::format("{:g}", options.max_dropped_share * 100) + "% (--max-dropped-share): fix the cause and run the same command to resume");
+    }
+    spdlog::error("{} prompt {} failed on {} different workers (last error: {}): dropped from generation {} for "
+                  "every candidate ({} dropped)",
+                  a.key.task, a.key.prompt, a.attempts, a.last_error, trainer.plan().generation, counts);
+  }
+  return Status::Ok();
 }
 
 void RunServer::Impl::ReportProgress(const AdvanceSummary& summary) {

@@ -137,6 +137,18 @@ CREATE TABLE metrics(
 );
 CREATE INDEX evaluations_by_worker ON evaluations(run_id, worker);
 )sql",
+    // 2 -> 3: prompts a generation gave up on (they failed on too many workers).
+    R"sql(
+CREATE TABLE dropped_prompts(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  generation INTEGER NOT NULL CHECK(generation >= 0),
+  task TEXT NOT NULL,
+  prompt INTEGER NOT NULL CHECK(prompt >= 0),
+  error TEXT NOT NULL,
+  dropped_at TEXT NOT NULL,
+  PRIMARY KEY(run_id, generation, task, prompt)
+);
+)sql",
 };
 static_assert(std::size(kMigrations) == kStoreSchemaVersion);
 
@@ -551,6 +563,45 @@ Result<std::vector<EvaluationRecord>> Store::GetEvaluations(int64_t run_id, int6
       e.duration_seconds = q.getColumn(9).getDouble();
       NAMM_ASSIGN_OR_RETURN(e.norm_stats, NormStatsOf(q.getColumn(10), "normalization statistics of an evaluation"));
       out.push_back(std::move(e));
+    }
+    return out;
+  });
+}
+
+Status Store::RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& d) {
+  NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(run_id));
+  if (run.status != "running" || d.generation != run.generation) {
+    return Status::FailedPrecondition("run " + std::to_string(run_id) + " is " +
+                                      (run.status == "running" ? "at generation " + std::to_string(run.generation)
+                                                               : std::string("finished")) +
+                                      "; refusing to drop a prompt of generation " + std::to_string(d.generation));
+  }
+  if (d.task.empty() || d.prompt < 0) return Status::InvalidArgument("a dropped prompt needs a task and a row >= 0");
+  return Guard(path_, "recording a dropped prompt", [&]() -> Status {
+    SQLite::Statement q(*db_,
+                        "INSERT OR IGNORE INTO dropped_prompts(run_id, generation, task, prompt, error, dropped_at) "
+                        "VALUES(?, ?, ?, ?, ?, ?)");
+    q.bind(1, run_id);
+    q.bind(2, d.generation);
+    q.bind(3, d.task);
+    q.bind(4, d.prompt);
+    q.bind(5, d.error);
+    q.bind(6, NowUtc());
+    q.exec();
+    return Status::Ok();
+  });
+}
+
+Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) const {
+  return Guard(path_, "reading dropped prompts", [&]() -> Result<std::vector<DroppedPrompt>> {
+    SQLite::Statement q(*db_,
+                        "SELECT generation, task, prompt, error, dropped_at FROM dropped_prompts WHERE run_id = ? "
+                        "ORDER BY generation, task, prompt");
+    q.bind(1, run_id);
+    std::vector<DroppedPrompt> out;
+    while (q.executeStep()) {
+      out.push_back(DroppedPrompt{q.getColumn(0).getInt64(), q.getColumn(1).getString(), q.getColumn(2).getInt64(),
+                                  q.getColumn(3).getString(), q.getColumn(4).getString()});
     }
     return out;
   });

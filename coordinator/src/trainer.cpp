@@ -53,6 +53,17 @@ tasks::PromptScores ScoresOf(const std::vector<EvaluationRecord>& evaluations, i
   return scores;
 }
 
+// `prompts` without the dropped pairs (a task left with none disappears).
+PromptSample Without(const PromptSample& prompts, const std::set<std::pair<std::string, int64_t>>& dropped) {
+  PromptSample out;
+  for (const auto& [task, rows] : prompts) {
+    for (int64_t row : rows) {
+      if (dropped.count({task, row}) == 0) out[task].push_back(row);
+    }
+  }
+  return out;
+}
+
 std::map<std::string, TaskScore> TaskScores(const tasks::Fitness& f) {
   std::map<std::string, TaskScore> out;
   for (const tasks::TaskFitness& t : f.tasks) out[t.task] = TaskScore{t.candidate_mean, t.normalized};
@@ -130,7 +141,35 @@ Status Trainer::Load() {
   generation_ = run.generation;
   finished_ = run.status == "finished";
   norm_stats_ = run.norm_stats;
-  return finished_ ? Status::Ok() : MakePlan();
+  NAMM_ASSIGN_OR_RETURN(std::vector<DroppedPrompt> dropped, store_.GetDroppedPrompts(run_id_));
+  drops_ = DropCounts{static_cast<int64_t>(dropped.size()), 0};
+  const int64_t planned_through = finished_ ? generation_ - 1 : generation_;
+  for (int64_t g = 0; g <= planned_through; ++g) drops_.planned += PlannedPrompts(g);
+  if (finished_) return Status::Ok();
+  NAMM_RETURN_IF_ERROR(MakePlan());
+  for (const DroppedPrompt& d : dropped) {
+    if (d.generation == generation_) plan_.dropped.emplace(d.task, d.prompt);
+  }
+  return Status::Ok();
+}
+
+int64_t Trainer::PlannedPrompts(int64_t generation) const {
+  const ScheduledGeneration at = schedule_.At(generation);
+  std::set<std::pair<std::string, int64_t>> prompts;
+  for (const std::string& task : spec_.stages[static_cast<std::size_t>(at.stage)].tasks) {
+    const int64_t rows = task_rows_.at(task);
+    for (int64_t row : sample_prompts(spec_.cmaes.seed, static_cast<uint64_t>(generation), task, rows,
+                                      spec_.prompts_per_task)) {
+      prompts.emplace(task, row);
+    }
+    if (at.evaluate_mean) {
+      for (int64_t row : sample_prompts(spec_.cmaes.seed, kEvalStream, task, rows,
+                                        spec_.eval_prompts > 0 ? spec_.eval_prompts : rows)) {
+        prompts.emplace(task, row);
+      }
+    }
+  }
+  return static_cast<int64_t>(prompts.size());
 }
 
 Status Trainer::MakePlan() {
@@ -179,6 +218,7 @@ Status Trainer::MakePlan() {
 
 Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
+  std::vector<EvaluationRecord> kept;
   for (const EvaluationRecord& r : results) {
     const std::string what = "result for candidate " + std::to_string(r.candidate) + ", " + r.task + " prompt " +
                              std::to_string(r.prompt) + " of generation " + std::to_string(r.generation);
@@ -191,8 +231,24 @@ Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
     if (plan_.collect_norm_stats && !r.norm_stats) {
       return Status::InvalidArgument(what + ": the statistics phase needs the features' normalization statistics");
     }
+    if (plan_.dropped.count({r.task, r.prompt}) == 0) kept.push_back(r);
   }
-  return store_.RecordEvaluations(run_id_, results);
+  return store_.RecordEvaluations(run_id_, kept);
+}
+
+Result<DropCounts> Trainer::Drop(const std::string& task, int64_t prompt, const std::string& error) {
+  if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
+  const bool planned = std::any_of(plan_.units.begin(), plan_.units.end(),
+                                   [&](const WorkUnit& u) { return u.task == task && u.prompt == prompt; });
+  if (!planned) {
+    return Status::InvalidArgument(task + " prompt " + std::to_string(prompt) + " is not part of generation " +
+                                   std::to_string(generation_));
+  }
+  if (plan_.dropped.count({task, prompt}) > 0) return drops_;
+  NAMM_RETURN_IF_ERROR(store_.RecordDroppedPrompt(run_id_, DroppedPrompt{generation_, task, prompt, error, ""}));
+  plan_.dropped.emplace(task, prompt);
+  ++drops_.dropped;
+  return drops_;
 }
 
 Result<std::vector<WorkUnit>> Trainer::Missing() const {
@@ -205,7 +261,7 @@ std::vector<WorkUnit> Trainer::MissingFrom(const std::vector<EvaluationRecord>& 
   for (const EvaluationRecord& e : done) recorded.insert(WorkUnit{e.candidate, e.task, e.prompt});
   std::vector<WorkUnit> missing;
   for (const WorkUnit& u : plan_.units) {
-    if (!recorded.count(u)) missing.push_back(u);
+    if (!recorded.count(u) && !plan_.dropped.count({u.task, u.prompt})) missing.push_back(u);
   }
   return missing;
 }
@@ -228,7 +284,9 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   // In (task, prompt) order, whichever worker finished first: the merged statistics do not depend on timing.
   NormStats merged;
   for (const EvaluationRecord& e : done) {
-    if (e.candidate == kMeanCandidate && e.norm_stats) merged = merged.Merge(*e.norm_stats);
+    if (e.candidate == kMeanCandidate && e.norm_stats && !plan_.dropped.count({e.task, e.prompt})) {
+      merged = merged.Merge(*e.norm_stats);
+    }
   }
   if (merged.count == 0) {
     return Status::FailedPrecondition("the statistics phase of run " + std::to_string(run_id_) +
@@ -236,7 +294,9 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   }
   NAMM_RETURN_IF_ERROR(store_.FreezeNormStats(run_id_, merged));
   norm_stats_ = merged;
+  std::set<std::pair<std::string, int64_t>> dropped = std::move(plan_.dropped);  // still generation 0's
   NAMM_RETURN_IF_ERROR(MakePlan());
+  plan_.dropped = std::move(dropped);
   AdvanceSummary s;
   s.generation = generation_;
   s.stage = plan_.schedule.stage;
@@ -256,18 +316,22 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   g.cmaes_generation = state_.generation;
   g.draw = p.population.draw;
   g.sigma = state_.sigma;
-  g.samples = p.samples;
+  g.samples = Without(p.samples, p.dropped);  // what every candidate was scored on
   g.mean = state_.mean;
+  if (g.samples.empty()) {
+    return Status::FailedPrecondition("every prompt of generation " + std::to_string(generation_) + " was dropped");
+  }
+  const PromptSample eval_prompts = Without(p.eval_prompts, p.dropped);
 
   std::vector<double> fitness;
   for (int64_t k = 0; k < p.population.size; ++k) {
-    auto f = tasks::normalized_fitness(ScoresOf(done, k, p.samples), reference, spec_.zero_base);
+    auto f = tasks::normalized_fitness(ScoresOf(done, k, g.samples), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("fitness of candidate " + std::to_string(k));
     fitness.push_back(f->value);
     c.candidates.push_back(CandidateRecord{k, f->value, TaskScores(*f)});
   }
-  if (p.schedule.evaluate_mean) {
-    auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, p.eval_prompts), reference, spec_.zero_base);
+  if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
+    auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("evaluation of the mean");
     g.eval_fitness = f->value;
     g.eval_tasks = TaskScores(*f);
@@ -295,7 +359,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
 
   NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store_.GetStages(run_id_));
   const StageRecord& stage = stages[static_cast<std::size_t>(g.stage)];
-  c.new_stage_best = p.schedule.eval_eligible &&
+  c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
                      (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
   c.next_state = &next;
   c.stage_ends = p.schedule.stage_end;
@@ -305,7 +369,8 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
                {"fitness_std", g.fitness_std},     {"fitness_worst", g.fitness_worst},
                {"sigma", next.sigma},              {"eigen_min", g.eigen_min},
                {"eigen_max", g.eigen_max},         {"tell_seconds", g.tell_seconds},
-               {"cache_size_mean", MeanCacheSize(done, false)}};
+               {"cache_size_mean", MeanCacheSize(done, false)},
+               {"prompts_dropped", static_cast<double>(p.dropped.size())}};
   if (g.eval_fitness) {
     c.metrics["eval_fitness"] = *g.eval_fitness;
     c.metrics["eval_cache_size_mean"] = MeanCacheSize(done, true);
@@ -331,6 +396,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     state_ = std::move(next);
     ++generation_;
     NAMM_RETURN_IF_ERROR(MakePlan());
+    drops_.planned += PlannedPrompts(generation_);
   }
   summary.commit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
   summary.finished = finished_;

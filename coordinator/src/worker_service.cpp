@@ -155,6 +155,13 @@ Clock::time_point WorkerService::PhaseDoneAt() const {
   return phase_done_at_;
 }
 
+void WorkerService::DropPrompt(const std::string& task, int64_t prompt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  scheduler_.Drop(task, prompt);
+  if (scheduler_.Done()) phase_done_at_ = Clock::now();
+  WakeAll();  // holders learn of their cancelled leases
+}
+
 void WorkerService::ExpireLeases() {
   std::lock_guard<std::mutex> lock(mu_);
   const Clock::time_point now = Clock::now();

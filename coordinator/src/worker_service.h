@@ -57,7 +57,7 @@ struct ServiceCounters {
   int64_t refused = 0;             // calls refused (authentication, validation, fingerprint)
   std::map<std::string, int64_t> refused_by_code;  // gRPC status code name -> calls
   int64_t units_total = 0, units_done = 0, units_queued = 0, leases_active = 0;
-  std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run cannot go on
+  std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run drops them
 };
 
 class WorkerService final : public v1::Coordinator::Service {
@@ -73,6 +73,8 @@ class WorkerService final : public v1::Coordinator::Service {
   bool PhaseDone() const;
   // When the phase's last result arrived (its start if it had no units).
   std::chrono::steady_clock::time_point PhaseDoneAt() const;
+  // Takes every unit of (task, prompt) out of the phase (LeaseScheduler::Drop) and tells their holders.
+  void DropPrompt(const std::string& task, int64_t prompt);
   // Expires leases past their deadline and sessions that registered but never opened their stream.
   void ExpireLeases();
   // Every stream ends with `end`; from now on registrations and reports are refused (UNAVAILABLE).

@@ -36,6 +36,7 @@ struct ServeFlags {
   int max_copies = 2;
   int max_attempts = 5;
   int quarantine_after = 3;
+  double max_dropped_share = 0.05;
   int heartbeat_ms = 2000;
   int max_message_bytes = 4 << 20;
   std::string metrics_listen;
@@ -212,6 +213,7 @@ Status Serve(const ServeFlags& f) {
   options.scheduler.max_copies = f.max_copies;
   options.scheduler.max_attempts = f.max_attempts;
   options.scheduler.quarantine_after = f.quarantine_after;
+  options.max_dropped_share = f.max_dropped_share;
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.max_message_bytes = f.max_message_bytes;
   options.metrics_listen = f.metrics_listen;
@@ -299,8 +301,12 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
                   "Workers running one prompt at once, straggler copies included (default 2; 1 disables copies)")
       ->check(CLI::Range(1, 16));
   cmd->add_option("--max-attempts", f.max_attempts,
-                  "Different workers a prompt may fail on before the run stops with its error (default 5)")
+                  "Different workers a prompt may report as failed before it is dropped from its generation "
+                  "(default 5; crashes, disconnections and expired leases use no attempt)")
       ->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-dropped-share", f.max_dropped_share,
+                  "Share of the run's prompts that may be dropped before the run stops instead (default 0.05)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--quarantine-after", f.quarantine_after,
                   "Prompt failures in a row after which a worker gets no more work (default 3)")
       ->check(CLI::Range(1, 1000000));

@@ -144,7 +144,8 @@ struct InProcessRun {
   std::unique_ptr<Store> store;
   std::unique_ptr<Trainer> trainer;
 
-  explicit InProcessRun(const std::string& yaml) {
+  // `before_phase`: drops the prompts the distributed run dropped (see testing::DriveRun).
+  explicit InProcessRun(const std::string& yaml, const std::function<Status(Trainer&)>& before_phase = nullptr) {
     store = Store::Open(namm::testing::FreshDatabasePath("in_process.db"), OpenMode::kCreate).value();
     const RunSpec spec = parse_run_spec(yaml, "spec").value();
     tasks::ReferenceScores reference;
@@ -172,7 +173,7 @@ struct InProcessRun {
       }
       return results;
     };
-    const Status driven = testing::DriveRun(*trainer, 1 << 30, simulate);
+    const Status driven = testing::DriveRun(*trainer, 1 << 30, simulate, before_phase);
     EXPECT_TRUE(driven.ok()) << driven.ToString();
   }
 
@@ -368,7 +369,18 @@ TEST(Distribution, AWorkerWhosePromptsFailIsQuarantinedAndTheOthersFinish) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
-TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
+// Drops, as the coordinator stored them, for an in-process run to repeat.
+std::function<Status(Trainer&)> DropAsStored(const std::string& db) {
+  const std::vector<DroppedPrompt> dropped = Store::Open(db, OpenMode::kReadOnly).value()->GetDroppedPrompts(1).value();
+  return [dropped](Trainer& t) -> Status {
+    for (const DroppedPrompt& d : dropped) {
+      if (d.generation == t.plan().generation) NAMM_RETURN_IF_ERROR(t.Drop(d.task, d.prompt, d.error).status());
+    }
+    return Status::Ok();
+  };
+}
+
+TEST(Distribution, PromptsFailingEverywhereBeyondTheDroppedShareStopTheRunWithTheirError) {
   SimRun r("dist_failing_prompt");
   // No quarantine here: with it, both workers could be quarantined after failing different prompts (a failed
   // prompt may go back to the worker that failed it) before any prompt failed on two, and the run would wait for
@@ -377,16 +389,19 @@ TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
   Child a = r.SimWorker("sim-a", FailEveryPrompt()), b = r.SimWorker("sim-b", FailEveryPrompt());
   EXPECT_EQ(Wait(coordinator), 1) << ReadText(r.log("coordinator"));
   const std::string log = ReadText(r.log("coordinator"));
-  EXPECT_NE(log.find("failed on 2 different workers, first syn/story_recall prompt"), std::string::npos) << log;
+  EXPECT_NE(log.find("failed on 2 different workers (last error: "), std::string::npos) << log;
   EXPECT_NE(log.find("simulated failure of syn/story_recall prompt"), std::string::npos) << log;
+  EXPECT_NE(log.find("more than 5% (--max-dropped-share)"), std::string::npos) << log;
   EXPECT_NE(log.find("run the same command to resume"), std::string::npos) << log;
-  // Nothing was lost: the run is where it stopped, and resumes (here with a healthy worker) to the same end.
+  // Nothing was lost: the run is where it stopped with the drop that stopped it stored, and resumes (here with a
+  // healthy worker) to the end an in-process run with the same drop reaches.
   EXPECT_EQ(r.Progress().first, 0);
+  EXPECT_EQ(Store::Open(r.db, OpenMode::kReadOnly).value()->GetDroppedPrompts(1)->size(), 1u);
   coordinator = r.Serve();
   Child healthy = r.SimWorker("sim-healthy");
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
   EXPECT_EQ(Wait(healthy), 0);
-  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml, DropAsStored(r.db)));
   // The failing workers were quarantined by the resumed coordinator (and exited), or were still waiting for a
   // coordinator to come back.
   for (Child* w : {&a, &b}) {
@@ -394,6 +409,30 @@ TEST(Distribution, APromptThatFailsOnEveryWorkerStopsTheRunWithItsError) {
     ::kill(w->pid, SIGKILL);
     ::waitpid(w->pid, nullptr, 0);
   }
+}
+
+TEST(Distribution, APromptFailingEverywhereIsDroppedForEveryCandidateAndTheRunGoesOn) {
+  SimRun r("dist_dropped_prompt");
+  const std::vector<std::string> fail = {"--fail", "syn/story_recall:3"};
+  Child coordinator = r.Serve({"--max-attempts", "2", "--max-dropped-share", "0.5", "--quarantine-after", "1000000"});
+  Child a = r.SimWorker("sim-a", fail), b = r.SimWorker("sim-b", fail);
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(a), 0);
+  EXPECT_EQ(Wait(b), 0);
+  EXPECT_NE(ReadText(r.log("coordinator")).find("dropped from generation"), std::string::npos);
+  // Dropped wherever a generation planned it, and nowhere else: the in-process run dropping it everywhere ends
+  // in the same state with the same evaluations.
+  const InProcessRun expected(r.yaml, testing::DropEverywhere("syn/story_recall", 3));
+  const auto got = Store::Open(r.db, OpenMode::kReadOnly).value()->GetDroppedPrompts(1).value();
+  const auto want = expected.store->GetDroppedPrompts(1).value();
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(got.empty());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(std::tie(got[i].generation, got[i].task, got[i].prompt),
+              std::tie(want[i].generation, want[i].task, want[i].prompt));
+    EXPECT_NE(got[i].error.find("simulated failure"), std::string::npos) << got[i].error;
+  }
+  ExpectSameAsInProcess(r.db, expected);
 }
 
 // A raw client of the protocol, to send what no namm worker would.

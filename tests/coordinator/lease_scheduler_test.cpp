@@ -247,29 +247,55 @@ TEST(LeaseScheduler, FailedPromptsGoBackAndAreAbandonedAfterFailingOnEnoughWorke
   EXPECT_FALSE(s.Acquire("a", t0)) << "an abandoned prompt is not leased again";
 }
 
-TEST(LeaseScheduler, LostLeasesCountAsFailuresButDrainedOnesDoNot) {
+TEST(LeaseScheduler, LostLeasesAndDrainsUseNoAttempts) {
   SchedulerOptions o = Options(1, 100);
   o.max_attempts = 2;
   LeaseScheduler s(o);
   s.StartPhase(Units(1, 1));
   const Clock::time_point t0;
-  // Returned by a draining worker: no failure.
+  // Returned by a draining worker, expired on b, lost with c's connection: none of it says anything about the
+  // prompt, so it is never abandoned and the next worker runs it.
   s.AddWorker("a", 1, "host-a");
   auto g = s.Acquire("a", t0);
   ASSERT_TRUE(g);
   s.Drain("a", {g->id});
-  // Expired on b, lost with c's connection: two failures, on two workers.
   s.AddWorker("b", 1, "host-b");
   g = s.Acquire("b", t0);
   ASSERT_TRUE(g);
   s.ExpireLeases(t0 + milliseconds(200));
-  EXPECT_TRUE(s.abandoned().empty());
   s.AddWorker("c", 1, "host-c");
   g = s.Acquire("c", t0);
   ASSERT_TRUE(g);
   s.RemoveWorker("c");
-  ASSERT_EQ(s.abandoned().size(), 1u);
-  EXPECT_NE(s.abandoned()[0].last_error.find("lost"), std::string::npos);
+  EXPECT_TRUE(s.abandoned().empty());
+  EXPECT_EQ(s.counters().units_lost, 2) << "the expiry and the lost connection; the drain returned its lease";
+  s.AddWorker("d", 1, "host-d");
+  g = s.Acquire("d", t0);
+  ASSERT_TRUE(g);
+  CompleteAll(s, "d", *g);
+  EXPECT_TRUE(s.Done());
+}
+
+TEST(LeaseScheduler, ADroppedPromptLeavesThePhaseForEveryCandidate) {
+  LeaseScheduler s(Options(2));
+  s.StartPhase(Units(3, 2));  // candidates 0..2 x prompts 0..1
+  s.AddWorker("a", 8);
+  const Clock::time_point t0;
+  auto g0 = s.Acquire("a", t0);  // one candidate's two prompts
+  ASSERT_TRUE(g0);
+  s.Drop("t", 1);
+  EXPECT_EQ(s.units_done(), 3) << "prompt 1 of each of the three candidates";
+  EXPECT_EQ(s.counters().units_dropped, 3);
+  // The running lease keeps its other prompt; results for the dropped one are duplicates.
+  EXPECT_EQ(s.Complete(g0->id, 1), ResultOutcome::kDuplicate);
+  EXPECT_EQ(s.Complete(g0->id, 0), ResultOutcome::kAccepted);
+  std::vector<int64_t> leased;
+  while (auto g = s.Acquire("a", t0)) {
+    leased.insert(leased.end(), g->prompts.begin(), g->prompts.end());
+    CompleteAll(s, "a", *g);
+  }
+  EXPECT_EQ(leased, (std::vector<int64_t>{0, 0})) << "only prompt 0 of the two other candidates is left";
+  EXPECT_TRUE(s.Done());
 }
 
 TEST(LeaseScheduler, AWorkerFailingPromptsInARowGetsNoMoreLeases) {

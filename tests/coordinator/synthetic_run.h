@@ -88,13 +88,27 @@ inline std::vector<EvaluationRecord> EvaluateUnits(const Trainer& t, const std::
 using Evaluator = std::function<std::vector<EvaluationRecord>(const Trainer&, const std::vector<WorkUnit>&)>;
 
 // Evaluates (with `evaluate`) and advances until the run is finished or `max_advances` phases were completed.
-inline Status DriveRun(Trainer& t, int max_advances = 1 << 30, const Evaluator& evaluate = EvaluateUnits) {
+// `before_phase` (optional) runs at the start of every phase, e.g. to drop prompts.
+inline Status DriveRun(Trainer& t, int max_advances = 1 << 30, const Evaluator& evaluate = EvaluateUnits,
+                       const std::function<Status(Trainer&)>& before_phase = nullptr) {
   for (int k = 0; k < max_advances && !t.finished(); ++k) {
+    if (before_phase) NAMM_RETURN_IF_ERROR(before_phase(t));
     NAMM_ASSIGN_OR_RETURN(std::vector<WorkUnit> missing, t.Missing());
     NAMM_RETURN_IF_ERROR(t.Record(evaluate(t, missing)).status());
     NAMM_RETURN_IF_ERROR(t.Advance().status());
   }
   return Status::Ok();
+}
+
+// A `before_phase` for DriveRun that drops `prompt` of `task` from every phase that plans it, as a coordinator
+// does with a prompt that fails on every worker.
+inline std::function<Status(Trainer&)> DropEverywhere(const std::string& task, int64_t prompt) {
+  return [=](Trainer& t) -> Status {
+    for (const WorkUnit& u : t.plan().units) {
+      if (u.task == task && u.prompt == prompt) return t.Drop(task, prompt, "fails everywhere").status();
+    }
+    return Status::Ok();
+  };
 }
 
 }  // namespace namm::coordinator::testing

@@ -235,5 +235,58 @@ TEST(Trainer, AResumedRunEqualsAnUninterruptedOne) {
   }
 }
 
+// A prompt that fails everywhere leaves each generation that samples it, for every candidate and the mean; the
+// rest of the run goes on, the drops are stored, and a resumed run drops exactly the same.
+TEST(Trainer, ADroppedPromptLeavesItsGenerationForEveryCandidateAndTheRunGoesOn) {
+  SyntheticRun straight = StartSyntheticRun(FreshDatabasePath("dropping.db"));
+  Trainer& t = *straight.trainer;
+  // A prompt of t/a that generation 0 samples for its candidates.
+  ASSERT_TRUE(DriveRun(t, 1).ok());  // the statistics phase
+  const int64_t prompt = t.plan().samples.at("t/a").front();
+  const int64_t eval_prompt = t.plan().eval_prompts.at("t/a").front();  // planned by every evaluation
+  EXPECT_FALSE(t.Drop("t/b", 0, "x").ok()) << "t/b is not part of stage 0";
+  const auto drops = t.Drop("t/a", prompt, "out of memory on every worker");
+  ASSERT_TRUE(drops.ok()) << drops.status().ToString();
+  EXPECT_EQ(drops->dropped, 1);
+  EXPECT_EQ(t.Drop("t/a", prompt, "again")->dropped, 1) << "idempotent";
+  const std::vector<WorkUnit> missing = t.Missing().value();
+  for (const WorkUnit& u : missing) EXPECT_FALSE(u.task == "t/a" && u.prompt == prompt);
+  // A result that raced the drop is not stored.
+  std::vector<WorkUnit> units = t.plan().units;
+  ASSERT_TRUE(t.Record(EvaluateUnits(t, units)).ok());
+  ASSERT_TRUE(t.Advance().ok());
+  const std::vector<EvaluationRecord> recorded = straight.store->GetEvaluations(1, 0).value();
+  for (const EvaluationRecord& e : recorded) EXPECT_NE(e.prompt, prompt);
+  const GenerationRecord g0 = *straight.store->GetGeneration(1, 0);
+  EXPECT_EQ(std::count(g0.samples.at("t/a").begin(), g0.samples.at("t/a").end(), prompt), 0);
+  EXPECT_EQ(g0.samples.at("t/a").size(), t.spec().prompts_per_task - 1);
+  EXPECT_EQ((*straight.store->GetMetrics(1, 0)).at("prompts_dropped"), 1);
+  const auto stored = *straight.store->GetDroppedPrompts(1);
+  ASSERT_EQ(stored.size(), 1u);
+  EXPECT_EQ(stored[0].error, "out of memory on every worker");
+  // Only the current generation's prompts can be dropped.
+  EXPECT_FALSE(straight.store->RecordDroppedPrompt(1, DroppedPrompt{0, "t/a", prompt, "late", ""}).ok());
+
+  // The same run with a prompt dropped wherever it is planned, straight and resumed in the middle.
+  SyntheticRun all = StartSyntheticRun(FreshDatabasePath("dropping_all.db"));
+  ASSERT_TRUE(DriveRun(*all.trainer, 1 << 30, EvaluateUnits, DropEverywhere("t/a", eval_prompt)).ok());
+  const DropCounts counts = all.trainer->drop_counts();
+  EXPECT_GT(counts.dropped, 1);
+  const std::string db = FreshDatabasePath("dropping_resumed.db");
+  {
+    SyntheticRun first = StartSyntheticRun(db);
+    ASSERT_TRUE(DriveRun(*first.trainer, 3, EvaluateUnits, DropEverywhere("t/a", eval_prompt)).ok());
+  }
+  auto store = Store::Open(db, OpenMode::kExisting).value();
+  auto resumed = Trainer::Resume(*store, 1, SyntheticTaskRows()).value();
+  ASSERT_TRUE(DriveRun(*resumed, 1 << 30, EvaluateUnits, DropEverywhere("t/a", eval_prompt)).ok());
+  EXPECT_EQ(resumed->drop_counts().dropped, counts.dropped);
+  EXPECT_EQ(resumed->drop_counts().planned, counts.planned);
+  const CmaesParams& p = all.trainer->params();
+  EXPECT_TRUE(store->GetCheckpoint(1, "latest", 0, p)->state == all.store->GetCheckpoint(1, "latest", 0, p)->state);
+  // Planned prompts: each generation's distinct (task, prompt) pairs, samples and evaluation prompts.
+  EXPECT_GT(counts.planned, 5 * t.spec().prompts_per_task);
+}
+
 }  // namespace
 }  // namespace namm::coordinator

@@ -14,10 +14,11 @@
 //    most `max_copies` holders per unit). The first result for a unit wins; the other copies are cancelled.
 //  - Results are idempotent: a result for a unit that already has one is a duplicate; a result on an expired or
 //    returned lease is still accepted ("late") while its unit has none.
-//  - Failures: a prompt a worker reports as failed, or whose lease expired or whose worker vanished, goes back
-//    to the queue; after it failed on `max_attempts` different workers it is abandoned (the run cannot finish
-//    the phase and must stop with the reason). A worker whose prompts fail `quarantine_after` times in a row gets
-//    no more leases.
+//  - Failures are classified. A prompt whose lease expired or whose worker crashed, disconnected or drained is
+//    lost, not failed: it goes back to the queue and keeps its attempts (a dead worker says nothing about the
+//    prompt). A prompt a worker reports as failed goes back too; after it failed on `max_attempts` different
+//    workers it is abandoned, and the run decides (Drop() takes it out of the phase for every candidate). A
+//    worker whose prompts fail `quarantine_after` times in a row gets no more leases.
 #pragma once
 
 #include <chrono>
@@ -91,6 +92,8 @@ struct SchedulerCounters {
   int64_t results_late = 0;
   int64_t results_duplicate = 0;
   int64_t prompts_failed = 0;     // reported by workers as failed
+  int64_t units_lost = 0;         // back to the queue from expired leases and vanished workers (no attempt used)
+  int64_t units_dropped = 0;      // taken out of the phase by Drop()
 };
 
 class LeaseScheduler {
@@ -129,6 +132,9 @@ class LeaseScheduler {
   // Records that the worker of `lease` could not run `prompt` (Check() accepted the pair): the prompt leaves the
   // lease and goes back to the queue, or is abandoned.
   void Fail(uint64_t lease, int64_t prompt, const std::string& error);
+  // Takes every unit of (task, prompt), of any candidate or kind, out of the phase: they count as done, their
+  // leases are cancelled, and results for them are duplicates. For a prompt the run gave up on (abandoned()).
+  void Drop(const std::string& task, int64_t prompt);
   // Counts a result for a lease of an earlier phase.
   void CountStale() { ++counters_.results_duplicate; }
 
@@ -193,8 +199,8 @@ class LeaseScheduler {
   // Ends an active lease; results on it are still taken (as late results or duplicates).
   void EndLease(uint64_t lease, bool cancel);
   // Ends an active lease whose worker is not coming back for it: its orphaned units go back to the queue.
-  // `failed`: the lease expired or its worker vanished, which counts as a failure of those units there.
-  void Requeue(uint64_t lease, bool failed);
+  // `lost`: the lease expired or its worker vanished (counted, but no attempt is used).
+  void Requeue(uint64_t lease, bool lost);
   // Counts a failure of unit `u` on `worker`; false when the unit is now abandoned.
   bool CountFailure(int64_t u, const std::string& worker, const std::string& error);
   // The index of `prompt` among the units of an active or retired lease.

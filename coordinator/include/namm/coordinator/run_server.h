@@ -46,6 +46,9 @@ struct ServeOptions {
   SchedulerOptions scheduler;
   int heartbeat_interval_ms = 2000;
   int max_message_bytes = 4 << 20;         // largest message accepted from a worker
+  // A prompt that fails on scheduler.max_attempts workers is dropped from its generation for every candidate;
+  // when more than this share of the run's prompts so far were dropped, the run stops instead.
+  double max_dropped_share = 0.05;
   std::string metrics_listen;              // HOST:PORT of the Prometheus /metrics endpoint; "" = none
   // After the run finished, keep serving (metrics with namm_run_finished 1; workers are told the run is over)
   // this long, or until SIGTERM / Stop(): Prometheus sees the end, and supervisors see a live process.

@@ -33,7 +33,7 @@ namespace namm::coordinator {
 // "NAMM" in ASCII, the value of PRAGMA application_id in every namm database.
 constexpr int32_t kStoreApplicationId = 0x4E414D4D;
 // The schema version this build writes (PRAGMA user_version).
-constexpr int kStoreSchemaVersion = 2;
+constexpr int kStoreSchemaVersion = 3;
 
 enum class OpenMode {
   kCreate,    // create the file if missing, migrate an older schema
@@ -165,6 +165,16 @@ struct GenerationActivity {
   double worker_seconds = 0;  // their summed durations
 };
 
+// A prompt a generation gave up on: it failed on too many workers, so it left the generation for every
+// candidate (and the mean), which keeps the ranking fair.
+struct DroppedPrompt {
+  int64_t generation = 0;
+  std::string task;
+  int64_t prompt = 0;
+  std::string error;       // the last worker's error
+  std::string dropped_at;  // ISO 8601, UTC (filled by the store)
+};
+
 struct ReferenceImport {
   int64_t added = 0, unchanged = 0, replaced = 0;
 };
@@ -191,6 +201,11 @@ class Store {
   // many of `records` were new.
   Result<int64_t> RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records);
   Result<std::vector<EvaluationRecord>> GetEvaluations(int64_t run_id, int64_t generation) const;
+
+  // Idempotent per (generation, task, prompt); refused for a generation other than the run's current one.
+  Status RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& dropped);
+  // In (generation, task, prompt) order.
+  Result<std::vector<DroppedPrompt>> GetDroppedPrompts(int64_t run_id) const;
 
   Status CommitGeneration(const GenerationCommit& commit);
   // Summaries, in generation order, without the parameter vectors.

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct GenerationPlan {
   std::vector<WorkUnit> units;       // all the phase's units, sorted
   // Prompts with no base-model reference score for the run's model: Advance() fails until they are imported.
   std::vector<std::pair<std::string, int64_t>> missing_references;
+  // (task, prompt) pairs the generation gave up on (Trainer::Drop): no unit of them is waited for, recorded or
+  // scored, for any candidate.
+  std::set<std::pair<std::string, int64_t>> dropped;
 
   // The parameters a unit runs with.
   std::vector<double> params_of(int64_t candidate) const;
@@ -61,6 +65,14 @@ struct AdvanceSummary {
   double commit_seconds = 0;         // the store's transaction for the generation, plus the next plan
   bool stage_ended = false;
   bool finished = false;
+};
+
+// Prompts dropped and prompts planned over the run so far (the current generation included); each generation
+// counts its distinct (task, prompt) pairs once.
+struct DropCounts {
+  int64_t dropped = 0;
+  int64_t planned = 0;
+  double share() const { return planned > 0 ? static_cast<double>(dropped) / static_cast<double>(planned) : 0.0; }
 };
 
 class Trainer {
@@ -80,8 +92,13 @@ class Trainer {
   const GenerationPlan& plan() const { return plan_; }
 
   // Stores results of the current phase (the first one for a unit wins). Refuses units outside the plan,
-  // another generation, and statistics-phase results without statistics. Returns how many were new.
+  // another generation, and statistics-phase results without statistics; skips results of dropped prompts.
+  // Returns how many were new.
   Result<int64_t> Record(const std::vector<EvaluationRecord>& results);
+  // Gives up on `prompt` of `task` for the current generation (it failed on too many workers): stored with
+  // `error`, then no candidate's unit of it is waited for or scored. Idempotent.
+  Result<DropCounts> Drop(const std::string& task, int64_t prompt, const std::string& error);
+  const DropCounts& drop_counts() const { return drops_; }
   // The plan's units with no recorded result yet.
   Result<std::vector<WorkUnit>> Missing() const;
   // Ends the current phase once every unit has a result: freezes the statistics, or tells and commits the
@@ -92,6 +109,8 @@ class Trainer {
   Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
   Status Load();      // state, progress and plan from the store
   Status MakePlan();
+  // The distinct (task, prompt) pairs generation `generation` plans (its samples and evaluation prompts).
+  int64_t PlannedPrompts(int64_t generation) const;
   std::vector<WorkUnit> MissingFrom(const std::vector<EvaluationRecord>& done) const;
   // `done`: the generation's recorded evaluations.
   Result<AdvanceSummary> FreezeNormStats(const std::vector<EvaluationRecord>& done);
@@ -108,6 +127,7 @@ class Trainer {
   std::optional<NormStats> norm_stats_;
   CmaesState state_;
   GenerationPlan plan_;
+  DropCounts drops_;
 };
 
 }  // namespace namm::coordinator
