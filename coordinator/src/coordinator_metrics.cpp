@@ -98,6 +98,10 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, const Run
       leases_expired_(Counter("namm_leases_expired_total", "Leases whose deadline passed without a heartbeat")),
       leases_returned_(Counter("namm_leases_returned_total",
                                "Leases given back by draining or disconnected workers")),
+      leases_reattached_(Counter("namm_leases_reattached_total",
+                                 "Leases kept for a worker that registered again after its connection broke")),
+      leases_reserved_(Counter("namm_leases_reserved_total",
+                               "Leases of a previous coordinator kept for their workers after a restart")),
       rejected_(BuildCounter()
                     .Name("namm_requests_rejected_total")
                     .Help("Worker calls refused, by gRPC status code")
@@ -170,6 +174,8 @@ void CoordinatorMetrics::Observe(const ServiceCounters& c, int64_t references_ou
   Advance(leases_duplicated_, s.leases_duplicated, last_.leases_duplicated);
   Advance(leases_expired_, s.leases_expired, last_.leases_expired);
   Advance(leases_returned_, s.leases_returned, last_.leases_returned);
+  Advance(leases_reattached_, s.leases_reattached, last_.leases_reattached);
+  Advance(leases_reserved_, s.leases_reserved, last_.leases_reserved);
   for (const auto& [code, n] : c.refused_by_code) Advance(rejected_.Add({{"code", code}}), n, last_rejected_[code]);
   phase_units_.Set(static_cast<double>(c.units_total));
   phase_units_done_.Set(static_cast<double>(c.units_done));

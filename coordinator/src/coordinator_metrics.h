@@ -60,6 +60,7 @@ class CoordinatorMetrics {
   prometheus::Counter &units_leased_, &units_completed_, &units_late_, &units_duplicate_, &units_failed_;
   prometheus::Counter &units_lost_, &units_dropped_;
   prometheus::Counter &leases_issued_, &leases_duplicated_, &leases_expired_, &leases_returned_;
+  prometheus::Counter &leases_reattached_, &leases_reserved_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Gauge &phase_units_, &phase_units_done_, &queue_units_, &leases_active_;
   prometheus::Family<prometheus::Gauge>& workers_;

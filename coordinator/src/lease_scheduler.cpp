@@ -10,15 +10,24 @@ namespace {
 
 auto GroupOf(const UnitKey& k) { return std::tie(k.kind, k.candidate, k.task); }
 
+// Leases kept for the workers of a restarted coordinator until they register: held by a stand-in worker that
+// takes no new leases (real worker ids start with "w-").
+const std::string kReservedPrefix = "reserved/";
+bool IsReserved(const std::string& worker) { return worker.rfind(kReservedPrefix, 0) == 0; }
+
 }  // namespace
 
 LeaseScheduler::LeaseScheduler(SchedulerOptions options) : options_(options) {
   options_.max_prompts_per_lease = std::max<int64_t>(1, options_.max_prompts_per_lease);
   options_.max_copies = std::max(1, options_.max_copies);
+  next_lease_ = phase_first_lease_ = std::max<uint64_t>(1, options_.first_lease_id);
 }
 
 void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
-  for (auto& [id, lease] : active_) workers_[lease.worker].cancelled.push_back(id);
+  for (auto& [id, lease] : active_) {
+    workers_[lease.worker].cancelled.push_back(id);
+    ended_.push_back(id);
+  }
   for (auto& [name, w] : workers_) {
     w.leases.clear();
     w.ran.clear();
@@ -29,13 +38,17 @@ void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
   queued_units_ = 0;
   abandoned_.clear();
   units_.clear();
+  index_.clear();
   done_count_ = 0;
   phase_first_lease_ = next_lease_;
   for (const ScheduledUnit& u : units) {
     Unit unit;
     unit.scheduled = u;
+    index_[{u.key.kind, u.key.candidate, u.key.task, u.key.prompt}] = static_cast<int64_t>(units_.size());
     units_.push_back(std::move(unit));
   }
+  // Stand-ins of the previous phase's reservations go; their leases were cancelled above.
+  for (auto it = workers_.begin(); it != workers_.end();) it = IsReserved(it->first) ? workers_.erase(it) : std::next(it);
 
   // Group by (kind, candidate, task), pack each group, then hand out the longest leases first.
   std::vector<int64_t> order(units_.size());
@@ -167,9 +180,9 @@ std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& wor
     queued_units_ -= static_cast<int64_t>(p.units.size());
     std::vector<int64_t> units;
     for (int64_t u : p.units) {
-      if (!units_[u].done) units.push_back(u);
+      if (!units_[u].done && units_[u].holders.empty()) units.push_back(u);
     }
-    if (units.empty()) continue;  // finished meanwhile by a late result
+    if (units.empty()) continue;  // finished meanwhile by a late result, or re-attached to its old holder
     // Guided size: ceil(queued prompts / slots), so the end of the phase is handed out prompt by prompt.
     int64_t slots = 0;
     for (const auto& [name, w] : workers_) slots += w.draining ? 0 : w.slots;
@@ -223,16 +236,106 @@ uint64_t LeaseScheduler::Issue(const std::string& worker, std::vector<int64_t> u
   grant->task = first.task;
   grant->duplicate = duplicate;
   grant->prompts.clear();
-  for (int64_t u : units) {
-    grant->prompts.push_back(units_[u].scheduled.key.prompt);
-    units_[u].holders.insert(id);
-  }
-  active_[id] = Active{worker, std::move(units), now, now + options_.lease_timeout};
-  workers_[worker].leases.insert(id);
-  workers_[worker].ran.insert({first.kind, first.candidate});
+  for (int64_t u : units) grant->prompts.push_back(units_[u].scheduled.key.prompt);
+  Activate(id, worker, std::move(units), now);
   ++counters_.leases_issued;
   counters_.units_leased += static_cast<int64_t>(grant->prompts.size());
   return id;
+}
+
+void LeaseScheduler::Activate(uint64_t id, const std::string& worker, std::vector<int64_t> units,
+                              Clock::time_point now) {
+  const UnitKey& first = units_[units.front()].scheduled.key;
+  for (int64_t u : units) units_[u].holders.insert(id);
+  retired_.erase(id);
+  workers_[worker].leases.insert(id);
+  workers_[worker].ran.insert({first.kind, first.candidate});
+  active_[id] = Active{worker, std::move(units), now, now + options_.lease_timeout};
+}
+
+std::vector<int64_t> LeaseScheduler::OpenUnits(const HeldLease& lease, std::optional<uint64_t> holder) const {
+  std::vector<int64_t> out;
+  for (int64_t prompt : lease.prompts) {
+    const auto it = index_.find({lease.kind, lease.candidate, lease.task, prompt});
+    if (it == index_.end()) continue;
+    const Unit& u = units_[it->second];
+    const bool free = u.holders.empty() || (holder && u.holders.size() == 1 && u.holders.count(*holder) > 0);
+    if (!u.done && !u.abandoned && free && std::find(out.begin(), out.end(), it->second) == out.end()) {
+      out.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+bool LeaseScheduler::Reserve(const std::string& worker_name, const HeldLease& lease, Clock::time_point now) {
+  if (active_.count(lease.id) > 0) return false;
+  std::vector<int64_t> units = OpenUnits(lease);
+  if (units.empty()) return false;
+  const std::string holder = kReservedPrefix + worker_name;
+  Worker& w = workers_[holder];
+  w.name = worker_name;
+  w.slots = 0;
+  w.draining = true;
+  Activate(lease.id, holder, std::move(units), now);
+  ++counters_.leases_reserved;
+  return true;
+}
+
+std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const std::vector<HeldLease>& held,
+                                                Clock::time_point now) {
+  std::vector<HeldLease> kept;
+  const auto self = workers_.find(worker);
+  if (self == workers_.end()) return kept;
+  const std::string name = self->second.name;
+  for (const HeldLease& h : held) {
+    std::vector<int64_t> units;
+    if (const auto a = active_.find(h.id); a != active_.end()) {
+      // Kept for its name (a restarted coordinator's reservation), or still held by its previous session (whose
+      // broken stream the coordinator has not noticed yet): it moves to the new session. Else it is another's.
+      const std::string owner = a->second.worker;
+      if (workers_[owner].name != name) continue;
+      // The named units it still has stay; units of the lease it no longer has go back to the queue.
+      units = OpenUnits(h, h.id);
+      if (units.empty()) {
+        Requeue(h.id, /*lost=*/false);
+        continue;
+      }
+      Pending back;
+      for (int64_t u : a->second.units) {
+        if (std::find(units.begin(), units.end(), u) != units.end()) continue;
+        units_[u].holders.erase(h.id);
+        if (!units_[u].done && units_[u].holders.empty()) {
+          back.units.push_back(u);
+          back.cost += units_[u].scheduled.cost;
+        }
+      }
+      if (!back.units.empty()) PushFront(std::move(back));
+      workers_[owner].leases.erase(h.id);
+      if (IsReserved(owner) && workers_[owner].leases.empty()) workers_.erase(owner);
+      active_.erase(a);
+    } else {
+      units = OpenUnits(h);  // re-adopt what nobody took since its connection broke
+    }
+    if (units.empty()) continue;
+    HeldLease k = h;
+    k.prompts.clear();
+    for (int64_t u : units) k.prompts.push_back(units_[u].scheduled.key.prompt);
+    Activate(h.id, worker, std::move(units), now);
+    ++counters_.leases_reattached;
+    kept.push_back(std::move(k));
+  }
+  return kept;
+}
+
+void LeaseScheduler::Release(const std::string& worker, uint64_t lease) {
+  const auto a = active_.find(lease);
+  if (a != active_.end() && a->second.worker == worker) Requeue(lease, /*lost=*/false);
+}
+
+std::vector<uint64_t> LeaseScheduler::TakeEnded() {
+  std::vector<uint64_t> out;
+  out.swap(ended_);
+  return out;
 }
 
 Result<UnitKey> LeaseScheduler::Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale) const {
@@ -307,7 +410,11 @@ void LeaseScheduler::EndLease(uint64_t lease, bool cancel) {
   Worker& w = workers_[a.worker];
   w.leases.erase(lease);
   if (cancel) w.cancelled.push_back(lease);
+  ended_.push_back(lease);
+  const bool stand_in_done = IsReserved(a.worker) && w.leases.empty();
+  const std::string stand_in = a.worker;
   retired_[lease] = std::move(a);
+  if (stand_in_done) workers_.erase(stand_in);
 }
 
 bool LeaseScheduler::CountFailure(int64_t u, const std::string& worker, const std::string& error) {

@@ -7,6 +7,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <regex>
@@ -58,6 +59,10 @@ struct RunServer::Impl {
   Trainer& trainer;
   PromptCosts costs;
   ServeOptions options;
+  // The lease journal's own connection to the database: written by gRPC threads while the loop writes results.
+  std::unique_ptr<Store> lease_store;
+  bool reserved_from_store = false;  // the first phase kept the leases a previous coordinator handed out
+  std::atomic<bool> store_requested{false};  // a Flush is posted to the loop
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -126,12 +131,32 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
   config.rope_scaling = spec.model.rope_scaling;
   config.heartbeat_interval_ms = impl->options.heartbeat_interval_ms;
   Impl* m = impl.get();
+  StoreOptions journal_options;
+  journal_options.sync_every_commit = false;  // survives a crash of the coordinator, which is what it is for
+  NAMM_ASSIGN_OR_RETURN(impl->lease_store, Store::Open(store.path(), OpenMode::kExisting, journal_options));
+  NAMM_ASSIGN_OR_RETURN(const int64_t epoch, impl->lease_store->NextLeaseEpoch(trainer.run_id()));
+  impl->options.scheduler.first_lease_id = (static_cast<uint64_t>(epoch) << 32) + 1;
+  const int64_t run_id = trainer.run_id();
+  ServiceHooks hooks;
   // The last result of a phase advances the run at once rather than at the next tick.
-  impl->service = std::make_unique<WorkerService>(config, impl->options.scheduler, [m] {
+  hooks.phase_done = [m] {
     boost::asio::post(m->io, [m] {
       if (!m->stopping) m->Tick();
     });
-  });
+  };
+  // Reports wait for their results to be stored: store them now, all that arrived meanwhile in one transaction.
+  hooks.store_results = [m] {
+    if (m->store_requested.exchange(true)) return;
+    boost::asio::post(m->io, [m] {
+      m->store_requested = false;
+      if (m->stopping) return;
+      if (Status s = m->Flush(); !s.ok()) m->Fail(s);
+    });
+  };
+  hooks.journal = [m, run_id](const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
+    return m->lease_store->RecordLeases(run_id, issued, ended);
+  };
+  impl->service = std::make_unique<WorkerService>(config, impl->options.scheduler, std::move(hooks));
 
   NAMM_RETURN_IF_ERROR(impl->StartMetrics());
   NAMM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(impl->options.tls));
@@ -257,9 +282,10 @@ void RunServer::Impl::Interrupt(const std::string& why) {
   if (stopping) return;
   stopping = true;
   timer.cancel();
-  // No result is accepted any more, and every one accepted is stored: a restart leases only what is missing.
-  service->End(v1::WorkBatch::END_SHUTDOWN);
+  // Every result accepted is stored (and its report answered), then no more are accepted: a restart leases only
+  // what is missing, and workers keep what arrives after this for the next coordinator.
   const Status flushed = Flush();
+  service->End(v1::WorkBatch::END_SHUTDOWN);
   if (!flushed.ok()) error = flushed;
   outcome.interrupted = true;
   const ServiceCounters c = service->counters();
@@ -296,6 +322,15 @@ Status RunServer::Impl::StartPhase() {
     ++references;
   }
   service->StartPhase(phase, units);
+  if (!reserved_from_store) {
+    // A restart: what the previous coordinator had handed out stays with its holders for one lease timeout, so
+    // that results they finish meanwhile are taken, not computed again.
+    NAMM_ASSIGN_OR_RETURN(std::vector<LeaseRecord> leases, lease_store->GetLeases(trainer.run_id(), plan.generation));
+    if (const int64_t kept = service->ReserveLeases(leases); kept > 0) {
+      spdlog::info("generation {}: {} leases of the previous coordinator kept for their workers", plan.generation, kept);
+    }
+    reserved_from_store = true;
+  }
   phase_started = Clock::now();
   phase_units = static_cast<int64_t>(units.size());
   phase_references = references;
@@ -314,8 +349,11 @@ Status RunServer::Impl::StartPhase() {
 Status RunServer::Impl::Flush() {
   std::vector<EvaluationRecord> evaluations;
   std::vector<ReferenceResult> references;
-  service->TakeResults(&evaluations, &references);
-  if (evaluations.empty() && references.empty()) return Status::Ok();
+  const uint64_t sequence = service->TakeResults(&evaluations, &references);
+  if (evaluations.empty() && references.empty()) {
+    service->MarkStored(sequence);
+    return Status::Ok();
+  }
   const auto start = Clock::now();
   if (!references.empty()) {
     tasks::ReferenceScores scores;
@@ -333,6 +371,7 @@ Status RunServer::Impl::Flush() {
     }
     NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
   }
+  service->MarkStored(sequence);
   if (metrics) {
     metrics->ResultsStored(static_cast<int64_t>(evaluations.size() + references.size()),
                            std::chrono::duration<double>(Clock::now() - start).count());

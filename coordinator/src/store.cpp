@@ -148,6 +148,20 @@ CREATE TABLE dropped_prompts(
   dropped_at TEXT NOT NULL,
   PRIMARY KEY(run_id, generation, task, prompt)
 );
+-- Leases handed out and not yet finished, written before they are sent: a restarted coordinator keeps them for
+-- their holders. Each coordinator start numbers its leases from lease_epoch << 32.
+CREATE TABLE leases(
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  lease_id INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  worker TEXT NOT NULL,
+  reference INTEGER NOT NULL CHECK(reference IN (0, 1)),
+  candidate INTEGER NOT NULL,
+  task TEXT NOT NULL,
+  prompts TEXT NOT NULL,
+  PRIMARY KEY(run_id, lease_id)
+);
+ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 )sql",
 };
 static_assert(std::size(kMigrations) == kStoreSchemaVersion);
@@ -363,8 +377,9 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
     db->exec("PRAGMA foreign_keys = ON");
     if (mode != OpenMode::kReadOnly) {
       db->exec("PRAGMA journal_mode = WAL");
-      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss.
-      db->exec("PRAGMA synchronous = FULL");
+      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss. NORMAL (no sync
+      // per commit) still survives a crash of the process.
+      db->exec(options.sync_every_commit ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
       int version = db->execAndGet("PRAGMA user_version").getInt();
       for (; version < options.target_schema_version; ++version) {
         SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);
@@ -607,6 +622,75 @@ Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) cons
   });
 }
 
+Status Store::RecordLeases(int64_t run_id, const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
+  if (issued.empty() && ended.empty()) return Status::Ok();
+  return Guard(path_, "recording leases", [&]() -> Status {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement end(*db_, "DELETE FROM leases WHERE run_id = ? AND lease_id = ?");
+    for (uint64_t id : ended) {
+      end.reset();
+      end.bind(1, run_id);
+      end.bind(2, static_cast<int64_t>(id));
+      end.exec();
+    }
+    SQLite::Statement insert(*db_,
+                             "INSERT OR REPLACE INTO leases(run_id, lease_id, generation, worker, reference, candidate, "
+                             "task, prompts) VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
+    for (const LeaseRecord& l : issued) {
+      insert.reset();
+      insert.bind(1, run_id);
+      insert.bind(2, static_cast<int64_t>(l.id));
+      insert.bind(3, l.generation);
+      insert.bind(4, l.worker);
+      insert.bind(5, l.reference ? 1 : 0);
+      insert.bind(6, l.candidate);
+      insert.bind(7, l.task);
+      insert.bind(8, json(l.prompts).dump());
+      insert.exec();
+    }
+    tx.commit();
+    return Status::Ok();
+  });
+}
+
+Result<std::vector<LeaseRecord>> Store::GetLeases(int64_t run_id, int64_t generation) const {
+  return Guard(path_, "reading leases", [&]() -> Result<std::vector<LeaseRecord>> {
+    SQLite::Statement q(*db_,
+                        "SELECT lease_id, worker, reference, candidate, task, prompts FROM leases WHERE run_id = ? "
+                        "AND generation = ? ORDER BY lease_id");
+    q.bind(1, run_id);
+    q.bind(2, generation);
+    std::vector<LeaseRecord> out;
+    while (q.executeStep()) {
+      LeaseRecord l;
+      l.id = static_cast<uint64_t>(q.getColumn(0).getInt64());
+      l.generation = generation;
+      l.worker = q.getColumn(1).getString();
+      l.reference = q.getColumn(2).getInt() != 0;
+      l.candidate = q.getColumn(3).getInt64();
+      l.task = q.getColumn(4).getString();
+      l.prompts = json::parse(q.getColumn(5).getString()).get<std::vector<int64_t>>();
+      out.push_back(std::move(l));
+    }
+    return out;
+  });
+}
+
+Result<int64_t> Store::NextLeaseEpoch(int64_t run_id) {
+  return Guard(path_, "numbering leases", [&]() -> Result<int64_t> {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    SQLite::Statement bump(*db_, "UPDATE runs SET lease_epoch = lease_epoch + 1 WHERE id = ?");
+    bump.bind(1, run_id);
+    if (bump.exec() != 1) return Status::NotFound("no run " + std::to_string(run_id));
+    SQLite::Statement q(*db_, "SELECT lease_epoch FROM runs WHERE id = ?");
+    q.bind(1, run_id);
+    q.executeStep();
+    const int64_t epoch = q.getColumn(0).getInt64();
+    tx.commit();
+    return epoch;
+  });
+}
+
 Status Store::CommitGeneration(const GenerationCommit& c) {
   const GenerationRecord& g = c.generation;
   if (c.next_state == nullptr && !c.stage_ends) return Status::InvalidArgument("a commit needs the next state");
@@ -742,6 +826,11 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
       WriteLatest(*db_, c.run_id, next_stage, next_generation, *c.next_state, run.norm_stats);
     }
     DropUnreferencedDecompositions(*db_, c.run_id);
+
+    SQLite::Statement leases(*db_, "DELETE FROM leases WHERE run_id = ? AND generation <= ?");
+    leases.bind(1, c.run_id);
+    leases.bind(2, g.generation);
+    leases.exec();
 
     SQLite::Statement progress(*db_, "UPDATE runs SET stage = ?, generation = ?, status = ? WHERE id = ?");
     progress.bind(1, next_stage);

@@ -90,8 +90,32 @@ std::string CheckResult(const v1::PromptResult& r) {
 
 }  // namespace
 
-WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, std::function<void()> phase_done)
-    : config_(std::move(config)), phase_done_(std::move(phase_done)), scheduler_(scheduler) {}
+WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, ServiceHooks hooks)
+    : config_(std::move(config)), hooks_(std::move(hooks)), scheduler_(scheduler) {}
+
+void WorkerService::Journal(const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
+  if (!hooks_.journal || (issued.empty() && ended.empty())) return;
+  if (const Status s = hooks_.journal(issued, ended); !s.ok()) {
+    spdlog::error("lease journal: {} (these leases will not survive a coordinator restart)", s.ToString());
+  }
+}
+
+int64_t WorkerService::ReserveLeases(const std::vector<LeaseRecord>& leases) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t reserved = 0;
+  std::vector<uint64_t> gone;
+  for (const LeaseRecord& l : leases) {
+    const HeldLease held{l.id, l.reference ? UnitKind::kReference : UnitKind::kCandidate, l.candidate, l.task,
+                         l.prompts};
+    if (scheduler_.Reserve(l.worker, held, Clock::now())) {
+      ++reserved;
+    } else {
+      gone.push_back(l.id);
+    }
+  }
+  Journal({}, gone);
+  return reserved;
+}
 
 grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) {
   ++refused_;
@@ -137,12 +161,20 @@ void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std
   WakeAll();
 }
 
-void WorkerService::TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references) {
+uint64_t WorkerService::TakeResults(std::vector<EvaluationRecord>* evaluations,
+                                   std::vector<ReferenceResult>* references) {
   std::lock_guard<std::mutex> lock(mu_);
   evaluations->swap(evaluations_);
   references->swap(references_);
   evaluations_.clear();
   references_.clear();
+  return results_sequence_;
+}
+
+void WorkerService::MarkStored(uint64_t sequence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stored_sequence_ = std::max(stored_sequence_, sequence);
+  stored_.notify_all();
 }
 
 bool WorkerService::PhaseDone() const {
@@ -169,6 +201,7 @@ void WorkerService::ExpireLeases() {
     spdlog::warn("{} lease(s) expired without a heartbeat; their prompts go back to the queue", n);
     WakeAll();
   }
+  Journal({}, scheduler_.TakeEnded());
   // A registration whose stream never came (the worker died in between) must not hold slots.
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (!it->second->streaming && now - it->second->registered > scheduler_.options().lease_timeout) {
@@ -186,6 +219,7 @@ void WorkerService::End(v1::WorkBatch::End end) {
   std::lock_guard<std::mutex> lock(mu_);
   end_ = end;
   WakeAll();
+  stored_.notify_all();
 }
 
 ServiceCounters WorkerService::counters() const {
@@ -240,6 +274,17 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
                                                     std::to_string(kMaxSlots) + ", got " +
                                                     std::to_string(caps.max_concurrent_leases()));
   }
+  std::size_t held_prompts = 0;
+  for (const v1::HeldLease& h : request->held_leases()) {
+    held_prompts += static_cast<std::size_t>(h.prompts_size());
+    if (h.kind() != v1::Lease::KIND_CANDIDATE && h.kind() != v1::Lease::KIND_REFERENCE) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, "held lease " + std::to_string(h.lease_id()) + " has no kind");
+    }
+  }
+  if (static_cast<std::size_t>(request->held_leases_size()) > kMaxIdsPerCall || held_prompts > kMaxIdsPerCall) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "a registration names at most " + std::to_string(kMaxIdsPerCall) +
+                                                    " held leases and prompts");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const std::string id = NewWorkerId();
   auto session = std::make_shared<Session>();
@@ -247,6 +292,28 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
   session->registered = Clock::now();
   sessions_[id] = session;
   scheduler_.AddWorker(id, caps.max_concurrent_leases(), name);
+  if (phase_ && request->held_leases_size() > 0) {
+    std::vector<HeldLease> held;
+    for (const v1::HeldLease& h : request->held_leases()) {
+      if (h.generation() != phase_->generation) continue;  // an earlier generation's: every unit has its result
+      held.push_back({h.lease_id(), h.kind() == v1::Lease::KIND_REFERENCE ? UnitKind::kReference : UnitKind::kCandidate,
+                      h.candidate(), h.task(), {h.prompts().begin(), h.prompts().end()}});
+    }
+    std::vector<LeaseRecord> journaled;
+    for (const HeldLease& k : scheduler_.Reattach(id, held, Clock::now())) {
+      v1::HeldLease* kept = response->add_kept_leases();
+      kept->set_lease_id(k.id);
+      kept->set_kind(k.kind == UnitKind::kReference ? v1::Lease::KIND_REFERENCE : v1::Lease::KIND_CANDIDATE);
+      kept->set_generation(phase_->generation);
+      kept->set_candidate(k.candidate);
+      kept->set_task(k.task);
+      for (int64_t p : k.prompts) kept->add_prompts(p);
+      journaled.push_back({k.id, phase_->generation, name, k.kind == UnitKind::kReference, k.candidate, k.task, k.prompts});
+    }
+    Journal(journaled, scheduler_.TakeEnded());
+    spdlog::info("worker '{}' re-attached with {} of the {} leases it held", name, response->kept_leases_size(),
+                 request->held_leases_size());
+  }
   response->set_worker_id(id);
   response->set_run_name(config_.run_name);
   response->set_architecture_json(config_.architecture_json);
@@ -261,9 +328,12 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
 void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
   for (uint64_t id : scheduler_.TakeCancelled(worker_id)) batch->add_cancelled_lease_ids(id);
   const Clock::time_point now = Clock::now();
+  std::vector<LeaseRecord> issued;
   while (phase_) {
     std::optional<LeaseGrant> grant = scheduler_.Acquire(worker_id, now);
     if (!grant) break;
+    issued.push_back({grant->id, phase_->generation, session.name, grant->kind == UnitKind::kReference,
+                      grant->candidate, grant->task, grant->prompts});
     v1::Lease* lease = batch->add_leases();
     lease->set_lease_id(grant->id);
     lease->set_generation(phase_->generation);
@@ -285,6 +355,7 @@ void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1
       p->mutable_values()->Add(values.begin(), values.end());
     }
   }
+  Journal(issued, {});  // before the worker can see them: a restart keeps them for it
 }
 
 grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
@@ -354,7 +425,9 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
                                    v1::ReportResponse* response) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
   const std::size_t entries = static_cast<std::size_t>(request->results_size() + request->failures_size());
-  if (entries == 0) return Refuse(StatusCode::INVALID_ARGUMENT, "a report needs at least one result or failure");
+  if (entries == 0 && !request->lease_done()) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, "a report needs at least one result or failure, or lease_done");
+  }
   if (entries > kMaxResultsPerReport) {
     return Refuse(StatusCode::INVALID_ARGUMENT,
                   "a report holds at most " + std::to_string(kMaxResultsPerReport) + " results and failures");
@@ -379,8 +452,8 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     }
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
-  if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down: the lease will run again"};
+  std::unique_lock<std::mutex> lock(mu_);
+  if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down: send the results again"};
   std::shared_ptr<Session> session;
   if (grpc::Status s = FindSession(request->worker_id(), &session, /*departed=*/true); !s.ok()) return s;
   const std::string& worker = request->worker_id();
@@ -446,14 +519,19 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
                  f.error());
     scheduler_.Fail(lease, f.prompt(), session->name + ": " + f.error());
   }
+  if (request->lease_done()) {
+    scheduler_.Release(worker, lease);  // what it did not run goes back now, not at the lease's deadline
+    WakeAll();
+  }
   if (duplicates > 0) {
     spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, lease);
   }
   response->set_accepted(accepted);
   response->set_duplicates(duplicates);
+  if (accepted > 0) ++results_sequence_;
   if (accepted > 0 && scheduler_.Done()) {
     phase_done_at_ = Clock::now();
-    if (phase_done_) phase_done_();
+    if (hooks_.phase_done) hooks_.phase_done();
   }
   if (request->failures_size() > 0) {
     WakeAll();  // failed prompts are back in the queue
@@ -461,6 +539,15 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     // The reporter may have a free slot; copies elsewhere may have been cancelled.
     for (auto& [id, s] : sessions_) {
       if (id == worker || scheduler_.HasCancelled(id)) s->wake.notify_all();
+    }
+  }
+  // Answered once its results (and, for duplicates, the results they duplicate) are stored.
+  const uint64_t mine = results_sequence_;
+  if (stored_sequence_ < mine && hooks_.store_results) {
+    hooks_.store_results();
+    if (!stored_.wait_for(lock, std::chrono::seconds(10), [&] { return stored_sequence_ >= mine || end_; }) ||
+        stored_sequence_ < mine) {
+      return {StatusCode::UNAVAILABLE, "the results are not stored yet: send them again"};
     }
   }
   return grpc::Status::OK;

@@ -60,22 +60,39 @@ struct ServiceCounters {
   std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run drops them
 };
 
+// What the service calls back into the run loop. Called on gRPC threads with the service's lock held: they must
+// only hand off (post to the loop) or be quick.
+struct ServiceHooks {
+  // The result that completes the phase arrived.
+  std::function<void()> phase_done;
+  // Results are waiting for TakeResults(): a worker's report is answered once they are stored (MarkStored).
+  std::function<void()> store_results;
+  // Writes leases handed out (before they are sent) and removes ended ones, so that a restarted coordinator can
+  // keep them for their holders. Empty: no lease survives a restart.
+  std::function<Status(const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended)> journal;
+};
+
 class WorkerService final : public v1::Coordinator::Service {
  public:
-  // `phase_done` is called (on a gRPC thread, with the service's lock held: it must only hand off) when the
-  // result that completes the phase arrives.
-  WorkerService(ServiceConfig config, SchedulerOptions scheduler, std::function<void()> phase_done);
+  WorkerService(ServiceConfig config, SchedulerOptions scheduler, ServiceHooks hooks);
 
   // Run loop side.
   void StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units);
-  // Results accepted since the last call.
-  void TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references);
+  // Results accepted since the last call; returns a sequence number to pass to MarkStored() once they are stored.
+  uint64_t TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references);
+  // Everything TakeResults() returned up to `sequence` is stored: reports waiting for it are answered. A worker
+  // drops what a report sent only once it is answered, so nothing it finished is lost when the coordinator dies.
+  void MarkStored(uint64_t sequence);
   bool PhaseDone() const;
   // When the phase's last result arrived (its start if it had no units).
   std::chrono::steady_clock::time_point PhaseDoneAt() const;
+  // Keeps the leases a previous coordinator handed out in this phase for their holders (one lease timeout);
+  // returns how many were still open.
+  int64_t ReserveLeases(const std::vector<LeaseRecord>& leases);
   // Takes every unit of (task, prompt) out of the phase (LeaseScheduler::Drop) and tells their holders.
   void DropPrompt(const std::string& task, int64_t prompt);
-  // Expires leases past their deadline and sessions that registered but never opened their stream.
+  // Expires leases past their deadline and sessions that registered but never opened their stream, and
+  // removes the leases that ended from the journal.
   void ExpireLeases();
   // Every stream ends with `end`; from now on registrations and reports are refused (UNAVAILABLE).
   void End(v1::WorkBatch::End end);
@@ -110,12 +127,14 @@ class WorkerService final : public v1::Coordinator::Service {
   grpc::Status FindSession(const std::string& worker_id, std::shared_ptr<Session>* session, bool departed = false);
   // Why the worker's stream ends now, if it does (mu_ held).
   std::optional<v1::WorkBatch::End> StreamEnd(const std::string& worker_id) const;
-  // Fills `batch` with cancellations and as many leases as the worker has free slots (mu_ held).
+  // Fills `batch` with cancellations and as many leases as the worker has free slots, journaled (mu_ held).
   void FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
+  // Writes to the journal (mu_ held); a failure is logged: the leases then only live in memory.
+  void Journal(const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended);
   void WakeAll();
 
   const ServiceConfig config_;
-  const std::function<void()> phase_done_;
+  const ServiceHooks hooks_;
   mutable std::mutex mu_;
   std::chrono::steady_clock::time_point phase_done_at_;
   LeaseScheduler scheduler_;
@@ -125,6 +144,9 @@ class WorkerService final : public v1::Coordinator::Service {
   std::optional<v1::WorkBatch::End> end_;
   std::vector<EvaluationRecord> evaluations_;
   std::vector<ReferenceResult> references_;
+  uint64_t results_sequence_ = 0;  // reports whose results were queued
+  uint64_t stored_sequence_ = 0;   // of those, stored (MarkStored)
+  std::condition_variable stored_;
   std::atomic<int64_t> refused_{0};
   std::array<std::atomic<int64_t>, 17> refused_by_code_{};  // by grpc::StatusCode (0..16)
 };

@@ -15,8 +15,10 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "../process_util.h"
@@ -55,6 +57,7 @@ constexpr int64_t kSimRows = 40;
 struct SimRun {
   std::string dir, token, spec, db, yaml;
   int port = 0;
+  std::string seconds_per_token = "0.00004";  // of the simulated workers
 
   explicit SimRun(const std::string& name, int stage1_generations = 3, int stage2_generations = 2) {
     dir = namm::testing::TempPath(name);
@@ -107,7 +110,7 @@ struct SimRun {
   Child SimWorker(const std::string& name, std::vector<std::string> extra = {}) const {
     std::vector<std::string> args = {kSimWorker, "--coordinator", address(), "--token-file", token, "--fingerprint",
                                      kSimFingerprint, "--tasks", kSimTasks, "--data-dir", "synthetic=" + dir,
-                                     "--seconds-per-token", "0.00004", "--name", name};
+                                     "--seconds-per-token", seconds_per_token, "--name", name};
     args.insert(args.end(), extra.begin(), extra.end());
     return Spawn(args, log(name));
   }
@@ -241,6 +244,50 @@ TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
   EXPECT_EQ(Wait(b), 0) << ReadText(r.log("sim-b"));
   EXPECT_NE(ReadText(r.log("coordinator")).find("resuming run 'dist_coordinator_kill'"), std::string::npos);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// Workers keep running their leases while the coordinator is down and keep what they finish; a restarted
+// coordinator keeps its predecessor's leases for them and takes those results: nothing is run twice.
+TEST(DistributionLong, CoordinatorKilledWithWorkersMidPromptRecomputesNothing) {
+  SimRun r("dist_restart_no_rerun");
+  r.seconds_per_token = "0.0003";  // prompts of 30 to 600 ms: every worker is mid-prompt at any instant
+  const std::vector<std::string> no_copies = {"--max-copies", "1"};  // straggler copies rerun on purpose
+  Child coordinator = r.Serve(no_copies);
+  std::vector<Child> workers;
+  for (int i = 0; i < 4; ++i) {
+    workers.push_back(r.SimWorker("sim-" + std::to_string(i), {"--record", r.dir + "/ran-" + std::to_string(i)}));
+  }
+  for (int64_t g : {1, 3}) {  // once in each stage
+    ASSERT_TRUE(r.WaitMidGeneration(g)) << ReadText(r.log("coordinator"));
+    KillAndReap(coordinator);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // the workers go on meanwhile
+    coordinator = r.Serve(no_copies);
+  }
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  for (Child& w : workers) EXPECT_EQ(Wait(w), 0);
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_NE(log.find("leases of the previous coordinator kept for their workers"), std::string::npos) << log;
+  EXPECT_NE(log.find("re-attached with"), std::string::npos) << log;
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+
+  std::map<std::string, int> runs;
+  int64_t total = 0;
+  for (int i = 0; i < 4; ++i) {
+    std::istringstream lines(ReadText(r.dir + "/ran-" + std::to_string(i)));
+    for (std::string line; std::getline(lines, line);) {
+      ++runs[line];
+      ++total;
+    }
+  }
+  std::string twice;
+  for (const auto& [unit, n] : runs) {
+    if (n > 1) twice += unit + " (" + std::to_string(n) + " times)\n";
+  }
+  EXPECT_EQ(twice, "") << "prompts run more than once";
+  SQLite::Database raw(r.db, SQLite::OPEN_READONLY);
+  const int64_t stored = raw.execAndGet("SELECT COUNT(*) FROM evaluations").getInt64() +
+                         raw.execAndGet("SELECT COUNT(*) FROM reference_scores").getInt64();
+  EXPECT_EQ(total, stored) << "every prompt run is stored once (the statistics phase's included)";
 }
 
 TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
@@ -538,6 +585,17 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
                       "capabilities.device"));
   EXPECT_TRUE(Refused(client.Register("w", kSimFingerprint, "cpu", 0, &reg), grpc::StatusCode::INVALID_ARGUMENT,
                       "max_concurrent_leases"));
+  {
+    grpc::ClientContext c;
+    client.Authorize(c);
+    v1::RegisterRequest request;
+    request.set_worker_name("w");
+    request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
+    request.mutable_capabilities()->set_device("cpu");
+    request.mutable_capabilities()->set_max_concurrent_leases(1);
+    request.add_held_leases()->set_lease_id(5);
+    EXPECT_TRUE(Refused(client.stub().Register(&c, request, &reg), grpc::StatusCode::INVALID_ARGUMENT, "has no kind"));
+  }
 
   // A registered worker gets a statistics-phase lease of the mean, with its parameters.
   ASSERT_TRUE(client.Register("raw", kSimFingerprint, "cpu", 1, &reg).ok());
@@ -582,9 +640,10 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   {
     v1::ReportRequest request;
     request.set_worker_id(reg.worker_id());
-    request.set_lease_id(987654);
+    const uint64_t unknown = lease.lease_id() + 987654;  // above every lease handed out
+    request.set_lease_id(unknown);
     *request.add_results() = GoodResult(prompt);
-    EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::NOT_FOUND, "unknown lease 987654"));
+    EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::NOT_FOUND, "unknown lease " + std::to_string(unknown)));
     request.set_lease_id(lease.lease_id());
     *request.add_results() = GoodResult(prompt);
     EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::INVALID_ARGUMENT, "reported twice"));

@@ -298,6 +298,82 @@ TEST(LeaseScheduler, ADroppedPromptLeavesThePhaseForEveryCandidate) {
   EXPECT_TRUE(s.Done());
 }
 
+TEST(LeaseScheduler, ARestartedCoordinatorKeepsLeasesForTheirHoldersUntilTheyComeBackOrTimeOut) {
+  SchedulerOptions o = Options(2, 1000);
+  o.first_lease_id = (uint64_t{7} << 32) + 1;
+  LeaseScheduler s(o);
+  s.StartPhase(Units(2, 4));  // candidates 0, 1 x prompts 0..3
+  const Clock::time_point t0;
+  // The previous coordinator had leased candidate 0's prompts 0, 1 to host-a and 2, 3 to host-b.
+  EXPECT_TRUE(s.Reserve("host-a", HeldLease{11, UnitKind::kCandidate, 0, "t", {0, 1}}, t0));
+  EXPECT_TRUE(s.Reserve("host-b", HeldLease{12, UnitKind::kCandidate, 0, "t", {2, 3}}, t0));
+  EXPECT_FALSE(s.Reserve("host-c", HeldLease{13, UnitKind::kCandidate, 0, "t", {0}}, t0)) << "already reserved";
+  // Another worker gets only what nobody holds; new ids come from this coordinator's range.
+  s.AddWorker("w-c", 1, "host-c");
+  auto g = s.Acquire("w-c", t0 + milliseconds(600));
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->candidate, 1);
+  EXPECT_GT(g->id, uint64_t{7} << 32);
+  // host-a comes back holding lease 11 (both prompts still unreported): it keeps them, and results on lease 11
+  // are taken.
+  s.AddWorker("w-a", 1, "host-a");
+  const auto kept = s.Reattach("w-a", {HeldLease{11, UnitKind::kCandidate, 0, "t", {0, 1}}}, t0 + milliseconds(500));
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].prompts, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(s.LeasesOf("w-a"), std::vector<uint64_t>{11});
+  ASSERT_TRUE(s.Check("w-a", 11, 1).ok());
+  EXPECT_EQ(s.Complete(11, 1), ResultOutcome::kAccepted);
+  // Another worker cannot claim host-b's lease 12.
+  EXPECT_EQ(s.Complete(11, 0), ResultOutcome::kAccepted);
+  s.AddWorker("w-x", 1, "host-x");
+  EXPECT_TRUE(s.Reattach("w-x", {HeldLease{12, UnitKind::kCandidate, 0, "t", {2, 3}}}, t0).empty());
+  // host-b never comes back: its reservation expires and its prompts are leased again, without using attempts.
+  EXPECT_EQ(s.ExpireLeases(t0 + milliseconds(1001)), 1);
+  EXPECT_TRUE(s.abandoned().empty());
+  std::vector<int64_t> again;
+  while (auto l = s.Acquire("w-x", t0 + milliseconds(1002))) {
+    if (l->candidate == 0) again.insert(again.end(), l->prompts.begin(), l->prompts.end());
+    CompleteAll(s, "w-x", *l);
+  }
+  std::sort(again.begin(), again.end());
+  EXPECT_EQ(again, (std::vector<int64_t>{2, 3}));
+  CompleteAll(s, "w-c", *g);
+  EXPECT_TRUE(s.Done());
+  EXPECT_EQ(s.counters().leases_reserved, 2);
+  EXPECT_EQ(s.counters().leases_reattached, 1);
+}
+
+TEST(LeaseScheduler, AWorkerWhoseConnectionBrokeReadoptsWhatNobodyTookAndReleasesWhatItWillNotRun) {
+  LeaseScheduler s(Options(4, 1000));
+  s.StartPhase(Units(1, 4));
+  const Clock::time_point t0;
+  s.AddWorker("w-1", 1, "host-a");
+  auto g = s.Acquire("w-1", t0);
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->prompts.size(), 4u);
+  s.RemoveWorker("w-1");  // its stream broke: the lease's prompts are back in the queue
+  // Before anyone took them, it registers again naming three of them (it no longer has the fourth).
+  s.AddWorker("w-2", 1, "host-a");
+  const std::vector<int64_t> named = {g->prompts[0], g->prompts[1], g->prompts[2]};
+  const auto kept = s.Reattach("w-2", {HeldLease{g->id, UnitKind::kCandidate, 0, "t", named}}, t0);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].prompts.size(), 3u);
+  // The fourth prompt is the only one left to lease.
+  s.AddWorker("w-3", 1, "host-b");
+  auto rest = s.Acquire("w-3", t0);
+  ASSERT_TRUE(rest);
+  EXPECT_EQ(rest->prompts, std::vector<int64_t>{g->prompts[3]});
+  // It runs one prompt and is done with the lease: the other two go back at once.
+  ASSERT_TRUE(s.Check("w-2", g->id, named[0]).ok());
+  s.Complete(g->id, named[0]);
+  s.Release("w-3", g->id);  // not its lease: ignored
+  EXPECT_EQ(s.LeasesOf("w-2"), std::vector<uint64_t>{g->id});
+  s.Release("w-2", g->id);
+  EXPECT_TRUE(s.LeasesOf("w-2").empty());
+  EXPECT_EQ(s.units_queued(), 2);
+  EXPECT_EQ(s.counters().units_lost, 4) << "the broken stream; the release is not a loss";
+}
+
 TEST(LeaseScheduler, AWorkerFailingPromptsInARowGetsNoMoreLeases) {
   LeaseScheduler s(Options(1));
   s.StartPhase(Units(1, 6));

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -38,6 +39,11 @@ namm::Status Run(const Flags& f) {
     begin = end + 1;
   }
   NAMM_ASSIGN_OR_RETURN(namm::coordinator::PromptCosts costs, namm::coordinator::load_prompt_costs(task_names, paths));
+  if (!f.sim.record.empty()) {
+    std::FILE* record = std::fopen(f.sim.record.c_str(), "a");
+    if (record == nullptr) return namm::Status::InvalidArgument("cannot append to --record file " + f.sim.record);
+    std::fclose(record);
+  }
   namm::sim::SimOptions sim = f.sim;
   for (const std::string& spec : f.fail) {
     const auto colon = spec.rfind(':');
@@ -112,6 +118,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--name", f.name, "Name prefix (default sim)");
   app.add_option("--fail", f.fail, "TASK:PROMPT these workers fail to run (repeatable; fault tests)");
+  app.add_option("--record", f.sim.record, "Append a line per prompt run to this file (tests count reruns)");
   app.add_option("--log-level", f.log_level, "spdlog level (default warn)");
   app.add_option("--metrics-listen", f.metrics_listen, "HOST:PORT to serve Prometheus metrics on (default: none)");
   CLI11_PARSE(app, argc, argv);

@@ -60,7 +60,9 @@ double sim_jitter(const std::string& task, int64_t prompt) {
 }
 
 SimExecutor::SimExecutor(coordinator::PromptCosts costs, SimOptions options, int slots)
-    : costs_(std::move(costs)), options_(options), last_(static_cast<std::size_t>(slots)) {}
+    : costs_(std::move(costs)), options_(options), last_(static_cast<std::size_t>(slots)) {
+  if (!options_.record.empty()) record_.reset(std::fopen(options_.record.c_str(), "a"));
+}
 
 Status SimExecutor::Prepare(const worker::RunInfo& run) {
   NAMM_ASSIGN_OR_RETURN(NammArchitecture architecture, NammArchitecture::FromJson(run.architecture_json));
@@ -116,6 +118,12 @@ Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& le
     timing_.gaps.emplace_back(last.end, start);
   }
   last = {lease.id, lease.generation, end};
+  if (record_) {
+    std::fprintf(record_.get(), "%lld %lld %s %lld %s\n", static_cast<long long>(lease.generation),
+                 static_cast<long long>(lease.candidate), lease.task.c_str(), static_cast<long long>(prompt),
+                 lease.reference ? "reference" : lease.collect_norm_stats ? "statistics" : "candidate");
+    std::fflush(record_.get());
+  }
   ++timing_.prompts;
   timing_.busy_seconds += std::chrono::duration<double>(end - start).count();
   return out;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,9 @@ struct SimOptions {
   double seconds_per_cost = 0;  // delay of a prompt = its cost (prompt tokens) x this / speed, +-20% per prompt
   double speed = 1;             // relative speed of this worker
   std::set<std::pair<std::string, int64_t>> fail;  // (task, prompt) pairs this worker fails, for fault tests
+  // Appends a line per prompt run to this file (tests count what ran twice): "GENERATION CANDIDATE TASK PROMPT
+  // KIND", KIND one of candidate, statistics (a lease collecting statistics) and reference.
+  std::string record;
 };
 
 // The score of `params` on a prompt: the base score of the prompt times 1 / (1 + Rastrigin(x) / N) around a
@@ -70,6 +74,7 @@ class SimExecutor final : public worker::LeaseExecutor {
   };
   std::vector<SlotHistory> last_;  // per slot
   SimTiming timing_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> record_{nullptr, &std::fclose};
 };
 
 }  // namespace namm::sim

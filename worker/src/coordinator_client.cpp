@@ -24,7 +24,6 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kCallTimeout = std::chrono::seconds(10);
 // A lease's results are sent as they come, at most this often, and when the lease is done.
 constexpr auto kReportInterval = std::chrono::milliseconds(500);
-constexpr int kReportAttempts = 3;
 
 Result<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientTls& tls) {
   if (tls.ca.empty()) {
@@ -59,18 +58,29 @@ struct WorkerClient::Impl {
   LeaseExecutor& executor;
   std::unique_ptr<v1::Coordinator::Stub> stub;
 
+  // A lease this worker holds, across sessions: while the coordinator is away it keeps running it and keeps its
+  // results, and names it when it registers again.
+  struct Held {
+    std::shared_ptr<LeaseWork> work;
+    std::set<int64_t> open;   // prompts without an acknowledged result, run or not
+    bool finished = false;    // an executor went through it
+    bool cancelled = false;   // the coordinator no longer wants it: its executor stops, what finished is reported
+  };
+
   mutable std::mutex mu;
   std::condition_variable wake;
   // The current session.
   std::string worker_id;
-  bool session_over = true;
-  std::deque<std::shared_ptr<LeaseWork>> queue;              // received, not started
-  std::map<uint64_t, std::shared_ptr<LeaseWork>> in_flight;  // received, not finished
-  std::set<uint64_t> cancelled;
-  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const std::vector<float>>> params;
+  bool connected = false;
   grpc::ClientContext* stream_context = nullptr;
   int heartbeat_ms = 2000;
   // Across sessions.
+  std::deque<std::shared_ptr<LeaseWork>> queue;              // received, not started
+  std::map<uint64_t, Held> held;
+  std::map<uint64_t, v1::ReportRequest> outbox;               // results and failures not yet acknowledged
+  std::map<uint64_t, Clock::time_point> last_report, retry_after;
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const std::vector<float>>> params;
+  bool stopping = false;  // Run() is returning: executors and the sender stop
   bool draining = false, drain_now = false;
   WorkerClientStats stats;
 
@@ -79,11 +89,27 @@ struct WorkerClient::Impl {
   void Metrics(F&& f) const {
     if (options.metrics != nullptr) f(*options.metrics);
   }
-  // Drops a lease from in_flight (mu held); true when it was there.
-  bool Forget(uint64_t id) {
-    if (in_flight.erase(id) == 0) return false;
-    Metrics([](WorkerMetrics& w) { w.LeasesInFlight(-1); });
-    return true;
+  // Drops a lease entirely: not run further, not reported, not named again (mu held).
+  void Forget(uint64_t id) {
+    if (held.erase(id) > 0) Metrics([](WorkerMetrics& w) { w.LeasesInFlight(-1); });
+    outbox.erase(id);
+    last_report.erase(id);
+    retry_after.erase(id);
+    queue.erase(std::remove_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; }), queue.end());
+  }
+  // The coordinator no longer wants the lease (a copy finished first, it expired, or its phase ended) (mu held):
+  // a queued one is forgotten; a running one stops after its prompt, and what it finished is still reported
+  // (late results count while their units have none).
+  void Cancel(uint64_t id) {
+    const auto h = held.find(id);
+    if (h == held.end()) return;
+    const bool queued = std::any_of(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; });
+    if (queued) return Forget(id);
+    h->second.cancelled = true;
+  }
+  void ForgetAll() {
+    while (!held.empty()) Forget(held.begin()->first);
+    queue.clear();
   }
 
   void Authorize(grpc::ClientContext& context, bool with_deadline) const {
@@ -99,9 +125,19 @@ struct WorkerClient::Impl {
   SessionEnd Session();
   void Take(const v1::WorkBatch& batch);
   void ExecutorLoop(int slot);
-  void HeartbeatLoop();
-  // Sends the lease's results and failures (cleared on return); retries while the coordinator is unreachable.
-  void Report(const std::string& session_worker_id, uint64_t lease, v1::ReportRequest* request);
+  // Reports results as they come (at most every kReportInterval per lease, and when a lease is done) and sends
+  // heartbeats, while connected.
+  void SenderLoop();
+  // Sends what the outbox holds for `lease` (mu held; released during the call). Unacknowledged entries stay.
+  void Report(std::unique_lock<std::mutex>& lock, uint64_t lease);
+  void Heartbeat(std::unique_lock<std::mutex>& lock);
+  // Asks for a new session (mu held): the coordinator no longer knows this one.
+  void Reconnect(const std::string& why) {
+    if (stream_context != nullptr && connected) {
+      spdlog::warn("the coordinator no longer knows this worker ({}); registering again", why);
+      stream_context->TryCancel();
+    }
+  }
   // Tells the coordinator about a drain (mu not held).
   void SendDrain(bool immediately);
 };
@@ -135,18 +171,36 @@ Status WorkerClient::Run() {
   m.Metrics([&](WorkerMetrics& w) { w.Describe(m.options.name, m.options.device, m.options.model_fingerprint); });
   m.stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(m.options.coordinator, credentials, args));
 
+  // Executors and the sender outlive sessions: work goes on while the coordinator is away.
+  std::vector<std::thread> threads;
+  for (int slot = 0; slot < m.options.concurrency; ++slot) threads.emplace_back([&m, slot] { m.ExecutorLoop(slot); });
+  threads.emplace_back([&m] { m.SenderLoop(); });
+  const auto stop = [&](Status s) {
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.stopping = true;
+      m.wake.notify_all();
+    }
+    for (std::thread& t : threads) t.join();
+    return s;
+  };
   auto backoff = m.options.backoff_initial;
   while (true) {
     Impl::SessionEnd end = m.Session();
-    if (!end.fatal.ok()) return end.fatal;
+    if (!end.fatal.ok()) return stop(end.fatal);
+    bool drained = end.end == v1::WorkBatch::END_DRAINED;
     {
       std::lock_guard<std::mutex> lock(m.mu);
-      if (m.draining || end.end == v1::WorkBatch::END_DRAINED) return Status::Ok();
+      drained = drained || m.draining;
     }
-    if (end.end == v1::WorkBatch::END_RUN_FINISHED && m.options.exit_when_done) return Status::Ok();
+    if (drained) return stop(Status::Ok());
+    if (end.end == v1::WorkBatch::END_RUN_FINISHED && m.options.exit_when_done) return stop(Status::Ok());
     if (end.registered) backoff = m.options.backoff_initial;
     std::unique_lock<std::mutex> lock(m.mu);
-    if (m.wake.wait_for(lock, backoff, [&] { return m.draining; })) return Status::Ok();
+    if (m.wake.wait_for(lock, backoff, [&] { return m.draining; })) {
+      lock.unlock();
+      return stop(Status::Ok());
+    }
     backoff = std::min(backoff * 2, m.options.backoff_max);
   }
 }
@@ -160,6 +214,18 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   caps->set_device(options.device);
   caps->set_memory_bytes(options.memory_bytes);
   caps->set_max_concurrent_leases(options.concurrency);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [id, h] : held) {
+      v1::HeldLease* l = request.add_held_leases();
+      l->set_lease_id(id);
+      l->set_kind(h.work->reference ? v1::Lease::KIND_REFERENCE : v1::Lease::KIND_CANDIDATE);
+      l->set_generation(h.work->generation);
+      l->set_candidate(h.work->candidate);
+      l->set_task(h.work->task);
+      for (int64_t p : h.open) l->add_prompts(p);
+    }
+  }
   v1::RegisterResponse response;
   {
     grpc::ClientContext context;
@@ -190,21 +256,46 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   Authorize(stream, false);
   {
     std::lock_guard<std::mutex> lock(mu);
+    // Of what it held, it keeps what the coordinator keeps, and only the prompts it still wants.
+    std::map<uint64_t, std::set<int64_t>> kept;
+    for (const v1::HeldLease& k : response.kept_leases()) kept[k.lease_id()] = {k.prompts().begin(), k.prompts().end()};
+    std::vector<uint64_t> gone;
+    for (auto& [id, h] : held) {
+      const auto k = kept.find(id);
+      if (k == kept.end()) {
+        gone.push_back(id);
+        continue;
+      }
+      std::set<int64_t> open;
+      std::set_intersection(h.open.begin(), h.open.end(), k->second.begin(), k->second.end(),
+                            std::inserter(open, open.end()));
+      h.open = std::move(open);
+      if (auto o = outbox.find(id); o != outbox.end()) {
+        auto& results = *o->second.mutable_results();
+        results.erase(std::remove_if(results.begin(), results.end(),
+                                     [&](const v1::PromptResult& r) { return h.open.count(r.prompt()) == 0; }),
+                      results.end());
+        auto& failures = *o->second.mutable_failures();
+        failures.erase(std::remove_if(failures.begin(), failures.end(),
+                                      [&](const v1::PromptFailure& f) { return h.open.count(f.prompt()) == 0; }),
+                       failures.end());
+      }
+    }
+    for (uint64_t id : gone) Forget(id);
+    if (!held.empty() || !gone.empty()) {
+      spdlog::info("re-attached {} of the leases it held ({} dropped)", held.size(), gone.size());
+    }
     worker_id = response.worker_id();
     heartbeat_ms = std::max(50, response.heartbeat_interval_ms());
-    session_over = false;  // queue and in_flight were emptied when the last session ended
-    cancelled.clear();
-    params.clear();
+    connected = true;
     stream_context = &stream;
     ++stats.sessions;
+    wake.notify_all();  // the sender reports what finished meanwhile
   }
   Metrics([](WorkerMetrics& w) { w.Connected(+1); });
   v1::LeasesRequest leases_request;
   leases_request.set_worker_id(response.worker_id());
   std::unique_ptr<grpc::ClientReader<v1::WorkBatch>> reader = stub->Leases(&stream, leases_request);
-  std::vector<std::thread> threads;
-  for (int slot = 0; slot < options.concurrency; ++slot) threads.emplace_back([this, slot] { ExecutorLoop(slot); });
-  threads.emplace_back([this] { HeartbeatLoop(); });
   bool drain_requested = false, drain_immediately = false;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -221,16 +312,14 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   const grpc::Status finished = reader->Finish();
   {
     std::lock_guard<std::mutex> lock(mu);
-    session_over = true;
+    connected = false;
     stream_context = nullptr;
+    // A session that ended for good takes its work with it. One that broke (the coordinator restarted or the
+    // network failed) does not: leases keep running, and are named when registering again.
+    const bool for_good = out.end == v1::WorkBatch::END_RUN_FINISHED || out.end == v1::WorkBatch::END_DRAINED ||
+                          out.end == v1::WorkBatch::END_QUARANTINED || (!finished.ok() && Fatal(finished.error_code()));
+    if (for_good) ForgetAll();
     wake.notify_all();
-  }
-  for (std::thread& t : threads) t.join();
-  {
-    // Leases never started die with the session: the coordinator hands them out again.
-    std::lock_guard<std::mutex> lock(mu);
-    queue.clear();
-    for (auto it = in_flight.begin(); it != in_flight.end();) Forget((it++)->first);
   }
   Metrics([](WorkerMetrics& w) { w.Connected(-1); });
   if (!finished.ok() && Fatal(finished.error_code())) {
@@ -275,12 +364,14 @@ void WorkerClient::Impl::Take(const v1::WorkBatch& batch) {
       }
       work->params = it->second;
     }
-    if (in_flight.emplace(work->id, work).second) Metrics([](WorkerMetrics& w) { w.LeasesInFlight(+1); });
+    if (held.count(work->id) > 0) continue;  // already held (never sent twice; defensive)
+    held[work->id] = Held{work, {work->prompts.begin(), work->prompts.end()}};
+    Metrics([](WorkerMetrics& w) { w.LeasesInFlight(+1); });
     queue.push_back(std::move(work));
     ++stats.leases;
   }
   for (uint64_t id : batch.cancelled_lease_ids()) {
-    cancelled.insert(id);
+    Cancel(id);
     ++stats.cancelled;
   }
   wake.notify_all();
@@ -289,33 +380,36 @@ void WorkerClient::Impl::Take(const v1::WorkBatch& batch) {
 void WorkerClient::Impl::ExecutorLoop(int slot) {
   while (true) {
     std::shared_ptr<LeaseWork> lease;
-    std::string session_worker_id;  // the lease belongs to this session, even if a new one starts meanwhile
     {
       std::unique_lock<std::mutex> lock(mu);
-      wake.wait(lock, [&] { return session_over || !queue.empty(); });
-      if (session_over) return;
+      wake.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (stopping) return;
       lease = std::move(queue.front());
       queue.pop_front();
-      session_worker_id = worker_id;
     }
-    v1::ReportRequest unsent;
-    Clock::time_point last_report = Clock::now();
     bool complete = true;
     for (int64_t prompt : lease->prompts) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        complete = !(session_over || drain_now || cancelled.count(lease->id) > 0);
+        const auto h = held.find(lease->id);
+        complete = !(stopping || drain_now || h == held.end() || h->second.cancelled);
         if (!complete) break;
+        if (h->second.open.count(prompt) == 0) continue;  // the coordinator no longer wants it
       }
       Result<PromptOutcome> r = executor.RunPrompt(*lease, prompt, slot);
+      std::lock_guard<std::mutex> lock(mu);
+      if (held.count(lease->id) == 0) {  // dropped meanwhile: not kept after a restart, or a drain
+        complete = false;
+        break;
+      }
+      v1::ReportRequest& unsent = outbox[lease->id];
       if (!r.ok()) {
-        // Reported as failed: the prompt runs elsewhere, and one that fails everywhere stops the run.
+        // Reported as failed: the prompt runs elsewhere, and one that fails everywhere is dropped.
         spdlog::error("lease {} ({} prompt {}): {}", lease->id, lease->task, prompt, r.status().ToString());
         v1::PromptFailure* failure = unsent.add_failures();
         failure->set_prompt(prompt);
         failure->set_error(r.status().ToString().substr(0, 2048));
         Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kPrompt); });
-        std::lock_guard<std::mutex> lock(mu);
         ++stats.failed;
       } else {
         Metrics([&](WorkerMetrics& w) { w.PromptDone(*r); });
@@ -329,37 +423,108 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
         result->set_seconds(r->seconds);
         if (r->norm_stats) v1::norm_stats_to_proto(*r->norm_stats, result->mutable_norm_stats());
       }
-      if (Clock::now() - last_report >= kReportInterval) {
-        Report(session_worker_id, lease->id, &unsent);
-        last_report = Clock::now();
-      }
+      wake.notify_all();
     }
-    Report(session_worker_id, lease->id, &unsent);
     if (complete) Metrics([](WorkerMetrics& w) { w.LeaseDone(); });
     std::lock_guard<std::mutex> lock(mu);
-    Forget(lease->id);
-    cancelled.erase(lease->id);
+    if (const auto h = held.find(lease->id); h != held.end()) h->second.finished = true;
+    wake.notify_all();
   }
 }
 
-void WorkerClient::Impl::Report(const std::string& session_worker_id, uint64_t lease, v1::ReportRequest* request) {
-  if (request->results_size() + request->failures_size() == 0) return;
-  request->set_worker_id(session_worker_id);
-  request->set_lease_id(lease);
-  v1::ReportResponse response;
-  grpc::Status s;
-  for (int attempt = 1; attempt <= kReportAttempts; ++attempt) {
-    grpc::ClientContext context;
-    Authorize(context, true);
-    s = stub->Report(&context, *request, &response);
-    // Results are idempotent, so resending after a lost answer is harmless.
-    const bool transient = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!transient || attempt == kReportAttempts) break;
-    std::this_thread::sleep_for(kReportInterval * attempt);
+void WorkerClient::Impl::SenderLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  Clock::time_point next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+  while (!stopping) {
+    // A lease's results go when it is done, else at most every kReportInterval; after a failed attempt, again
+    // kReportInterval later.
+    const auto due_at = [&](uint64_t id) {
+      const auto h = held.find(id);
+      const auto last = last_report.find(id);
+      Clock::time_point at = (h != held.end() && h->second.finished) || last == last_report.end()
+                                 ? Clock::time_point()
+                                 : last->second + kReportInterval;
+      if (const auto r = retry_after.find(id); r != retry_after.end()) at = std::max(at, r->second);
+      return at;
+    };
+    const auto due = [&](uint64_t id) { return due_at(id) <= Clock::now(); };
+    std::optional<Clock::time_point> next_report;
+    for (const auto& [id, h] : held) {
+      const auto o = outbox.find(id);
+      const bool pending = o != outbox.end() && o->second.results_size() + o->second.failures_size() > 0;
+      if (!pending && !h.finished) continue;
+      const Clock::time_point at = std::max(due_at(id), Clock::now());
+      if (!next_report || at < *next_report) next_report = at;
+    }
+    const Clock::time_point until = connected && next_report ? std::min(*next_report, next_heartbeat) : next_heartbeat;
+    wake.wait_until(lock, until);
+    if (stopping) break;
+    if (!connected) {
+      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+      continue;
+    }
+    std::vector<uint64_t> ready;
+    for (const auto& [id, request] : outbox) {
+      if (request.results_size() + request.failures_size() > 0 && due(id)) ready.push_back(id);
+    }
+    for (uint64_t id : ready) {
+      if (connected && outbox.count(id) > 0) Report(lock, id);
+    }
+    // A finished lease that skipped prompts tells the coordinator, so that they run elsewhere at once; then it
+    // is done with.
+    std::vector<uint64_t> done;
+    for (const auto& [id, h] : held) {
+      const auto o = outbox.find(id);
+      if (h.finished && due(id) && (o == outbox.end() || o->second.results_size() + o->second.failures_size() == 0)) {
+        done.push_back(id);
+      }
+    }
+    for (uint64_t id : done) {
+      if (!connected) break;
+      if (held.at(id).open.empty() || held.at(id).cancelled) {
+        Forget(id);
+        continue;
+      }
+      outbox[id].set_lease_done(true);
+      Report(lock, id);
+    }
+    if (connected && Clock::now() >= next_heartbeat) {
+      Heartbeat(lock);
+      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+    }
   }
-  std::lock_guard<std::mutex> lock(mu);
-  stats.prompts += request->results_size();
+}
+
+void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lease) {
+  v1::ReportRequest request = std::move(outbox[lease]);
+  outbox.erase(lease);
+  const bool lease_done = request.lease_done();
+  request.set_worker_id(worker_id);
+  request.set_lease_id(lease);
+  last_report[lease] = Clock::now();
+  lock.unlock();
+  v1::ReportResponse response;
+  grpc::ClientContext context;
+  Authorize(context, true);
+  const grpc::Status s = stub->Report(&context, request, &response);
+  lock.lock();
+  // Results are idempotent, so sending them again after a lost answer is harmless.
+  const bool again = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                     s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                     s.error_code() == grpc::StatusCode::NOT_FOUND;
+  const auto h = held.find(lease);
+  if (!s.ok() && again) {
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) Reconnect(s.error_message());
+    if (h == held.end()) return;  // dropped meanwhile
+    retry_after[lease] = Clock::now() + kReportInterval;
+    v1::ReportRequest& unsent = outbox[lease];  // keep them, with whatever finished meanwhile
+    for (const v1::PromptResult& r : request.results()) *unsent.add_results() = r;
+    for (const v1::PromptFailure& f : request.failures()) *unsent.add_failures() = f;
+    if (lease_done) unsent.set_lease_done(true);
+    return;
+  }
+  retry_after.erase(lease);
+  stats.prompts += request.results_size();
   if (s.ok()) {
     stats.accepted += response.accepted();
     stats.duplicates += response.duplicates();
@@ -367,39 +532,28 @@ void WorkerClient::Impl::Report(const std::string& session_worker_id, uint64_t l
     spdlog::warn("report for lease {} not taken: {}", lease, s.error_message());
     Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kReport); });
   }
-  request->Clear();
+  if (h == held.end()) return;
+  for (const v1::PromptResult& r : request.results()) h->second.open.erase(r.prompt());
+  for (const v1::PromptFailure& f : request.failures()) h->second.open.erase(f.prompt());
+  if (lease_done) h->second.open.clear();  // the coordinator has what it did not run back in its queue
 }
 
-void WorkerClient::Impl::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu);
-  while (!wake.wait_for(lock, std::chrono::milliseconds(heartbeat_ms), [&] { return session_over; })) {
-    v1::HeartbeatRequest request;
-    request.set_worker_id(worker_id);
-    for (const auto& [id, lease] : in_flight) request.add_lease_ids(id);
-    lock.unlock();
-    grpc::ClientContext context;
-    Authorize(context, true);
-    v1::HeartbeatResponse response;
-    const grpc::Status s = stub->Heartbeat(&context, request, &response);
-    lock.lock();
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND && stream_context != nullptr) {
-      spdlog::warn("the coordinator no longer knows this worker ({}); registering again", s.error_message());
-      stream_context->TryCancel();
-      continue;
-    }
-    if (!s.ok()) {
-      spdlog::warn("heartbeat failed: {}", s.error_message());
-      continue;
-    }
-    for (uint64_t id : response.cancelled_lease_ids()) {
-      cancelled.insert(id);
-      const auto queued = std::find_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; });
-      if (queued != queue.end()) {  // never started: forget it entirely
-        queue.erase(queued);
-        Forget(id);
-      }
-    }
+void WorkerClient::Impl::Heartbeat(std::unique_lock<std::mutex>& lock) {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id);
+  for (const auto& [id, h] : held) request.add_lease_ids(id);
+  lock.unlock();
+  grpc::ClientContext context;
+  Authorize(context, true);
+  v1::HeartbeatResponse response;
+  const grpc::Status s = stub->Heartbeat(&context, request, &response);
+  lock.lock();
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return Reconnect(s.error_message());
+  if (!s.ok()) {
+    spdlog::warn("heartbeat failed: {}", s.error_message());
+    return;
   }
+  for (uint64_t id : response.cancelled_lease_ids()) Cancel(id);
 }
 
 void WorkerClient::Drain(bool immediately) {
@@ -410,7 +564,7 @@ void WorkerClient::Drain(bool immediately) {
     m.draining = true;
     m.drain_now = immediately;
     m.wake.notify_all();
-    if (m.session_over) return;  // Session() sends the drain once registered
+    if (!m.connected) return;  // Session() sends the drain once registered
   }
   m.SendDrain(immediately);
 }
@@ -421,13 +575,16 @@ void WorkerClient::Impl::SendDrain(bool immediately) {
     std::lock_guard<std::mutex> lock(mu);
     request.set_worker_id(worker_id);
     // Leases not started go back; running ones too when leaving at once.
-    for (const auto& l : queue) {
-      request.add_returned_lease_ids(l->id);
-      Forget(l->id);
-    }
-    queue.clear();
+    std::vector<uint64_t> returned;
+    for (const auto& l : queue) returned.push_back(l->id);
     if (immediately) {
-      for (const auto& [id, l] : in_flight) request.add_returned_lease_ids(id);
+      for (const auto& [id, h] : held) {
+        if (std::find(returned.begin(), returned.end(), id) == returned.end()) returned.push_back(id);
+      }
+    }
+    for (uint64_t id : returned) {
+      request.add_returned_lease_ids(id);
+      Forget(id);
     }
   }
   grpc::ClientContext context;

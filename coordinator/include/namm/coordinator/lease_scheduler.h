@@ -19,6 +19,9 @@
 //    prompt). A prompt a worker reports as failed goes back too; after it failed on `max_attempts` different
 //    workers it is abandoned, and the run decides (Drop() takes it out of the phase for every candidate). A
 //    worker whose prompts fail `quarantine_after` times in a row gets no more leases.
+//  - Re-attaching: a worker whose connection broke keeps running its leases and names them when it registers
+//    again; Reattach() gives it back those whose units are still open. A restarted coordinator Reserve()s the
+//    leases its predecessor handed out (from the store) for their holders' names, for one lease timeout.
 #pragma once
 
 #include <chrono>
@@ -28,6 +31,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "namm/status.h"
@@ -66,6 +70,15 @@ enum class ResultOutcome {
   kDuplicate,  // the unit already had a result: ignored
 };
 
+// A lease's units as a worker (re-attaching) or the store (a restarted coordinator) names them.
+struct HeldLease {
+  uint64_t id = 0;
+  UnitKind kind = UnitKind::kCandidate;
+  int64_t candidate = 0;
+  std::string task;
+  std::vector<int64_t> prompts;
+};
+
 struct SchedulerOptions {
   int64_t max_prompts_per_lease = 4;
   std::chrono::milliseconds lease_timeout{30000};
@@ -73,6 +86,7 @@ struct SchedulerOptions {
   bool guided_sizes = true;  // shrink leases at the phase's end (else always max_prompts_per_lease)
   int max_attempts = 5;      // different workers a prompt may fail on before it is abandoned
   int quarantine_after = 3;  // failures in a row that end a worker's leasing
+  uint64_t first_lease_id = 1;  // ids count up from here (each coordinator start takes a fresh range)
 };
 
 // A unit that failed on max_attempts different workers.
@@ -94,6 +108,8 @@ struct SchedulerCounters {
   int64_t prompts_failed = 0;     // reported by workers as failed
   int64_t units_lost = 0;         // back to the queue from expired leases and vanished workers (no attempt used)
   int64_t units_dropped = 0;      // taken out of the phase by Drop()
+  int64_t leases_reattached = 0;  // kept for a worker that registered again (Reattach)
+  int64_t leases_reserved = 0;    // kept for a restarted coordinator's workers (Reserve)
 };
 
 class LeaseScheduler {
@@ -117,6 +133,20 @@ class LeaseScheduler {
   bool IsQuarantined(const std::string& worker) const;
   // Leases the worker holds.
   std::vector<uint64_t> LeasesOf(const std::string& worker) const;
+
+  // Keeps `lease`'s open units that no lease holds (a lease the store had when the coordinator restarted) under
+  // the same id for the worker named `worker_name`, until one lease timeout from `now`. Returns whether any was.
+  bool Reserve(const std::string& worker_name, const HeldLease& lease, Clock::time_point now);
+  // `worker` (just registered) held `held` before: it keeps a lease that is reserved for its name, that it still
+  // holds, or whose named units are open and unheld, with the prompts of it that are still open; units of a kept
+  // lease it no longer has go back to the queue. Returns the kept leases with their prompts.
+  std::vector<HeldLease> Reattach(const std::string& worker, const std::vector<HeldLease>& held,
+                                  Clock::time_point now);
+  // `worker` is done with its `lease`: the lease's units without a result go back to the queue (no attempt
+  // used). Ignored for a lease the worker does not hold.
+  void Release(const std::string& worker, uint64_t lease);
+  // Leases that ended since the last call (for the lease journal).
+  std::vector<uint64_t> TakeEnded();
 
   // Whether Acquire(worker) would return a lease.
   bool HasWorkFor(const std::string& worker) const;
@@ -196,6 +226,10 @@ class LeaseScheduler {
   std::vector<int64_t> Orphans(uint64_t lease) const;
   uint64_t Issue(const std::string& worker, std::vector<int64_t> units, bool duplicate, Clock::time_point now,
                  LeaseGrant* grant);
+  // Makes `units` lease `id` of `worker`, with a fresh deadline.
+  void Activate(uint64_t id, const std::string& worker, std::vector<int64_t> units, Clock::time_point now);
+  // The units `lease` names that are still open and held by no lease (with `holder`: or held by that lease only).
+  std::vector<int64_t> OpenUnits(const HeldLease& lease, std::optional<uint64_t> holder = std::nullopt) const;
   // Ends an active lease; results on it are still taken (as late results or duplicates).
   void EndLease(uint64_t lease, bool cancel);
   // Ends an active lease whose worker is not coming back for it: its orphaned units go back to the queue.
@@ -209,7 +243,9 @@ class LeaseScheduler {
 
   SchedulerOptions options_;
   std::vector<Unit> units_;
+  std::map<std::tuple<UnitKind, int64_t, std::string, int64_t>, int64_t> index_;  // unit key -> units_ index
   int64_t done_count_ = 0;
+  std::vector<uint64_t> ended_;  // since TakeEnded()
   std::deque<Pending> queue_;
   int64_t queued_units_ = 0;  // units in queue_ (a few may have been finished meanwhile by late results)
   std::map<uint64_t, Active> active_;

@@ -46,6 +46,9 @@ struct StoreOptions {
   int target_schema_version = kStoreSchemaVersion;
   // Called inside CommitGeneration()'s transaction just before COMMIT. Crash tests kill the process there.
   std::function<void()> before_commit;
+  // true: every commit is synced to disk (survives a power loss). false: commits survive a crash of the process
+  // but not of the machine, at a fraction of the cost (the coordinator's lease journal).
+  bool sync_every_commit = true;
 };
 
 // A prompt of a task, as rows of the task's data file.
@@ -175,6 +178,18 @@ struct DroppedPrompt {
   std::string dropped_at;  // ISO 8601, UTC (filled by the store)
 };
 
+// A lease handed to a worker. The coordinator writes them before sending them and removes them when they end,
+// so that a restarted coordinator keeps each unfinished one for its holder.
+struct LeaseRecord {
+  uint64_t id = 0;
+  int64_t generation = 0;
+  std::string worker;  // the holder's name
+  bool reference = false;
+  int64_t candidate = 0;
+  std::string task;
+  std::vector<int64_t> prompts;
+};
+
 struct ReferenceImport {
   int64_t added = 0, unchanged = 0, replaced = 0;
 };
@@ -206,6 +221,13 @@ class Store {
   Status RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& dropped);
   // In (generation, task, prompt) order.
   Result<std::vector<DroppedPrompt>> GetDroppedPrompts(int64_t run_id) const;
+
+  // One transaction: removes `ended`, then writes `issued`. CommitGeneration() removes the generation's leases.
+  Status RecordLeases(int64_t run_id, const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended);
+  Result<std::vector<LeaseRecord>> GetLeases(int64_t run_id, int64_t generation) const;
+  // Increments and returns the run's lease epoch: each coordinator start numbers its leases from epoch << 32, so
+  // that they never collide with the leases an earlier one handed out.
+  Result<int64_t> NextLeaseEpoch(int64_t run_id);
 
   Status CommitGeneration(const GenerationCommit& commit);
   // Summaries, in generation order, without the parameter vectors.
