@@ -59,8 +59,6 @@ struct RunServer::Impl {
   Trainer& trainer;
   PromptCosts costs;
   ServeOptions options;
-  // The lease journal's own connection to the database: written by gRPC threads while the loop writes results.
-  std::unique_ptr<Store> lease_store;
   bool reserved_from_store = false;  // the first phase kept the leases a previous coordinator handed out
   std::atomic<bool> store_requested{false};  // a Flush is posted to the loop
   std::unique_ptr<WorkerService> service;
@@ -131,12 +129,8 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
   config.rope_scaling = spec.model.rope_scaling;
   config.heartbeat_interval_ms = impl->options.heartbeat_interval_ms;
   Impl* m = impl.get();
-  StoreOptions journal_options;
-  journal_options.sync_every_commit = false;  // survives a crash of the coordinator, which is what it is for
-  NAMM_ASSIGN_OR_RETURN(impl->lease_store, Store::Open(store.path(), OpenMode::kExisting, journal_options));
-  NAMM_ASSIGN_OR_RETURN(const int64_t epoch, impl->lease_store->NextLeaseEpoch(trainer.run_id()));
+  NAMM_ASSIGN_OR_RETURN(const int64_t epoch, store.NextLeaseEpoch(trainer.run_id()));
   impl->options.scheduler.first_lease_id = (static_cast<uint64_t>(epoch) << 32) + 1;
-  const int64_t run_id = trainer.run_id();
   ServiceHooks hooks;
   // The last result of a phase advances the run at once rather than at the next tick.
   hooks.phase_done = [m] {
@@ -144,17 +138,14 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
       if (!m->stopping) m->Tick();
     });
   };
-  // Reports wait for their results to be stored: store them now, all that arrived meanwhile in one transaction.
-  hooks.store_results = [m] {
+  // Reports and leases wait to be stored: store them now, all that arrived meanwhile together (group commit).
+  hooks.store_pending = [m] {
     if (m->store_requested.exchange(true)) return;
     boost::asio::post(m->io, [m] {
       m->store_requested = false;
       if (m->stopping) return;
       if (Status s = m->Flush(); !s.ok()) m->Fail(s);
     });
-  };
-  hooks.journal = [m, run_id](const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
-    return m->lease_store->RecordLeases(run_id, issued, ended);
   };
   impl->service = std::make_unique<WorkerService>(config, impl->options.scheduler, std::move(hooks));
 
@@ -325,7 +316,7 @@ Status RunServer::Impl::StartPhase() {
   if (!reserved_from_store) {
     // A restart: what the previous coordinator had handed out stays with its holders for one lease timeout, so
     // that results they finish meanwhile are taken, not computed again.
-    NAMM_ASSIGN_OR_RETURN(std::vector<LeaseRecord> leases, lease_store->GetLeases(trainer.run_id(), plan.generation));
+    NAMM_ASSIGN_OR_RETURN(std::vector<LeaseRecord> leases, store.GetLeases(trainer.run_id(), plan.generation));
     if (const int64_t kept = service->ReserveLeases(leases); kept > 0) {
       spdlog::info("generation {}: {} leases of the previous coordinator kept for their workers", plan.generation, kept);
     }
@@ -347,33 +338,32 @@ Status RunServer::Impl::StartPhase() {
 }
 
 Status RunServer::Impl::Flush() {
-  std::vector<EvaluationRecord> evaluations;
-  std::vector<ReferenceResult> references;
-  const uint64_t sequence = service->TakeResults(&evaluations, &references);
-  if (evaluations.empty() && references.empty()) {
-    service->MarkStored(sequence);
+  PendingWrites w = service->TakePending();
+  if (w.empty()) {
+    service->MarkStored(w.sequence);
     return Status::Ok();
   }
   const auto start = Clock::now();
-  if (!references.empty()) {
+  if (!w.references.empty()) {
     tasks::ReferenceScores scores;
-    for (const ReferenceResult& r : references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
+    for (const ReferenceResult& r : w.references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
     NAMM_RETURN_IF_ERROR(store.ImportReferenceScores(trainer.spec().model.fingerprint, scores,
                                                      "computed by namm workers (full cache)", false)
                              .status());
-    for (const ReferenceResult& r : references) references_stored.insert({r.task, r.prompt});
-    phase_references_stored += static_cast<int64_t>(references.size());
+    for (const ReferenceResult& r : w.references) references_stored.insert({r.task, r.prompt});
+    phase_references_stored += static_cast<int64_t>(w.references.size());
   }
-  if (!evaluations.empty()) {
-    for (const EvaluationRecord& e : evaluations) {
+  if (!w.evaluations.empty()) {
+    for (const EvaluationRecord& e : w.evaluations) {
       cache_sum += e.cache_size_mean;
       ++cache_count;
     }
-    NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
+    NAMM_RETURN_IF_ERROR(trainer.Record(w.evaluations).status());
   }
-  service->MarkStored(sequence);
-  if (metrics) {
-    metrics->ResultsStored(static_cast<int64_t>(evaluations.size() + references.size()),
+  NAMM_RETURN_IF_ERROR(store.RecordLeases(trainer.run_id(), w.leases_issued, w.leases_ended));
+  service->MarkStored(w.sequence);
+  if (metrics && !(w.evaluations.empty() && w.references.empty())) {
+    metrics->ResultsStored(static_cast<int64_t>(w.evaluations.size() + w.references.size()),
                            std::chrono::duration<double>(Clock::now() - start).count());
   }
   return Status::Ok();

@@ -243,6 +243,24 @@ auto Guard(const std::string& path, const std::string& what, F&& body) -> declty
   }
 }
 
+// While alive, commits on `db` are not synced: they survive a crash of the process, not a power loss. In WAL mode
+// the next synced commit makes them durable too.
+class UnsyncedCommits {
+ public:
+  explicit UnsyncedCommits(SQLite::Database& db) : db_(db) { db_.exec("PRAGMA synchronous = NORMAL"); }
+  ~UnsyncedCommits() {
+    try {
+      db_.exec("PRAGMA synchronous = FULL");
+    } catch (const SQLite::Exception&) {  // the connection is unusable anyway; the next call reports it
+    }
+  }
+  UnsyncedCommits(const UnsyncedCommits&) = delete;
+  UnsyncedCommits& operator=(const UnsyncedCommits&) = delete;
+
+ private:
+  SQLite::Database& db_;
+};
+
 // The latest checkpoint's decomposition: (id, optimizer generation it was computed at).
 std::optional<std::pair<int64_t, int64_t>> LatestDecomposition(SQLite::Database& db, int64_t run_id) {
   SQLite::Statement q(db,
@@ -377,9 +395,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
     db->exec("PRAGMA foreign_keys = ON");
     if (mode != OpenMode::kReadOnly) {
       db->exec("PRAGMA journal_mode = WAL");
-      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss. NORMAL (no sync
-      // per commit) still survives a crash of the process.
-      db->exec(options.sync_every_commit ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
+      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss (see Unsynced()).
+      db->exec("PRAGMA synchronous = FULL");
       int version = db->execAndGet("PRAGMA user_version").getInt();
       for (; version < options.target_schema_version; ++version) {
         SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);
@@ -519,6 +536,7 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
     }
   }
   return Guard(path_, "recording evaluations", [&]() -> Result<int64_t> {
+    UnsyncedCommits unsynced(*db_);
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement q(*db_,
                         "INSERT OR IGNORE INTO evaluations(run_id, generation, candidate, task, prompt, score, "
@@ -625,6 +643,7 @@ Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) cons
 Status Store::RecordLeases(int64_t run_id, const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
   if (issued.empty() && ended.empty()) return Status::Ok();
   return Guard(path_, "recording leases", [&]() -> Status {
+    UnsyncedCommits unsynced(*db_);
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement end(*db_, "DELETE FROM leases WHERE run_id = ? AND lease_id = ?");
     for (uint64_t id : ended) {

@@ -93,27 +93,27 @@ std::string CheckResult(const v1::PromptResult& r) {
 WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, ServiceHooks hooks)
     : config_(std::move(config)), hooks_(std::move(hooks)), scheduler_(scheduler) {}
 
-void WorkerService::Journal(const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
-  if (!hooks_.journal || (issued.empty() && ended.empty())) return;
-  if (const Status s = hooks_.journal(issued, ended); !s.ok()) {
-    spdlog::error("lease journal: {} (these leases will not survive a coordinator restart)", s.ToString());
-  }
+bool WorkerService::AwaitStored(std::unique_lock<std::mutex>& lock) {
+  const uint64_t mine = pending_sequence_;
+  if (stored_sequence_ >= mine || !hooks_.store_pending) return true;
+  hooks_.store_pending();
+  stored_.wait_for(lock, std::chrono::seconds(10), [&] { return stored_sequence_ >= mine || end_; });
+  return stored_sequence_ >= mine;
 }
 
 int64_t WorkerService::ReserveLeases(const std::vector<LeaseRecord>& leases) {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t reserved = 0;
-  std::vector<uint64_t> gone;
   for (const LeaseRecord& l : leases) {
     const HeldLease held{l.id, l.reference ? UnitKind::kReference : UnitKind::kCandidate, l.candidate, l.task,
                          l.prompts};
     if (scheduler_.Reserve(l.worker, held, Clock::now())) {
       ++reserved;
     } else {
-      gone.push_back(l.id);
+      pending_.leases_ended.push_back(l.id);
+      ++pending_sequence_;
     }
   }
-  Journal({}, gone);
   return reserved;
 }
 
@@ -161,14 +161,13 @@ void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std
   WakeAll();
 }
 
-uint64_t WorkerService::TakeResults(std::vector<EvaluationRecord>* evaluations,
-                                   std::vector<ReferenceResult>* references) {
+PendingWrites WorkerService::TakePending() {
   std::lock_guard<std::mutex> lock(mu_);
-  evaluations->swap(evaluations_);
-  references->swap(references_);
-  evaluations_.clear();
-  references_.clear();
-  return results_sequence_;
+  for (uint64_t id : scheduler_.TakeEnded()) pending_.leases_ended.push_back(id);
+  PendingWrites out = std::move(pending_);
+  pending_ = PendingWrites();
+  out.sequence = pending_sequence_;
+  return out;
 }
 
 void WorkerService::MarkStored(uint64_t sequence) {
@@ -201,7 +200,6 @@ void WorkerService::ExpireLeases() {
     spdlog::warn("{} lease(s) expired without a heartbeat; their prompts go back to the queue", n);
     WakeAll();
   }
-  Journal({}, scheduler_.TakeEnded());
   // A registration whose stream never came (the worker died in between) must not hold slots.
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (!it->second->streaming && now - it->second->registered > scheduler_.options().lease_timeout) {
@@ -285,7 +283,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
     return Refuse(StatusCode::INVALID_ARGUMENT, "a registration names at most " + std::to_string(kMaxIdsPerCall) +
                                                     " held leases and prompts");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   const std::string id = NewWorkerId();
   auto session = std::make_shared<Session>();
   session->name = name;
@@ -299,7 +297,6 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
       held.push_back({h.lease_id(), h.kind() == v1::Lease::KIND_REFERENCE ? UnitKind::kReference : UnitKind::kCandidate,
                       h.candidate(), h.task(), {h.prompts().begin(), h.prompts().end()}});
     }
-    std::vector<LeaseRecord> journaled;
     for (const HeldLease& k : scheduler_.Reattach(id, held, Clock::now())) {
       v1::HeldLease* kept = response->add_kept_leases();
       kept->set_lease_id(k.id);
@@ -308,11 +305,14 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
       kept->set_candidate(k.candidate);
       kept->set_task(k.task);
       for (int64_t p : k.prompts) kept->add_prompts(p);
-      journaled.push_back({k.id, phase_->generation, name, k.kind == UnitKind::kReference, k.candidate, k.task, k.prompts});
+      pending_.leases_issued.push_back(
+          {k.id, phase_->generation, name, k.kind == UnitKind::kReference, k.candidate, k.task, k.prompts});
+      ++pending_sequence_;
     }
-    Journal(journaled, scheduler_.TakeEnded());
     spdlog::info("worker '{}' re-attached with {} of the {} leases it held", name, response->kept_leases_size(),
                  request->held_leases_size());
+    // Kept leases are journaled before the worker goes on with them.
+    if (!AwaitStored(lock)) return {StatusCode::UNAVAILABLE, "the coordinator could not store the kept leases"};
   }
   response->set_worker_id(id);
   response->set_run_name(config_.run_name);
@@ -328,12 +328,13 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
 void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
   for (uint64_t id : scheduler_.TakeCancelled(worker_id)) batch->add_cancelled_lease_ids(id);
   const Clock::time_point now = Clock::now();
-  std::vector<LeaseRecord> issued;
   while (phase_) {
     std::optional<LeaseGrant> grant = scheduler_.Acquire(worker_id, now);
     if (!grant) break;
-    issued.push_back({grant->id, phase_->generation, session.name, grant->kind == UnitKind::kReference,
-                      grant->candidate, grant->task, grant->prompts});
+    pending_.leases_issued.push_back({grant->id, phase_->generation, session.name,
+                                      grant->kind == UnitKind::kReference, grant->candidate, grant->task,
+                                      grant->prompts});
+    ++pending_sequence_;
     v1::Lease* lease = batch->add_leases();
     lease->set_lease_id(grant->id);
     lease->set_generation(phase_->generation);
@@ -355,7 +356,6 @@ void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1
       p->mutable_values()->Add(values.begin(), values.end());
     }
   }
-  Journal(issued, {});  // before the worker can see them: a restart keeps them for it
 }
 
 grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
@@ -386,6 +386,13 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
         for (uint64_t lease : scheduler_.TakeCancelled(id)) batch.add_cancelled_lease_ids(lease);
       } else {
         FillBatch(id, *session, &batch);
+        // Journaled before the worker can see them: a restarted coordinator keeps them for it. Leases that
+        // could not be stored are not sent; they expire and run elsewhere.
+        if (batch.leases_size() > 0 && !AwaitStored(lock)) {
+          for (const v1::CandidateParameters& p : batch.parameters()) session->params_sent.erase({p.generation(), p.candidate()});
+          batch.clear_leases();
+          batch.clear_parameters();
+        }
       }
     }
     if (batch.leases_size() == 0 && batch.cancelled_lease_ids_size() == 0 && !ended) continue;
@@ -495,7 +502,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     }
     ++accepted;
     if (key.kind == UnitKind::kReference) {
-      references_.push_back({key.task, key.prompt, r.score()});
+      pending_.references.push_back({key.task, key.prompt, r.score()});
       continue;
     }
     EvaluationRecord e;
@@ -511,7 +518,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     e.worker = session->name;
     e.duration_seconds = r.seconds();
     if (r.has_norm_stats()) e.norm_stats = v1::norm_stats_from_proto(r.norm_stats());
-    evaluations_.push_back(std::move(e));
+    pending_.evaluations.push_back(std::move(e));
   }
   for (const v1::PromptFailure& f : request->failures()) {
     const UnitKey key = scheduler_.Check(worker, lease, f.prompt()).value();
@@ -528,7 +535,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
   }
   response->set_accepted(accepted);
   response->set_duplicates(duplicates);
-  if (accepted > 0) ++results_sequence_;
+  if (accepted > 0) ++pending_sequence_;
   if (accepted > 0 && scheduler_.Done()) {
     phase_done_at_ = Clock::now();
     if (hooks_.phase_done) hooks_.phase_done();
@@ -542,14 +549,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     }
   }
   // Answered once its results (and, for duplicates, the results they duplicate) are stored.
-  const uint64_t mine = results_sequence_;
-  if (stored_sequence_ < mine && hooks_.store_results) {
-    hooks_.store_results();
-    if (!stored_.wait_for(lock, std::chrono::seconds(10), [&] { return stored_sequence_ >= mine || end_; }) ||
-        stored_sequence_ < mine) {
-      return {StatusCode::UNAVAILABLE, "the results are not stored yet: send them again"};
-    }
-  }
+  if (!AwaitStored(lock)) return {StatusCode::UNAVAILABLE, "the results are not stored yet: send them again"};
   return grpc::Status::OK;
 }
 

@@ -61,15 +61,27 @@ struct ServiceCounters {
 };
 
 // What the service calls back into the run loop. Called on gRPC threads with the service's lock held: they must
-// only hand off (post to the loop) or be quick.
+// only hand off (post to the loop).
 struct ServiceHooks {
   // The result that completes the phase arrived.
   std::function<void()> phase_done;
-  // Results are waiting for TakeResults(): a worker's report is answered once they are stored (MarkStored).
-  std::function<void()> store_results;
-  // Writes leases handed out (before they are sent) and removes ended ones, so that a restarted coordinator can
-  // keep them for their holders. Empty: no lease survives a restart.
-  std::function<Status(const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended)> journal;
+  // Writes are waiting for TakePending(): reports are answered, and leases sent, once they are stored
+  // (MarkStored). Empty: nothing waits (tests of the service alone).
+  std::function<void()> store_pending;
+};
+
+// What the run loop must store, in one go (TakePending): results, and the lease journal (leases handed out, which
+// a restarted coordinator keeps for their holders, and leases that ended).
+struct PendingWrites {
+  std::vector<EvaluationRecord> evaluations;
+  std::vector<ReferenceResult> references;
+  std::vector<LeaseRecord> leases_issued;
+  std::vector<uint64_t> leases_ended;
+  uint64_t sequence = 0;  // pass to MarkStored() once all of it is stored
+
+  bool empty() const {
+    return evaluations.empty() && references.empty() && leases_issued.empty() && leases_ended.empty();
+  }
 };
 
 class WorkerService final : public v1::Coordinator::Service {
@@ -78,10 +90,11 @@ class WorkerService final : public v1::Coordinator::Service {
 
   // Run loop side.
   void StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units);
-  // Results accepted since the last call; returns a sequence number to pass to MarkStored() once they are stored.
-  uint64_t TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references);
-  // Everything TakeResults() returned up to `sequence` is stored: reports waiting for it are answered. A worker
-  // drops what a report sent only once it is answered, so nothing it finished is lost when the coordinator dies.
+  // What was accepted or handed out since the last call.
+  PendingWrites TakePending();
+  // Everything TakePending() returned up to `sequence` is stored: reports waiting for it are answered and leases
+  // waiting for it are sent. A worker drops what a report sent only once it is answered, and a lease reaches a
+  // worker only once a restarted coordinator would know it: nothing finished is lost when the coordinator dies.
   void MarkStored(uint64_t sequence);
   bool PhaseDone() const;
   // When the phase's last result arrived (its start if it had no units).
@@ -129,8 +142,9 @@ class WorkerService final : public v1::Coordinator::Service {
   std::optional<v1::WorkBatch::End> StreamEnd(const std::string& worker_id) const;
   // Fills `batch` with cancellations and as many leases as the worker has free slots, journaled (mu_ held).
   void FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
-  // Writes to the journal (mu_ held); a failure is logged: the leases then only live in memory.
-  void Journal(const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended);
+  // Waits (mu_ held through `lock`) until what was pending when called is stored; false after 10 s or when the
+  // service ended first.
+  bool AwaitStored(std::unique_lock<std::mutex>& lock);
   void WakeAll();
 
   const ServiceConfig config_;
@@ -142,9 +156,8 @@ class WorkerService final : public v1::Coordinator::Service {
   std::map<std::string, std::shared_ptr<Session>> departed_;  // streams ended in this phase
   std::shared_ptr<const PhaseData> phase_;
   std::optional<v1::WorkBatch::End> end_;
-  std::vector<EvaluationRecord> evaluations_;
-  std::vector<ReferenceResult> references_;
-  uint64_t results_sequence_ = 0;  // reports whose results were queued
+  PendingWrites pending_;
+  uint64_t pending_sequence_ = 0;  // bumped by every addition to pending_
   uint64_t stored_sequence_ = 0;   // of those, stored (MarkStored)
   std::condition_variable stored_;
   std::atomic<int64_t> refused_{0};

@@ -8,7 +8,10 @@
 //
 // Durability: every public call that writes is one transaction, so a crash at any instant leaves either all or
 // none of it. In particular CommitGeneration() writes everything a generation's tell() changes (the generation,
-// its candidates, the new optimizer state, stage progress, metrics) at once.
+// its candidates, the new optimizer state, stage progress, metrics) at once. Transactions are synced to disk
+// (they survive a power loss), except RecordEvaluations() and RecordLeases(), the coordinator's stream of progress:
+// those survive a crash of the process, and a power loss may lose the last of them (results then computed again),
+// never what a later synced transaction (a generation's commit) relies on.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +49,7 @@ struct StoreOptions {
   int target_schema_version = kStoreSchemaVersion;
   // Called inside CommitGeneration()'s transaction just before COMMIT. Crash tests kill the process there.
   std::function<void()> before_commit;
-  // true: every commit is synced to disk (survives a power loss). false: commits survive a crash of the process
-  // but not of the machine, at a fraction of the cost (the coordinator's lease journal).
-  bool sync_every_commit = true;
+
 };
 
 // A prompt of a task, as rows of the task's data file.
