@@ -9,6 +9,12 @@
 //                  with its Prometheus metrics
 //   homogeneous    every worker at speed 1, mean prompt --unit-ms
 //   heterogeneous  one worker in eight at half speed
+//   barrier        --barrier-generations (300) short generations (4 prompts per task, no delay): per generation,
+//                  the time from its last result to the first prompt of the next one (tell, commit, plan, lease
+//                  delivery), including the generations that request or apply a decomposition; bytes the process
+//                  wrote per generation (/proc/self/io) and the database's size at the end
+//   (cmaes.eigen_delay is 200 generations here: a decomposition takes ~9 s at N = 4172 and these generations well
+//   under a second; a real generation takes minutes, and the run spec's default is 8.)
 // For the two timed scenarios, per generation: the makespan (phase start to its last result) against the
 // ideal (total work / total speed) and against the reference's static split computed on the same prompts and
 // durations (world size W > 32: each member on W/32 workers, the sampled prompts split among them); and the
@@ -19,6 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <cstring>
+#include <map>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -45,6 +53,7 @@ struct Flags {
   int generations = 4;
   double unit_ms = 30;
   int prompts_per_lease = 4;
+  int barrier_generations = 300;
   std::string only;  // run one scenario
 };
 
@@ -64,7 +73,24 @@ struct ScenarioResult {
   std::vector<GenerationResult> generations;
   std::vector<double> gaps;  // seconds between consecutive prompts of one worker slot, within a generation
   int64_t duplicates = 0;
+  // Per generation g >= 1 with a successor: its last result to the next generation's first prompt, and what the
+  // optimizer did at its end (requested a decomposition, or applied one before the next generation).
+  std::vector<double> barrier;
+  std::vector<bool> requested, applied;
+  int64_t bytes_written = 0, db_bytes = 0, rss_bytes = 0;
 };
+
+int64_t ProcValue(const char* file, const char* key) {
+  std::FILE* f = std::fopen(file, "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t value = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, key, std::strlen(key)) == 0) value = std::atoll(line + std::strlen(key));
+  }
+  std::fclose(f);
+  return value;
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -83,7 +109,7 @@ std::string SpecYaml(const Flags& f) {
   return "name: coordinator-bench\n"
          "model: {path: /sim, fingerprint: sha256:" + std::string(64, '0') + "}\n"
          "namm: {scorer: bam, hidden: 32, selection: binary}\n"
-         "cmaes: {population: " + std::to_string(f.population) + ", sigma0: 0.065, seed: 1}\n"
+         "cmaes: {population: " + std::to_string(f.population) + ", sigma0: 0.065, seed: 1, eigen_delay: 200}\n"
          "prompts_per_task: " + std::to_string(f.prompts) + "\n"
          "eval_interval: 1000\n"
          "eval_prompts: 4\n"
@@ -127,6 +153,10 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   auto trainer = Trainer::Create(*store, spec, row_counts(costs)).value();
 
   ScenarioResult result;
+  std::map<int64_t, std::chrono::steady_clock::time_point> finished;  // generation -> its last result
+  std::map<int64_t, std::pair<bool, bool>> decomposition;  // generation -> (requested at its end, applied after)
+  int64_t last_eigen_generation = 0;
+  const int64_t bytes_before = ProcValue("/proc/self/io", "write_bytes:");
   ServeOptions options;
   options.listen = "127.0.0.1:0";
   options.token = std::string(32, 'x');
@@ -135,6 +165,12 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   if (s.metrics) options.metrics_listen = "127.0.0.1:0";
   options.progress = [&](const PhaseProgress& p) {
     if (!p.record || p.record->generation == 0) return;  // the statistics phase and the stage-start evaluation
+    finished[p.record->generation] = p.finished;
+    // The state the next generation starts from, its due decomposition applied.
+    const CmaesState& next = trainer->state();
+    decomposition[p.record->generation] = {next.pending_generation == next.generation,
+                                           next.eigen.generation != last_eigen_generation};
+    last_eigen_generation = next.eigen.generation;
     GenerationResult g;
     g.units = p.units;
     g.makespan = p.seconds;
@@ -178,11 +214,31 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
     std::exit(1);
   }
   for (auto& c : clients) result.duplicates += c->stats().duplicates;
+  std::map<int64_t, std::chrono::steady_clock::time_point> first_prompt;
   for (auto& e : executors) {
-    for (const auto& [end, start] : e->timing().gaps) result.gaps.push_back(std::chrono::duration<double>(start - end).count());
+    const sim::SimTiming timing = e->timing();
+    for (const auto& [end, start] : timing.gaps) result.gaps.push_back(std::chrono::duration<double>(start - end).count());
+    for (const auto& [generation, at] : timing.first_prompt) {
+      const auto it = first_prompt.find(generation);
+      if (it == first_prompt.end() || at < it->second) first_prompt[generation] = at;
+    }
   }
+  for (const auto& [generation, at] : finished) {
+    const auto next = first_prompt.find(generation + 1);
+    if (next == first_prompt.end()) continue;
+    result.barrier.push_back(std::chrono::duration<double>(next->second - at).count());
+    result.requested.push_back(decomposition[generation].first);
+    result.applied.push_back(decomposition[generation].second);
+  }
+  result.bytes_written = ProcValue("/proc/self/io", "write_bytes:") - bytes_before;
+  result.rss_bytes = ProcValue("/proc/self/status", "VmHWM:") * 1024;
   server->reset();
   store.reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(db + suffix, ec);
+    if (!ec) result.db_bytes += static_cast<int64_t>(size);
+  }
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
   return result;
 }
@@ -201,6 +257,7 @@ int main(int argc, char** argv) {
     else if (flag == "--generations") f.generations = static_cast<int>(v);
     else if (flag == "--unit-ms") f.unit_ms = v;
     else if (flag == "--prompts-per-lease") f.prompts_per_lease = static_cast<int>(v);
+    else if (flag == "--barrier-generations") f.barrier_generations = static_cast<int>(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -245,6 +302,33 @@ int main(int argc, char** argv) {
                   static_cast<long long>(r.generations.front().units));
     }
     std::printf("metrics on / off: %.3f\n\n", median[1] / median[0]);
+  }
+
+  if (f.only.empty() || f.only == "barrier") {
+    Flags b = f;
+    b.prompts = 4;
+    b.generations = f.barrier_generations;
+    const auto start = std::chrono::steady_clock::now();
+    const ScenarioResult r = RunScenario(b, {"barrier", 0, 0, false}, *costs);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<double> all, requested, applied;
+    for (std::size_t i = 0; i < r.barrier.size(); ++i) {
+      all.push_back(r.barrier[i] * 1000);
+      if (r.requested[i]) requested.push_back(r.barrier[i] * 1000);
+      if (r.applied[i]) applied.push_back(r.barrier[i] * 1000);
+    }
+    const auto max_of = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+    std::printf("barrier over %zu generations (%lld units each, %.0f s): last result -> next generation's first prompt "
+                "median %.1f ms, p99 %.1f ms, max %.1f ms\n",
+                all.size(), static_cast<long long>(r.generations.front().units), seconds, Median(all),
+                Quantile(all, 0.99), max_of(all));
+    std::printf("  generations requesting a decomposition: %zu, barrier max %.1f ms; applying one: %zu, max %.1f ms\n",
+                requested.size(), max_of(requested), applied.size(), max_of(applied));
+    std::printf("  written: %.2f MB per generation (%.1f MB in all, /proc/self/io); database at the end %.1f MB; "
+                "peak RSS %.0f MB\n\n",
+                static_cast<double>(r.bytes_written) / 1e6 / static_cast<double>(b.generations + 1),
+                static_cast<double>(r.bytes_written) / 1e6, static_cast<double>(r.db_bytes) / 1e6,
+                static_cast<double>(r.rss_bytes) / 1e6);
   }
 
   std::printf("%-14s %4s %7s %10s %8s %10s %12s %8s %14s %12s %12s\n", "scenario", "gen", "units", "makespan", "ideal",

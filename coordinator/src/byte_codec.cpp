@@ -12,8 +12,8 @@ constexpr std::size_t kHeaderBytes = kMagicBytes + sizeof(uint32_t);
 constexpr std::size_t kCrcBytes = sizeof(uint32_t);
 }  // namespace
 
-uint32_t crc32_of(std::string_view bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+uint32_t crc32_of(std::string_view bytes, uint32_t before) {
+  uLong crc = before;
   // zlib takes uInt lengths: feed large blobs in pieces.
   constexpr std::size_t kPiece = 1u << 30;
   for (std::size_t at = 0; at < bytes.size(); at += kPiece) {

@@ -17,7 +17,8 @@
 
 namespace namm::coordinator {
 
-uint32_t crc32_of(std::string_view bytes);
+// zlib's CRC-32 of `bytes`; pass the CRC of what came before to continue it.
+uint32_t crc32_of(std::string_view bytes, uint32_t before = 0);
 // The CRC-32 a record carries (of everything before it); 0 for a record too short to carry one. (The CRC of a
 // whole record, CRC included, is the same constant for every record, so it is no checksum.)
 uint32_t record_checksum(std::string_view record);

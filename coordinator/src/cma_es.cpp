@@ -29,36 +29,34 @@ bool Full(const CmaesParams& p) { return p.options.covariance == Covariance::kFu
 
 double EigenvalueScale(double eigenvalue) { return std::sqrt(eigenvalue > 0 ? eigenvalue : 1e-20); }
 
+// The eigensystem of a diagonal covariance: the variances' square roots.
+Eigensystem DiagonalEigensystem(int64_t generation, const std::vector<double>& variances) {
+  Eigensystem eigen;
+  eigen.generation = generation;
+  eigen.scales.resize(variances.size());
+  for (std::size_t i = 0; i < variances.size(); ++i) eigen.scales[i] = EigenvalueScale(variances[i]);
+  return eigen;
+}
+
 // Recomputes state.eigen from state.covariance (at state.generation).
 Status Decompose(const CmaesParams& p, CmaesState& s) {
-  const int64_t n = p.dimension;
-  Eigensystem eigen;
-  eigen.generation = s.generation;
   if (!Full(p)) {
-    eigen.scales.resize(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < eigen.scales.size(); ++i) eigen.scales[i] = EigenvalueScale(s.covariance[i]);
-    s.eigen = std::move(eigen);
+    s.eigen = DiagonalEigensystem(s.generation, s.covariance);
     return Status::Ok();
   }
   std::vector<double> c = s.covariance;
   if (p.options.eigen_schedule == EigenSchedule::kEveryGeneration && s.generation == 0) {
     // The reference's generation-0 jitter: 1e-6 added to every entry of C (only the lower triangle is read).
+    const int64_t n = p.dimension;
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j <= i; ++j) c[static_cast<std::size_t>(i * n + j)] += 1e-6;
     }
   }
-  std::vector<double> eigenvalues;
-  NAMM_RETURN_IF_ERROR(linalg::symmetric_eigen(n, c, &eigenvalues, &eigen.basis));
-  eigen.scales.resize(eigenvalues.size());
-  for (std::size_t i = 0; i < eigenvalues.size(); ++i) eigen.scales[i] = EigenvalueScale(eigenvalues[i]);
-  s.eigen = std::move(eigen);
+  NAMM_ASSIGN_OR_RETURN(s.eigen, decompose(p, s.generation, c));
   return Status::Ok();
 }
 
-bool DecompositionDue(const CmaesParams& p, const CmaesState& s) {
-  if (!Full(p)) return true;  // O(N) for a diagonal covariance
-  return static_cast<double>(s.generation - s.eigen.generation) > p.eigen_gap_generations;
-}
+bool Lazy(const CmaesParams& p) { return Full(p) && p.options.eigen_schedule == EigenSchedule::kLazy; }
 
 }  // namespace
 
@@ -85,6 +83,10 @@ Result<CmaesParams> make_cmaes_params(int64_t dimension, const CmaesOptions& o) 
   if (!(o.c_m > 0) || !std::isfinite(o.c_m)) return Status::InvalidArgument("c_m must be positive and finite");
   if (!(o.eigen_gap_factor >= 0) || !std::isfinite(o.eigen_gap_factor)) {
     return Status::InvalidArgument("the eigendecomposition gap factor must be >= 0");
+  }
+  if (o.eigen_delay < 0 || o.eigen_delay > 100000) {
+    return Status::InvalidArgument("the eigendecomposition delay must be 0 to 100000 generations, got " +
+                                   std::to_string(o.eigen_delay));
   }
   if (o.covariance == Covariance::kFull && dimension > kMaxFullDimension) {
     return Status::InvalidArgument("a full covariance of dimension " + std::to_string(dimension) +
@@ -140,10 +142,56 @@ Result<CmaesParams> make_cmaes_params(int64_t dimension, const CmaesOptions& o) 
 }
 
 bool CmaesState::operator==(const CmaesState& o) const {
+  const bool same_pending = pending_generation == o.pending_generation &&
+                            (pending_covariance == o.pending_covariance ||
+                             (pending_covariance && o.pending_covariance && *pending_covariance == *o.pending_covariance));
   return generation == o.generation && mean == o.mean && sigma == o.sigma && covariance == o.covariance &&
          path_c == o.path_c && path_sigma == o.path_sigma && eigen.generation == o.eigen.generation &&
-         eigen.basis == o.eigen.basis && eigen.scales == o.eigen.scales && best_member == o.best_member &&
-         best_fitness == o.best_fitness && best_generation == o.best_generation;
+         (eigen.basis == o.eigen.basis || (eigen.basis && o.eigen.basis && *eigen.basis == *o.eigen.basis)) &&
+         eigen.scales == o.eigen.scales && same_pending &&
+         best_member == o.best_member && best_fitness == o.best_fitness && best_generation == o.best_generation;
+}
+
+Result<Eigensystem> decompose(const CmaesParams& p, int64_t generation, const std::vector<double>& covariance) {
+  const int64_t n = p.dimension;
+  if (!Full(p)) return DiagonalEigensystem(generation, covariance);
+  Eigensystem eigen;
+  eigen.generation = generation;
+  std::vector<double> eigenvalues, basis;
+  NAMM_RETURN_IF_ERROR(linalg::symmetric_eigen(n, covariance, &eigenvalues, &basis));
+  eigen.basis = std::make_shared<const std::vector<double>>(std::move(basis));
+  eigen.scales.resize(eigenvalues.size());
+  for (std::size_t i = 0; i < eigenvalues.size(); ++i) eigen.scales[i] = EigenvalueScale(eigenvalues[i]);
+  return eigen;
+}
+
+Status refresh_eigensystem(const CmaesParams& p, CmaesState& s) { return Decompose(p, s); }
+
+Eigensystem identity_eigensystem(const CmaesParams& p) {
+  const auto n = static_cast<std::size_t>(p.dimension);
+  Eigensystem eigen;
+  eigen.generation = 0;
+  auto identity = std::make_shared<std::vector<double>>(n * n, 0.0);
+  for (std::size_t i = 0; i < n; ++i) (*identity)[i * n + i] = 1.0;
+  eigen.basis = std::move(identity);
+  eigen.scales.assign(n, 1.0);
+  return eigen;
+}
+
+bool eigen_due(const CmaesParams& p, const CmaesState& s) {
+  return s.pending_generation >= 0 && s.generation >= s.pending_generation + p.options.eigen_delay;
+}
+
+Status apply_eigensystem(CmaesState& s, Eigensystem eigen) {
+  if (s.pending_generation < 0 || eigen.generation != s.pending_generation) {
+    return Status::FailedPrecondition("an eigensystem of generation " + std::to_string(eigen.generation) +
+                                      " does not match the requested decomposition (" +
+                                      std::to_string(s.pending_generation) + ")");
+  }
+  s.eigen = std::move(eigen);
+  s.pending_generation = -1;
+  s.pending_covariance.reset();
+  return Status::Ok();
 }
 
 Result<CmaesState> initial_cmaes_state(const CmaesParams& p, const std::vector<double>& initial_mean) {
@@ -163,12 +211,8 @@ Result<CmaesState> initial_cmaes_state(const CmaesParams& p, const std::vector<d
   s.path_c.assign(n, 0.0);
   s.path_sigma.assign(n, 0.0);
   s.best_member = initial_mean;
-  if (Full(p) && p.options.eigen_schedule == EigenSchedule::kLazy) {
-    // C = I: its eigensystem is exact without LAPACK.
-    s.eigen.generation = 0;
-    s.eigen.basis.assign(n * n, 0.0);
-    for (std::size_t i = 0; i < n; ++i) s.eigen.basis[i * n + i] = 1.0;
-    s.eigen.scales.assign(n, 1.0);
+  if (Lazy(p)) {
+    s.eigen = identity_eigensystem(p);
   } else {
     NAMM_RETURN_IF_ERROR(Decompose(p, s));
   }
@@ -198,7 +242,7 @@ Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw) {
   if (Full(p)) {
     pop.y.assign(scaled.size(), 0.0);
     // y_k = B (D z_k): with the eigenvectors as rows of E, Y = (Z D) E.
-    linalg::matmul(lambda, n, n, 1.0, scaled.data(), false, s.eigen.basis.data(), false, 0.0, pop.y.data());
+    linalg::matmul(lambda, n, n, 1.0, scaled.data(), false, s.eigen.basis->data(), false, 0.0, pop.y.data());
   } else {
     pop.y = std::move(scaled);
   }
@@ -250,7 +294,7 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
   for (int64_t r = 0; r < lambda; ++r) std::copy(y_of(r), y_of(r) + n, sorted_y.begin() + r * n);
   std::vector<double> whitened(sorted_y.size());
   if (Full(p)) {
-    linalg::matmul(lambda, n, n, 1.0, sorted_y.data(), false, s.eigen.basis.data(), true, 0.0, whitened.data());
+    linalg::matmul(lambda, n, n, 1.0, sorted_y.data(), false, s.eigen.basis->data(), true, 0.0, whitened.data());
     for (int64_t r = 0; r < lambda; ++r) {
       for (std::size_t j = 0; j < N; ++j) whitened[static_cast<std::size_t>(r) * N + j] /= s.eigen.scales[j];
     }
@@ -265,7 +309,7 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
   }
   std::vector<double> inv_sqrt_y_w(N);
   if (Full(p)) {
-    linalg::matmul(1, n, n, 1.0, whitened_w.data(), false, s.eigen.basis.data(), false, 0.0, inv_sqrt_y_w.data());
+    linalg::matmul(1, n, n, 1.0, whitened_w.data(), false, s.eigen.basis->data(), false, 0.0, inv_sqrt_y_w.data());
   } else {
     inv_sqrt_y_w = whitened_w;
   }
@@ -327,7 +371,16 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
     s.best_generation = pop.generation;
   }
   s.generation = g;
-  if (DecompositionDue(p, s)) return Decompose(p, s);
+  if (!Lazy(p)) return Decompose(p, s);
+  // One request at a time, gap generations after the last.
+  if (s.pending_generation < 0 && static_cast<double>(g - s.eigen.generation) > p.eigen_gap_generations) {
+    s.pending_generation = g;
+    s.pending_covariance = std::make_shared<const std::vector<double>>(s.covariance);
+  }
+  if (p.options.eigen_delay == 0 && s.pending_generation >= 0) {  // else the caller applies it when due
+    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(p, s.pending_generation, *s.pending_covariance));
+    return apply_eigensystem(s, std::move(eigen));
+  }
   return Status::Ok();
 }
 

@@ -75,11 +75,17 @@ Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammA
   return arch->Validate().WithContext(where);
 }
 
+// A run's decompositions overlap the 8 generations after their request (a generation of LLM evaluations takes
+// far longer than the 9 s a decomposition takes at N = 4172); the library's default is 0.
+constexpr int64_t kRunEigenDelay = 8;
+
 Status ParseCmaes(const YAML::Node& node, const std::string& where, CmaesOptions* o) {
+  o->eigen_delay = kRunEigenDelay;
   if (!node) return Status::Ok();
   MapReader r(node, where);
-  NAMM_RETURN_IF_ERROR(
-      r.Check({"population", "elite_ratio", "sigma0", "c_m", "seed", "eigen", "eigen_gap_factor", "covariance"}));
+  NAMM_RETURN_IF_ERROR(r.Check({"population", "elite_ratio", "sigma0", "c_m", "seed", "eigen", "eigen_gap_factor",
+                                "eigen_delay", "covariance"}));
+  NAMM_RETURN_IF_ERROR(r.Get("eigen_delay", &o->eigen_delay));
   NAMM_RETURN_IF_ERROR(r.Get("population", &o->population));
   NAMM_RETURN_IF_ERROR(r.Get("elite_ratio", &o->elite_ratio));
   NAMM_RETURN_IF_ERROR(r.Get("sigma0", &o->sigma0));

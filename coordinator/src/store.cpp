@@ -162,6 +162,40 @@ CREATE TABLE leases(
   PRIMARY KEY(run_id, lease_id)
 );
 ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+-- Snapshots: the complete optimizer state (covariance included, eigensystem not: a function of the covariance of
+-- eigen_source) that starts run generation `generation` of stage `stage`. With the generations' tell log they
+-- rebuild any later state.
+CREATE TABLE snapshots(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  stage INTEGER NOT NULL CHECK(stage >= 0),
+  generation INTEGER NOT NULL CHECK(generation >= 0),
+  eigen_source INTEGER,
+  eigen_checksum INTEGER,
+  state BLOB NOT NULL,
+  checksum INTEGER NOT NULL,
+  created_at TEXT NOT NULL
+);
+-- Checkpoints become light (every vector, no covariance): decomposition_id is kept for rows of older builds.
+CREATE TABLE checkpoints_v3(
+  id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+  role TEXT NOT NULL CHECK(role IN ('latest', 'stage_best')),
+  stage INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  eval_fitness REAL,
+  state BLOB NOT NULL,
+  checksum INTEGER NOT NULL,
+  decomposition_id INTEGER REFERENCES decompositions(id),
+  norm_stats BLOB,
+  created_at TEXT NOT NULL
+);
+INSERT INTO checkpoints_v3 SELECT id, run_id, role, stage, generation, eval_fitness, state, checksum,
+  decomposition_id, norm_stats, created_at FROM checkpoints;
+DROP TABLE checkpoints;
+ALTER TABLE checkpoints_v3 RENAME TO checkpoints;
+CREATE UNIQUE INDEX one_latest_checkpoint ON checkpoints(run_id) WHERE role = 'latest';
+CREATE UNIQUE INDEX one_best_checkpoint_per_stage ON checkpoints(run_id, stage) WHERE role = 'stage_best';
 )sql",
 };
 static_assert(std::size(kMigrations) == kStoreSchemaVersion);
@@ -261,55 +295,55 @@ class UnsyncedCommits {
   SQLite::Database& db_;
 };
 
-// The latest checkpoint's decomposition: (id, optimizer generation it was computed at).
-std::optional<std::pair<int64_t, int64_t>> LatestDecomposition(SQLite::Database& db, int64_t run_id) {
-  SQLite::Statement q(db,
-                      "SELECT d.id, d.cmaes_generation FROM checkpoints c JOIN decompositions d "
-                      "ON d.id = c.decomposition_id WHERE c.run_id = ? AND c.role = 'latest'");
-  q.bind(1, run_id);
-  if (!q.executeStep()) return std::nullopt;
-  return std::make_pair(q.getColumn(0).getInt64(), q.getColumn(1).getInt64());
-}
-
-// Writes `state` as the run's latest checkpoint, reusing the stored decomposition when the state still samples
-// with it (a state only ever rewinds by copying a checkpoint row, so equal optimizer generations mean the same
-// eigensystem).
+// Writes `state` (light: without its covariance) as the run's latest checkpoint.
 void WriteLatest(SQLite::Database& db, int64_t run_id, int64_t stage, int64_t generation, const CmaesState& state,
                  const std::optional<NormStats>& norm) {
-  int64_t decomposition_id = 0;
-  const auto previous = LatestDecomposition(db, run_id);
-  if (previous && previous->second == state.eigen.generation) {
-    decomposition_id = previous->first;
-  } else {
-    const std::string record = encode_eigensystem(state.eigen);
-    SQLite::Statement insert(db, "INSERT INTO decompositions(run_id, cmaes_generation, record) VALUES(?, ?, ?)");
-    insert.bind(1, run_id);
-    insert.bind(2, state.eigen.generation);
-    BindBlob(insert, 3, record);
-    insert.exec();
-    decomposition_id = db.getLastInsertRowid();
-  }
-  const std::string record = encode_cmaes_state(state);
+  const std::string record = encode_cmaes_state(state, /*with_covariance=*/false);
   SQLite::Statement drop(db, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'latest'");
   drop.bind(1, run_id);
   drop.exec();
   SQLite::Statement insert(db,
                            "INSERT INTO checkpoints(run_id, role, stage, generation, eval_fitness, state, checksum, "
-                           "decomposition_id, norm_stats, created_at) VALUES(?, 'latest', ?, ?, NULL, ?, ?, ?, ?, ?)");
+                           "decomposition_id, norm_stats, created_at) VALUES(?, 'latest', ?, ?, NULL, ?, ?, NULL, ?, ?)");
   insert.bind(1, run_id);
   insert.bind(2, stage);
   insert.bind(3, generation);
   BindBlob(insert, 4, record);
   insert.bind(5, static_cast<int64_t>(record_checksum(record)));
-  insert.bind(6, decomposition_id);
   const std::string norm_record = norm ? encode_norm_stats(*norm) : std::string();
   if (norm) {
-    BindBlob(insert, 7, norm_record);
+    BindBlob(insert, 6, norm_record);
   } else {
-    insert.bind(7);
+    insert.bind(6);
   }
-  insert.bind(8, NowUtc());
+  insert.bind(7, NowUtc());
   insert.exec();
+}
+
+int64_t WriteSnapshot(SQLite::Database& db, int64_t run_id, const NewSnapshot& snapshot) {
+  const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
+  SQLite::Statement insert(db,
+                           "INSERT INTO snapshots(run_id, stage, generation, eigen_source, state, checksum, created_at) "
+                           "VALUES(?, ?, ?, ?, ?, ?, ?)");
+  insert.bind(1, run_id);
+  insert.bind(2, snapshot.stage);
+  insert.bind(3, snapshot.generation);
+  if (snapshot.eigen_source) {
+    insert.bind(4, *snapshot.eigen_source);
+  } else {
+    insert.bind(4);
+  }
+  BindBlob(insert, 5, record);
+  insert.bind(6, static_cast<int64_t>(record_checksum(record)));
+  insert.bind(7, NowUtc());
+  insert.exec();
+  const int64_t id = db.getLastInsertRowid();
+  if (snapshot.eigen_from_self) {
+    SQLite::Statement self(db, "UPDATE snapshots SET eigen_source = id WHERE id = ?");
+    self.bind(1, id);
+    self.exec();
+  }
+  return id;
 }
 
 void DropUnreferencedDecompositions(SQLite::Database& db, int64_t run_id) {
@@ -397,6 +431,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
       db->exec("PRAGMA journal_mode = WAL");
       // FULL: a commit is durable once CommitGeneration() returns, even across a power loss (see Unsynced()).
       db->exec("PRAGMA synchronous = FULL");
+      // A snapshot passes through the WAL; do not keep a WAL of its size around afterwards.
+      db->exec("PRAGMA journal_size_limit = 67108864");
       int version = db->execAndGet("PRAGMA user_version").getInt();
       for (; version < options.target_schema_version; ++version) {
         SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);
@@ -437,6 +473,9 @@ Result<int64_t> Store::CreateRun(const NewRun& run) {
       stage.exec();
     }
     WriteLatest(*db_, id, 0, 0, *run.initial_state, std::nullopt);
+    NewSnapshot initial;
+    initial.state = run.initial_state;
+    WriteSnapshot(*db_, id, initial);
     tx.commit();
     return id;
   });
@@ -710,9 +749,10 @@ Result<int64_t> Store::NextLeaseEpoch(int64_t run_id) {
   });
 }
 
-Status Store::CommitGeneration(const GenerationCommit& c) {
+Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
   const GenerationRecord& g = c.generation;
-  if (c.next_state == nullptr && !c.stage_ends) return Status::InvalidArgument("a commit needs the next state");
+  if (c.next_state == nullptr) return Status::InvalidArgument("a commit needs the next state");
+  if (c.snapshot && c.snapshot->state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
   NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(c.run_id));
   if (run.status != "running") return Status::FailedPrecondition("run " + std::to_string(c.run_id) + " is finished");
   if (g.generation != run.generation || g.stage != run.stage) {
@@ -721,7 +761,9 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
                                       "; refusing a commit of generation " + std::to_string(g.generation) +
                                       " of stage " + std::to_string(g.stage));
   }
-  return Guard(path_, "committing generation " + std::to_string(g.generation), [&]() -> Status {
+  return Guard(path_, "committing generation " + std::to_string(g.generation), [&]() -> Result<int64_t> {
+    int64_t snapshot_id = 0;
+    bool dropped_snapshots = false;
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement gen(*db_,
                           "INSERT INTO generations(run_id, generation, stage, cmaes_generation, draw, sigma, "
@@ -775,8 +817,6 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
       best.bind(3, c.run_id);
       best.bind(4, g.stage);
       best.exec();
-    }
-    if (c.new_stage_best) {
       // The generation's start state (the current latest checkpoint) is the state whose mean was evaluated.
       SQLite::Statement drop(*db_, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'stage_best' AND stage = ?");
       drop.bind(1, c.run_id);
@@ -800,49 +840,28 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
     start.exec();
 
     const int64_t next_generation = g.generation + 1;
-    int64_t next_stage = g.stage;
-    std::string status = "running";
     if (c.stage_ends) {
       SQLite::Statement end(*db_, "UPDATE stages SET end_generation = ? WHERE run_id = ? AND stage = ?");
       end.bind(1, next_generation);
       end.bind(2, c.run_id);
       end.bind(3, g.stage);
       end.exec();
-      if (c.next_stage) {
-        next_stage = *c.next_stage;
-      } else {
-        status = "finished";
-      }
-      // Hand-over (spec §7.3): the next stage continues from this stage's best checkpoint, or from where the
-      // stage ended if no evaluation was eligible. After the last stage, the latest checkpoint is the final state.
-      SQLite::Statement has_best(*db_, "SELECT count(*) FROM checkpoints WHERE run_id = ? AND role = 'stage_best' "
-                                       "AND stage = ?");
-      has_best.bind(1, c.run_id);
-      has_best.bind(2, g.stage);
-      has_best.executeStep();
-      if (c.next_stage && has_best.getColumn(0).getInt() > 0) {
-        SQLite::Statement drop(*db_, "DELETE FROM checkpoints WHERE run_id = ? AND role = 'latest'");
-        drop.bind(1, c.run_id);
-        drop.exec();
-        SQLite::Statement copy(*db_,
-                               "INSERT INTO checkpoints(run_id, role, stage, generation, eval_fitness, state, "
-                               "checksum, decomposition_id, norm_stats, created_at) SELECT run_id, 'latest', ?, ?, "
-                               "NULL, state, checksum, decomposition_id, norm_stats, ? FROM checkpoints "
-                               "WHERE run_id = ? AND role = 'stage_best' AND stage = ?");
-        copy.bind(1, next_stage);
-        copy.bind(2, next_generation);
-        copy.bind(3, NowUtc());
-        copy.bind(4, c.run_id);
-        copy.bind(5, g.stage);
-        copy.exec();
-      } else if (c.next_state != nullptr) {
-        WriteLatest(*db_, c.run_id, next_stage, next_generation, *c.next_state, run.norm_stats);
-      } else {
-        return Status::InvalidArgument("stage " + std::to_string(g.stage) +
-                                       " has no best checkpoint and the commit no next state");
-      }
-    } else {
-      WriteLatest(*db_, c.run_id, next_stage, next_generation, *c.next_state, run.norm_stats);
+    }
+    WriteLatest(*db_, c.run_id, c.next_stage, next_generation, *c.next_state, run.norm_stats);
+    if (c.snapshot) snapshot_id = WriteSnapshot(*db_, c.run_id, *c.snapshot);
+    if (c.eigen_applied) {
+      SQLite::Statement applied(*db_, "UPDATE snapshots SET eigen_checksum = ? WHERE run_id = ? AND id = ?");
+      applied.bind(1, static_cast<int64_t>(c.eigen_applied->second));
+      applied.bind(2, c.run_id);
+      applied.bind(3, c.eigen_applied->first);
+      applied.exec();
+    }
+    if (c.keep_snapshots) {
+      std::string keep = std::to_string(snapshot_id);
+      for (int64_t id : *c.keep_snapshots) keep += "," + std::to_string(id);
+      SQLite::Statement forget(*db_, "DELETE FROM snapshots WHERE run_id = ? AND id NOT IN (" + keep + ")");
+      forget.bind(1, c.run_id);
+      dropped_snapshots = forget.exec() > 0;
     }
     DropUnreferencedDecompositions(*db_, c.run_id);
 
@@ -852,9 +871,9 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
     leases.exec();
 
     SQLite::Statement progress(*db_, "UPDATE runs SET stage = ?, generation = ?, status = ? WHERE id = ?");
-    progress.bind(1, next_stage);
+    progress.bind(1, c.next_stage);
     progress.bind(2, next_generation);
-    progress.bind(3, status);
+    progress.bind(3, c.finished ? "finished" : "running");
     progress.bind(4, c.run_id);
     progress.exec();
 
@@ -870,7 +889,9 @@ Status Store::CommitGeneration(const GenerationCommit& c) {
     }
     if (options_.before_commit) options_.before_commit();
     tx.commit();
-    return Status::Ok();
+    // A snapshot went through the WAL: copy it into the database now and give the WAL's space back.
+    if (c.snapshot || dropped_snapshots) db_->exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    return snapshot_id;
   });
 }
 
@@ -954,8 +975,8 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
   return Guard(path_, "reading " + what, [&]() -> Result<CheckpointRecord> {
     SQLite::Statement q(*db_,
                         "SELECT c.stage, c.generation, c.eval_fitness, c.state, c.checksum, c.norm_stats, "
-                        "c.created_at, d.record FROM checkpoints c JOIN decompositions d ON d.id = c.decomposition_id "
-                        "WHERE c.run_id = ? AND c.role = ? AND (c.role = 'latest' OR c.stage = ?)");
+                        "c.created_at, d.record FROM checkpoints c LEFT JOIN decompositions d ON d.id = "
+                        "c.decomposition_id WHERE c.run_id = ? AND c.role = ? AND (c.role = 'latest' OR c.stage = ?)");
     q.bind(1, run_id);
     q.bind(2, role);
     q.bind(3, stage);
@@ -968,9 +989,13 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
     const std::string_view state = BlobOf(q.getColumn(3));
     c.checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
     if (record_checksum(state) != c.checksum) return Status::Corruption(what + " does not match its stored checksum");
-    NAMM_ASSIGN_OR_RETURN(c.state, decode_cmaes_state(state, params, what));
+    bool has_covariance = false;
+    NAMM_ASSIGN_OR_RETURN(c.state, decode_cmaes_state(state, params, what, &has_covariance));
     NAMM_ASSIGN_OR_RETURN(c.norm_stats, NormStatsOf(q.getColumn(5), what + " (normalization statistics)"));
     c.created_at = q.getColumn(6).getString();
+    if (!has_covariance) return c;  // light
+    // An older build's complete checkpoint, with its stored eigensystem.
+    if (q.getColumn(7).isNull()) return Status::Corruption(what + " holds a covariance but no eigensystem");
     NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decode_eigensystem(BlobOf(q.getColumn(7)), params, what + " (eigensystem)"));
     if (eigen.generation != c.state.eigen.generation) {
       return Status::Corruption(what + " refers to the eigensystem of generation " +
@@ -999,6 +1024,62 @@ Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) con
       out.push_back(std::move(c));
     }
     return out;
+  });
+}
+
+Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
+  return Guard(path_, "listing snapshots", [&]() -> Result<std::vector<SnapshotRecord>> {
+    SQLite::Statement q(*db_, "SELECT id, stage, generation, eigen_source, eigen_checksum, length(state) FROM "
+                              "snapshots WHERE run_id = ? ORDER BY stage, generation, id");
+    q.bind(1, run_id);
+    std::vector<SnapshotRecord> out;
+    while (q.executeStep()) {
+      SnapshotRecord r;
+      r.id = q.getColumn(0).getInt64();
+      r.stage = q.getColumn(1).getInt64();
+      r.generation = q.getColumn(2).getInt64();
+      r.eigen_source = OptionalInt(q.getColumn(3));
+      if (!q.getColumn(4).isNull()) r.eigen_checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
+      r.bytes = q.getColumn(5).getInt64();
+      out.push_back(std::move(r));
+    }
+    return out;
+  });
+}
+
+Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const {
+  const std::string what = "snapshot " + std::to_string(id) + " of run " + std::to_string(run_id);
+  return Guard(path_, "reading " + what, [&]() -> Result<SnapshotRecord> {
+    SQLite::Statement q(*db_, "SELECT stage, generation, eigen_source, eigen_checksum, state, checksum FROM "
+                              "snapshots WHERE run_id = ? AND id = ?");
+    q.bind(1, run_id);
+    q.bind(2, id);
+    if (!q.executeStep()) return Status::NotFound(what + " does not exist");
+    SnapshotRecord r;
+    r.id = id;
+    r.stage = q.getColumn(0).getInt64();
+    r.generation = q.getColumn(1).getInt64();
+    r.eigen_source = OptionalInt(q.getColumn(2));
+    if (!q.getColumn(3).isNull()) r.eigen_checksum = static_cast<uint32_t>(q.getColumn(3).getInt64());
+    const std::string_view state = BlobOf(q.getColumn(4));
+    r.bytes = static_cast<int64_t>(state.size());
+    if (record_checksum(state) != static_cast<uint32_t>(q.getColumn(5).getInt64())) {
+      return Status::Corruption(what + " does not match its stored checksum");
+    }
+    bool has_covariance = false;
+    NAMM_ASSIGN_OR_RETURN(r.state, decode_cmaes_state(state, params, what, &has_covariance));
+    if (!has_covariance) return Status::Corruption(what + " has no covariance");
+    return r;
+  });
+}
+
+Result<int64_t> Store::AddSnapshot(int64_t run_id, const NewSnapshot& snapshot) {
+  if (snapshot.state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
+  return Guard(path_, "writing a snapshot", [&]() -> Result<int64_t> {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    const int64_t id = WriteSnapshot(*db_, run_id, snapshot);
+    tx.commit();
+    return id;
   });
 }
 

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <set>
 #include <tuple>
 
+#include "namm/coordinator/checkpoint_codec.h"
 #include "namm/coordinator/prompt_sampler.h"
 
 namespace namm::coordinator {
@@ -82,7 +84,25 @@ double MeanCacheSize(const std::vector<EvaluationRecord>& evaluations, bool of_m
   return count > 0 ? sum / static_cast<double>(count) : std::nan("");
 }
 
+// Generations between snapshots when decompositions are not requested (kEveryGeneration): a resume replays at
+// most this many tells, each with its decomposition.
+constexpr int64_t kEveryGenerationSnapshotInterval = 25;
+
+bool LazyFull(const CmaesParams& p) {
+  return p.options.covariance == Covariance::kFull && p.options.eigen_schedule == EigenSchedule::kLazy;
+}
+
+// Whether two states agree on everything a light checkpoint holds.
+bool SameLight(const CmaesState& a, const CmaesState& b) {
+  return a.generation == b.generation && a.mean == b.mean && a.sigma == b.sigma && a.path_c == b.path_c &&
+         a.path_sigma == b.path_sigma && a.eigen.generation == b.eigen.generation &&
+         a.pending_generation == b.pending_generation && a.best_member == b.best_member &&
+         a.best_fitness == b.best_fitness && a.best_generation == b.best_generation;
+}
+
 }  // namespace
+
+Trainer::~Trainer() = default;  // waits for a background decomposition
 
 bool WorkUnit::operator<(const WorkUnit& o) const {
   return std::tie(candidate, task, prompt) < std::tie(o.candidate, o.task, o.prompt);
@@ -137,10 +157,41 @@ Status Trainer::Load() {
                               std::to_string(run.generation) + " but its latest checkpoint starts generation " +
                               std::to_string(latest.generation));
   }
-  state_ = std::move(latest.state);
   generation_ = run.generation;
   finished_ = run.status == "finished";
   norm_stats_ = run.norm_stats;
+  NAMM_ASSIGN_OR_RETURN(snapshots_, store_.ListSnapshots(run_id_));
+  stage_best_.reset();
+  eigen_applied_.reset();
+  if (!latest.state.covariance.empty()) {
+    // An older build's run: its latest checkpoint is complete. Continue from it with the eigensystem of its own
+    // covariance (the stored one came from an earlier covariance that was not kept), as a new snapshot.
+    state_ = std::move(latest.state);
+    state_.pending_generation = -1;
+    state_.pending_covariance.reset();
+    NAMM_RETURN_IF_ERROR(refresh_eigensystem(params_, state_));
+    NewSnapshot converted;
+    converted.stage = run.stage;
+    converted.generation = run.generation;
+    converted.eigen_from_self = true;
+    converted.state = &state_;
+    NAMM_ASSIGN_OR_RETURN(const int64_t id, store_.AddSnapshot(run_id_, converted));
+    NAMM_ASSIGN_OR_RETURN(snapshots_, store_.ListSnapshots(run_id_));
+    eigen_source_ = id;
+    pending_source_ = -1;
+  } else if (!finished_) {
+    NAMM_ASSIGN_OR_RETURN(Rebuilt rebuilt, Rebuild(run.stage, run.generation));
+    if (!SameLight(rebuilt.state, latest.state)) {
+      return Status::Corruption("run " + std::to_string(run_id_) + ": the optimizer state rebuilt for generation " +
+                                std::to_string(run.generation) + " from its snapshot and tell log differs from the "
+                                "stored checkpoint (was the run written with another BLAS, or on another CPU?)");
+    }
+    state_ = std::move(rebuilt.state);
+    eigen_source_ = rebuilt.eigen_source;
+    pending_source_ = rebuilt.pending_source;
+  } else {
+    state_ = std::move(latest.state);  // a finished run: the light state is all anyone reads
+  }
   NAMM_ASSIGN_OR_RETURN(std::vector<DroppedPrompt> dropped, store_.GetDroppedPrompts(run_id_));
   drops_ = DropCounts{static_cast<int64_t>(dropped.size()), 0};
   const int64_t planned_through = finished_ ? generation_ - 1 : generation_;
@@ -151,6 +202,149 @@ Status Trainer::Load() {
     if (d.generation == generation_) plan_.dropped.emplace(d.task, d.prompt);
   }
   return Status::Ok();
+}
+
+Result<std::vector<Trainer::Segment>> Trainer::PathTo(int64_t stage, int64_t generation) const {
+  NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store_.GetStages(run_id_));
+  std::vector<Segment> path;
+  for (int64_t k = stage, r = generation;; --k) {
+    path.insert(path.begin(), Segment{k, schedule_.first_generation(k), r});
+    if (k == 0) break;
+    // Stage k started from stage k - 1's best start state, or from where stage k - 1 ended.
+    const StageRecord& previous = stages.at(static_cast<std::size_t>(k - 1));
+    r = previous.best_eval_generation ? *previous.best_eval_generation : schedule_.first_generation(k);
+  }
+  return path;
+}
+
+Result<std::size_t> Trainer::BaseOf(const std::vector<Segment>& path) const {
+  for (auto seg = path.rbegin(); seg != path.rend(); ++seg) {
+    std::optional<std::size_t> best;
+    for (std::size_t i = 0; i < snapshots_.size(); ++i) {
+      const SnapshotRecord& snap = snapshots_[i];
+      if (snap.stage != seg->stage || snap.generation < seg->first || snap.generation > seg->last) continue;
+      if (!best || snap.generation >= snapshots_[*best].generation) best = i;
+    }
+    if (best) return *best;
+  }
+  return Status::Corruption("run " + std::to_string(run_id_) + " has no snapshot to rebuild its optimizer state from");
+}
+
+Result<Trainer::Rebuilt> Trainer::Rebuild(int64_t stage, int64_t generation) const {
+  NAMM_ASSIGN_OR_RETURN(std::vector<Segment> path, PathTo(stage, generation));
+  NAMM_ASSIGN_OR_RETURN(const std::size_t base_index, BaseOf(path));
+  const SnapshotRecord& listed = snapshots_[base_index];
+  NAMM_ASSIGN_OR_RETURN(SnapshotRecord base, store_.GetSnapshot(run_id_, listed.id, params_));
+  Rebuilt out;
+  out.state = std::move(base.state);
+  out.pending_source = out.state.pending_generation >= 0 ? base.id : -1;
+  // The eigensystem, from the covariance it came from.
+  const auto check = [&](const Eigensystem& eigen, const SnapshotRecord& source) -> Status {
+    if (source.eigen_checksum && eigensystem_checksum(eigen) != *source.eigen_checksum) {
+      return Status::Corruption("the eigensystem recomputed from snapshot " + std::to_string(source.id) + " of run " +
+                                std::to_string(run_id_) + " differs from the one the run used (another BLAS or CPU?)");
+    }
+    return Status::Ok();
+  };
+  if (base.eigen_source && *base.eigen_source == base.id) {
+    NAMM_RETURN_IF_ERROR(refresh_eigensystem(params_, out.state));
+    out.eigen_source = base.id;
+  } else if (base.eigen_source) {
+    NAMM_ASSIGN_OR_RETURN(SnapshotRecord source, store_.GetSnapshot(run_id_, *base.eigen_source, params_));
+    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params_, source.state.generation, source.state.covariance));
+    NAMM_RETURN_IF_ERROR(check(eigen, source));
+    out.state.eigen = std::move(eigen);
+    out.eigen_source = source.id;
+  } else if (LazyFull(params_)) {
+    out.state.eigen = identity_eigensystem(params_);  // the initial C = I
+  } else {
+    NAMM_RETURN_IF_ERROR(refresh_eigensystem(params_, out.state));
+  }
+  if (out.state.eigen.generation != base.state.eigen.generation) {
+    return Status::Corruption("snapshot " + std::to_string(base.id) + " of run " + std::to_string(run_id_) +
+                              " names an eigensystem of generation " + std::to_string(base.state.eigen.generation) +
+                              " but its source holds generation " + std::to_string(out.state.eigen.generation));
+  }
+
+  // Replay the tell log from the base along the path.
+  NAMM_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store_.GetGenerations(run_id_));
+  const auto listed_snapshot = [&](const std::function<bool(const SnapshotRecord&)>& which,
+                                   const std::string& what) -> Result<const SnapshotRecord*> {
+    for (const SnapshotRecord& snap : snapshots_) {
+      if (which(snap)) return &snap;
+    }
+    return Status::Corruption("run " + std::to_string(run_id_) + " has no snapshot of " + what);
+  };
+  std::size_t segment = 0;
+  while (path[segment].stage != base.stage || base.generation < path[segment].first ||
+         base.generation > path[segment].last) {
+    ++segment;
+  }
+  for (int64_t t = base.generation;;) {
+    const Segment& seg = path[segment];
+    if (t == seg.last) {
+      if (segment + 1 == path.size()) break;
+      ++segment;  // a hand-over: the state goes on unchanged
+      t = path[segment].first;
+      continue;
+    }
+    if (eigen_due(params_, out.state)) {
+      NAMM_ASSIGN_OR_RETURN(const SnapshotRecord* source,
+                            listed_snapshot([&](const SnapshotRecord& r) { return r.id == out.pending_source; },
+                                            "the covariance of a requested decomposition"));
+      NAMM_ASSIGN_OR_RETURN(Eigensystem eigen,
+                            decompose(params_, out.state.pending_generation, *out.state.pending_covariance));
+      NAMM_RETURN_IF_ERROR(check(eigen, *source));
+      NAMM_RETURN_IF_ERROR(apply_eigensystem(out.state, std::move(eigen)));
+      out.eigen_source = out.pending_source;
+      out.pending_source = -1;
+    }
+    const auto record = std::find_if(generations.begin(), generations.end(),
+                                     [&](const GenerationRecord& g) { return g.generation == t; });
+    if (record == generations.end() || record->cmaes_generation != out.state.generation) {
+      return Status::Corruption("run " + std::to_string(run_id_) + " has no consistent record of generation " +
+                                std::to_string(t) + " to replay");
+    }
+    NAMM_ASSIGN_OR_RETURN(std::vector<CandidateRecord> candidates, store_.GetCandidates(run_id_, t));
+    std::vector<double> fitness;
+    for (const CandidateRecord& c : candidates) fitness.push_back(c.fitness);
+    const CmaesState before_tell = out.state;
+    const Population population = ask(params_, out.state, record->draw);
+    NAMM_RETURN_IF_ERROR(tell(params_, out.state, population, fitness).WithContext("replaying generation " +
+                                                                                   std::to_string(t)));
+    ++t;
+    if (LazyFull(params_) && SnapshotDue(before_tell, out.state)) {
+      NAMM_ASSIGN_OR_RETURN(const SnapshotRecord* requested,
+                            listed_snapshot([&](const SnapshotRecord& r) { return r.stage == seg.stage && r.generation == t; },
+                                            "generation " + std::to_string(t) + " (a decomposition was requested)"));
+      if (out.state.pending_generation >= 0) {
+        out.pending_source = requested->id;
+      } else {
+        out.eigen_source = requested->id;  // eigen_delay 0: applied by tell()
+      }
+    }
+  }
+  return out;
+}
+
+bool Trainer::SnapshotDue(const CmaesState& before, const CmaesState& after) const {
+  if (params_.options.covariance == Covariance::kDiagonal) return true;  // O(N)
+  if (!LazyFull(params_)) return after.generation % kEveryGenerationSnapshotInterval == 0;
+  // A decomposition was requested (and, with eigen_delay 0, applied) by this tell().
+  return (after.pending_generation >= 0 && after.pending_generation != before.pending_generation) ||
+         after.eigen.generation != before.eigen.generation;
+}
+
+Result<std::vector<int64_t>> Trainer::SnapshotsNeeded(const std::vector<std::pair<int64_t, int64_t>>& positions) const {
+  std::set<int64_t> needed;
+  for (const auto& [stage, generation] : positions) {
+    NAMM_ASSIGN_OR_RETURN(std::vector<Segment> path, PathTo(stage, generation));
+    NAMM_ASSIGN_OR_RETURN(const std::size_t base, BaseOf(path));
+    needed.insert(snapshots_[base].id);
+    if (snapshots_[base].eigen_source) needed.insert(*snapshots_[base].eigen_source);
+  }
+  needed.erase(0);  // a snapshot not written yet
+  return std::vector<int64_t>(needed.begin(), needed.end());
 }
 
 int64_t Trainer::PlannedPrompts(int64_t generation) const {
@@ -173,6 +367,27 @@ int64_t Trainer::PlannedPrompts(int64_t generation) const {
 }
 
 Status Trainer::MakePlan() {
+  // A requested decomposition: computed in the background from the moment it was requested, applied when due.
+  if (state_.pending_generation >= 0 && eigen_job_generation_ != state_.pending_generation) {
+    eigen_job_generation_ = state_.pending_generation;
+    eigen_job_ = std::async(std::launch::async, [params = params_, generation = state_.pending_generation,
+                                                 covariance = state_.pending_covariance]()
+                                                    -> Result<std::pair<Eigensystem, uint32_t>> {
+      NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params, generation, *covariance));
+      const uint32_t checksum = eigensystem_checksum(eigen);
+      return std::make_pair(std::move(eigen), checksum);
+    });
+  }
+  if (eigen_due(params_, state_)) {
+    Result<std::pair<Eigensystem, uint32_t>> done = eigen_job_.get();
+    eigen_job_generation_ = -1;
+    if (!done.ok()) return done.status().WithContext("the decomposition of generation " +
+                                                     std::to_string(state_.pending_generation));
+    NAMM_RETURN_IF_ERROR(apply_eigensystem(state_, std::move(done->first)));
+    if (pending_source_ >= 0) eigen_applied_ = std::make_pair(pending_source_, done->second);
+    eigen_source_ = pending_source_;
+    pending_source_ = -1;
+  }
   GenerationPlan p;
   p.generation = generation_;
   p.schedule = schedule_.At(generation_);
@@ -337,7 +552,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     g.eval_tasks = TaskScores(*f);
   }
 
-  CmaesState next = state_;
+  CmaesState next = state_;  // the covariance copied, the eigensystem shared
   const auto start = std::chrono::steady_clock::now();
   NAMM_RETURN_IF_ERROR(tell(params_, next, p.population, fitness));
   g.tell_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -361,10 +576,44 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   const StageRecord& stage = stages[static_cast<std::size_t>(g.stage)];
   c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
                      (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
-  c.next_state = &next;
+  // This generation's start state is the stage's best: keep it (its covariance copied; the rest is shared).
+  if (c.new_stage_best) stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
   c.stage_ends = p.schedule.stage_end;
-  if (c.stage_ends && g.stage + 1 < schedule_.stages()) c.next_stage = g.stage + 1;
+  const bool has_next_stage = g.stage + 1 < schedule_.stages();
+  c.finished = c.stage_ends && !has_next_stage;
+  c.next_stage = c.stage_ends && has_next_stage ? g.stage + 1 : g.stage;
 
+  // A snapshot of the state after tell(), when a decomposition was requested (see SnapshotDue).
+  Rebuilt after{std::move(next), eigen_source_, pending_source_};
+  const bool snapshot = !c.finished && SnapshotDue(state_, after.state);
+  if (snapshot) {
+    NewSnapshot n;
+    n.stage = g.stage;
+    n.generation = generation_ + 1;
+    n.state = &after.state;
+    n.eigen_from_self = !LazyFull(params_) || after.state.pending_generation < 0;  // eigen_delay 0: applied
+    if (!n.eigen_from_self && eigen_source_ >= 0) n.eigen_source = eigen_source_;
+    c.snapshot = n;
+    SnapshotRecord listed;  // id 0 until the commit writes it
+    listed.stage = n.stage;
+    listed.generation = n.generation;
+    listed.eigen_source = n.eigen_from_self ? std::optional<int64_t>(0) : n.eigen_source;
+    snapshots_.push_back(std::move(listed));
+  }
+  // The hand-over (spec §7.3): the next stage continues from this stage's best start state, or from where the
+  // stage ended if no evaluation was eligible.
+  const bool hand_over = c.stage_ends && has_next_stage && (stage.best_eval_fitness || c.new_stage_best);
+  Rebuilt continued;
+  if (hand_over) {
+    if (!stage_best_) {  // a resumed run: rebuild it
+      NAMM_ASSIGN_OR_RETURN(stage_best_, Rebuild(g.stage, c.new_stage_best ? generation_ : *stage.best_eval_generation));
+    }
+    continued = std::move(*stage_best_);
+  } else {
+    continued = after;
+  }
+  c.next_state = &continued.state;
+  c.eigen_applied = eigen_applied_;
   c.metrics = {{"fitness_best", g.fitness_best},   {"fitness_mean", g.fitness_mean},
                {"fitness_std", g.fitness_std},     {"fitness_worst", g.fitness_worst},
                {"sigma", next.sigma},              {"eigen_min", g.eigen_min},
@@ -380,8 +629,49 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
       c.metrics["eval_normalized/" + task] = s.normalized;
     }
   }
+  // Snapshots no rebuild will need any more: what the next generation starts from, and the hand-over to come.
+  // (Positions in this stage: PathTo() reads the stored stage bests, final for earlier stages only.)
+  {
+    std::vector<std::pair<int64_t, int64_t>> positions;
+    const bool has_best = stage.best_eval_fitness || c.new_stage_best;
+    const int64_t best_generation = c.new_stage_best ? generation_ : stage.best_eval_generation.value_or(-1);
+    if (!hand_over && !c.finished) positions.emplace_back(g.stage, generation_ + 1);
+    if (has_best && !c.finished && (hand_over || !c.stage_ends)) positions.emplace_back(g.stage, best_generation);
+    NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> keep, SnapshotsNeeded(positions));
+    c.keep_snapshots = std::move(keep);
+  }
+
   const auto commit_start = std::chrono::steady_clock::now();
-  NAMM_RETURN_IF_ERROR(store_.CommitGeneration(c));
+  const Result<int64_t> committed = store_.CommitGeneration(c);
+  if (!committed.ok()) {
+    // Nothing changed in the store: forget the snapshot planned with it.
+    if (snapshot) snapshots_.pop_back();
+    return committed.status();
+  }
+  eigen_applied_.reset();
+  // The store kept the new snapshot (its id now known) and those asked for.
+  for (SnapshotRecord& r : snapshots_) {
+    if (r.id == 0) {
+      r.id = *committed;
+      if (r.eigen_source && *r.eigen_source == 0) r.eigen_source = r.id;
+    }
+  }
+  const std::vector<int64_t>& kept = *c.keep_snapshots;
+  snapshots_.erase(std::remove_if(snapshots_.begin(), snapshots_.end(),
+                                  [&](const SnapshotRecord& r) {
+                                    return r.id != *committed &&
+                                           std::find(kept.begin(), kept.end(), r.id) == kept.end();
+                                  }),
+                   snapshots_.end());
+  if (snapshot) {
+    // The state after tell() refers to the new snapshot for what it requested.
+    if (c.snapshot->eigen_from_self) {
+      after.eigen_source = *committed;
+    } else {
+      after.pending_source = *committed;
+    }
+    if (!hand_over) continued = after;
+  }
 
   AdvanceSummary summary;
   summary.generation = generation_;
@@ -389,12 +679,13 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   summary.record = g;
   summary.metrics = c.metrics;
   summary.stage_ended = c.stage_ends;
-  if (c.stage_ends) {
-    // The hand-over happened in the store: continue from what it wrote.
-    NAMM_RETURN_IF_ERROR(Load());
-  } else {
-    state_ = std::move(next);
-    ++generation_;
+  ++generation_;
+  if (c.stage_ends) stage_best_.reset();
+  state_ = std::move(continued.state);
+  eigen_source_ = continued.eigen_source;
+  pending_source_ = continued.pending_source;
+  finished_ = c.finished;
+  if (!finished_) {
     NAMM_RETURN_IF_ERROR(MakePlan());
     drops_.planned += PlannedPrompts(generation_);
   }

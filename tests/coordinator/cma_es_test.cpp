@@ -143,7 +143,7 @@ TEST(Cmaes, OneGenerationMatchesTheFormulasOfTheSpec) {
     for (int64_t j = 0; j < n; ++j) {
       double c = 0;
       for (int64_t k = 0; k < n; ++k) {
-        c += before.eigen.basis[static_cast<std::size_t>(k * n + i)] * before.eigen.basis[static_cast<std::size_t>(k * n + j)] *
+        c += (*before.eigen.basis)[static_cast<std::size_t>(k * n + i)] * (*before.eigen.basis)[static_cast<std::size_t>(k * n + j)] *
              before.eigen.scales[static_cast<std::size_t>(k)] * before.eigen.scales[static_cast<std::size_t>(k)];
       }
       EXPECT_NEAR(c, C[i][j], 1e-12);
@@ -153,8 +153,8 @@ TEST(Cmaes, OneGenerationMatchesTheFormulasOfTheSpec) {
     std::vector<double> out(n, 0.0);
     for (int64_t k = 0; k < n; ++k) {
       double dot = 0;
-      for (int64_t i = 0; i < n; ++i) dot += before.eigen.basis[static_cast<std::size_t>(k * n + i)] * v[i];
-      for (int64_t i = 0; i < n; ++i) out[i] += before.eigen.basis[static_cast<std::size_t>(k * n + i)] * dot / before.eigen.scales[static_cast<std::size_t>(k)];
+      for (int64_t i = 0; i < n; ++i) dot += (*before.eigen.basis)[static_cast<std::size_t>(k * n + i)] * v[i];
+      for (int64_t i = 0; i < n; ++i) out[i] += (*before.eigen.basis)[static_cast<std::size_t>(k * n + i)] * dot / before.eigen.scales[static_cast<std::size_t>(k)];
     }
     return out;
   };
@@ -247,6 +247,42 @@ TEST(Cmaes, LazyScheduleDecomposesOnlyAfterTheGap) {
   const auto gap = static_cast<int64_t>(std::floor(p->eigen_gap_generations)) + 1;  // first integer gap > the rule's
   for (std::size_t i = 1; i < decomposed_at.size(); ++i) EXPECT_EQ(decomposed_at[i] - decomposed_at[i - 1], gap);
   EXPECT_GT(gap, 1);
+}
+
+// A delayed decomposition: requested on the lazy rhythm, computed by the caller from the kept covariance, and
+// applied eigen_delay generations later: exactly the eigensystem of C at the request.
+TEST(Cmaes, DelayedDecompositionsApplyTheRequestedCovariancesEigensystemLater) {
+  const int64_t n = 60;
+  CmaesOptions o = DefaultOptions(n, 0.5);
+  o.eigen_delay = 3;
+  auto p = make_cmaes_params(n, o);
+  auto s = initial_cmaes_state(*p, std::vector<double>(n, 1.0));
+  int applied = 0;
+  for (int g = 0; g < 40; ++g) {
+    if (eigen_due(*p, *s)) {
+      EXPECT_EQ(s->generation, s->pending_generation + 3);
+      auto eigen = decompose(*p, s->pending_generation, *s->pending_covariance);
+      ASSERT_TRUE(eigen.ok());
+      const Eigensystem expected = *eigen;
+      Eigensystem wrong = expected;
+      wrong.generation = s->pending_generation + 1;
+      EXPECT_FALSE(apply_eigensystem(*s, wrong).ok()) << "another generation's eigensystem is refused";
+      ASSERT_TRUE(apply_eigensystem(*s, std::move(*eigen)).ok());
+      EXPECT_EQ(s->pending_generation, -1);
+      EXPECT_EQ(*s->eigen.basis, *expected.basis);
+      ++applied;
+    }
+    const Population pop = ask(*p, *s, static_cast<uint64_t>(g));
+    std::vector<double> fit;
+    for (int64_t k = 0; k < pop.size; ++k) fit.push_back(-Ellipsoid(pop.candidate(k), n));
+    const int64_t pending = s->pending_generation;
+    ASSERT_TRUE(tell(*p, *s, pop, fit).ok());
+    if (pending < 0 && s->pending_generation >= 0) {
+      EXPECT_EQ(s->pending_generation, s->generation);
+      EXPECT_EQ(*s->pending_covariance, s->covariance) << "the request keeps C as it was";
+    }
+  }
+  EXPECT_GE(applied, 2);
 }
 
 TEST(Cmaes, RefusesNonFiniteFitnessAndForeignPopulationsWithoutChangingState) {

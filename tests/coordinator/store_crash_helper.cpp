@@ -1,6 +1,6 @@
 // A separate process for the crash tests: runs (or resumes) the synthetic training run in a database, and with
 // --pause-in-commit G stops inside generation G's commit transaction, announces it on stdout and waits to be
-// killed. --long runs 70 generations instead of 5.
+// killed. --long runs 70 generations instead of 5, decomposing every few (snapshots, rebuilds on resume).
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   auto runs = (*store)->ListRuns();
   namm::Result<std::unique_ptr<Trainer>> t = namm::Status::Internal("unset");
   if (runs.ok() && runs->empty()) {
-    const RunSpec spec = parse_run_spec(long_run ? testing::SyntheticSpecYaml("synthetic", 40, 30) : testing::SyntheticSpecYaml(), "spec").value();
+    const RunSpec spec = parse_run_spec(long_run ? testing::SyntheticSpecYaml("synthetic", 40, 30, testing::kFrequentDecompositions) : testing::SyntheticSpecYaml(), "spec").value();
     auto imported = (*store)->ImportReferenceScores(
         "synthetic-model", testing::SyntheticReference(spec.architecture.param_count()), "test", false);
     if (!imported.ok()) return 1;

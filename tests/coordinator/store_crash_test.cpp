@@ -36,7 +36,7 @@ CmaesState UninterruptedFinalState(bool long_run, const CmaesParams** params_out
   if (!trainer) {
     store = Store::Open(FreshDatabasePath(long_run ? "crash_reference_long.db" : "crash_reference.db"), OpenMode::kCreate).value();
     const RunSpec spec =
-        parse_run_spec(long_run ? testing::SyntheticSpecYaml("synthetic", 40, 30) : testing::SyntheticSpecYaml(), "spec")
+        parse_run_spec(long_run ? testing::SyntheticSpecYaml("synthetic", 40, 30, testing::kFrequentDecompositions) : testing::SyntheticSpecYaml(), "spec")
             .value();
     EXPECT_TRUE(store->ImportReferenceScores("synthetic-model", testing::SyntheticReference(spec.architecture.param_count()),
                                              "test", false).ok());

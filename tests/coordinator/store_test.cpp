@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "../temp_path.h"
+#include "byte_codec.h"
 #include "namm/coordinator/checkpoint_codec.h"
 #include "namm/file_util.h"
 
@@ -92,7 +93,24 @@ TEST(Store, MigratesAnOlderSchemaForwardKeepingItsData) {
     auto store = Store::Open(path, OpenMode::kCreate, v1);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     EXPECT_EQ((*store)->schema_version(), 1);
-    ASSERT_TRUE((*store)->CreateRun(OneStageRun(s)).ok());
+  }
+  {
+    // A run as builds of schema 1 wrote it: a complete latest checkpoint (covariance included) sampling with a
+    // stored eigensystem.
+    SQLite::Database db(path, SQLite::OPEN_READWRITE);
+    db.exec("INSERT INTO runs(id, name, created_at, spec_yaml, dimension, model_fingerprint, status, stage, "
+            "generation) VALUES(1, 'r', '2026-01-01T00:00:00Z', 'name: r', 9, 'm', 'running', 0, 0)");
+    db.exec("INSERT INTO stages(run_id, stage, tasks, generations) VALUES(1, 0, '[\"t/a\"]', 3)");
+    const std::string eigen = encode_eigensystem(s.eigen), state = encode_cmaes_state(s);
+    SQLite::Statement d(db, "INSERT INTO decompositions(id, run_id, cmaes_generation, record) VALUES(1, 1, ?, ?)");
+    d.bind(1, s.eigen.generation);
+    d.bindNoCopy(2, eigen.data(), static_cast<int>(eigen.size()));
+    d.exec();
+    SQLite::Statement c(db, "INSERT INTO checkpoints(run_id, role, stage, generation, state, checksum, "
+                            "decomposition_id, created_at) VALUES(1, 'latest', 0, 0, ?, ?, 1, 'now')");
+    c.bindNoCopy(1, state.data(), static_cast<int>(state.size()));
+    c.bind(2, static_cast<int64_t>(record_checksum(state)));
+    c.exec();
   }
   auto ro = Store::Open(path, OpenMode::kReadOnly);
   ASSERT_FALSE(ro.ok());
@@ -108,6 +126,7 @@ TEST(Store, MigratesAnOlderSchemaForwardKeepingItsData) {
   ASSERT_TRUE(latest.ok()) << latest.status().ToString();
   EXPECT_TRUE(latest->state == s);
   EXPECT_TRUE((*store)->GetMetrics(1, 0).ok());  // the table migration 2 added
+  EXPECT_TRUE((*store)->ListSnapshots(1)->empty());  // and migration 3
 }
 
 TEST(Store, RefusesNewerForeignAndNonDatabasesWithoutTouchingThem) {

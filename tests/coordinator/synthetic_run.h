@@ -15,13 +15,16 @@
 
 namespace namm::coordinator::testing {
 
-// Two stages on two made-up tasks with an MLP NAMM (676 parameters), small enough for unit tests.
-inline std::string SyntheticSpecYaml(const std::string& name = "synthetic", int stage0 = 3, int stage1 = 2) {
+// Two stages on two made-up tasks with an MLP NAMM (676 parameters), small enough for unit tests. At N = 676 the
+// lazy schedule decomposes every ~110 generations; kFrequentDecompositions makes it every ~4, delayed by 2.
+constexpr const char* kFrequentDecompositions = ", eigen_gap_factor: 0.02, eigen_delay: 2";
+inline std::string SyntheticSpecYaml(const std::string& name = "synthetic", int stage0 = 3, int stage1 = 2,
+                                     const std::string& cmaes_extra = "") {
   return "name: " + name +
          "\n"
          "model: {path: /nowhere/model.bin, fingerprint: synthetic-model}\n"
          "namm: {scorer: mlp, selection: binary}\n"
-         "cmaes: {population: 8, sigma0: 0.065, seed: 7}\n"
+         "cmaes: {population: 8, sigma0: 0.065, seed: 7" + cmaes_extra + "}\n"
          "prompts_per_task: 4\n"
          "eval_interval: 2\n"
          "eval_prompts: 6\n"

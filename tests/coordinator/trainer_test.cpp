@@ -147,7 +147,12 @@ TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
   ASSERT_TRUE(best.ok()) << best.status().ToString();
   EXPECT_EQ(best->generation, 2);
   EXPECT_EQ(*best->eval_fitness, *generations[2].eval_fitness);
-  EXPECT_TRUE(best->state == starts[2]);
+  // The stored checkpoint is light (no covariance); the hand-over continued from the complete state.
+  EXPECT_TRUE(best->state.covariance.empty());
+  EXPECT_EQ(best->state.mean, starts[2].mean);
+  EXPECT_EQ(best->state.sigma, starts[2].sigma);
+  EXPECT_EQ(best->state.path_c, starts[2].path_c);
+  EXPECT_EQ(best->state.generation, starts[2].generation);
   EXPECT_TRUE(starts[3] == starts[2]);
   EXPECT_EQ(generations[3].cmaes_generation, 2);
   EXPECT_EQ(generations[3].draw, 3u);
@@ -198,6 +203,41 @@ TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("t/a"), std::string::npos) << st.status().message();
   EXPECT_EQ(store->GetRun(t->run_id())->generation, 0);
+}
+
+// With decompositions every few generations, delayed or not: every stop (after any advance, and mid-generation)
+// resumes by rebuilding the complete state from a snapshot and the tell log, bit for bit; storage stays bounded.
+TEST(Trainer, ResumingAnywhereRebuildsTheCompleteStateFromSnapshotsAndTheTellLog) {
+  for (const std::string delay : {"0", "2"}) {
+    const std::string yaml =
+        SyntheticSpecYaml("rebuild", 12, 10, ", eigen_gap_factor: 0.02, eigen_delay: " + delay);
+    SyntheticRun straight = StartSyntheticRun(FreshDatabasePath("rebuild_straight.db"), yaml);
+    std::vector<CmaesState> starts;  // the complete state each phase starts from
+    while (!straight.trainer->finished()) {
+      starts.push_back(straight.trainer->state());
+      ASSERT_TRUE(DriveRun(*straight.trainer, 1).ok());
+    }
+    const auto snapshots = *straight.store->ListSnapshots(1);
+    EXPECT_TRUE(snapshots.empty()) << "a finished run needs none";
+    // Stop after every phase, resume in a new trainer (a new process would do the same), and compare.
+    const std::string db = FreshDatabasePath("rebuild_resumed.db");
+    { StartSyntheticRun(db, yaml); }
+    std::size_t requests = 0;
+    for (std::size_t phase = 0; phase < starts.size(); ++phase) {
+      auto store = Store::Open(db, OpenMode::kExisting).value();
+      auto resumed = Trainer::Resume(*store, 1, SyntheticTaskRows());
+      ASSERT_TRUE(resumed.ok()) << "phase " << phase << ": " << resumed.status().ToString();
+      EXPECT_TRUE((*resumed)->state() == starts[phase]) << "delay " << delay << ", phase " << phase;
+      const auto listed = *store->ListSnapshots(1);
+      EXPECT_LE(listed.size(), 4u) << "old snapshots are deleted";
+      requests = std::max(requests, listed.size());
+      ASSERT_TRUE(DriveRun(**resumed, 1).ok());
+    }
+    EXPECT_GE(requests, 2u) << "decompositions were requested and snapshotted";
+    const CmaesParams& p = straight.trainer->params();
+    auto store = Store::Open(db, OpenMode::kExisting).value();
+    EXPECT_TRUE(store->GetCheckpoint(1, "latest", 0, p)->state == straight.store->GetCheckpoint(1, "latest", 0, p)->state);
+  }
 }
 
 // Stopping anywhere (between any two calls) and resuming from the database gives the same run, bit for bit.

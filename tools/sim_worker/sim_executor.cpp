@@ -118,6 +118,7 @@ Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& le
     timing_.gaps.emplace_back(last.end, start);
   }
   last = {lease.id, lease.generation, end};
+  if (!lease.reference && !lease.collect_norm_stats) timing_.first_prompt.emplace(lease.generation, start);
   if (record_) {
     std::fprintf(record_.get(), "%lld %lld %s %lld %s\n", static_cast<long long>(lease.generation),
                  static_cast<long long>(lease.candidate), lease.task.c_str(), static_cast<long long>(prompt),

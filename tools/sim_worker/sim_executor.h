@@ -47,6 +47,8 @@ struct SimTiming {
   // Per slot, from the end of a lease's last prompt to the start of the next lease of the same generation: the
   // report's round trip and the next lease's arrival.
   std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> gaps;
+  // When the first prompt of each generation (of candidates, not collecting statistics) started.
+  std::map<int64_t, std::chrono::steady_clock::time_point> first_prompt;
 };
 
 class SimExecutor final : public worker::LeaseExecutor {

@@ -11,6 +11,11 @@
 //    gap_factor / (N (c_1 + c_mu)) generations have passed since the last one, which keeps a generation at
 //    O(lambda N^2). kEveryGeneration decomposes every generation and adds the reference's 1e-6 jitter to every
 //    entry of C at generation 0, for parity runs.
+//  - A lazy decomposition may also be delayed (eigen_delay > 0): tell() then only requests it, keeping C as it
+//    was; the caller decomposes that copy whenever it likes (decompose(), e.g. on another thread) and applies
+//    the result when the state reaches the request's generation + eigen_delay (eigen_due(), apply_eigensystem()).
+//    Which eigensystem samples which generation is fixed by the schedule, not by timing, so runs stay
+//    reproducible while a 9 s decomposition (N = 4172) overlaps the generations that follow it.
 //  - Samples come from Philox keyed by (seed, draw index), so the population of a generation is a pure function
 //    of the state and the draw index (the reference draws from a stateful torch generator).
 //  - The separable variant (Covariance::kDiagonal, Ros & Hansen 2008) keeps only the diagonal of C, with the
@@ -19,6 +24,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +52,9 @@ struct CmaesOptions {
   // Lazy gap in units of 1 / (N (c_1 + c_mu)) generations. 0.5 is pycma/purecma's choice (the decomposition then
   // costs about as much as the generations it serves); cmaes.m uses 0.1.
   double eigen_gap_factor = 0.5;
+  // Lazy schedule, full covariance: generations from requesting a decomposition to applying it (0: tell()
+  // decomposes at once).
+  int64_t eigen_delay = 0;
   Covariance covariance = Covariance::kFull;
 };
 
@@ -76,8 +85,9 @@ Result<CmaesParams> make_cmaes_params(int64_t dimension, const CmaesOptions& opt
 // The sampling distribution's eigendecomposition C = B diag(D^2) B^T, computed from C at `generation`.
 struct Eigensystem {
   int64_t generation = -1;
-  // kFull: N x N row-major, row k = the k-th unit eigenvector (B transposed). kDiagonal: empty (B = I).
-  std::vector<double> basis;
+  // kFull: N x N row-major, row k = the k-th unit eigenvector (B transposed); immutable once computed, so that
+  // copies of a state share it. kDiagonal: none (B = I).
+  std::shared_ptr<const std::vector<double>> basis;
   std::vector<double> scales;  // D: square roots of the eigenvalues (non-positive eigenvalues become 1e-20 first)
 };
 
@@ -91,6 +101,10 @@ struct CmaesState {
   std::vector<double> path_c;        // p_c
   std::vector<double> path_sigma;    // p_sigma
   Eigensystem eigen;                 // what ask() samples with and tell() whitens with
+  // A requested decomposition (eigen_delay > 0): C as it was at optimizer generation pending_generation (-1:
+  // none), shared, not copied, by whoever decomposes it.
+  int64_t pending_generation = -1;
+  std::shared_ptr<const std::vector<double>> pending_covariance;
   std::vector<double> best_member;   // best candidate seen by tell()
   double best_fitness = -std::numeric_limits<double>::infinity();
   int64_t best_generation = -1;      // the g of the tell() that saw it
@@ -113,15 +127,28 @@ struct Population {
   const double* candidate(int64_t k) const { return x.data() + k * dimension; }
 };
 
+// The eigensystem of the covariance `covariance` (laid out as CmaesState::covariance) of optimizer generation
+// `generation`. A pure function: safe on any thread.
+Result<Eigensystem> decompose(const CmaesParams& params, int64_t generation, const std::vector<double>& covariance);
+// Recomputes state.eigen from the state's own covariance, as tell() does outside the lazy schedule (with the
+// reference's generation-0 jitter under kEveryGeneration).
+Status refresh_eigensystem(const CmaesParams& params, CmaesState& state);
+// The eigensystem of C = I at generation 0 under the lazy schedule: exact, without LAPACK.
+Eigensystem identity_eigensystem(const CmaesParams& params);
+// Whether the requested decomposition must be applied before the next ask().
+bool eigen_due(const CmaesParams& params, const CmaesState& state);
+// Applies the eigensystem of the pending covariance (refused for another generation's).
+Status apply_eigensystem(CmaesState& state, Eigensystem eigen);
+
 // Samples generation `state.generation`'s population from noise block `draw` (a pure function of params,
-// state and draw). The reference's run keys its draws by generation; a caller that rewinds the state (the stage
+// state and draw); a due decomposition must have been applied first. The reference's run keys its draws by generation; a caller that rewinds the state (the stage
 // hand-over restores an earlier checkpoint) passes a fresh draw index so that no noise is reused.
 Population ask(const CmaesParams& params, const CmaesState& state, uint64_t draw);
 
 // Updates the state with the fitness of each candidate of `population` (higher is better; ties keep candidate
 // order). Refuses a population sampled from another generation, a wrong number of values, and any non-finite
 // fitness (naming the candidate), leaving the state untouched. Ends with the eigendecomposition the schedule
-// calls for, so that the next ask() is cheap.
+// calls for (or, delayed, its request), so that the next ask() is cheap.
 Status tell(const CmaesParams& params, CmaesState& state, const Population& population,
             const std::vector<double>& fitness);
 

@@ -124,16 +124,41 @@ struct GenerationRecord {
   std::vector<double> best_params;  // the generation's best candidate
 };
 
-// A checkpoint: the optimizer state a generation starts from, plus the frozen normalization statistics.
+// A checkpoint: the optimizer state a generation starts from, light (every vector, not the covariance, not the
+// eigensystem: see SnapshotRecord), plus the frozen normalization statistics. The latest one, and each stage's
+// best, are what status and export read; the trainer rebuilds the complete state from snapshots.
 struct CheckpointRecord {
   std::string role;          // "latest" | "stage_best"
   int64_t stage = 0;
   int64_t generation = 0;    // the run generation that starts from this state
   std::optional<double> eval_fitness;
-  CmaesState state;          // complete, eigensystem included
+  CmaesState state;          // light: covariance and eigensystem empty (complete in an older build's rows)
   std::optional<NormStats> norm_stats;
   uint32_t checksum = 0;     // the CRC-32 the state record carries (also checked on load)
   std::string created_at;
+};
+
+// A snapshot: the complete optimizer state, covariance included, that starts run generation `generation` of stage
+// `stage` (a generation that ends a stage is followed by two states: the stage's own, and the next stage's start
+// after the hand-over). The eigensystem is not stored (139 MB at N = 4172): it is a function of the covariance of
+// snapshot `eigen_source` (none: the initial identity). Written when a decomposition is requested (and at the
+// run's start); with the tell log (each generation's draw and fitness) they rebuild any later state.
+struct SnapshotRecord {
+  int64_t id = 0;
+  int64_t stage = 0;
+  int64_t generation = 0;
+  std::optional<int64_t> eigen_source;
+  std::optional<uint32_t> eigen_checksum;  // CRC of the eigensystem of this snapshot's covariance, once computed
+  int64_t bytes = 0;                       // of the stored record
+  CmaesState state;                        // GetSnapshot() only; eigensystem empty but for its generation
+};
+
+struct NewSnapshot {
+  int64_t stage = 0;
+  int64_t generation = 0;
+  std::optional<int64_t> eigen_source;
+  bool eigen_from_self = false;       // the state's eigensystem is that of its own covariance (overrides the above)
+  const CmaesState* state = nullptr;  // complete, covariance included
 };
 
 struct NewRun {
@@ -141,10 +166,11 @@ struct NewRun {
   std::string spec_yaml;
   std::string model_fingerprint;
   std::vector<StageRecord> stages;  // stage numbers 0.., tasks and planned generations
-  const CmaesState* initial_state = nullptr;
+  const CmaesState* initial_state = nullptr;  // becomes the first snapshot and the latest checkpoint
 };
 
-// Everything one generation's tell() changes.
+// Everything one generation's tell() changes. The store writes what it is given: which state comes next (after a
+// stage's hand-over too) is the trainer's decision.
 struct GenerationCommit {
   int64_t run_id = 0;
   GenerationRecord generation;  // with mean and best_params
@@ -152,12 +178,15 @@ struct GenerationCommit {
   // The evaluation of the mean (the generation's start state) beat the stage's best: the start state becomes
   // the stage's best checkpoint.
   bool new_stage_best = false;
-  // The state the next generation starts from.
+  bool stage_ends = false;      // the stage's last generation
+  // The state the next generation starts from (stored light), in stage next_stage; or the run's final state.
   const CmaesState* next_state = nullptr;
-  // The stage ends with this generation: next_stage starts from the stage's best checkpoint (spec §7.3) rather
-  // than from next_state; without a next stage the run finishes at next_state.
-  bool stage_ends = false;
-  std::optional<int64_t> next_stage;
+  int64_t next_stage = 0;
+  bool finished = false;
+  std::optional<NewSnapshot> snapshot;                    // written with the commit
+  std::optional<std::pair<int64_t, uint32_t>> eigen_applied;  // (snapshot id, CRC of its covariance's eigensystem)
+  // When set, the run's snapshots other than these (and the new one) are deleted.
+  std::optional<std::vector<int64_t>> keep_snapshots;
   std::map<std::string, double> metrics;
 };
 
@@ -230,17 +259,23 @@ class Store {
   // that they never collide with the leases an earlier one handed out.
   Result<int64_t> NextLeaseEpoch(int64_t run_id);
 
-  Status CommitGeneration(const GenerationCommit& commit);
+  // Returns the id of the snapshot written with it (0: none).
+  Result<int64_t> CommitGeneration(const GenerationCommit& commit);
   // Summaries, in generation order, without the parameter vectors.
   Result<std::vector<GenerationRecord>> GetGenerations(int64_t run_id) const;
   Result<GenerationRecord> GetGeneration(int64_t run_id, int64_t generation) const;
   Result<std::vector<CandidateRecord>> GetCandidates(int64_t run_id, int64_t generation) const;
 
-  // role "latest" ignores `stage`. `params` checks the state's shape.
+  // role "latest" ignores `stage`. `params` checks the state's shape. Light, except an older build's rows.
   Result<CheckpointRecord> GetCheckpoint(int64_t run_id, const std::string& role, int64_t stage,
                                          const CmaesParams& params) const;
   // (role, stage, generation, eval fitness) of the run's checkpoints, without loading them.
   Result<std::vector<CheckpointRecord>> ListCheckpoints(int64_t run_id) const;
+  // The run's snapshots without their states, by (stage, generation); and one of them with its state.
+  Result<std::vector<SnapshotRecord>> ListSnapshots(int64_t run_id) const;
+  Result<SnapshotRecord> GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const;
+  // A snapshot outside a generation's commit (converting an older build's run); returns its id.
+  Result<int64_t> AddSnapshot(int64_t run_id, const NewSnapshot& snapshot);
 
   Result<std::map<std::string, double>> GetMetrics(int64_t run_id, int64_t generation) const;
   // Per generation with evaluations, in generation order.

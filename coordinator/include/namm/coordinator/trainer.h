@@ -12,9 +12,18 @@
 //  - a stage's last generation hands over: the next stage continues from the stage's best checkpoint.
 // All of it is a pure function of the spec and the recorded evaluations, so a resumed run plans exactly the work
 // an uninterrupted one would have.
+//
+// Storage is bounded: a generation commits its summary, its candidates' fitness (the tell log: with the draw
+// index, enough to replay tell()) and a light checkpoint (every vector, no covariance), about 200 KB at N = 4172.
+// The covariance (70 MB there) is stored in a snapshot only when a decomposition is requested (every ~126
+// generations) and the eigensystem (139 MB) never: it is recomputed from the covariance it came from. Resuming
+// rebuilds the complete state from the latest snapshot on the run's lineage (hand-overs included) by replaying
+// the tell log, and checks the result against the stored light checkpoint and eigensystem checksums. A requested
+// decomposition (cmaes.eigen_delay > 0) runs on a background thread and is applied eigen_delay generations later.
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -77,6 +86,7 @@ struct DropCounts {
 
 class Trainer {
  public:
+  ~Trainer();
   // Starts a new run of `spec` in `store`. `task_rows`: the number of prompts (rows) of every task of the spec.
   static Result<std::unique_ptr<Trainer>> Create(Store& store, const RunSpec& spec,
                                                  const std::map<std::string, int64_t>& task_rows);
@@ -88,6 +98,7 @@ class Trainer {
   bool finished() const { return finished_; }
   const RunSpec& spec() const { return spec_; }
   const CmaesParams& params() const { return params_; }
+  // The complete optimizer state the current generation starts from (its due decomposition applied).
   const CmaesState& state() const { return state_; }
   const GenerationPlan& plan() const { return plan_; }
 
@@ -108,7 +119,29 @@ class Trainer {
  private:
   Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
   Status Load();      // state, progress and plan from the store
+  // Applies a due decomposition (from the background job when it has one), then plans the generation.
   Status MakePlan();
+
+  // A complete optimizer state and the snapshots its eigensystem and pending decomposition come from (-1: none).
+  struct Rebuilt {
+    CmaesState state;
+    int64_t eigen_source = -1, pending_source = -1;
+  };
+  // Tells of run generations [first, last) of `stage`; the state reached continues the next segment.
+  struct Segment {
+    int64_t stage = 0, first = 0, last = 0;
+  };
+  // The segments whose tells lead from the run's start to the state that starts run generation `generation` of
+  // `stage` (through the hand-overs of earlier stages).
+  Result<std::vector<Segment>> PathTo(int64_t stage, int64_t generation) const;
+  // The latest snapshot on `path` (an index into snapshots_).
+  Result<std::size_t> BaseOf(const std::vector<Segment>& path) const;
+  // The complete state that starts run generation `generation` of `stage`, from a snapshot and the tell log.
+  Result<Rebuilt> Rebuild(int64_t stage, int64_t generation) const;
+  // The snapshots a rebuild of each position needs (the base and its eigensystem's source).
+  Result<std::vector<int64_t>> SnapshotsNeeded(const std::vector<std::pair<int64_t, int64_t>>& positions) const;
+  // Whether a snapshot of the state after this generation's tell() is due (`before`: the state before it).
+  bool SnapshotDue(const CmaesState& before, const CmaesState& after) const;
   // The distinct (task, prompt) pairs generation `generation` plans (its samples and evaluation prompts).
   int64_t PlannedPrompts(int64_t generation) const;
   std::vector<WorkUnit> MissingFrom(const std::vector<EvaluationRecord>& done) const;
@@ -126,6 +159,14 @@ class Trainer {
   bool finished_ = false;
   std::optional<NormStats> norm_stats_;
   CmaesState state_;
+  int64_t eigen_source_ = -1, pending_source_ = -1;  // snapshots of state_'s eigensystem and pending decomposition
+  // The current stage's best start state, for its hand-over (rebuilt when a resumed run reaches the hand-over).
+  std::optional<Rebuilt> stage_best_;
+  std::vector<SnapshotRecord> snapshots_;  // the run's, without states
+  // The background decomposition of state_'s pending covariance: (eigensystem, its checksum).
+  std::future<Result<std::pair<Eigensystem, uint32_t>>> eigen_job_;
+  int64_t eigen_job_generation_ = -1;
+  std::optional<std::pair<int64_t, uint32_t>> eigen_applied_;  // recorded with the next commit
   GenerationPlan plan_;
   DropCounts drops_;
 };
