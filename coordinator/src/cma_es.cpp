@@ -219,14 +219,15 @@ Result<CmaesState> initial_cmaes_state(const CmaesParams& p, const std::vector<d
   return s;
 }
 
-Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw) {
+Population sample_directions(const CmaesParams& p, const Eigensystem& eigen, int64_t generation, uint64_t draw) {
   const int64_t n = p.dimension, lambda = p.population;
   Population pop;
-  pop.generation = s.generation;
+  pop.generation = generation;
   pop.draw = draw;
   pop.size = lambda;
   pop.dimension = n;
-  // z scaled by D, row by row; each Philox block gives the normals of coordinates 2j and 2j + 1.
+  // z, and z scaled by D, row by row; each Philox block gives the normals of coordinates 2j and 2j + 1.
+  pop.z.resize(static_cast<std::size_t>(lambda * n));
   std::vector<double> scaled(static_cast<std::size_t>(lambda * n));
   for (int64_t k = 0; k < lambda; ++k) {
     for (int64_t j = 0; 2 * j < n; ++j) {
@@ -234,25 +235,36 @@ Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw) {
                                   kSamplingStream ^ static_cast<uint32_t>(draw >> 32)};
       const auto z = philox_normal_pair(counter, p.options.seed);
       for (int64_t t = 0; t < 2 && 2 * j + t < n; ++t) {
-        const int64_t i = 2 * j + t;
-        scaled[static_cast<std::size_t>(k * n + i)] = z[static_cast<std::size_t>(t)] * s.eigen.scales[static_cast<std::size_t>(i)];
+        const auto at = static_cast<std::size_t>(k * n + 2 * j + t);
+        pop.z[at] = z[static_cast<std::size_t>(t)];
+        scaled[at] = z[static_cast<std::size_t>(t)] * eigen.scales[static_cast<std::size_t>(2 * j + t)];
       }
     }
   }
   if (Full(p)) {
     pop.y.assign(scaled.size(), 0.0);
     // y_k = B (D z_k): with the eigenvectors as rows of E, Y = (Z D) E.
-    linalg::matmul(lambda, n, n, 1.0, scaled.data(), false, s.eigen.basis->data(), false, 0.0, pop.y.data());
+    linalg::matmul(lambda, n, n, 1.0, scaled.data(), false, eigen.basis->data(), false, 0.0, pop.y.data());
   } else {
     pop.y = std::move(scaled);
   }
-  pop.x.resize(pop.y.size());
-  for (int64_t k = 0; k < lambda; ++k) {
+  return pop;
+}
+
+void place_candidates(const CmaesState& s, Population* pop) {
+  const int64_t n = pop->dimension;
+  pop->x.resize(pop->y.size());
+  for (int64_t k = 0; k < pop->size; ++k) {
     for (int64_t i = 0; i < n; ++i) {
       const auto at = static_cast<std::size_t>(k * n + i);
-      pop.x[at] = s.mean[static_cast<std::size_t>(i)] + s.sigma * pop.y[at];
+      pop->x[at] = s.mean[static_cast<std::size_t>(i)] + s.sigma * pop->y[at];
     }
   }
+}
+
+Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw) {
+  Population pop = sample_directions(p, s.eigen, s.generation, draw);
+  place_candidates(s, &pop);
   return pop;
 }
 
@@ -262,7 +274,8 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
     return Status::FailedPrecondition("the population was sampled at generation " + std::to_string(pop.generation) +
                                       " but the optimizer is at generation " + std::to_string(s.generation));
   }
-  if (pop.size != lambda || pop.dimension != n || static_cast<int64_t>(fitness.size()) != lambda) {
+  if (pop.size != lambda || pop.dimension != n || static_cast<int64_t>(fitness.size()) != lambda ||
+      pop.z.size() != pop.y.size()) {
     return Status::InvalidArgument("tell() needs " + std::to_string(lambda) + " fitness values for " +
                                    std::to_string(lambda) + " candidates of dimension " + std::to_string(n) + ", got " +
                                    std::to_string(fitness.size()) + " values for " + std::to_string(pop.size) + "x" +
@@ -292,14 +305,11 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
   }
   std::vector<double> sorted_y(static_cast<std::size_t>(lambda * n));
   for (int64_t r = 0; r < lambda; ++r) std::copy(y_of(r), y_of(r) + n, sorted_y.begin() + r * n);
+  // D^-1 B^T y = z: the draws themselves, sorted.
   std::vector<double> whitened(sorted_y.size());
-  if (Full(p)) {
-    linalg::matmul(lambda, n, n, 1.0, sorted_y.data(), false, s.eigen.basis->data(), true, 0.0, whitened.data());
-    for (int64_t r = 0; r < lambda; ++r) {
-      for (std::size_t j = 0; j < N; ++j) whitened[static_cast<std::size_t>(r) * N + j] /= s.eigen.scales[j];
-    }
-  } else {
-    for (std::size_t at = 0; at < whitened.size(); ++at) whitened[at] = sorted_y[at] / s.eigen.scales[at % N];
+  for (int64_t r = 0; r < lambda; ++r) {
+    const double* z = pop.z.data() + order[static_cast<std::size_t>(r)] * n;
+    std::copy(z, z + n, whitened.begin() + r * n);
   }
   // C^-1/2 <y>_w = B D^-1 B^T <y>_w = B (sum_r w_r whitened_r).
   std::vector<double> whitened_w(N, 0.0);

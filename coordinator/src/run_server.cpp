@@ -7,7 +7,6 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <regex>
@@ -16,6 +15,7 @@
 #include "coordinator_metrics.h"
 #include "namm/file_util.h"
 #include "namm/metrics_endpoint.h"
+#include "progress_log.h"
 #include "worker_service.h"
 
 namespace namm::coordinator {
@@ -59,8 +59,9 @@ struct RunServer::Impl {
   Trainer& trainer;
   PromptCosts costs;
   ServeOptions options;
-  bool reserved_from_store = false;  // the first phase kept the leases a previous coordinator handed out
-  std::atomic<bool> store_requested{false};  // a Flush is posted to the loop
+  std::unique_ptr<ProgressLog> progress_log;
+  std::vector<LeaseRecord> recovered_leases;  // of the current generation, for the first phase to keep
+  Clock::time_point last_stored;
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -83,7 +84,11 @@ struct RunServer::Impl {
   int64_t cache_count = 0;
 
   Status StartPhase();
+  // Stores the results accepted since the last call (they are in the progress log already).
   Status Flush();
+  // What a previous coordinator's progress log holds: its results of the current generation to the store, its
+  // open leases kept for the first phase; the log then holds only those leases.
+  Status Recover();
   void Tick();
   void Schedule();
   void Interrupt(const std::string& why);
@@ -138,15 +143,9 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
       if (!m->stopping) m->Tick();
     });
   };
-  // Reports and leases wait to be stored: store them now, all that arrived meanwhile together (group commit).
-  hooks.store_pending = [m] {
-    if (m->store_requested.exchange(true)) return;
-    boost::asio::post(m->io, [m] {
-      m->store_requested = false;
-      if (m->stopping) return;
-      if (Status s = m->Flush(); !s.ok()) m->Fail(s);
-    });
-  };
+  NAMM_ASSIGN_OR_RETURN(impl->progress_log,
+                         ProgressLog::Open(store.path() + ".run" + std::to_string(trainer.run_id()) + ".progress"));
+  hooks.log = [m](const ProgressEntries& entries) { return m->progress_log->Append(entries); };
   impl->service = std::make_unique<WorkerService>(config, impl->options.scheduler, std::move(hooks));
 
   NAMM_RETURN_IF_ERROR(impl->StartMetrics());
@@ -240,6 +239,7 @@ Result<ServeOutcome> RunServer::Run() {
     m.service->End(v1::WorkBatch::END_RUN_FINISHED);
     m.outcome.finished = true;
   } else {
+    NAMM_RETURN_IF_ERROR(m.Recover());
     NAMM_RETURN_IF_ERROR(m.StartPhase());
     m.Schedule();
     m.io.run();
@@ -313,14 +313,13 @@ Status RunServer::Impl::StartPhase() {
     ++references;
   }
   service->StartPhase(phase, units);
-  if (!reserved_from_store) {
+  if (!recovered_leases.empty()) {
     // A restart: what the previous coordinator had handed out stays with its holders for one lease timeout, so
     // that results they finish meanwhile are taken, not computed again.
-    NAMM_ASSIGN_OR_RETURN(std::vector<LeaseRecord> leases, store.GetLeases(trainer.run_id(), plan.generation));
-    if (const int64_t kept = service->ReserveLeases(leases); kept > 0) {
+    if (const int64_t kept = service->ReserveLeases(recovered_leases); kept > 0) {
       spdlog::info("generation {}: {} leases of the previous coordinator kept for their workers", plan.generation, kept);
     }
-    reserved_from_store = true;
+    recovered_leases.clear();
   }
   phase_started = Clock::now();
   phase_units = static_cast<int64_t>(units.size());
@@ -338,35 +337,65 @@ Status RunServer::Impl::StartPhase() {
 }
 
 Status RunServer::Impl::Flush() {
-  PendingWrites w = service->TakePending();
-  if (w.empty()) {
-    service->MarkStored(w.sequence);
-    return Status::Ok();
-  }
+  std::vector<EvaluationRecord> evaluations;
+  std::vector<ReferenceResult> references;
+  service->TakeResults(&evaluations, &references);
+  last_stored = Clock::now();
+  if (evaluations.empty() && references.empty()) return Status::Ok();
   const auto start = Clock::now();
-  if (!w.references.empty()) {
+  if (!references.empty()) {
     tasks::ReferenceScores scores;
-    for (const ReferenceResult& r : w.references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
+    for (const ReferenceResult& r : references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
     NAMM_RETURN_IF_ERROR(store.ImportReferenceScores(trainer.spec().model.fingerprint, scores,
                                                      "computed by namm workers (full cache)", false)
                              .status());
-    for (const ReferenceResult& r : w.references) references_stored.insert({r.task, r.prompt});
-    phase_references_stored += static_cast<int64_t>(w.references.size());
+    for (const ReferenceResult& r : references) references_stored.insert({r.task, r.prompt});
+    phase_references_stored += static_cast<int64_t>(references.size());
   }
-  if (!w.evaluations.empty()) {
-    for (const EvaluationRecord& e : w.evaluations) {
+  if (!evaluations.empty()) {
+    for (const EvaluationRecord& e : evaluations) {
       cache_sum += e.cache_size_mean;
       ++cache_count;
     }
-    NAMM_RETURN_IF_ERROR(trainer.Record(w.evaluations).status());
+    NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
   }
-  NAMM_RETURN_IF_ERROR(store.RecordLeases(trainer.run_id(), w.leases_issued, w.leases_ended));
-  service->MarkStored(w.sequence);
-  if (metrics && !(w.evaluations.empty() && w.references.empty())) {
-    metrics->ResultsStored(static_cast<int64_t>(w.evaluations.size() + w.references.size()),
+  if (metrics) {
+    metrics->ResultsStored(static_cast<int64_t>(evaluations.size() + references.size()),
                            std::chrono::duration<double>(Clock::now() - start).count());
   }
   return Status::Ok();
+}
+
+Status RunServer::Impl::Recover() {
+  const ProgressEntries& log = progress_log->recovered();
+  if (progress_log->ignored_bytes() > 0) {
+    spdlog::warn("{}: ignored a torn tail of {} bytes (a crash in the middle of an append)", progress_log->path(),
+                 progress_log->ignored_bytes());
+  }
+  const GenerationPlan& plan = trainer.plan();
+  std::vector<EvaluationRecord> evaluations;
+  for (const EvaluationRecord& e : log.evaluations) {
+    const bool planned = std::binary_search(plan.units.begin(), plan.units.end(), WorkUnit{e.candidate, e.task, e.prompt});
+    // Another generation's or phase's results are stored already (a generation is committed after its results).
+    if (e.generation == plan.generation && planned && e.norm_stats.has_value() == plan.collect_norm_stats) {
+      evaluations.push_back(e);
+    }
+  }
+  NAMM_ASSIGN_OR_RETURN(const int64_t stored, trainer.Record(evaluations));
+  if (!log.references.empty()) {
+    tasks::ReferenceScores scores;
+    for (const ReferenceResult& r : log.references) NAMM_RETURN_IF_ERROR(scores.Set(r.task, r.prompt, r.score));
+    NAMM_RETURN_IF_ERROR(store.ImportReferenceScores(trainer.spec().model.fingerprint, scores,
+                                                     "computed by namm workers (full cache)", false)
+                             .status());
+  }
+  for (const LeaseRecord& l : log.leases_issued) {
+    if (l.generation == plan.generation) recovered_leases.push_back(l);
+  }
+  if (stored > 0 || !recovered_leases.empty()) {
+    spdlog::info("{}: {} results stored, {} leases still open", progress_log->path(), stored, recovered_leases.size());
+  }
+  return progress_log->Reset(recovered_leases);
 }
 
 void RunServer::Impl::Tick() {
@@ -377,11 +406,16 @@ void RunServer::Impl::Tick() {
     return Fail(flushed.ok() ? s : flushed);
   }
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
-  if (Status s = Flush(); !s.ok()) return Fail(s);
+  // Results are in the progress log as they come; the store takes them in batches, and all before the phase ends.
+  if (done || Clock::now() - last_stored >= options.store_interval) {
+    if (Status s = Flush(); !s.ok()) return Fail(s);
+  }
   if (metrics) metrics->Observe(counters, phase_references - phase_references_stored);
   if (done) {
     Result<AdvanceSummary> summary = trainer.Advance();
     if (!summary.ok()) return Fail(summary.status());
+    // The committed generation's progress is in the store: the log starts over for the next one.
+    if (Status s = progress_log->Reset(); !s.ok()) return Fail(s);
     ReportProgress(*summary);
     if (summary->finished) {
       service->End(v1::WorkBatch::END_RUN_FINISHED);

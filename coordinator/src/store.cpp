@@ -137,7 +137,8 @@ CREATE TABLE metrics(
 );
 CREATE INDEX evaluations_by_worker ON evaluations(run_id, worker);
 )sql",
-    // 2 -> 3: prompts a generation gave up on (they failed on too many workers).
+    // 2 -> 3: prompts a generation gave up on (they failed on too many workers), lease numbering, snapshots and
+    // light checkpoints.
     R"sql(
 CREATE TABLE dropped_prompts(
   run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -148,19 +149,7 @@ CREATE TABLE dropped_prompts(
   dropped_at TEXT NOT NULL,
   PRIMARY KEY(run_id, generation, task, prompt)
 );
--- Leases handed out and not yet finished, written before they are sent: a restarted coordinator keeps them for
--- their holders. Each coordinator start numbers its leases from lease_epoch << 32.
-CREATE TABLE leases(
-  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-  lease_id INTEGER NOT NULL,
-  generation INTEGER NOT NULL,
-  worker TEXT NOT NULL,
-  reference INTEGER NOT NULL CHECK(reference IN (0, 1)),
-  candidate INTEGER NOT NULL,
-  task TEXT NOT NULL,
-  prompts TEXT NOT NULL,
-  PRIMARY KEY(run_id, lease_id)
-);
+-- Each coordinator start numbers its leases from lease_epoch << 32.
 ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 -- Snapshots: the complete optimizer state (covariance included, eigensystem not: a function of the covariance of
 -- eigen_source) that starts run generation `generation` of stage `stage`. With the generations' tell log they
@@ -276,24 +265,6 @@ auto Guard(const std::string& path, const std::string& what, F&& body) -> declty
     return Status::Corruption(what + ": malformed JSON in " + path + ": " + e.what());
   }
 }
-
-// While alive, commits on `db` are not synced: they survive a crash of the process, not a power loss. In WAL mode
-// the next synced commit makes them durable too.
-class UnsyncedCommits {
- public:
-  explicit UnsyncedCommits(SQLite::Database& db) : db_(db) { db_.exec("PRAGMA synchronous = NORMAL"); }
-  ~UnsyncedCommits() {
-    try {
-      db_.exec("PRAGMA synchronous = FULL");
-    } catch (const SQLite::Exception&) {  // the connection is unusable anyway; the next call reports it
-    }
-  }
-  UnsyncedCommits(const UnsyncedCommits&) = delete;
-  UnsyncedCommits& operator=(const UnsyncedCommits&) = delete;
-
- private:
-  SQLite::Database& db_;
-};
 
 // Writes `state` (light: without its covariance) as the run's latest checkpoint.
 void WriteLatest(SQLite::Database& db, int64_t run_id, int64_t stage, int64_t generation, const CmaesState& state,
@@ -429,10 +400,13 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
     db->exec("PRAGMA foreign_keys = ON");
     if (mode != OpenMode::kReadOnly) {
       db->exec("PRAGMA journal_mode = WAL");
-      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss (see Unsynced()).
+      // FULL: a commit is durable once CommitGeneration() returns, even across a power loss.
       db->exec("PRAGMA synchronous = FULL");
       // A snapshot passes through the WAL; do not keep a WAL of its size around afterwards.
       db->exec("PRAGMA journal_size_limit = 67108864");
+      // Debian's SQLite zeroes freed pages: deleting a 70 MB snapshot would write 70 MB more. They only ever hold
+      // this file's own data.
+      db->exec("PRAGMA secure_delete = OFF");
       int version = db->execAndGet("PRAGMA user_version").getInt();
       for (; version < options.target_schema_version; ++version) {
         SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);
@@ -575,7 +549,6 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
     }
   }
   return Guard(path_, "recording evaluations", [&]() -> Result<int64_t> {
-    UnsyncedCommits unsynced(*db_);
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement q(*db_,
                         "INSERT OR IGNORE INTO evaluations(run_id, generation, candidate, task, prompt, score, "
@@ -674,61 +647,6 @@ Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) cons
     while (q.executeStep()) {
       out.push_back(DroppedPrompt{q.getColumn(0).getInt64(), q.getColumn(1).getString(), q.getColumn(2).getInt64(),
                                   q.getColumn(3).getString(), q.getColumn(4).getString()});
-    }
-    return out;
-  });
-}
-
-Status Store::RecordLeases(int64_t run_id, const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended) {
-  if (issued.empty() && ended.empty()) return Status::Ok();
-  return Guard(path_, "recording leases", [&]() -> Status {
-    UnsyncedCommits unsynced(*db_);
-    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-    SQLite::Statement end(*db_, "DELETE FROM leases WHERE run_id = ? AND lease_id = ?");
-    for (uint64_t id : ended) {
-      end.reset();
-      end.bind(1, run_id);
-      end.bind(2, static_cast<int64_t>(id));
-      end.exec();
-    }
-    SQLite::Statement insert(*db_,
-                             "INSERT OR REPLACE INTO leases(run_id, lease_id, generation, worker, reference, candidate, "
-                             "task, prompts) VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
-    for (const LeaseRecord& l : issued) {
-      insert.reset();
-      insert.bind(1, run_id);
-      insert.bind(2, static_cast<int64_t>(l.id));
-      insert.bind(3, l.generation);
-      insert.bind(4, l.worker);
-      insert.bind(5, l.reference ? 1 : 0);
-      insert.bind(6, l.candidate);
-      insert.bind(7, l.task);
-      insert.bind(8, json(l.prompts).dump());
-      insert.exec();
-    }
-    tx.commit();
-    return Status::Ok();
-  });
-}
-
-Result<std::vector<LeaseRecord>> Store::GetLeases(int64_t run_id, int64_t generation) const {
-  return Guard(path_, "reading leases", [&]() -> Result<std::vector<LeaseRecord>> {
-    SQLite::Statement q(*db_,
-                        "SELECT lease_id, worker, reference, candidate, task, prompts FROM leases WHERE run_id = ? "
-                        "AND generation = ? ORDER BY lease_id");
-    q.bind(1, run_id);
-    q.bind(2, generation);
-    std::vector<LeaseRecord> out;
-    while (q.executeStep()) {
-      LeaseRecord l;
-      l.id = static_cast<uint64_t>(q.getColumn(0).getInt64());
-      l.generation = generation;
-      l.worker = q.getColumn(1).getString();
-      l.reference = q.getColumn(2).getInt() != 0;
-      l.candidate = q.getColumn(3).getInt64();
-      l.task = q.getColumn(4).getString();
-      l.prompts = json::parse(q.getColumn(5).getString()).get<std::vector<int64_t>>();
-      out.push_back(std::move(l));
     }
     return out;
   });
@@ -864,11 +782,6 @@ Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
       dropped_snapshots = forget.exec() > 0;
     }
     DropUnreferencedDecompositions(*db_, c.run_id);
-
-    SQLite::Statement leases(*db_, "DELETE FROM leases WHERE run_id = ? AND generation <= ?");
-    leases.bind(1, c.run_id);
-    leases.bind(2, g.generation);
-    leases.exec();
 
     SQLite::Statement progress(*db_, "UPDATE runs SET stage = ?, generation = ?, status = ? WHERE id = ?");
     progress.bind(1, c.next_stage);

@@ -308,12 +308,12 @@ Result<Trainer::Rebuilt> Trainer::Rebuild(int64_t stage, int64_t generation) con
     NAMM_ASSIGN_OR_RETURN(std::vector<CandidateRecord> candidates, store_.GetCandidates(run_id_, t));
     std::vector<double> fitness;
     for (const CandidateRecord& c : candidates) fitness.push_back(c.fitness);
-    const CmaesState before_tell = out.state;
+    const int64_t pending_before = out.state.pending_generation, eigen_before = out.state.eigen.generation;
     const Population population = ask(params_, out.state, record->draw);
     NAMM_RETURN_IF_ERROR(tell(params_, out.state, population, fitness).WithContext("replaying generation " +
                                                                                    std::to_string(t)));
     ++t;
-    if (LazyFull(params_) && SnapshotDue(before_tell, out.state)) {
+    if (LazyFull(params_) && SnapshotDue(pending_before, eigen_before, out.state)) {
       NAMM_ASSIGN_OR_RETURN(const SnapshotRecord* requested,
                             listed_snapshot([&](const SnapshotRecord& r) { return r.stage == seg.stage && r.generation == t; },
                                             "generation " + std::to_string(t) + " (a decomposition was requested)"));
@@ -327,12 +327,12 @@ Result<Trainer::Rebuilt> Trainer::Rebuild(int64_t stage, int64_t generation) con
   return out;
 }
 
-bool Trainer::SnapshotDue(const CmaesState& before, const CmaesState& after) const {
+bool Trainer::SnapshotDue(int64_t pending_before, int64_t eigen_before, const CmaesState& after) const {
   if (params_.options.covariance == Covariance::kDiagonal) return true;  // O(N)
   if (!LazyFull(params_)) return after.generation % kEveryGenerationSnapshotInterval == 0;
   // A decomposition was requested (and, with eigen_delay 0, applied) by this tell().
-  return (after.pending_generation >= 0 && after.pending_generation != before.pending_generation) ||
-         after.eigen.generation != before.eigen.generation;
+  return (after.pending_generation >= 0 && after.pending_generation != pending_before) ||
+         after.eigen.generation != eigen_before;
 }
 
 Result<std::vector<int64_t>> Trainer::SnapshotsNeeded(const std::vector<std::pair<int64_t, int64_t>>& positions) const {
@@ -413,7 +413,30 @@ Status Trainer::MakePlan() {
   if (!p.collect_norm_stats) {
     // The draw index is the run-global generation: after a hand-over rewinds the optimizer's g, the noise is
     // still fresh.
-    p.population = ask(params_, state_, static_cast<uint64_t>(generation_));
+    const auto draw = static_cast<uint64_t>(generation_);
+    std::optional<Population> ahead;
+    if (next_directions_.valid()) {
+      Population directions = next_directions_.get();
+      if (directions.generation == state_.generation && directions.draw == draw &&
+          next_directions_basis_ == state_.eigen.basis) {
+        ahead = std::move(directions);
+      }
+    }
+    if (ahead) {
+      place_candidates(state_, &*ahead);
+      p.population = std::move(*ahead);
+    } else {
+      p.population = ask(params_, state_, draw);
+    }
+    // The next generation's directions, while this one runs: they need only the eigensystem, which stays unless
+    // a decomposition is applied or a hand-over restores another state (then they are computed again).
+    if (LazyFull(params_)) {
+      next_directions_basis_ = state_.eigen.basis;
+      next_directions_ = std::async(std::launch::async, [params = params_, eigen = state_.eigen,
+                                                         generation = state_.generation + 1, next = draw + 1] {
+        return sample_directions(params, eigen, generation, next);
+      });
+    }
     for (int64_t k = 0; k < p.population.size; ++k) {
       for (const auto& [task, prompts] : p.samples) {
         for (int64_t prompt : prompts) p.units.push_back(WorkUnit{k, task, prompt});
@@ -432,6 +455,7 @@ Status Trainer::MakePlan() {
 }
 
 Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
+  NAMM_RETURN_IF_ERROR(broken_);
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
   std::vector<EvaluationRecord> kept;
   for (const EvaluationRecord& r : results) {
@@ -452,6 +476,7 @@ Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
 }
 
 Result<DropCounts> Trainer::Drop(const std::string& task, int64_t prompt, const std::string& error) {
+  NAMM_RETURN_IF_ERROR(broken_);
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
   const bool planned = std::any_of(plan_.units.begin(), plan_.units.end(),
                                    [&](const WorkUnit& u) { return u.task == task && u.prompt == prompt; });
@@ -482,6 +507,7 @@ std::vector<WorkUnit> Trainer::MissingFrom(const std::vector<EvaluationRecord>& 
 }
 
 Result<AdvanceSummary> Trainer::Advance() {
+  NAMM_RETURN_IF_ERROR(broken_);
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
   NAMM_ASSIGN_OR_RETURN(std::vector<EvaluationRecord> done, store_.GetEvaluations(run_id_, generation_));
   const std::vector<WorkUnit> missing = MissingFrom(done);
@@ -552,9 +578,17 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     g.eval_tasks = TaskScores(*f);
   }
 
-  CmaesState next = state_;  // the covariance copied, the eigensystem shared
+  NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store_.GetStages(run_id_));
+  const StageRecord& stage = stages[static_cast<std::size_t>(g.stage)];
+  c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
+                     (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
+  // This generation's start state is the stage's best: keep it (its covariance copied; the rest is shared).
+  if (c.new_stage_best) stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
+
+  // tell() in place (a copy of C costs ~50 ms at N = 4172): if the commit below fails, the trainer is unusable.
+  const int64_t pending_before = state_.pending_generation, eigen_before = state_.eigen.generation;
   const auto start = std::chrono::steady_clock::now();
-  NAMM_RETURN_IF_ERROR(tell(params_, next, p.population, fitness));
+  NAMM_RETURN_IF_ERROR(tell(params_, state_, p.population, fitness));
   g.tell_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const auto best = std::max_element(fitness.begin(), fitness.end()) - fitness.begin();
@@ -568,30 +602,23 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   g.fitness_worst = fitness[static_cast<std::size_t>(worst)];
   g.best_candidate = best;
   g.best_params = p.params_of(best);
-  const auto [dmin, dmax] = std::minmax_element(next.eigen.scales.begin(), next.eigen.scales.end());
+  const auto [dmin, dmax] = std::minmax_element(state_.eigen.scales.begin(), state_.eigen.scales.end());
   g.eigen_min = *dmin * *dmin;
   g.eigen_max = *dmax * *dmax;
 
-  NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store_.GetStages(run_id_));
-  const StageRecord& stage = stages[static_cast<std::size_t>(g.stage)];
-  c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
-                     (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
-  // This generation's start state is the stage's best: keep it (its covariance copied; the rest is shared).
-  if (c.new_stage_best) stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
   c.stage_ends = p.schedule.stage_end;
   const bool has_next_stage = g.stage + 1 < schedule_.stages();
   c.finished = c.stage_ends && !has_next_stage;
   c.next_stage = c.stage_ends && has_next_stage ? g.stage + 1 : g.stage;
 
   // A snapshot of the state after tell(), when a decomposition was requested (see SnapshotDue).
-  Rebuilt after{std::move(next), eigen_source_, pending_source_};
-  const bool snapshot = !c.finished && SnapshotDue(state_, after.state);
+  const bool snapshot = !c.finished && SnapshotDue(pending_before, eigen_before, state_);
   if (snapshot) {
     NewSnapshot n;
     n.stage = g.stage;
     n.generation = generation_ + 1;
-    n.state = &after.state;
-    n.eigen_from_self = !LazyFull(params_) || after.state.pending_generation < 0;  // eigen_delay 0: applied
+    n.state = &state_;
+    n.eigen_from_self = !LazyFull(params_) || state_.pending_generation < 0;  // eigen_delay 0: applied
     if (!n.eigen_from_self && eigen_source_ >= 0) n.eigen_source = eigen_source_;
     c.snapshot = n;
     SnapshotRecord listed;  // id 0 until the commit writes it
@@ -603,20 +630,14 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   // The hand-over (spec §7.3): the next stage continues from this stage's best start state, or from where the
   // stage ended if no evaluation was eligible.
   const bool hand_over = c.stage_ends && has_next_stage && (stage.best_eval_fitness || c.new_stage_best);
-  Rebuilt continued;
-  if (hand_over) {
-    if (!stage_best_) {  // a resumed run: rebuild it
-      NAMM_ASSIGN_OR_RETURN(stage_best_, Rebuild(g.stage, c.new_stage_best ? generation_ : *stage.best_eval_generation));
-    }
-    continued = std::move(*stage_best_);
-  } else {
-    continued = after;
+  if (hand_over && !stage_best_) {  // a resumed run: rebuild it
+    NAMM_ASSIGN_OR_RETURN(stage_best_, Rebuild(g.stage, c.new_stage_best ? generation_ : *stage.best_eval_generation));
   }
-  c.next_state = &continued.state;
+  c.next_state = hand_over ? &stage_best_->state : &state_;
   c.eigen_applied = eigen_applied_;
   c.metrics = {{"fitness_best", g.fitness_best},   {"fitness_mean", g.fitness_mean},
                {"fitness_std", g.fitness_std},     {"fitness_worst", g.fitness_worst},
-               {"sigma", next.sigma},              {"eigen_min", g.eigen_min},
+               {"sigma", state_.sigma},            {"eigen_min", g.eigen_min},
                {"eigen_max", g.eigen_max},         {"tell_seconds", g.tell_seconds},
                {"cache_size_mean", MeanCacheSize(done, false)},
                {"prompts_dropped", static_cast<double>(p.dropped.size())}};
@@ -644,9 +665,9 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   const auto commit_start = std::chrono::steady_clock::now();
   const Result<int64_t> committed = store_.CommitGeneration(c);
   if (!committed.ok()) {
-    // Nothing changed in the store: forget the snapshot planned with it.
-    if (snapshot) snapshots_.pop_back();
-    return committed.status();
+    // Nothing changed in the store, but the state did: a new trainer resumes from the store.
+    broken_ = committed.status().WithContext("the trainer must be resumed from the store");
+    return broken_;
   }
   eigen_applied_.reset();
   // The store kept the new snapshot (its id now known) and those asked for.
@@ -666,11 +687,10 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   if (snapshot) {
     // The state after tell() refers to the new snapshot for what it requested.
     if (c.snapshot->eigen_from_self) {
-      after.eigen_source = *committed;
+      eigen_source_ = *committed;
     } else {
-      after.pending_source = *committed;
+      pending_source_ = *committed;
     }
-    if (!hand_over) continued = after;
   }
 
   AdvanceSummary summary;
@@ -680,10 +700,12 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   summary.metrics = c.metrics;
   summary.stage_ended = c.stage_ends;
   ++generation_;
+  if (hand_over) {
+    state_ = std::move(stage_best_->state);
+    eigen_source_ = stage_best_->eigen_source;
+    pending_source_ = stage_best_->pending_source;
+  }
   if (c.stage_ends) stage_best_.reset();
-  state_ = std::move(continued.state);
-  eigen_source_ = continued.eigen_source;
-  pending_source_ = continued.pending_source;
   finished_ = c.finished;
   if (!finished_) {
     NAMM_RETURN_IF_ERROR(MakePlan());

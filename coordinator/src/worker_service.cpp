@@ -93,12 +93,13 @@ std::string CheckResult(const v1::PromptResult& r) {
 WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, ServiceHooks hooks)
     : config_(std::move(config)), hooks_(std::move(hooks)), scheduler_(scheduler) {}
 
-bool WorkerService::AwaitStored(std::unique_lock<std::mutex>& lock) {
-  const uint64_t mine = pending_sequence_;
-  if (stored_sequence_ >= mine || !hooks_.store_pending) return true;
-  hooks_.store_pending();
-  stored_.wait_for(lock, std::chrono::seconds(10), [&] { return stored_sequence_ >= mine || end_; });
-  return stored_sequence_ >= mine;
+bool WorkerService::Log(const ProgressEntries& entries) {
+  if (!hooks_.log || entries.empty()) return true;
+  if (const Status s = hooks_.log(entries); !s.ok()) {
+    spdlog::error("progress log: {} (what it misses is lost if the coordinator restarts)", s.ToString());
+    return false;
+  }
+  return true;
 }
 
 int64_t WorkerService::ReserveLeases(const std::vector<LeaseRecord>& leases) {
@@ -107,12 +108,7 @@ int64_t WorkerService::ReserveLeases(const std::vector<LeaseRecord>& leases) {
   for (const LeaseRecord& l : leases) {
     const HeldLease held{l.id, l.reference ? UnitKind::kReference : UnitKind::kCandidate, l.candidate, l.task,
                          l.prompts};
-    if (scheduler_.Reserve(l.worker, held, Clock::now())) {
-      ++reserved;
-    } else {
-      pending_.leases_ended.push_back(l.id);
-      ++pending_sequence_;
-    }
+    if (scheduler_.Reserve(l.worker, held, Clock::now())) ++reserved;
   }
   return reserved;
 }
@@ -161,19 +157,12 @@ void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std
   WakeAll();
 }
 
-PendingWrites WorkerService::TakePending() {
+void WorkerService::TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (uint64_t id : scheduler_.TakeEnded()) pending_.leases_ended.push_back(id);
-  PendingWrites out = std::move(pending_);
-  pending_ = PendingWrites();
-  out.sequence = pending_sequence_;
-  return out;
-}
-
-void WorkerService::MarkStored(uint64_t sequence) {
-  std::lock_guard<std::mutex> lock(mu_);
-  stored_sequence_ = std::max(stored_sequence_, sequence);
-  stored_.notify_all();
+  evaluations->swap(evaluations_);
+  references->swap(references_);
+  evaluations_.clear();
+  references_.clear();
 }
 
 bool WorkerService::PhaseDone() const {
@@ -195,6 +184,9 @@ void WorkerService::DropPrompt(const std::string& task, int64_t prompt) {
 
 void WorkerService::ExpireLeases() {
   std::lock_guard<std::mutex> lock(mu_);
+  ProgressEntries ended;
+  ended.leases_ended = scheduler_.TakeEnded();
+  Log(ended);
   const Clock::time_point now = Clock::now();
   if (const int64_t n = scheduler_.ExpireLeases(now); n > 0) {
     spdlog::warn("{} lease(s) expired without a heartbeat; their prompts go back to the queue", n);
@@ -217,7 +209,6 @@ void WorkerService::End(v1::WorkBatch::End end) {
   std::lock_guard<std::mutex> lock(mu_);
   end_ = end;
   WakeAll();
-  stored_.notify_all();
 }
 
 ServiceCounters WorkerService::counters() const {
@@ -283,7 +274,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
     return Refuse(StatusCode::INVALID_ARGUMENT, "a registration names at most " + std::to_string(kMaxIdsPerCall) +
                                                     " held leases and prompts");
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const std::string id = NewWorkerId();
   auto session = std::make_shared<Session>();
   session->name = name;
@@ -297,6 +288,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
       held.push_back({h.lease_id(), h.kind() == v1::Lease::KIND_REFERENCE ? UnitKind::kReference : UnitKind::kCandidate,
                       h.candidate(), h.task(), {h.prompts().begin(), h.prompts().end()}});
     }
+    ProgressEntries kept_leases;
     for (const HeldLease& k : scheduler_.Reattach(id, held, Clock::now())) {
       v1::HeldLease* kept = response->add_kept_leases();
       kept->set_lease_id(k.id);
@@ -305,14 +297,12 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
       kept->set_candidate(k.candidate);
       kept->set_task(k.task);
       for (int64_t p : k.prompts) kept->add_prompts(p);
-      pending_.leases_issued.push_back(
+      kept_leases.leases_issued.push_back(
           {k.id, phase_->generation, name, k.kind == UnitKind::kReference, k.candidate, k.task, k.prompts});
-      ++pending_sequence_;
     }
+    Log(kept_leases);  // before the worker goes on with them
     spdlog::info("worker '{}' re-attached with {} of the {} leases it held", name, response->kept_leases_size(),
                  request->held_leases_size());
-    // Kept leases are journaled before the worker goes on with them.
-    if (!AwaitStored(lock)) return {StatusCode::UNAVAILABLE, "the coordinator could not store the kept leases"};
   }
   response->set_worker_id(id);
   response->set_run_name(config_.run_name);
@@ -325,16 +315,16 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
   return grpc::Status::OK;
 }
 
-void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
+bool WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
   for (uint64_t id : scheduler_.TakeCancelled(worker_id)) batch->add_cancelled_lease_ids(id);
   const Clock::time_point now = Clock::now();
+  ProgressEntries issued;
   while (phase_) {
     std::optional<LeaseGrant> grant = scheduler_.Acquire(worker_id, now);
     if (!grant) break;
-    pending_.leases_issued.push_back({grant->id, phase_->generation, session.name,
-                                      grant->kind == UnitKind::kReference, grant->candidate, grant->task,
-                                      grant->prompts});
-    ++pending_sequence_;
+    issued.leases_issued.push_back({grant->id, phase_->generation, session.name,
+                                    grant->kind == UnitKind::kReference, grant->candidate, grant->task,
+                                    grant->prompts});
     v1::Lease* lease = batch->add_leases();
     lease->set_lease_id(grant->id);
     lease->set_generation(phase_->generation);
@@ -356,6 +346,7 @@ void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1
       p->mutable_values()->Add(values.begin(), values.end());
     }
   }
+  return Log(issued);  // before the worker can see them: a restarted coordinator keeps them for it
 }
 
 grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
@@ -385,10 +376,8 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
         ended = true;
         for (uint64_t lease : scheduler_.TakeCancelled(id)) batch.add_cancelled_lease_ids(lease);
       } else {
-        FillBatch(id, *session, &batch);
-        // Journaled before the worker can see them: a restarted coordinator keeps them for it. Leases that
-        // could not be stored are not sent; they expire and run elsewhere.
-        if (batch.leases_size() > 0 && !AwaitStored(lock)) {
+        // Leases that could not be logged are not sent: they expire and run elsewhere.
+        if (!FillBatch(id, *session, &batch)) {
           for (const v1::CandidateParameters& p : batch.parameters()) session->params_sent.erase({p.generation(), p.candidate()});
           batch.clear_leases();
           batch.clear_parameters();
@@ -459,7 +448,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     }
   }
 
-  std::unique_lock<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down: send the results again"};
   std::shared_ptr<Session> session;
   if (grpc::Status s = FindSession(request->worker_id(), &session, /*departed=*/true); !s.ok()) return s;
@@ -493,6 +482,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
   }
 
   int accepted = 0, duplicates = 0;
+  ProgressEntries accepted_now;
   for (int i = 0; i < request->results_size(); ++i) {
     const v1::PromptResult& r = request->results(i);
     const UnitKey& key = keys[static_cast<std::size_t>(i)];
@@ -502,7 +492,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     }
     ++accepted;
     if (key.kind == UnitKind::kReference) {
-      pending_.references.push_back({key.task, key.prompt, r.score()});
+      accepted_now.references.push_back({key.task, key.prompt, r.score()});
       continue;
     }
     EvaluationRecord e;
@@ -518,7 +508,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     e.worker = session->name;
     e.duration_seconds = r.seconds();
     if (r.has_norm_stats()) e.norm_stats = v1::norm_stats_from_proto(r.norm_stats());
-    pending_.evaluations.push_back(std::move(e));
+    accepted_now.evaluations.push_back(std::move(e));
   }
   for (const v1::PromptFailure& f : request->failures()) {
     const UnitKey key = scheduler_.Check(worker, lease, f.prompt()).value();
@@ -535,7 +525,10 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
   }
   response->set_accepted(accepted);
   response->set_duplicates(duplicates);
-  if (accepted > 0) ++pending_sequence_;
+  // Logged before the report is answered (the worker forgets results once answered), and kept for the store.
+  Log(accepted_now);
+  evaluations_.insert(evaluations_.end(), accepted_now.evaluations.begin(), accepted_now.evaluations.end());
+  references_.insert(references_.end(), accepted_now.references.begin(), accepted_now.references.end());
   if (accepted > 0 && scheduler_.Done()) {
     phase_done_at_ = Clock::now();
     if (hooks_.phase_done) hooks_.phase_done();
@@ -548,8 +541,6 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
       if (id == worker || scheduler_.HasCancelled(id)) s->wake.notify_all();
     }
   }
-  // Answered once its results (and, for duplicates, the results they duplicate) are stored.
-  if (!AwaitStored(lock)) return {StatusCode::UNAVAILABLE, "the results are not stored yet: send them again"};
   return grpc::Status::OK;
 }
 

@@ -22,6 +22,7 @@
 #include "namm/coordinator/lease_scheduler.h"
 #include "namm/coordinator/store.h"
 #include "namm/v1/coordinator.grpc.pb.h"
+#include "progress_log.h"
 
 namespace namm::coordinator {
 
@@ -44,12 +45,6 @@ struct PhaseData {
   std::map<int64_t, std::vector<float>> params;  // candidate (or kMeanCandidate) -> flat parameters
 };
 
-struct ReferenceResult {
-  std::string task;
-  int64_t prompt = 0;
-  double score = 0;
-};
-
 struct ServiceCounters {
   SchedulerCounters scheduler;
   int64_t workers = 0;             // registered now
@@ -61,27 +56,13 @@ struct ServiceCounters {
 };
 
 // What the service calls back into the run loop. Called on gRPC threads with the service's lock held: they must
-// only hand off (post to the loop).
+// be quick (hand off, or append to the progress log).
 struct ServiceHooks {
   // The result that completes the phase arrived.
   std::function<void()> phase_done;
-  // Writes are waiting for TakePending(): reports are answered, and leases sent, once they are stored
-  // (MarkStored). Empty: nothing waits (tests of the service alone).
-  std::function<void()> store_pending;
-};
-
-// What the run loop must store, in one go (TakePending): results, and the lease journal (leases handed out, which
-// a restarted coordinator keeps for their holders, and leases that ended).
-struct PendingWrites {
-  std::vector<EvaluationRecord> evaluations;
-  std::vector<ReferenceResult> references;
-  std::vector<LeaseRecord> leases_issued;
-  std::vector<uint64_t> leases_ended;
-  uint64_t sequence = 0;  // pass to MarkStored() once all of it is stored
-
-  bool empty() const {
-    return evaluations.empty() && references.empty() && leases_issued.empty() && leases_ended.empty();
-  }
+  // Leases handed out (before they are sent) and ended, results accepted (before their report is answered): to
+  // the progress log, so that a restarted coordinator loses nothing. Empty: nothing survives a restart.
+  std::function<Status(const ProgressEntries&)> log;
 };
 
 class WorkerService final : public v1::Coordinator::Service {
@@ -90,12 +71,8 @@ class WorkerService final : public v1::Coordinator::Service {
 
   // Run loop side.
   void StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units);
-  // What was accepted or handed out since the last call.
-  PendingWrites TakePending();
-  // Everything TakePending() returned up to `sequence` is stored: reports waiting for it are answered and leases
-  // waiting for it are sent. A worker drops what a report sent only once it is answered, and a lease reaches a
-  // worker only once a restarted coordinator would know it: nothing finished is lost when the coordinator dies.
-  void MarkStored(uint64_t sequence);
+  // Results accepted since the last call (already in the progress log), for the store.
+  void TakeResults(std::vector<EvaluationRecord>* evaluations, std::vector<ReferenceResult>* references);
   bool PhaseDone() const;
   // When the phase's last result arrived (its start if it had no units).
   std::chrono::steady_clock::time_point PhaseDoneAt() const;
@@ -140,11 +117,11 @@ class WorkerService final : public v1::Coordinator::Service {
   grpc::Status FindSession(const std::string& worker_id, std::shared_ptr<Session>* session, bool departed = false);
   // Why the worker's stream ends now, if it does (mu_ held).
   std::optional<v1::WorkBatch::End> StreamEnd(const std::string& worker_id) const;
-  // Fills `batch` with cancellations and as many leases as the worker has free slots, journaled (mu_ held).
-  void FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
-  // Waits (mu_ held through `lock`) until what was pending when called is stored; false after 10 s or when the
-  // service ended first.
-  bool AwaitStored(std::unique_lock<std::mutex>& lock);
+  // Fills `batch` with cancellations and as many leases as the worker has free slots; false when they could not
+  // be logged (mu_ held).
+  bool FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
+  // Appends to the progress log (mu_ held); false (logged) when it cannot.
+  bool Log(const ProgressEntries& entries);
   void WakeAll();
 
   const ServiceConfig config_;
@@ -156,10 +133,8 @@ class WorkerService final : public v1::Coordinator::Service {
   std::map<std::string, std::shared_ptr<Session>> departed_;  // streams ended in this phase
   std::shared_ptr<const PhaseData> phase_;
   std::optional<v1::WorkBatch::End> end_;
-  PendingWrites pending_;
-  uint64_t pending_sequence_ = 0;  // bumped by every addition to pending_
-  uint64_t stored_sequence_ = 0;   // of those, stored (MarkStored)
-  std::condition_variable stored_;
+  std::vector<EvaluationRecord> evaluations_;  // accepted, not yet taken for the store
+  std::vector<ReferenceResult> references_;
   std::atomic<int64_t> refused_{0};
   std::array<std::atomic<int64_t>, 17> refused_by_code_{};  // by grpc::StatusCode (0..16)
 };

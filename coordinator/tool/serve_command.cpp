@@ -38,6 +38,7 @@ struct ServeFlags {
   int quarantine_after = 3;
   double max_dropped_share = 0.05;
   int heartbeat_ms = 2000;
+  int store_interval_ms = 2000;
   int max_message_bytes = 4 << 20;
   std::string metrics_listen;
   // serve only
@@ -215,6 +216,7 @@ Status Serve(const ServeFlags& f) {
   options.scheduler.quarantine_after = f.quarantine_after;
   options.max_dropped_share = f.max_dropped_share;
   options.heartbeat_interval_ms = f.heartbeat_ms;
+  options.store_interval = std::chrono::milliseconds(f.store_interval_ms);
   options.max_message_bytes = f.max_message_bytes;
   options.metrics_listen = f.metrics_listen;
   options.linger = std::chrono::duration<double>(f.linger_s);
@@ -312,6 +314,10 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(1, 1000000));
   cmd->add_option("--heartbeat-ms", f.heartbeat_ms, "How often workers send heartbeats (default 2000)")
       ->check(CLI::Range(50, 600000));
+  cmd->add_option("--store-interval-ms", f.store_interval_ms,
+                  "How often accepted results are written to the database (default 2000; they are in the "
+                  "progress log beside it at once)")
+      ->check(CLI::Range(10, 600000));
   cmd->add_option("--max-message-bytes", f.max_message_bytes,
                   "Largest message accepted from a worker (default 4 MiB; a report of 1,024 prompts with statistics "
                   "is about 0.4 MiB)")

@@ -97,7 +97,7 @@ struct SimRun {
     const std::size_t logged = ReadText(log("coordinator")).size();
     std::vector<std::string> args = {kCoordinator, "serve", "--config", spec, "--db", db, "--listen", address(),
                                      "--token-file", token, "--data-dir", "synthetic=" + dir, "--lease-timeout", "3",
-                                     "--heartbeat-ms", "200"};
+                                     "--heartbeat-ms", "200", "--store-interval-ms", "50"};
     args.insert(args.end(), extra.begin(), extra.end());
     Child c = Spawn(args, log("coordinator"));
     WaitUntil([&] {

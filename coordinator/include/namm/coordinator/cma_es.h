@@ -18,6 +18,9 @@
 //    reproducible while a 9 s decomposition (N = 4172) overlaps the generations that follow it.
 //  - Samples come from Philox keyed by (seed, draw index), so the population of a generation is a pure function
 //    of the state and the draw index (the reference draws from a stateful torch generator).
+//  - tell() whitens a sample with the draw it came from (C^-1/2 y = B z, as y = B D z with the same eigensystem)
+//    instead of multiplying y by B D^-1 B^T as the reference does: the same vector, without a lambda x N x N
+//    product (up to rounding).
 //  - The separable variant (Covariance::kDiagonal, Ros & Hansen 2008) keeps only the diagonal of C, with the
 //    learning rates c_1, c_mu multiplied by (N + 2) / 3, for dimensions where an N x N matrix is too large.
 #pragma once
@@ -123,6 +126,7 @@ struct Population {
   int64_t size = 0, dimension = 0;
   std::vector<double> x;          // [lambda, N] row-major
   std::vector<double> y;          // [lambda, N] row-major
+  std::vector<double> z;          // [lambda, N] row-major: the standard normal draws (y = B D z)
 
   const double* candidate(int64_t k) const { return x.data() + k * dimension; }
 };
@@ -141,9 +145,14 @@ bool eigen_due(const CmaesParams& params, const CmaesState& state);
 Status apply_eigensystem(CmaesState& state, Eigensystem eigen);
 
 // Samples generation `state.generation`'s population from noise block `draw` (a pure function of params,
-// state and draw); a due decomposition must have been applied first. The reference's run keys its draws by generation; a caller that rewinds the state (the stage
-// hand-over restores an earlier checkpoint) passes a fresh draw index so that no noise is reused.
+// state and draw); a due decomposition must have been applied first. The reference's run keys its draws by
+// generation; a caller that rewinds the state (the stage hand-over restores an earlier checkpoint) passes a fresh
+// draw index so that no noise is reused.
 Population ask(const CmaesParams& params, const CmaesState& state, uint64_t draw);
+// ask() in two steps: the draws and directions (z, y = B D z), which need only the eigensystem and so can be
+// computed ahead (a lambda x N x N product); then the candidates x = m + sigma y.
+Population sample_directions(const CmaesParams& params, const Eigensystem& eigen, int64_t generation, uint64_t draw);
+void place_candidates(const CmaesState& state, Population* population);
 
 // Updates the state with the fitness of each candidate of `population` (higher is better; ties keep candidate
 // order). Refuses a population sampled from another generation, a wrong number of values, and any non-finite

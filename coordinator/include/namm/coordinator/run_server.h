@@ -2,7 +2,7 @@
 // into leases and the workers' results into stored evaluations, generation after generation.
 //
 // The loop runs on Boost.Asio on the caller's thread: a timer expires leases, stores the results collected
-// since the last tick (one transaction per tick, so thousands of results per second cost a few commits), and
+// (they are in the progress log as they arrive; the store takes them every store_interval), and
 // advances the trainer once every unit of the phase has a result; SIGTERM and SIGINT store what has arrived
 // and stop cleanly. Missing base-model reference scores are computed by the workers as units of the same phase
 // (full cache) and stored before the phase's tell(). Everything the run needs to continue is in the store,
@@ -54,6 +54,9 @@ struct ServeOptions {
   // this long, or until SIGTERM / Stop(): Prometheus sees the end, and supervisors see a live process.
   std::chrono::duration<double> linger{0};
   std::chrono::milliseconds tick{50};
+  // Accepted results go to the progress log at once (a restart loses none) and to the store in one transaction
+  // this often (and when the phase ends): longer writes less, shorter shows them sooner in the database.
+  std::chrono::milliseconds store_interval{2000};
   bool handle_signals = true;              // SIGTERM / SIGINT stop the loop cleanly
   // Called on the loop's thread after every phase.
   std::function<void(const PhaseProgress&)> progress;

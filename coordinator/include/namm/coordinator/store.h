@@ -8,10 +8,7 @@
 //
 // Durability: every public call that writes is one transaction, so a crash at any instant leaves either all or
 // none of it. In particular CommitGeneration() writes everything a generation's tell() changes (the generation,
-// its candidates, the new optimizer state, stage progress, metrics) at once. Transactions are synced to disk
-// (they survive a power loss), except RecordEvaluations() and RecordLeases(), the coordinator's stream of progress:
-// those survive a crash of the process, and a power loss may lose the last of them (results then computed again),
-// never what a later synced transaction (a generation's commit) relies on.
+// its candidates, the new optimizer state, stage progress, metrics) at once. Every transaction is synced to disk.
 #pragma once
 
 #include <cstdint>
@@ -208,18 +205,6 @@ struct DroppedPrompt {
   std::string dropped_at;  // ISO 8601, UTC (filled by the store)
 };
 
-// A lease handed to a worker. The coordinator writes them before sending them and removes them when they end,
-// so that a restarted coordinator keeps each unfinished one for its holder.
-struct LeaseRecord {
-  uint64_t id = 0;
-  int64_t generation = 0;
-  std::string worker;  // the holder's name
-  bool reference = false;
-  int64_t candidate = 0;
-  std::string task;
-  std::vector<int64_t> prompts;
-};
-
 struct ReferenceImport {
   int64_t added = 0, unchanged = 0, replaced = 0;
 };
@@ -252,9 +237,6 @@ class Store {
   // In (generation, task, prompt) order.
   Result<std::vector<DroppedPrompt>> GetDroppedPrompts(int64_t run_id) const;
 
-  // One transaction: removes `ended`, then writes `issued`. CommitGeneration() removes the generation's leases.
-  Status RecordLeases(int64_t run_id, const std::vector<LeaseRecord>& issued, const std::vector<uint64_t>& ended);
-  Result<std::vector<LeaseRecord>> GetLeases(int64_t run_id, int64_t generation) const;
   // Increments and returns the run's lease epoch: each coordinator start numbers its leases from epoch << 32, so
   // that they never collide with the leases an earlier one handed out.
   Result<int64_t> NextLeaseEpoch(int64_t run_id);

@@ -140,8 +140,9 @@ class Trainer {
   Result<Rebuilt> Rebuild(int64_t stage, int64_t generation) const;
   // The snapshots a rebuild of each position needs (the base and its eigensystem's source).
   Result<std::vector<int64_t>> SnapshotsNeeded(const std::vector<std::pair<int64_t, int64_t>>& positions) const;
-  // Whether a snapshot of the state after this generation's tell() is due (`before`: the state before it).
-  bool SnapshotDue(const CmaesState& before, const CmaesState& after) const;
+  // Whether a snapshot of the state after this generation's tell() is due (the state before it had these
+  // pending and eigensystem generations).
+  bool SnapshotDue(int64_t pending_before, int64_t eigen_before, const CmaesState& after) const;
   // The distinct (task, prompt) pairs generation `generation` plans (its samples and evaluation prompts).
   int64_t PlannedPrompts(int64_t generation) const;
   std::vector<WorkUnit> MissingFrom(const std::vector<EvaluationRecord>& done) const;
@@ -167,8 +168,13 @@ class Trainer {
   std::future<Result<std::pair<Eigensystem, uint32_t>>> eigen_job_;
   int64_t eigen_job_generation_ = -1;
   std::optional<std::pair<int64_t, uint32_t>> eigen_applied_;  // recorded with the next commit
+  // The next generation's draws and directions, computed while this one runs, with the eigensystem they used
+  // (taken only if the next generation samples with the same one).
+  std::future<Population> next_directions_;
+  std::shared_ptr<const std::vector<double>> next_directions_basis_;
   GenerationPlan plan_;
   DropCounts drops_;
+  Status broken_;  // set when a commit failed after tell() changed the state
 };
 
 }  // namespace namm::coordinator
