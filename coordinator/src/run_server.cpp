@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <regex>
 #include <set>
 
 #include "coordinator_metrics.h"
@@ -105,8 +104,12 @@ struct RunServer::Impl {
 
 Status check_serveable(const RunSpec& spec) {
   // Workers present what `namm-worker fingerprint` prints; a label could never match one.
-  static const std::regex kFingerprint("sha256:[0-9a-f]{64}");
-  if (!std::regex_match(spec.model.fingerprint, kFingerprint)) {
+  const std::string& f = spec.model.fingerprint;
+  const bool worker_fingerprint = f.size() == 7 + 64 && f.rfind("sha256:", 0) == 0 &&
+                                  std::all_of(f.begin() + 7, f.end(), [](char c) {
+                                    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                                  });
+  if (!worker_fingerprint) {
     return Status::InvalidArgument("model.fingerprint '" + spec.model.fingerprint +
                                    "' is not a worker fingerprint: put what `namm-worker fingerprint --model PATH` "
                                    "prints (sha256:<64 hex digits>) in the run spec");

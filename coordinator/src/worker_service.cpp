@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
-#include <regex>
 #include <sstream>
 
+#include "namm/file_util.h"
 #include "namm/v1/norm_stats_proto.h"
 
 namespace namm::coordinator {
@@ -30,12 +29,15 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-std::string NewWorkerId() {
-  std::random_device device;  // identifiers only: never part of the run's deterministic state
-  static const char* hex = "0123456789abcdef";
-  std::string id = "w-";
-  for (int i = 0; i < 24; ++i) id += hex[device() % 16];
-  return id;
+std::string NewWorkerId() { return "w-" + random_hex(24); }
+
+// "cpu" or "cuda:N" (N: 1 to 3 digits).
+bool IsDevice(const std::string& s) {
+  if (s == "cpu") return true;
+  const std::string prefix = "cuda:";
+  if (s.rfind(prefix, 0) != 0 || s.size() == prefix.size() || s.size() > prefix.size() + 3) return false;
+  return std::all_of(s.begin() + static_cast<std::ptrdiff_t>(prefix.size()), s.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // The names Prometheus labels and gRPC's documentation use.
@@ -134,14 +136,16 @@ grpc::Status WorkerService::Authenticate(const grpc::ServerContext& context) {
 
 grpc::Status WorkerService::FindSession(const std::string& worker_id, std::shared_ptr<Session>* session,
                                         bool departed) {
-  auto it = sessions_.find(worker_id);
-  if (it == sessions_.end() && departed) it = departed_.find(worker_id);
-  if (it == sessions_.end() || it == departed_.end()) {
-    return Refuse(StatusCode::NOT_FOUND, "unknown worker id '" + worker_id + "' (coordinator restarted or the "
-                                         "session ended): register again");
+  if (const auto it = sessions_.find(worker_id); it != sessions_.end()) {
+    *session = it->second;
+    return grpc::Status::OK;
   }
-  *session = it->second;
-  return grpc::Status::OK;
+  if (const auto it = departed_.find(worker_id); departed && it != departed_.end()) {
+    *session = it->second;
+    return grpc::Status::OK;
+  }
+  return Refuse(StatusCode::NOT_FOUND, "unknown worker id '" + worker_id + "' (coordinator restarted or the "
+                                       "session ended): register again");
 }
 
 void WorkerService::WakeAll() {
@@ -253,8 +257,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
                   "worker '" + name + "' has model fingerprint '" + caps.model_fingerprint() + "' but run '" +
                       config_.run_name + "' needs '" + config_.model_fingerprint + "'");
   }
-  static const std::regex kDevice("cpu|cuda:[0-9]{1,3}");
-  if (!std::regex_match(caps.device(), kDevice)) {
+  if (!IsDevice(caps.device())) {
     return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.device must be cpu or cuda:N, got '" + caps.device() + "'");
   }
   if (caps.memory_bytes() < 0) return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.memory_bytes is negative");

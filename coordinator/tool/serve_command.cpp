@@ -1,6 +1,7 @@
 // serve: a run's coordinator service for remote workers (namm-worker serve), until the schedule is done or a
 // signal stops it. run: the same service plus N local namm-worker processes, with a progress line per
 // generation. Both resume the run a database already holds.
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -9,11 +10,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <random>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "commands.h"
@@ -78,10 +81,7 @@ Status ApplyLogLevel(const std::string& level) {
 
 // A fresh shared secret for local workers, in a private file.
 Result<std::string> WriteLocalToken(const std::string& dir) {
-  std::random_device device;
-  static const char* hex = "0123456789abcdef";
-  std::string token;
-  for (int i = 0; i < 48; ++i) token += hex[device() % 16];
+  const std::string token = random_hex(48);
   const std::string path = dir + "/token";
   NAMM_RETURN_IF_ERROR(write_file_atomically(path, {token}));
   if (::chmod(path.c_str(), 0600) != 0) return Status::IOError(path + ": cannot restrict permissions");
@@ -107,10 +107,55 @@ std::string WorkerBinary(const std::string& given) {
   return parent_directory(self) + "/namm-worker";
 }
 
-// Local worker processes: started with the run's model, watched, stopped.
+// Copies a local worker's output to this process's stderr a whole line at a time, each line prefixed with the
+// worker's name: lines of several workers never mix mid-line.
+class LineRelay {
+ public:
+  LineRelay(int fd, std::string prefix) : fd_(fd), prefix_(std::move(prefix)), thread_([this] { Loop(); }) {}
+  ~LineRelay() {
+    thread_.join();  // the worker has exited: the pipe is at its end
+    ::close(fd_);
+  }
+
+ private:
+  void Loop() {
+    std::string pending;
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(fd_, buffer, sizeof buffer)) != 0;) {
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      pending.append(buffer, static_cast<std::size_t>(n));
+      for (std::size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) {
+        Emit(pending.substr(0, end));
+      }
+    }
+    if (!pending.empty()) Emit(pending);
+  }
+  void Emit(const std::string& line) {
+    static std::mutex mu;  // one line at a time across relays
+    const std::string out = prefix_ + line + "\n";
+    std::lock_guard<std::mutex> lock(mu);
+    for (std::size_t at = 0; at < out.size();) {
+      const ssize_t n = ::write(STDERR_FILENO, out.data() + at, out.size() - at);
+      if (n <= 0 && errno != EINTR) return;
+      if (n > 0) at += static_cast<std::size_t>(n);
+    }
+  }
+
+  const int fd_;
+  const std::string prefix_;
+  std::thread thread_;
+};
+
+// Local worker processes: started with the run's model, watched, stopped; their output relayed line by line.
 class LocalWorkers {
  public:
-  ~LocalWorkers() { Stop(std::chrono::seconds(0)); }
+  ~LocalWorkers() {
+    Stop(std::chrono::seconds(0));
+    relays_.clear();
+  }
 
   Status Start(const ServeFlags& f, const RunSpec& spec, int port, const std::string& token_file) {
     const std::string binary = WorkerBinary(f.worker_binary);
@@ -123,7 +168,7 @@ class LocalWorkers {
       std::vector<std::string> args = {binary, "serve", "--coordinator", "127.0.0.1:" + std::to_string(port),
                                        "--model", spec.model.path, "--token-file", token_file, "--exit-when-done",
                                        "--name", "local-" + std::to_string(i), "--threads", std::to_string(threads),
-                                       "--log-level", "warn"};
+                                       "--log-level", f.log_level == "info" ? "warn" : f.log_level};
       if (!spec.model.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", spec.model.tokenizer});
       if (!f.metrics_listen.empty()) {
         const std::string address = WorkerMetricsAddress(f.metrics_listen, i);
@@ -142,11 +187,22 @@ class LocalWorkers {
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
+      int out[2];
+      if (::pipe2(out, O_CLOEXEC) != 0) return Status::IOError(std::string("pipe: ") + std::strerror(errno));
+      posix_spawn_file_actions_t actions;
+      posix_spawn_file_actions_init(&actions);
+      posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+      posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
       pid_t pid = 0;
-      if (const int err = ::posix_spawn(&pid, binary.c_str(), nullptr, nullptr, argv.data(), environ); err != 0) {
+      const int err = ::posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
+      posix_spawn_file_actions_destroy(&actions);
+      ::close(out[1]);
+      if (err != 0) {
+        ::close(out[0]);
         return Status::IOError("cannot start " + binary + ": " + std::strerror(err));
       }
       pids_.push_back(pid);
+      relays_.push_back(std::make_unique<LineRelay>(out[0], "[local-" + std::to_string(i) + "] "));
     }
     return Status::Ok();
   }
@@ -194,6 +250,7 @@ class LocalWorkers {
 
  private:
   std::vector<pid_t> pids_;
+  std::vector<std::unique_ptr<LineRelay>> relays_;
   std::string last_failure_;
 };
 

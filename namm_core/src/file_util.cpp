@@ -1,5 +1,7 @@
 #include "namm/file_util.h"
 
+#include <random>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -97,6 +99,14 @@ Status write_file_atomically(const std::string& path, const std::vector<std::str
     ::close(dir);
   }
   return Status::Ok();
+}
+
+std::string random_hex(std::size_t digits) {
+  std::random_device device;
+  static const char* const kHex = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < digits; ++i) out += kHex[device() % 16];
+  return out;
 }
 
 }  // namespace namm

@@ -787,8 +787,14 @@ TEST(Distribution, StoriesRunWithTwoLocalWorkersEndsWithAnExportedNamm) {
                                 "  - {tasks: [syn/story_recall], generations: 3}\n");
   const std::string db = dir + "/run.db";
   const auto run = RunProcess(kCoordinator + " run --config " + dir + "/spec.yaml --db " + db +
-                              " --local-workers 2 --data-dir synthetic=" + dir);
+                              " --local-workers 2 --data-dir synthetic=" + dir + " --log-level debug");
   ASSERT_EQ(run.exit_code, 0) << run.output;
+  // The workers' log lines come whole, each prefixed with its worker's name.
+  EXPECT_NE(run.output.find("\n[local-0] "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("\n[local-1] "), std::string::npos) << run.output;
+  for (std::size_t at = run.output.find("[local-"); at != std::string::npos; at = run.output.find("[local-", at + 1)) {
+    EXPECT_TRUE(at == 0 || run.output[at - 1] == '\n') << "a worker's line mixed into another at " << at;
+  }
   for (const char* line : {"normalization statistics frozen", "generation 0 (stage 0) | best ",
                            "generation 2 (stage 0) | best ", "run 'stories-test' finished"}) {
     EXPECT_NE(run.output.find(line), std::string::npos) << line << "\n" << run.output;

@@ -1,4 +1,4 @@
-// Whole-file reads and crash-safe writes.
+// Whole-file reads and crash-safe writes, and the secrets kept in files.
 #pragma once
 
 #include <string>
@@ -21,6 +21,10 @@ Result<std::string> read_file(const std::string& path);
 // A shared secret kept in a file (e.g. the coordinator's worker token): the content without surrounding
 // whitespace, which must be at least 16 printable characters.
 Result<std::string> read_secret_file(const std::string& path);
+
+// `digits` random hexadecimal digits from the OS's random device: identifiers and secrets, never part of a run's
+// deterministic state.
+std::string random_hex(std::size_t digits);
 
 // Writes `pieces` back to back into `path` so that a crash or error at any point leaves either the old file or the
 // complete new one: the data goes to a temporary file in the same directory, is fsync'ed, then renamed over `path`.
