@@ -6,8 +6,10 @@
 #include <cmath>
 #include <sstream>
 
+#include "message_checks.h"
 #include "namm/file_util.h"
 #include "namm/v1/norm_stats_proto.h"
+#include "namm/v1/protocol.h"
 
 namespace namm::coordinator {
 
@@ -16,29 +18,7 @@ namespace {
 using grpc::StatusCode;
 using Clock = LeaseScheduler::Clock;
 
-constexpr int kMaxSlots = 64;
-constexpr std::size_t kMaxResultsPerReport = 1024;
-constexpr std::size_t kMaxErrorBytes = 2048;
-constexpr std::size_t kMaxIdsPerCall = 4096;
-
-// Constant time in the content: how much of a wrong token matches must not show in the timing.
-bool SameSecret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 std::string NewWorkerId() { return "w-" + random_hex(24); }
-
-// "cpu" or "cuda:N" (N: 1 to 3 digits).
-bool IsDevice(const std::string& s) {
-  if (s == "cpu") return true;
-  const std::string prefix = "cuda:";
-  if (s.rfind(prefix, 0) != 0 || s.size() == prefix.size() || s.size() > prefix.size() + 3) return false;
-  return std::all_of(s.begin() + static_cast<std::ptrdiff_t>(prefix.size()), s.end(),
-                     [](char c) { return c >= '0' && c <= '9'; });
-}
 
 // The names Prometheus labels and gRPC's documentation use.
 std::string StatusCodeName(StatusCode code) {
@@ -48,46 +28,6 @@ std::string StatusCodeName(StatusCode code) {
                                        "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
   const auto i = static_cast<std::size_t>(code);
   return i < std::size(kNames) ? kNames[i] : "UNKNOWN";
-}
-
-bool Printable(const std::string& s) {
-  for (char c : s) {
-    if (c < 0x20 || c > 0x7e) return false;
-  }
-  return true;
-}
-
-// An empty string when `stats` is well formed, else what is wrong.
-std::string CheckNormStats(const v1::NormStats& stats) {
-  if (stats.count() < 0) return "count is negative";
-  if (stats.mean_size() != static_cast<int>(kStftBins) || stats.var_size() != static_cast<int>(kStftBins)) {
-    return "mean and var need " + std::to_string(kStftBins) + " values each, got " +
-           std::to_string(stats.mean_size()) + " and " + std::to_string(stats.var_size());
-  }
-  for (int i = 0; i < stats.mean_size(); ++i) {
-    if (!std::isfinite(stats.mean(i)) || !std::isfinite(stats.var(i)) || stats.var(i) < 0) {
-      return "bin " + std::to_string(i) + " has a non-finite mean or a negative or non-finite variance";
-    }
-  }
-  return "";
-}
-
-// An empty string when the result's numbers are well formed, else "field: reason".
-std::string CheckResult(const v1::PromptResult& r) {
-  if (!std::isfinite(r.score()) || r.score() < 0 || r.score() > 1) {
-    std::ostringstream text;
-    text << "score " << r.score() << " is not a finite number in [0, 1]";
-    return text.str();
-  }
-  if (!std::isfinite(r.cache_size_mean()) || r.cache_size_mean() < 0) return "cache_size_mean is negative or not finite";
-  if (r.cache_size_final() < 0) return "cache_size_final is negative";
-  if (r.prompt_tokens() < 0 || r.generated_tokens() < 0) return "token counts must not be negative";
-  if (!std::isfinite(r.seconds()) || r.seconds() < 0) return "seconds is negative or not finite";
-  if (r.has_norm_stats()) {
-    const std::string bad = CheckNormStats(r.norm_stats());
-    if (!bad.empty()) return "norm_stats: " + bad;
-  }
-  return "";
 }
 
 }  // namespace
@@ -247,35 +187,17 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
     std::lock_guard<std::mutex> lock(mu_);
     if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down"};
   }
-  const std::string& name = request->worker_name();
-  if (name.empty() || name.size() > 128 || !Printable(name)) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "worker_name must be 1 to 128 printable ASCII characters");
+  if (const std::string bad = CheckRegister(*request); !bad.empty()) {
+    return Refuse(request->protocol_version() != v1::kProtocolVersion ? StatusCode::FAILED_PRECONDITION
+                                                                      : StatusCode::INVALID_ARGUMENT,
+                  bad);
   }
+  const std::string& name = request->worker_name();
   const v1::Capabilities& caps = request->capabilities();
   if (caps.model_fingerprint() != config_.model_fingerprint) {
     return Refuse(StatusCode::FAILED_PRECONDITION,
                   "worker '" + name + "' has model fingerprint '" + caps.model_fingerprint() + "' but run '" +
                       config_.run_name + "' needs '" + config_.model_fingerprint + "'");
-  }
-  if (!IsDevice(caps.device())) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.device must be cpu or cuda:N, got '" + caps.device() + "'");
-  }
-  if (caps.memory_bytes() < 0) return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.memory_bytes is negative");
-  if (caps.max_concurrent_leases() < 1 || caps.max_concurrent_leases() > kMaxSlots) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "capabilities.max_concurrent_leases must be 1 to " +
-                                                    std::to_string(kMaxSlots) + ", got " +
-                                                    std::to_string(caps.max_concurrent_leases()));
-  }
-  std::size_t held_prompts = 0;
-  for (const v1::HeldLease& h : request->held_leases()) {
-    held_prompts += static_cast<std::size_t>(h.prompts_size());
-    if (h.kind() != v1::Lease::KIND_CANDIDATE && h.kind() != v1::Lease::KIND_REFERENCE) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, "held lease " + std::to_string(h.lease_id()) + " has no kind");
-    }
-  }
-  if (static_cast<std::size_t>(request->held_leases_size()) > kMaxIdsPerCall || held_prompts > kMaxIdsPerCall) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "a registration names at most " + std::to_string(kMaxIdsPerCall) +
-                                                    " held leases and prompts");
   }
   std::lock_guard<std::mutex> lock(mu_);
   const std::string id = NewWorkerId();
@@ -313,6 +235,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
   response->set_rope_scaling(config_.rope_scaling);
   response->set_heartbeat_interval_ms(config_.heartbeat_interval_ms);
   response->set_lease_timeout_ms(static_cast<int32_t>(scheduler_.options().lease_timeout.count()));
+  response->set_protocol_version(v1::kProtocolVersion);
   spdlog::info("worker '{}' registered as {} ({}, {} leases at once)", name, id, caps.device(),
                caps.max_concurrent_leases());
   return grpc::Status::OK;
@@ -423,33 +346,11 @@ std::optional<v1::WorkBatch::End> WorkerService::StreamEnd(const std::string& wo
 grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::ReportRequest* request,
                                    v1::ReportResponse* response) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
-  const std::size_t entries = static_cast<std::size_t>(request->results_size() + request->failures_size());
-  if (entries == 0 && !request->lease_done()) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "a report needs at least one result or failure, or lease_done");
-  }
-  if (entries > kMaxResultsPerReport) {
-    return Refuse(StatusCode::INVALID_ARGUMENT,
-                  "a report holds at most " + std::to_string(kMaxResultsPerReport) + " results and failures");
+  std::set<int64_t> prompts;
+  if (const std::string bad = CheckReport(*request, &prompts); !bad.empty()) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, bad);
   }
   const std::string where = "lease " + std::to_string(request->lease_id()) + ", prompt ";
-  std::set<int64_t> prompts;
-  for (const v1::PromptResult& r : request->results()) {
-    if (const std::string bad = CheckResult(r); !bad.empty()) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, where + std::to_string(r.prompt()) + ": " + bad);
-    }
-    if (!prompts.insert(r.prompt()).second) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, "prompt " + std::to_string(r.prompt()) + " is reported twice");
-    }
-  }
-  for (const v1::PromptFailure& f : request->failures()) {
-    if (f.error().size() > kMaxErrorBytes) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, where + std::to_string(f.prompt()) + ": the failure's error has more "
-                                                  "than " + std::to_string(kMaxErrorBytes) + " bytes");
-    }
-    if (!prompts.insert(f.prompt()).second) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, "prompt " + std::to_string(f.prompt()) + " is reported twice");
-    }
-  }
 
   std::lock_guard<std::mutex> lock(mu_);
   if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down: send the results again"};
@@ -550,8 +451,8 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
-  if (static_cast<std::size_t>(request->lease_ids_size()) > kMaxIdsPerCall) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "a heartbeat names at most " + std::to_string(kMaxIdsPerCall) + " leases");
+  if (const std::string bad = CheckIdCount(request->lease_ids_size(), "a heartbeat"); !bad.empty()) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, bad);
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Session> session;
@@ -565,8 +466,8 @@ grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context, const v1::He
 grpc::Status WorkerService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                                   v1::DrainResponse* /*response*/) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
-  if (static_cast<std::size_t>(request->returned_lease_ids_size()) > kMaxIdsPerCall) {
-    return Refuse(StatusCode::INVALID_ARGUMENT, "a drain returns at most " + std::to_string(kMaxIdsPerCall) + " leases");
+  if (const std::string bad = CheckIdCount(request->returned_lease_ids_size(), "a drain"); !bad.empty()) {
+    return Refuse(StatusCode::INVALID_ARGUMENT, bad);
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Session> session;

@@ -29,6 +29,7 @@
 #include "namm/file_util.h"
 #include "namm/namm_file.h"
 #include "namm/v1/coordinator.grpc.pb.h"
+#include "namm/v1/protocol.h"
 #include "synthetic_run.h"
 #include "sim_executor.h"
 
@@ -494,7 +495,7 @@ class RawClient {
     c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   }
   grpc::Status Register(const std::string& name, const std::string& fingerprint, const std::string& device,
-                        int slots, v1::RegisterResponse* out) {
+                        int slots, v1::RegisterResponse* out, uint32_t protocol = v1::kProtocolVersion) {
     grpc::ClientContext c;
     Authorize(c);
     v1::RegisterRequest request;
@@ -502,6 +503,7 @@ class RawClient {
     request.mutable_capabilities()->set_model_fingerprint(fingerprint);
     request.mutable_capabilities()->set_device(device);
     request.mutable_capabilities()->set_max_concurrent_leases(slots);
+    request.set_protocol_version(protocol);
     return stub_->Register(&c, request, out);
   }
   grpc::Status Report(const v1::ReportRequest& request, v1::ReportResponse* out = nullptr) {
@@ -585,6 +587,8 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
                       "capabilities.device"));
   EXPECT_TRUE(Refused(client.Register("w", kSimFingerprint, "cpu", 0, &reg), grpc::StatusCode::INVALID_ARGUMENT,
                       "max_concurrent_leases"));
+  EXPECT_TRUE(Refused(client.Register("w", kSimFingerprint, "cpu", 1, &reg, 0), grpc::StatusCode::FAILED_PRECONDITION,
+                      "protocol version 0"));
   {
     grpc::ClientContext c;
     client.Authorize(c);
@@ -593,6 +597,7 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
     request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
     request.mutable_capabilities()->set_device("cpu");
     request.mutable_capabilities()->set_max_concurrent_leases(1);
+    request.set_protocol_version(v1::kProtocolVersion);
     request.add_held_leases()->set_lease_id(5);
     EXPECT_TRUE(Refused(client.stub().Register(&c, request, &reg), grpc::StatusCode::INVALID_ARGUMENT, "has no kind"));
   }
@@ -741,6 +746,7 @@ TEST(Distribution, MutualTlsAdmitsOnlyWorkersWithACertificateFromTheCa) {
     request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
     request.mutable_capabilities()->set_device("cpu");
     request.mutable_capabilities()->set_max_concurrent_leases(1);
+    request.set_protocol_version(v1::kProtocolVersion);
     v1::RegisterResponse response;
     return stub.Register(&c, request, &response);
   };

@@ -14,6 +14,7 @@
 #include "namm/file_util.h"
 #include "namm/v1/coordinator.grpc.pb.h"
 #include "namm/v1/norm_stats_proto.h"
+#include "namm/v1/protocol.h"
 #include "namm/worker/worker_metrics.h"
 
 namespace namm::worker {
@@ -214,6 +215,7 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   caps->set_device(options.device);
   caps->set_memory_bytes(options.memory_bytes);
   caps->set_max_concurrent_leases(options.concurrency);
+  request.set_protocol_version(v1::kProtocolVersion);
   {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& [id, h] : held) {
@@ -243,6 +245,13 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
       }
       return out;
     }
+  }
+  if (response.protocol_version() != v1::kProtocolVersion) {
+    out.fatal = Status::FailedPrecondition("the coordinator speaks protocol version " +
+                                           std::to_string(response.protocol_version()) + " and this worker " +
+                                           std::to_string(v1::kProtocolVersion) +
+                                           ": run the same namm release on both");
+    return out;
   }
   RunInfo run{response.run_name(), response.architecture_json(), response.rope_scaling()};
   if (Status s = executor.Prepare(run); !s.ok()) {
