@@ -5,10 +5,13 @@
 #   make test-long  build + the long soak/scale tests (ctest -L long)
 #   make bench      build + every benchmark
 #   make sanitize   ASan/UBSan build of namm_core and its tests in build-asan/, then run them
+#   make fuzz       libFuzzer targets (clang, ASan/UBSan) in build-fuzz/, each run FUZZ_RUNS (1,000,000) times
 #   make clean      remove build directories
 
 BUILD_DIR   ?= build
 ASAN_DIR    ?= build-asan
+FUZZ_DIR    ?= build-fuzz
+FUZZ_RUNS   ?= 1000000
 BUILD_TYPE  ?= Release
 JOBS        ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -22,7 +25,7 @@ LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 endif
 
-.PHONY: all deps configure build demo test test-long bench sanitize clean
+.PHONY: all deps configure build demo test test-long bench sanitize fuzz clean
 
 all: build
 
@@ -58,5 +61,12 @@ sanitize: deps
 	cmake --build $(ASAN_DIR) -j $(JOBS) --target namm_core_tests
 	cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L namm_core -j $(JOBS)
 
+fuzz:
+	@scripts/install-deps.sh --fuzz
+	cmake -S . -B $(FUZZ_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_CXX_COMPILER=clang++ -DNAMM_FUZZ=ON -DNAMM_BUILD_TESTS=OFF -DNAMM_BUILD_BENCH=OFF $(LAUNCHER) $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_run_spec fuzz_namm_file fuzz_tokenizer_json fuzz_rpc_messages
+	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_RUNS)
+
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(FUZZ_DIR)

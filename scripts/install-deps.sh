@@ -30,6 +30,11 @@ packages=(
   python3-jieba libmecab-dev mecab unidic-mecab
 )
 
+# `make fuzz` only: clang with libFuzzer and the sanitizer runtimes.
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang libclang-rt-14-dev)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

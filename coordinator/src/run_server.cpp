@@ -136,6 +136,8 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
   config.param_count = spec.architecture.param_count();
   config.rope_scaling = spec.model.rope_scaling;
   config.heartbeat_interval_ms = impl->options.heartbeat_interval_ms;
+  config.max_streams_per_peer = impl->options.max_streams_per_peer;
+  config.max_auth_failures_per_peer = impl->options.max_auth_failures_per_peer;
   Impl* m = impl.get();
   NAMM_ASSIGN_OR_RETURN(const int64_t epoch, store.NextLeaseEpoch(trainer.run_id()));
   impl->options.scheduler.first_lease_id = (static_cast<uint64_t>(epoch) << 32) + 1;

@@ -18,6 +18,7 @@ class MapReader {
   Status Check(const std::set<std::string>& known) const {
     if (!node_.IsMap()) return Status::InvalidArgument(where_ + " must be a mapping");
     for (const auto& item : node_) {
+      if (!item.first.IsScalar()) return Status::InvalidArgument(where_ + ": keys must be plain names");
       const std::string key = item.first.as<std::string>();
       if (!known.count(key)) return Status::InvalidArgument(where_ + ": unknown key '" + key + "'");
     }
@@ -120,7 +121,8 @@ std::vector<std::string> RunSpec::all_tasks() const {
   return {tasks.begin(), tasks.end()};
 }
 
-Result<RunSpec> parse_run_spec(const std::string& yaml, const std::string& source) {
+// parse_run_spec() without its guard against yaml-cpp's exceptions.
+static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -188,6 +190,15 @@ Result<RunSpec> parse_run_spec(const std::string& yaml, const std::string& sourc
   }
   NAMM_RETURN_IF_ERROR(make_cmaes_params(spec.architecture.param_count(), spec.cmaes).status().WithContext(source));
   return spec;
+}
+
+Result<RunSpec> parse_run_spec(const std::string& yaml, const std::string& source) {
+  // yaml-cpp throws on shapes the readers above do not expect (found by tests/fuzz): a clear error, never a crash.
+  try {
+    return ParseRunSpec(yaml, source);
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(source + ": not a valid run spec: " + e.what());
+  }
 }
 
 Result<RunSpec> load_run_spec(const std::string& path) {

@@ -20,6 +20,13 @@ using Clock = LeaseScheduler::Clock;
 
 std::string NewWorkerId() { return "w-" + random_hex(24); }
 
+// "ipv4:10.0.0.7:53412" -> "ipv4:10.0.0.7": the peer's address without its port.
+std::string PeerAddress(const grpc::ServerContext& context) {
+  const std::string peer = context.peer();
+  const std::size_t colon = peer.rfind(':');
+  return colon == std::string::npos || colon < peer.find(':') + 1 ? peer : peer.substr(0, colon);
+}
+
 // The names Prometheus labels and gRPC's documentation use.
 std::string StatusCodeName(StatusCode code) {
   static const char* const kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
@@ -63,15 +70,38 @@ grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) 
 }
 
 grpc::Status WorkerService::Authenticate(const grpc::ServerContext& context) {
+  const std::string peer = PeerAddress(context);
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (const auto p = peers_.find(peer); p != peers_.end() && p->second.blocked_until > now) {
+      return Refuse(StatusCode::RESOURCE_EXHAUSTED,
+                    "too many authentication failures from " + peer + ": refused for a minute");
+    }
+  }
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("x-namm-token");
+  std::string failure;
   if (it == metadata.end()) {
-    return Refuse(StatusCode::UNAUTHENTICATED, "no x-namm-token metadata: workers must present the run's shared secret");
+    failure = "no x-namm-token metadata: workers must present the run's shared secret";
+  } else if (!SameSecret(std::string(it->second.data(), it->second.size()), config_.token)) {
+    failure = "wrong shared secret (x-namm-token)";
   }
-  if (!SameSecret(std::string(it->second.data(), it->second.size()), config_.token)) {
-    return Refuse(StatusCode::UNAUTHENTICATED, "wrong shared secret (x-namm-token)");
+  if (failure.empty()) return grpc::Status::OK;
+  if (config_.max_auth_failures_per_peer > 0) {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    PeerRecord& p = peers_[peer];
+    if (now - p.window_start > std::chrono::minutes(1)) {
+      p.window_start = now;
+      p.auth_failures = 0;
+    }
+    if (++p.auth_failures >= config_.max_auth_failures_per_peer) {
+      p.blocked_until = now + std::chrono::minutes(1);
+      spdlog::warn("{} failed authentication {} times within a minute: its calls are refused for a minute", peer,
+                   p.auth_failures);
+    }
   }
-  return grpc::Status::OK;
+  return Refuse(StatusCode::UNAUTHENTICATED, failure);
 }
 
 grpc::Status WorkerService::FindSession(const std::string& worker_id, std::shared_ptr<Session>* session,
@@ -279,6 +309,24 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
                                    grpc::ServerWriter<v1::WorkBatch>* writer) {
   if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
   const std::string& id = request->worker_id();
+  const std::string peer = PeerAddress(*context);
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    PeerRecord& p = peers_[peer];
+    if (config_.max_streams_per_peer > 0 && p.streams >= config_.max_streams_per_peer) {
+      return Refuse(StatusCode::RESOURCE_EXHAUSTED, peer + " has " + std::to_string(p.streams) +
+                                                        " lease streams open already (--max-streams-per-peer)");
+    }
+    ++p.streams;
+  }
+  struct StreamCount {  // released however the stream ends
+    WorkerService* service;
+    std::string peer;
+    ~StreamCount() {
+      std::lock_guard<std::mutex> lock(service->peers_mu_);
+      --service->peers_[peer].streams;
+    }
+  } counted{this, peer};
   std::shared_ptr<Session> session;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -35,6 +35,10 @@ struct ServiceConfig {
   int64_t param_count = 0;
   std::string rope_scaling;
   int heartbeat_interval_ms = 2000;
+  // Per peer address: lease streams open at once (0: no limit), and authentication failures within a minute
+  // before its calls are refused for a minute (0: no limit).
+  int max_streams_per_peer = 256;
+  int max_auth_failures_per_peer = 20;
 };
 
 // The work of one phase as workers see it.
@@ -109,6 +113,7 @@ class WorkerService final : public v1::Coordinator::Service {
     bool streaming = false;
   };
 
+  // The secret, and the peer's standing: too many recent failures from its address refuse it for a while.
   grpc::Status Authenticate(const grpc::ServerContext& context);
   // Counts and logs a refused call; needs no lock.
   grpc::Status Refuse(grpc::StatusCode code, const std::string& message);
@@ -135,6 +140,13 @@ class WorkerService final : public v1::Coordinator::Service {
   std::optional<v1::WorkBatch::End> end_;
   std::vector<EvaluationRecord> evaluations_;  // accepted, not yet taken for the store
   std::vector<ReferenceResult> references_;
+  struct PeerRecord {
+    int auth_failures = 0;
+    std::chrono::steady_clock::time_point window_start, blocked_until;
+    int streams = 0;
+  };
+  std::mutex peers_mu_;
+  std::map<std::string, PeerRecord> peers_;  // by address, without the port
   std::atomic<int64_t> refused_{0};
   std::array<std::atomic<int64_t>, 17> refused_by_code_{};  // by grpc::StatusCode (0..16)
 };

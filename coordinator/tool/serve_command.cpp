@@ -33,6 +33,7 @@ namespace {
 struct ServeFlags {
   std::string config, db, listen = "127.0.0.1:50051", token_file, log_level = "info";
   ServerTls tls;
+  bool insecure_plaintext = false;
   tasks::TaskPathFlags paths;
   int64_t prompts_per_lease = 4;
   double lease_timeout_s = 30;
@@ -42,6 +43,8 @@ struct ServeFlags {
   double max_dropped_share = 0.05;
   int heartbeat_ms = 2000;
   int store_interval_ms = 2000;
+  int max_streams_per_peer = 256;
+  int max_auth_failures_per_peer = 20;
   int max_message_bytes = 4 << 20;
   std::string metrics_listen;
   // serve only
@@ -168,6 +171,7 @@ class LocalWorkers {
       std::vector<std::string> args = {binary, "serve", "--coordinator", "127.0.0.1:" + std::to_string(port),
                                        "--model", spec.model.path, "--token-file", token_file, "--exit-when-done",
                                        "--name", "local-" + std::to_string(i), "--threads", std::to_string(threads),
+                                       "--insecure-plaintext",  // loopback
                                        "--log-level", f.log_level == "info" ? "warn" : f.log_level};
       if (!spec.model.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", spec.model.tokenizer});
       if (!f.metrics_listen.empty()) {
@@ -258,6 +262,14 @@ Status Serve(const ServeFlags& f) {
   NAMM_RETURN_IF_ERROR(ApplyLogLevel(f.log_level));
   NAMM_ASSIGN_OR_RETURN(RunSpec spec, load_run_spec(f.config));
   NAMM_RETURN_IF_ERROR(check_serveable(spec));  // before the run is created in the database
+  if (f.local_workers == 0 && f.tls.cert.empty()) {
+    if (!f.insecure_plaintext) {
+      return Status::InvalidArgument("serve needs TLS: give --tls-cert and --tls-key (and --tls-client-ca to admit "
+                                     "only workers with a certificate), or --insecure-plaintext on a trusted network");
+    }
+    spdlog::warn("serving in plaintext (--insecure-plaintext): the shared secret and every result cross the network "
+                 "unencrypted");
+  }
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(f.paths));
   NAMM_ASSIGN_OR_RETURN(PromptCosts costs, load_prompt_costs(spec.all_tasks(), paths));
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(f.db, OpenMode::kCreate));
@@ -274,6 +286,8 @@ Status Serve(const ServeFlags& f) {
   options.max_dropped_share = f.max_dropped_share;
   options.heartbeat_interval_ms = f.heartbeat_ms;
   options.store_interval = std::chrono::milliseconds(f.store_interval_ms);
+  options.max_streams_per_peer = f.max_streams_per_peer;
+  options.max_auth_failures_per_peer = f.max_auth_failures_per_peer;
   options.max_message_bytes = f.max_message_bytes;
   options.metrics_listen = f.metrics_listen;
   options.linger = std::chrono::duration<double>(f.linger_s);
@@ -371,6 +385,13 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(1, 1000000));
   cmd->add_option("--heartbeat-ms", f.heartbeat_ms, "How often workers send heartbeats (default 2000)")
       ->check(CLI::Range(50, 600000));
+  cmd->add_option("--max-streams-per-peer", f.max_streams_per_peer,
+                  "Lease streams one address may hold open (default 256; 0: no limit)")
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--max-auth-failures-per-peer", f.max_auth_failures_per_peer,
+                  "Authentication failures one address may have within a minute before its calls are refused for "
+                  "a minute (default 20; 0: no limit)")
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--store-interval-ms", f.store_interval_ms,
                   "How often accepted results are written to the database (default 2000; they are in the "
                   "progress log beside it at once)")
@@ -397,6 +418,8 @@ void AddServeCommands(CLI::App& app, Action& run) {
   serve->add_option("--tls-cert", s->tls.cert, "PEM certificate chain (enables TLS)");
   serve->add_option("--tls-key", s->tls.key, "PEM private key of --tls-cert");
   serve->add_option("--tls-client-ca", s->tls.client_ca, "PEM CA that worker certificates must chain to (mutual TLS)");
+  serve->add_flag("--insecure-plaintext", s->insecure_plaintext,
+                  "Serve without TLS (logs a warning; only on a trusted network)");
   serve->add_option("--linger", s->linger_s,
                     "Seconds to keep serving metrics after the run finished, or until SIGTERM (default 0; e.g. "
                     "1e9 under a supervisor that restarts exited services)")

@@ -47,4 +47,6 @@ STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/namm-coordinator"]
 CMD ["serve", "--config", "/etc/namm/run.yaml", "--db", "/var/lib/namm/run.db", "--listen", "0.0.0.0:50051", \
      "--token-file", "/run/secrets/namm_token", "--metrics-listen", "0.0.0.0:9100", \
-     "--tasks-dir", "/usr/local/share/namm/tasks"]
+     "--tasks-dir", "/usr/local/share/namm/tasks", \
+     "--tls-cert", "/etc/namm/tls/server.pem", "--tls-key", "/etc/namm/tls/server.key", \
+     "--tls-client-ca", "/etc/namm/tls/ca.pem"]

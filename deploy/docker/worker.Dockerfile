@@ -113,4 +113,5 @@ STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/namm-worker"]
 CMD ["serve", "--coordinator", "coordinator:50051", "--token-file", "/run/secrets/namm_token", \
      "--model", "/models/model", "--device", "cuda:0", "--metrics-listen", "0.0.0.0:9101", \
-     "--tasks-dir", "/usr/local/share/namm/tasks"]
+     "--tasks-dir", "/usr/local/share/namm/tasks", \
+     "--tls-ca", "/etc/namm/tls/ca.pem", "--tls-cert", "/etc/namm/tls/worker.pem", "--tls-key", "/etc/namm/tls/worker.key"]

@@ -156,11 +156,15 @@ struct MetricsEndpoint::Impl {
 
 const char* namm_version() { return NAMM_VERSION; }
 
-Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen) {
+Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& requested) {
+  // A bare port (":9100" or "9100") binds loopback only: metrics reach other hosts only when asked for.
+  const std::string digits = !requested.empty() && requested[0] == ':' ? requested.substr(1) : requested;
+  const bool bare_port = !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
+  const std::string listen = bare_port ? "127.0.0.1:" + digits : requested;
   std::string host, port;
   if (!SplitAddress(listen, &host, &port)) {
-    return Status::InvalidArgument("--metrics-listen must be HOST:PORT (e.g. 0.0.0.0:9100, port 0 for a free one), "
-                                   "got '" + listen + "'");
+    return Status::InvalidArgument("--metrics-listen must be HOST:PORT (e.g. 0.0.0.0:9100; port 0 for a free one) or a "
+                                   "port alone (loopback), got '" + requested + "'");
   }
   auto impl = std::make_unique<Impl>();
   boost::system::error_code ec;

@@ -100,6 +100,7 @@ struct SimRun {
                                      "--token-file", token, "--data-dir", "synthetic=" + dir, "--lease-timeout", "3",
                                      "--heartbeat-ms", "200", "--store-interval-ms", "50"};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (std::find(extra.begin(), extra.end(), "--tls-cert") == extra.end()) args.push_back("--insecure-plaintext");
     Child c = Spawn(args, log("coordinator"));
     WaitUntil([&] {
       return ReadText(log("coordinator")).find("serving run '", logged) != std::string::npos ||
@@ -317,6 +318,23 @@ TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
   EXPECT_NE(again.find("namm_population_fitness_mean{run=\"dist_linger\"}"), std::string::npos) << again;
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+}
+
+TEST(Distribution, ServingWithoutTlsNeedsToBeAskedFor) {
+  SimRun r("dist_plaintext");
+  const auto refused = RunProcess(kCoordinator + " serve --config " + r.spec + " --db " + r.db + " --listen " +
+                                  r.address() + " --token-file " + r.token + " --data-dir synthetic=" + r.dir);
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("serve needs TLS"), std::string::npos) << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(r.db)) << "nothing was created";
+  const auto worker = RunProcess(kWorker + " serve --coordinator " + r.address() + " --token-file " + r.token +
+                                 " --model /nowhere/model.bin");
+  EXPECT_NE(worker.output.find("serve needs TLS"), std::string::npos) << worker.output;
+  // Asked for: it serves, and says what that means.
+  Child coordinator = r.Serve();
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0);
+  EXPECT_NE(ReadText(r.log("coordinator")).find("serving in plaintext (--insecure-plaintext)"), std::string::npos);
 }
 
 TEST(Distribution, APlaceholderFingerprintIsRefusedBeforeTheRunIsCreated) {
@@ -707,30 +725,53 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   EXPECT_EQ(evaluations[0].worker, "raw");
 }
 
+TEST(Distribution, APeerGuessingTheSecretOrOpeningTooManyStreamsIsRefused) {
+  SimRun r("dist_peer_limits");
+  Child coordinator = r.Serve({"--max-auth-failures-per-peer", "3", "--max-streams-per-peer", "1"});
+  RawClient client(r.address());
+  v1::RegisterResponse reg, reg2;
+  ASSERT_TRUE(WaitUntil([&] { return client.Register("a", kSimFingerprint, "cpu", 1, &reg).ok(); },
+                        std::chrono::seconds(30)));
+  ASSERT_TRUE(client.Register("b", kSimFingerprint, "cpu", 1, &reg2).ok());
+  // One stream per address here: the second is refused while the first is open.
+  grpc::ClientContext first, second;
+  client.Authorize(first);
+  client.Authorize(second);
+  v1::LeasesRequest a, b;
+  a.set_worker_id(reg.worker_id());
+  b.set_worker_id(reg2.worker_id());
+  auto stream_a = client.stub().Leases(&first, a);
+  v1::WorkBatch batch;
+  ASSERT_TRUE(stream_a->Read(&batch));
+  auto stream_b = client.stub().Leases(&second, b);
+  EXPECT_FALSE(stream_b->Read(&batch));
+  EXPECT_TRUE(Refused(stream_b->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED, "lease streams open already"));
+  first.TryCancel();
+  // Three wrong secrets from this address: then even the right one is refused for a minute.
+  RawClient guesser(r.address(), "not-the-secret-at-all");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(guesser.Register("g", kSimFingerprint, "cpu", 1, &reg).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_TRUE(Refused(client.Register("c", kSimFingerprint, "cpu", 1, &reg), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "too many authentication failures"));
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0);
+}
+
 TEST(Distribution, MutualTlsAdmitsOnlyWorkersWithACertificateFromTheCa) {
   SimRun r("dist_tls");
-  const std::string d = r.dir + "/";
-  WriteText(d + "san.ext", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
-  const std::string ssl = "openssl ";
-  for (const std::string& cmd :
-       {ssl + "req -x509 -newkey rsa:2048 -nodes -keyout " + d + "ca.key -out " + d + "ca.pem -days 2 -subj /CN=namm-ca",
-        ssl + "req -newkey rsa:2048 -nodes -keyout " + d + "server.key -out " + d + "server.csr -subj /CN=localhost",
-        ssl + "x509 -req -in " + d + "server.csr -CA " + d + "ca.pem -CAkey " + d + "ca.key -CAcreateserial -out " + d +
-            "server.pem -days 2 -extfile " + d + "san.ext",
-        ssl + "req -newkey rsa:2048 -nodes -keyout " + d + "client.key -out " + d + "client.csr -subj /CN=worker",
-        ssl + "x509 -req -in " + d + "client.csr -CA " + d + "ca.pem -CAkey " + d + "ca.key -CAcreateserial -out " + d +
-            "client.pem -days 2"}) {
-    const auto out = RunProcess(cmd);
-    ASSERT_EQ(out.exit_code, 0) << cmd << "\n" << out.output;
-  }
+  const std::string d = r.dir + "/tls/";
+  // The certificates the deployment files expect, made by the script they name.
+  const auto made = RunProcess(std::string(NAMM_SOURCE_DIR) + "/deploy/tls/make-certs.sh " + d + " localhost 127.0.0.1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
   Child coordinator = r.Serve({"--tls-cert", d + "server.pem", "--tls-key", d + "server.key", "--tls-client-ca",
                                d + "ca.pem"});
   auto connect = [&](bool with_certificate) {
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = ReadText(d + "ca.pem");
     if (with_certificate) {
-      o.pem_cert_chain = ReadText(d + "client.pem");
-      o.pem_private_key = ReadText(d + "client.key");
+      o.pem_cert_chain = ReadText(d + "worker.pem");
+      o.pem_private_key = ReadText(d + "worker.key");
     }
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("localhost");

@@ -14,7 +14,8 @@ BINDIR holds namm-coordinator and namm-worker. What is checked:
 - Dockerfiles: ENTRYPOINT is /usr/local/bin/<binary of BINDIR> and the file builds and copies that binary;
 - Kubernetes manifests: required fields, selectors, references between objects, probes, scrape annotations;
 - every flag passed to namm-coordinator / namm-worker (unit ExecStart and env examples, Dockerfile CMD, compose
-  command, Kubernetes command/args) appears in `BINDIR/<binary> <subcommand> --help`.
+  command, Kubernetes command/args) appears in `BINDIR/<binary> <subcommand> --help`, and every `serve` speaks TLS
+  (--tls-cert / --tls-ca, never --insecure-plaintext).
 
 Prints one line per check and exits 1, naming the file and the problem, when anything fails.
 Needs Python 3 and PyYAML (python3-yaml) only.
@@ -124,6 +125,11 @@ class Checker:
             self.r.fail(where, f"'{binary} {sub}' is not a subcommand of {os.path.join(self.bindir, binary)}")
             return
         flags = [a.split("=", 1)[0] for a in args[1:] if a.startswith("--")]
+        # Every daemon the deployment files start speaks TLS: plaintext is never a template's default.
+        if sub == "serve":
+            needed = "--tls-cert" if binary == "namm-coordinator" else "--tls-ca"
+            self.r.check(needed in flags and "--insecure-plaintext" not in flags, where,
+                         f"'{binary} serve' without TLS ({needed}) or with --insecure-plaintext")
         unknown = [f for f in flags if f not in options]
         for f in unknown:
             self.r.fail(where, f"flag {f} is not an option of '{binary} {sub}' ({os.path.join(self.bindir, binary)} "

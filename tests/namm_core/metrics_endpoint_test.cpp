@@ -53,8 +53,16 @@ TEST(MetricsEndpoint, AnswersOtherRequestsWithoutMetrics) {
   EXPECT_EQ(HttpExchange(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
 }
 
+TEST(MetricsEndpoint, APortAloneBindsLoopbackOnly) {
+  for (const char* port : {"0", ":0"}) {
+    auto e = MetricsEndpoint::Start(port);
+    ASSERT_TRUE(e.ok()) << port << ": " << e.status().ToString();
+    EXPECT_EQ((*e)->url(), "http://127.0.0.1:" + std::to_string((*e)->port()) + "/metrics");
+  }
+}
+
 TEST(MetricsEndpoint, RefusesMalformedAndTakenAddresses) {
-  for (const char* bad : {"9100", "127.0.0.1", "127.0.0.1:", ":9100", "127.0.0.1:99999", "127.0.0.1:port", "a b:1",
+  for (const char* bad : {"99999", "127.0.0.1", "127.0.0.1:", ":", "127.0.0.1:99999", "127.0.0.1:port", "a b:1",
                           "[::1:0", "[zz]:0", "[]:0"}) {
     const auto e = MetricsEndpoint::Start(bad);
     ASSERT_FALSE(e.ok()) << bad;

@@ -17,6 +17,10 @@ namespace namm::worker {
 
 namespace {
 
+// Token ids index a table: ids beyond any real vocabulary (the largest have ~256k tokens) are refused, not
+// allocated (found by tests/fuzz).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
 using Json = nlohmann::json;
 
 // The pattern GPT-2's ByteLevel pre-tokenizer splits with (use_regex = true).
@@ -317,8 +321,9 @@ struct HfTokenizer::Impl {
     }
     if (!m.contains("vocab") || !m["vocab"].is_object()) return Status::Corruption(source + ": model has no vocab");
     for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-      if (!it->is_number_integer() || it->get<int64_t>() < 0) {
-        return Status::Corruption(source + ": vocab id of '" + it.key() + "' is not a non-negative integer");
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxTokenId) {
+        return Status::Corruption(source + ": vocab id of '" + it.key() + "' is not an integer in [0, " +
+                                  std::to_string(kMaxTokenId) + "]");
       }
       vocab[it.key()] = it->get<int64_t>();
     }
@@ -608,7 +613,9 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& token
                      token.value("special", false),       token.value("normalized", !token.value("special", false)),
                      token.value("lstrip", false),        token.value("rstrip", false),
                      token.value("single_word", false),   ""};
-    if (added.content.empty() || added.id < 0) return Status::Corruption(source + ": malformed added token " + token.dump());
+    if (added.content.empty() || added.id < 0 || added.id > kMaxTokenId) {
+      return Status::Corruption(source + ": malformed added token " + token.dump());
+    }
     added.match = added.normalized ? impl->Normalize(added.content) : added.content;
     impl->vocab[added.content] = added.id;
     if (added.special) impl->special_ids.insert(added.id);

@@ -28,6 +28,7 @@ struct ServeOptions {
   tasks::TaskPathFlags paths;
   std::string coordinator, token_file, name, log_level = "info", metrics_listen;
   ClientTls tls;
+  bool insecure_plaintext = false;
   int concurrency = 1;
   int threads = 0;
   bool exit_when_done = false;
@@ -97,6 +98,15 @@ Status Serve(const ServeOptions& o) {
   spdlog::set_level(level);
   NAMM_ASSIGN_OR_RETURN(std::string token, read_secret_file(o.token_file));
   std::unique_ptr<WorkerMetrics> metrics;
+  if (o.tls.ca.empty()) {
+    if (!o.insecure_plaintext) {
+      return Status::InvalidArgument("serve needs TLS: give --tls-ca (the CA of the coordinator's certificate, and "
+                                     "--tls-cert/--tls-key for mutual TLS), or --insecure-plaintext on a trusted "
+                                     "network");
+    }
+    spdlog::warn("connecting in plaintext (--insecure-plaintext): the shared secret and every result cross the "
+                 "network unencrypted");
+  }
   if (!o.metrics_listen.empty()) {
     NAMM_ASSIGN_OR_RETURN(metrics, WorkerMetrics::Start(o.metrics_listen));
     std::cerr << "namm-worker: metrics at " << metrics->url() << "\n";
@@ -151,6 +161,8 @@ void AddServeCommand(CLI::App& app, Action& run) {
   cmd->add_option("--tls-cert", o->tls.cert, "PEM client certificate (mutual TLS)");
   cmd->add_option("--tls-key", o->tls.key, "PEM client private key (mutual TLS)");
   cmd->add_option("--tls-server-name", o->tls.server_name, "Name to verify in the coordinator's certificate");
+  cmd->add_flag("--insecure-plaintext", o->insecure_plaintext,
+                "Connect without TLS (logs a warning; only on a trusted network)");
   cmd->add_option("--log-level", o->log_level, "trace, debug, info (default), warn, error or off");
   cmd->add_option("--metrics-listen", o->metrics_listen,
                   "HOST:PORT to serve Prometheus metrics on at /metrics (default: none; port 0 picks a free one)");

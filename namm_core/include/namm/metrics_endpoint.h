@@ -24,7 +24,7 @@ const char* namm_version();
 
 class MetricsEndpoint {
  public:
-  // Serves /metrics on `listen` (HOST:PORT; port 0 picks a free one). Fails with a message naming the address
+  // Serves /metrics on `listen` (HOST:PORT, or a port alone for 127.0.0.1; port 0 picks a free one). Fails with a message naming the address
   // when it is malformed, cannot be resolved, or is taken.
   static Result<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen);
   ~MetricsEndpoint();  // stops serving

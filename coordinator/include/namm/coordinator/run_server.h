@@ -46,6 +46,8 @@ struct ServeOptions {
   SchedulerOptions scheduler;
   int heartbeat_interval_ms = 2000;
   int max_message_bytes = 4 << 20;         // largest message accepted from a worker
+  int max_streams_per_peer = 256;          // lease streams one address may hold open (0: no limit)
+  int max_auth_failures_per_peer = 20;     // within a minute, then refused for a minute (0: no limit)
   // A prompt that fails on scheduler.max_attempts workers is dropped from its generation for every candidate;
   // when more than this share of the run's prompts so far were dropped, the run stops instead.
   double max_dropped_share = 0.05;
