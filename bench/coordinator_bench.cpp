@@ -161,6 +161,7 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   options.listen = "127.0.0.1:0";
   options.token = std::string(32, 'x');
   options.handle_signals = false;
+  options.max_streams_per_peer = 0;  // every simulated worker connects from loopback
   options.scheduler.max_prompts_per_lease = f.prompts_per_lease;
   if (s.metrics) options.metrics_listen = "127.0.0.1:0";
   options.progress = [&](const PhaseProgress& p) {

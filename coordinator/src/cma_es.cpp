@@ -16,6 +16,8 @@ namespace {
 constexpr int64_t kMaxEffectiveDimension = 40000;
 // Largest N whose N x N float64 covariance fits one SQLite blob (1e9 bytes).
 constexpr int64_t kMaxFullDimension = 11180;
+// Candidates per generation: far beyond any useful population, and a bound on what a spec can make us allocate.
+constexpr int64_t kMaxPopulation = 1 << 20;
 // Philox counter tag of CMA-ES sampling noise (other streams use other tags).
 constexpr uint32_t kSamplingStream = 0x434D4145;  // "CMAE"
 
@@ -73,7 +75,10 @@ std::string CmaesParams::Describe() const {
 
 Result<CmaesParams> make_cmaes_params(int64_t dimension, const CmaesOptions& o) {
   if (dimension < 1) return Status::InvalidArgument("CMA-ES needs a dimension >= 1, got " + std::to_string(dimension));
-  if (o.population < 2) return Status::InvalidArgument("CMA-ES needs a population >= 2, got " + std::to_string(o.population));
+  if (o.population < 2 || o.population > kMaxPopulation) {
+    return Status::InvalidArgument("CMA-ES needs a population of 2 to " + std::to_string(kMaxPopulation) + ", got " +
+                                   std::to_string(o.population));
+  }
   if (!(o.elite_ratio > 0 && o.elite_ratio <= 1)) {
     return Status::InvalidArgument("the elite ratio must be in (0, 1], got " + std::to_string(o.elite_ratio));
   }

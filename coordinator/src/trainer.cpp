@@ -87,6 +87,8 @@ double MeanCacheSize(const std::vector<EvaluationRecord>& evaluations, bool of_m
 // Generations between snapshots when decompositions are not requested (kEveryGeneration): a resume replays at
 // most this many tells, each with its decomposition.
 constexpr int64_t kEveryGenerationSnapshotInterval = 25;
+// A source snapshot still being written in the background (Trainer::FinishSnapshotWrite resolves it).
+constexpr int64_t kSnapshotBeingWritten = -2;
 
 bool LazyFull(const CmaesParams& p) {
   return p.options.covariance == Covariance::kFull && p.options.eigen_schedule == EigenSchedule::kLazy;
@@ -314,13 +316,30 @@ Result<Trainer::Rebuilt> Trainer::Rebuild(int64_t stage, int64_t generation) con
                                                                                    std::to_string(t)));
     ++t;
     if (LazyFull(params_) && SnapshotDue(pending_before, eigen_before, out.state)) {
-      NAMM_ASSIGN_OR_RETURN(const SnapshotRecord* requested,
-                            listed_snapshot([&](const SnapshotRecord& r) { return r.stage == seg.stage && r.generation == t; },
-                                            "generation " + std::to_string(t) + " (a decomposition was requested)"));
+      int64_t requested = -1;
+      for (const SnapshotRecord& r : snapshots_) {
+        if (r.stage == seg.stage && r.generation == t) requested = r.id;
+      }
+      if (requested < 0) {
+        // Written in the background, and the coordinator stopped first: write it now.
+        NewSnapshot n;
+        n.stage = seg.stage;
+        n.generation = t;
+        n.eigen_from_self = out.state.pending_generation < 0;
+        if (!n.eigen_from_self && out.eigen_source >= 0) n.eigen_source = out.eigen_source;
+        n.state = &out.state;
+        NAMM_ASSIGN_OR_RETURN(requested, store_.AddSnapshot(run_id_, n));
+        SnapshotRecord written;
+        written.id = requested;
+        written.stage = n.stage;
+        written.generation = n.generation;
+        written.eigen_source = n.eigen_from_self ? std::optional<int64_t>(requested) : n.eigen_source;
+        snapshots_.push_back(std::move(written));
+      }
       if (out.state.pending_generation >= 0) {
-        out.pending_source = requested->id;
+        out.pending_source = requested;
       } else {
-        out.eigen_source = requested->id;  // eigen_delay 0: applied by tell()
+        out.eigen_source = requested;  // eigen_delay 0: applied by tell()
       }
     }
   }
@@ -545,7 +564,29 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   return s;
 }
 
+Status Trainer::FinishSnapshotWrite() {
+  if (!snapshot_write_) return Status::Ok();
+  Result<int64_t> id = snapshot_write_->id.get();
+  SnapshotRecord listed = std::move(snapshot_write_->listed);
+  snapshot_write_.reset();
+  NAMM_RETURN_IF_ERROR(id.status().WithContext("writing the snapshot of generation " +
+                                               std::to_string(listed.generation)));
+  listed.id = *id;
+  snapshots_.push_back(std::move(listed));
+  for (int64_t* source : {&pending_source_, &eigen_source_}) {
+    if (*source == kSnapshotBeingWritten) *source = *id;
+  }
+  if (stage_best_) {
+    for (int64_t* source : {&stage_best_->pending_source, &stage_best_->eigen_source}) {
+      if (*source == kSnapshotBeingWritten) *source = *id;
+    }
+  }
+  return Status::Ok();
+}
+
 Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord>& done) {
+  // The snapshot the last generation requested is written before this one commits (retention counts on it).
+  NAMM_RETURN_IF_ERROR(FinishSnapshotWrite());
   const GenerationPlan& p = plan_;
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
@@ -611,8 +652,13 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   c.finished = c.stage_ends && !has_next_stage;
   c.next_stage = c.stage_ends && has_next_stage ? g.stage + 1 : g.stage;
 
-  // A snapshot of the state after tell(), when a decomposition was requested (see SnapshotDue).
-  const bool snapshot = !c.finished && SnapshotDue(pending_before, eigen_before, state_);
+  // A snapshot of the state after tell(), when a decomposition was requested (see SnapshotDue). A delayed
+  // request keeps C aside (pending_covariance): that snapshot is written in the background while the next
+  // generation runs, and a rebuild that misses it (a crash meanwhile) writes it again. Others go with the commit.
+  const bool snapshot_due = !c.finished && SnapshotDue(pending_before, eigen_before, state_);
+  const bool background = snapshot_due && LazyFull(params_) && state_.pending_generation == state_.generation &&
+                          state_.pending_covariance != nullptr;
+  const bool snapshot = snapshot_due && !background;
   if (snapshot) {
     NewSnapshot n;
     n.stage = g.stage;
@@ -691,6 +737,39 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     } else {
       pending_source_ = *committed;
     }
+  }
+
+  if (background) {
+    SnapshotRecord listed;
+    listed.stage = g.stage;
+    listed.generation = generation_ + 1;
+    if (eigen_source_ >= 0) listed.eigen_source = eigen_source_;
+    CmaesState light;  // every O(N) vector; the covariance is the pending one, copied on the writing thread
+    light.generation = state_.generation;
+    light.mean = state_.mean;
+    light.sigma = state_.sigma;
+    light.path_c = state_.path_c;
+    light.path_sigma = state_.path_sigma;
+    light.eigen.generation = state_.eigen.generation;
+    light.pending_generation = state_.pending_generation;
+    light.pending_covariance = state_.pending_covariance;
+    light.best_member = state_.best_member;
+    light.best_fitness = state_.best_fitness;
+    light.best_generation = state_.best_generation;
+    pending_source_ = kSnapshotBeingWritten;
+    snapshot_write_.emplace();
+    snapshot_write_->listed = listed;
+    snapshot_write_->id = std::async(std::launch::async, [path = store_.path(), run = run_id_, listed,
+                                                          state = std::move(light)]() mutable -> Result<int64_t> {
+      state.covariance = *state.pending_covariance;
+      NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(path, OpenMode::kExisting));
+      NewSnapshot n;
+      n.stage = listed.stage;
+      n.generation = listed.generation;
+      n.eigen_source = listed.eigen_source;
+      n.state = &state;
+      return store->AddSnapshot(run, n);
+    });
   }
 
   AdvanceSummary summary;

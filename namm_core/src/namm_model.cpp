@@ -84,7 +84,7 @@ Result<NammArchitecture> NammArchitecture::FromJson(const std::string& text) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
     return Status::Corruption(std::string("architecture is not valid JSON: ") + e.what());
   }
   if (!j.is_object() || !j.contains("scorer") || !j["scorer"].is_object() || !j.contains("selection") ||

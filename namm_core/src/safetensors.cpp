@@ -118,7 +118,7 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
     return corrupt(std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) return corrupt("header is not a JSON object");

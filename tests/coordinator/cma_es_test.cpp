@@ -101,6 +101,8 @@ TEST(CmaesParams, BadOptionsAreRefusedWithTheReason) {
   EXPECT_NE(make_cmaes_params(0, o).status().message().find("dimension"), std::string::npos);
   o.population = 1;
   EXPECT_NE(make_cmaes_params(10, o).status().message().find("population"), std::string::npos);
+  o.population = int64_t{1} << 40;  // a spec must not make the coordinator allocate terabytes
+  EXPECT_NE(make_cmaes_params(10, o).status().message().find("population of 2 to"), std::string::npos);
   o = CmaesOptions();
   o.sigma0 = -1;
   EXPECT_NE(make_cmaes_params(10, o).status().message().find("sigma0"), std::string::npos);

@@ -128,7 +128,7 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
     return bad(std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) return bad("not a JSON object");

@@ -38,7 +38,7 @@ class HfTensorSource {
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(text);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
         return Status::Corruption(index + ": not valid JSON: " + e.what());
       }
       if (!j.contains("weight_map") || !j["weight_map"].is_object()) {

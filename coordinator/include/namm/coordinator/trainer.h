@@ -140,6 +140,7 @@ class Trainer {
   Result<Rebuilt> Rebuild(int64_t stage, int64_t generation) const;
   // The snapshots a rebuild of each position needs (the base and its eigensystem's source).
   Result<std::vector<int64_t>> SnapshotsNeeded(const std::vector<std::pair<int64_t, int64_t>>& positions) const;
+  Status FinishSnapshotWrite();
   // Whether a snapshot of the state after this generation's tell() is due (the state before it had these
   // pending and eigensystem generations).
   bool SnapshotDue(int64_t pending_before, int64_t eigen_before, const CmaesState& after) const;
@@ -163,7 +164,15 @@ class Trainer {
   int64_t eigen_source_ = -1, pending_source_ = -1;  // snapshots of state_'s eigensystem and pending decomposition
   // The current stage's best start state, for its hand-over (rebuilt when a resumed run reaches the hand-over).
   std::optional<Rebuilt> stage_best_;
-  std::vector<SnapshotRecord> snapshots_;  // the run's, without states
+  // The run's, without states (a rebuild adds one it had to write again, hence mutable).
+  mutable std::vector<SnapshotRecord> snapshots_;
+  // The snapshot of a delayed decomposition request, written on its own connection while the next generation
+  // runs; its id resolves kSnapshotBeingWritten sources (FinishSnapshotWrite).
+  struct SnapshotWrite {
+    std::future<Result<int64_t>> id;
+    SnapshotRecord listed;
+  };
+  std::optional<SnapshotWrite> snapshot_write_;
   // The background decomposition of state_'s pending covariance: (eigensystem, its checksum).
   std::future<Result<std::pair<Eigensystem, uint32_t>>> eigen_job_;
   int64_t eigen_job_generation_ = -1;
