@@ -325,6 +325,15 @@ int main(int argc, char** argv) {
                 Quantile(all, 0.99), max_of(all));
     std::printf("  generations requesting a decomposition: %zu, barrier max %.1f ms; applying one: %zu, max %.1f ms\n",
                 requested.size(), max_of(requested), applied.size(), max_of(applied));
+    std::vector<std::size_t> order(all.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return all[x] > all[y]; });
+    std::printf("  slowest:");
+    for (std::size_t i = 0; i < std::min<std::size_t>(5, order.size()); ++i) {
+      std::printf(" generation %zu %.0f ms%s;", order[i] + 1, all[order[i]],
+                  r.requested[order[i]] ? " (requested)" : r.applied[order[i]] ? " (applied)" : "");
+    }
+    std::printf("\n");
     std::printf("  written: %.2f MB per generation (%.1f MB in all, /proc/self/io); database at the end %.1f MB; "
                 "peak RSS %.0f MB\n\n",
                 static_cast<double>(r.bytes_written) / 1e6 / static_cast<double>(b.generations + 1),

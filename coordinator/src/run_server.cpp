@@ -318,6 +318,7 @@ Status RunServer::Impl::StartPhase() {
     ++references;
   }
   service->StartPhase(phase, units);
+  trainer.BeginBackgroundWork();  // a decomposition and its snapshot, while the workers run the phase
   if (!recovered_leases.empty()) {
     // A restart: what the previous coordinator had handed out stays with its holders for one lease timeout, so
     // that results they finish meanwhile are taken, not computed again.

@@ -153,7 +153,8 @@ CREATE TABLE dropped_prompts(
 ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 -- Snapshots: the complete optimizer state (covariance included, eigensystem not: a function of the covariance of
 -- eigen_source) that starts run generation `generation` of stage `stage`. With the generations' tell log they
--- rebuild any later state.
+-- rebuild any later state. The record is stored in parts, so that a snapshot written in the background holds the
+-- database's write lock a part at a time; `complete` once every part is there.
 CREATE TABLE snapshots(
   id INTEGER PRIMARY KEY,
   run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -161,9 +162,16 @@ CREATE TABLE snapshots(
   generation INTEGER NOT NULL CHECK(generation >= 0),
   eigen_source INTEGER,
   eigen_checksum INTEGER,
-  state BLOB NOT NULL,
+  bytes INTEGER NOT NULL,
   checksum INTEGER NOT NULL,
+  complete INTEGER NOT NULL CHECK(complete IN (0, 1)),
   created_at TEXT NOT NULL
+);
+CREATE TABLE snapshot_parts(
+  snapshot_id INTEGER NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+  part INTEGER NOT NULL,
+  bytes BLOB NOT NULL,
+  PRIMARY KEY(snapshot_id, part)
 );
 -- Checkpoints become light (every vector, no covariance): decomposition_id is kept for rows of older builds.
 CREATE TABLE checkpoints_v3(
@@ -291,11 +299,14 @@ void WriteLatest(SQLite::Database& db, int64_t run_id, int64_t stage, int64_t ge
   insert.exec();
 }
 
-int64_t WriteSnapshot(SQLite::Database& db, int64_t run_id, const NewSnapshot& snapshot) {
-  const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
+// A snapshot record goes in parts of this size (a part is a transaction when written in the background).
+constexpr std::size_t kSnapshotPartBytes = 4u << 20;
+
+// The snapshot's row (not yet complete); returns its id.
+int64_t InsertSnapshotRow(SQLite::Database& db, int64_t run_id, const NewSnapshot& snapshot, const std::string& record) {
   SQLite::Statement insert(db,
-                           "INSERT INTO snapshots(run_id, stage, generation, eigen_source, state, checksum, created_at) "
-                           "VALUES(?, ?, ?, ?, ?, ?, ?)");
+                           "INSERT INTO snapshots(run_id, stage, generation, eigen_source, bytes, checksum, complete, "
+                           "created_at) VALUES(?, ?, ?, ?, ?, ?, 0, ?)");
   insert.bind(1, run_id);
   insert.bind(2, snapshot.stage);
   insert.bind(3, snapshot.generation);
@@ -304,7 +315,7 @@ int64_t WriteSnapshot(SQLite::Database& db, int64_t run_id, const NewSnapshot& s
   } else {
     insert.bind(4);
   }
-  BindBlob(insert, 5, record);
+  insert.bind(5, static_cast<int64_t>(record.size()));
   insert.bind(6, static_cast<int64_t>(record_checksum(record)));
   insert.bind(7, NowUtc());
   insert.exec();
@@ -314,6 +325,35 @@ int64_t WriteSnapshot(SQLite::Database& db, int64_t run_id, const NewSnapshot& s
     self.bind(1, id);
     self.exec();
   }
+  return id;
+}
+
+void InsertSnapshotPart(SQLite::Database& db, int64_t id, const std::string& record, std::size_t part) {
+  const std::size_t at = part * kSnapshotPartBytes;
+  SQLite::Statement insert(db, "INSERT INTO snapshot_parts(snapshot_id, part, bytes) VALUES(?, ?, ?)");
+  insert.bind(1, id);
+  insert.bind(2, static_cast<int64_t>(part));
+  insert.bindNoCopy(3, static_cast<const void*>(record.data() + at),
+                    static_cast<int>(std::min(kSnapshotPartBytes, record.size() - at)));
+  insert.exec();
+}
+
+void CompleteSnapshot(SQLite::Database& db, int64_t id) {
+  SQLite::Statement done(db, "UPDATE snapshots SET complete = 1 WHERE id = ?");
+  done.bind(1, id);
+  done.exec();
+}
+
+std::size_t SnapshotParts(const std::string& record) {
+  return (record.size() + kSnapshotPartBytes - 1) / kSnapshotPartBytes;
+}
+
+// A whole snapshot inside the caller's transaction.
+int64_t WriteSnapshot(SQLite::Database& db, int64_t run_id, const NewSnapshot& snapshot) {
+  const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
+  const int64_t id = InsertSnapshotRow(db, run_id, snapshot, record);
+  for (std::size_t part = 0; part < SnapshotParts(record); ++part) InsertSnapshotPart(db, id, record, part);
+  CompleteSnapshot(db, id);
   return id;
 }
 
@@ -777,7 +817,9 @@ Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
     if (c.keep_snapshots) {
       std::string keep = std::to_string(snapshot_id);
       for (int64_t id : *c.keep_snapshots) keep += "," + std::to_string(id);
-      SQLite::Statement forget(*db_, "DELETE FROM snapshots WHERE run_id = ? AND id NOT IN (" + keep + ")");
+      // (Incomplete ones are being written by another connection, or were cut off: DropIncompleteSnapshots().)
+      SQLite::Statement forget(*db_, "DELETE FROM snapshots WHERE run_id = ? AND complete = 1 AND id NOT IN (" +
+                                         keep + ")");
       forget.bind(1, c.run_id);
       dropped_snapshots = forget.exec() > 0;
     }
@@ -942,8 +984,8 @@ Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) con
 
 Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
   return Guard(path_, "listing snapshots", [&]() -> Result<std::vector<SnapshotRecord>> {
-    SQLite::Statement q(*db_, "SELECT id, stage, generation, eigen_source, eigen_checksum, length(state) FROM "
-                              "snapshots WHERE run_id = ? ORDER BY stage, generation, id");
+    SQLite::Statement q(*db_, "SELECT id, stage, generation, eigen_source, eigen_checksum, bytes FROM snapshots "
+                              "WHERE run_id = ? AND complete = 1 ORDER BY stage, generation, id");
     q.bind(1, run_id);
     std::vector<SnapshotRecord> out;
     while (q.executeStep()) {
@@ -963,8 +1005,8 @@ Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
 Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const {
   const std::string what = "snapshot " + std::to_string(id) + " of run " + std::to_string(run_id);
   return Guard(path_, "reading " + what, [&]() -> Result<SnapshotRecord> {
-    SQLite::Statement q(*db_, "SELECT stage, generation, eigen_source, eigen_checksum, state, checksum FROM "
-                              "snapshots WHERE run_id = ? AND id = ?");
+    SQLite::Statement q(*db_, "SELECT stage, generation, eigen_source, eigen_checksum, bytes, checksum FROM "
+                              "snapshots WHERE run_id = ? AND id = ? AND complete = 1");
     q.bind(1, run_id);
     q.bind(2, id);
     if (!q.executeStep()) return Status::NotFound(what + " does not exist");
@@ -974,10 +1016,16 @@ Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const Cmae
     r.generation = q.getColumn(1).getInt64();
     r.eigen_source = OptionalInt(q.getColumn(2));
     if (!q.getColumn(3).isNull()) r.eigen_checksum = static_cast<uint32_t>(q.getColumn(3).getInt64());
-    const std::string_view state = BlobOf(q.getColumn(4));
-    r.bytes = static_cast<int64_t>(state.size());
-    if (record_checksum(state) != static_cast<uint32_t>(q.getColumn(5).getInt64())) {
-      return Status::Corruption(what + " does not match its stored checksum");
+    r.bytes = q.getColumn(4).getInt64();
+    const auto checksum = static_cast<uint32_t>(q.getColumn(5).getInt64());
+    std::string record;
+    record.reserve(static_cast<std::size_t>(r.bytes));
+    SQLite::Statement parts(*db_, "SELECT bytes FROM snapshot_parts WHERE snapshot_id = ? ORDER BY part");
+    parts.bind(1, id);
+    while (parts.executeStep()) record += BlobOf(parts.getColumn(0));
+    const std::string_view state = record;
+    if (static_cast<int64_t>(state.size()) != r.bytes || record_checksum(state) != checksum) {
+      return Status::Corruption(what + " does not match its stored size and checksum");
     }
     bool has_covariance = false;
     NAMM_ASSIGN_OR_RETURN(r.state, decode_cmaes_state(state, params, what, &has_covariance));
@@ -986,11 +1034,33 @@ Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const Cmae
   });
 }
 
+Status Store::DropIncompleteSnapshots(int64_t run_id) {
+  return Guard(path_, "removing incomplete snapshots", [&]() -> Status {
+    SQLite::Statement q(*db_, "DELETE FROM snapshots WHERE run_id = ? AND complete = 0");
+    q.bind(1, run_id);
+    q.exec();
+    return Status::Ok();
+  });
+}
+
 Result<int64_t> Store::AddSnapshot(int64_t run_id, const NewSnapshot& snapshot) {
   if (snapshot.state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
   return Guard(path_, "writing a snapshot", [&]() -> Result<int64_t> {
+    const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
+    // A part per transaction: another connection's commits wait for a part, not for the whole record.
+    int64_t id = 0;
+    {
+      SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+      id = InsertSnapshotRow(*db_, run_id, snapshot, record);
+      tx.commit();
+    }
+    for (std::size_t part = 0; part < SnapshotParts(record); ++part) {
+      SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+      InsertSnapshotPart(*db_, id, record, part);
+      tx.commit();
+    }
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-    const int64_t id = WriteSnapshot(*db_, run_id, snapshot);
+    CompleteSnapshot(*db_, id);
     tx.commit();
     return id;
   });

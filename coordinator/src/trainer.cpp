@@ -104,7 +104,11 @@ bool SameLight(const CmaesState& a, const CmaesState& b) {
 
 }  // namespace
 
-Trainer::~Trainer() = default;  // waits for a background decomposition
+Trainer::~Trainer() {
+  // A prepared snapshot is written before going (a rebuild would write it again otherwise); background work is
+  // waited for.
+  (void)FinishSnapshotWrite(/*wait=*/true);
+}
 
 bool WorkUnit::operator<(const WorkUnit& o) const {
   return std::tie(candidate, task, prompt) < std::tie(o.candidate, o.task, o.prompt);
@@ -162,6 +166,7 @@ Status Trainer::Load() {
   generation_ = run.generation;
   finished_ = run.status == "finished";
   norm_stats_ = run.norm_stats;
+  NAMM_RETURN_IF_ERROR(store_.DropIncompleteSnapshots(run_id_));
   NAMM_ASSIGN_OR_RETURN(snapshots_, store_.ListSnapshots(run_id_));
   stage_best_.reset();
   eigen_applied_.reset();
@@ -386,18 +391,11 @@ int64_t Trainer::PlannedPrompts(int64_t generation) const {
 }
 
 Status Trainer::MakePlan() {
-  // A requested decomposition: computed in the background from the moment it was requested, applied when due.
-  if (state_.pending_generation >= 0 && eigen_job_generation_ != state_.pending_generation) {
-    eigen_job_generation_ = state_.pending_generation;
-    eigen_job_ = std::async(std::launch::async, [params = params_, generation = state_.pending_generation,
-                                                 covariance = state_.pending_covariance]()
-                                                    -> Result<std::pair<Eigensystem, uint32_t>> {
-      NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params, generation, *covariance));
-      const uint32_t checksum = eigensystem_checksum(eigen);
-      return std::make_pair(std::move(eigen), checksum);
-    });
-  }
+  // A requested decomposition is computed in the background (BeginBackgroundWork) and applied when due: its
+  // snapshot must be written by then (its id goes with the applied eigensystem's checksum).
   if (eigen_due(params_, state_)) {
+    StartEigenJob();
+    NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/true));
     Result<std::pair<Eigensystem, uint32_t>> done = eigen_job_.get();
     eigen_job_generation_ = -1;
     if (!done.ok()) return done.status().WithContext("the decomposition of generation " +
@@ -564,8 +562,47 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   return s;
 }
 
-Status Trainer::FinishSnapshotWrite() {
+void Trainer::BeginBackgroundWork() {
+  StartEigenJob();
+  StartSnapshotWrite();
+}
+
+void Trainer::StartEigenJob() {
+  if (state_.pending_generation < 0 || eigen_job_generation_ == state_.pending_generation) return;
+  eigen_job_generation_ = state_.pending_generation;
+  eigen_job_ = std::async(std::launch::async, [params = params_, generation = state_.pending_generation,
+                                               covariance = state_.pending_covariance]()
+                                                  -> Result<std::pair<Eigensystem, uint32_t>> {
+    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params, generation, *covariance));
+    const uint32_t checksum = eigensystem_checksum(eigen);
+    return std::make_pair(std::move(eigen), checksum);
+  });
+}
+
+void Trainer::StartSnapshotWrite() {
+  if (!snapshot_write_ || snapshot_write_->id.valid()) return;
+  snapshot_write_->id = std::async(std::launch::async, [path = store_.path(), run = run_id_,
+                                                        listed = snapshot_write_->listed,
+                                                        state = std::move(snapshot_write_->state)]() mutable
+                                                           -> Result<int64_t> {
+    state.covariance = *state.pending_covariance;
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(path, OpenMode::kExisting));
+    NewSnapshot n;
+    n.stage = listed.stage;
+    n.generation = listed.generation;
+    n.eigen_source = listed.eigen_source;
+    n.state = &state;
+    return store->AddSnapshot(run, n);
+  });
+}
+
+Status Trainer::FinishSnapshotWrite(bool wait) {
   if (!snapshot_write_) return Status::Ok();
+  if (!wait && (!snapshot_write_->id.valid() ||
+                snapshot_write_->id.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) {
+    return Status::Ok();  // not yet: retention keeps the older snapshots meanwhile
+  }
+  StartSnapshotWrite();
   Result<int64_t> id = snapshot_write_->id.get();
   SnapshotRecord listed = std::move(snapshot_write_->listed);
   snapshot_write_.reset();
@@ -585,8 +622,8 @@ Status Trainer::FinishSnapshotWrite() {
 }
 
 Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord>& done) {
-  // The snapshot the last generation requested is written before this one commits (retention counts on it).
-  NAMM_RETURN_IF_ERROR(FinishSnapshotWrite());
+  // A snapshot written meanwhile joins the list (retention then counts on it).
+  NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/false));
   const GenerationPlan& p = plan_;
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
@@ -759,17 +796,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     pending_source_ = kSnapshotBeingWritten;
     snapshot_write_.emplace();
     snapshot_write_->listed = listed;
-    snapshot_write_->id = std::async(std::launch::async, [path = store_.path(), run = run_id_, listed,
-                                                          state = std::move(light)]() mutable -> Result<int64_t> {
-      state.covariance = *state.pending_covariance;
-      NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(path, OpenMode::kExisting));
-      NewSnapshot n;
-      n.stage = listed.stage;
-      n.generation = listed.generation;
-      n.eigen_source = listed.eigen_source;
-      n.state = &state;
-      return store->AddSnapshot(run, n);
-    });
+    snapshot_write_->state = std::move(light);  // BeginBackgroundWork() writes it
   }
 
   AdvanceSummary summary;

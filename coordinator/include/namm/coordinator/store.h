@@ -256,8 +256,12 @@ class Store {
   // The run's snapshots without their states, by (stage, generation); and one of them with its state.
   Result<std::vector<SnapshotRecord>> ListSnapshots(int64_t run_id) const;
   Result<SnapshotRecord> GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const;
-  // A snapshot outside a generation's commit (converting an older build's run); returns its id.
+  // A snapshot outside a generation's commit (written in the background, or converting an older build's run),
+  // in several transactions (a part each) so that other connections' commits interleave; listed only once
+  // complete. Returns its id.
   Result<int64_t> AddSnapshot(int64_t run_id, const NewSnapshot& snapshot);
+  // Removes what an AddSnapshot() cut off by a crash left (call when no snapshot is being written).
+  Status DropIncompleteSnapshots(int64_t run_id);
 
   Result<std::map<std::string, double>> GetMetrics(int64_t run_id, int64_t generation) const;
   // Per generation with evaluations, in generation order.

@@ -115,6 +115,9 @@ class Trainer {
   // Ends the current phase once every unit has a result: freezes the statistics, or tells and commits the
   // generation and plans the next one.
   Result<AdvanceSummary> Advance();
+  // Starts what can run while the phase's units are computed: a requested decomposition and its snapshot. A
+  // server calls it once the phase's work is handed out; without it they run when needed.
+  void BeginBackgroundWork();
 
  private:
   Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
@@ -140,7 +143,11 @@ class Trainer {
   Result<Rebuilt> Rebuild(int64_t stage, int64_t generation) const;
   // The snapshots a rebuild of each position needs (the base and its eigensystem's source).
   Result<std::vector<int64_t>> SnapshotsNeeded(const std::vector<std::pair<int64_t, int64_t>>& positions) const;
-  Status FinishSnapshotWrite();
+  // Takes the written snapshot's id into the list and the sources waiting for it; with `wait`, writes or waits
+  // for it, else only when it is done.
+  Status FinishSnapshotWrite(bool wait);
+  void StartEigenJob();
+  void StartSnapshotWrite();
   // Whether a snapshot of the state after this generation's tell() is due (the state before it had these
   // pending and eigensystem generations).
   bool SnapshotDue(int64_t pending_before, int64_t eigen_before, const CmaesState& after) const;
@@ -169,8 +176,9 @@ class Trainer {
   // The snapshot of a delayed decomposition request, written on its own connection while the next generation
   // runs; its id resolves kSnapshotBeingWritten sources (FinishSnapshotWrite).
   struct SnapshotWrite {
-    std::future<Result<int64_t>> id;
+    std::future<Result<int64_t>> id;  // once started
     SnapshotRecord listed;
+    CmaesState state;                 // light, with the pending covariance shared
   };
   std::optional<SnapshotWrite> snapshot_write_;
   // The background decomposition of state_'s pending covariance: (eigensystem, its checksum).
