@@ -13,8 +13,9 @@
 //                  the time from its last result to the first prompt of the next one (tell, commit, plan, lease
 //                  delivery), including the generations that request or apply a decomposition; bytes the process
 //                  wrote per generation (/proc/self/io) and the database's size at the end
-//   (cmaes.eigen_delay is 200 generations here: a decomposition takes ~9 s at N = 4172 and these generations well
-//   under a second; a real generation takes minutes, and the run spec's default is 8.)
+//   (cmaes.eigen_delay is 500 generations here: a decomposition takes 9 s at N = 4172 on an idle 2-core machine and
+//   ~35 s beside 64 busy simulated workers, these generations ~0.15 s; a real generation takes minutes, and the run
+//   spec's default is 8.)
 // For the two timed scenarios, per generation: the makespan (phase start to its last result) against the
 // ideal (total work / total speed) and against the reference's static split computed on the same prompts and
 // durations (world size W > 32: each member on W/32 workers, the sampled prompts split among them); and the
@@ -109,7 +110,7 @@ std::string SpecYaml(const Flags& f) {
   return "name: coordinator-bench\n"
          "model: {path: /sim, fingerprint: sha256:" + std::string(64, '0') + "}\n"
          "namm: {scorer: bam, hidden: 32, selection: binary}\n"
-         "cmaes: {population: " + std::to_string(f.population) + ", sigma0: 0.065, seed: 1, eigen_delay: 200}\n"
+         "cmaes: {population: " + std::to_string(f.population) + ", sigma0: 0.065, seed: 1, eigen_delay: 500}\n"
          "prompts_per_task: " + std::to_string(f.prompts) + "\n"
          "eval_interval: 1000\n"
          "eval_prompts: 4\n"
