@@ -299,6 +299,20 @@ void WriteLatest(SQLite::Database& db, int64_t run_id, int64_t stage, int64_t ge
   insert.exec();
 }
 
+// A snapshot's row as SnapshotOf() reads it.
+constexpr const char* kSnapshotColumns = "SELECT id, stage, generation, eigen_source, eigen_checksum, bytes";
+
+SnapshotRecord SnapshotOf(SQLite::Statement& q) {
+  SnapshotRecord r;
+  r.id = q.getColumn(0).getInt64();
+  r.stage = q.getColumn(1).getInt64();
+  r.generation = q.getColumn(2).getInt64();
+  r.eigen_source = OptionalInt(q.getColumn(3));
+  if (!q.getColumn(4).isNull()) r.eigen_checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
+  r.bytes = q.getColumn(5).getInt64();
+  return r;
+}
+
 // A snapshot record goes in parts of this size (a part is a transaction when written in the background).
 constexpr std::size_t kSnapshotPartBytes = 4u << 20;
 
@@ -984,20 +998,11 @@ Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) con
 
 Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
   return Guard(path_, "listing snapshots", [&]() -> Result<std::vector<SnapshotRecord>> {
-    SQLite::Statement q(*db_, "SELECT id, stage, generation, eigen_source, eigen_checksum, bytes FROM snapshots "
-                              "WHERE run_id = ? AND complete = 1 ORDER BY stage, generation, id");
+    SQLite::Statement q(*db_, std::string(kSnapshotColumns) +
+                                  " FROM snapshots WHERE run_id = ? AND complete = 1 ORDER BY stage, generation, id");
     q.bind(1, run_id);
     std::vector<SnapshotRecord> out;
-    while (q.executeStep()) {
-      SnapshotRecord r;
-      r.id = q.getColumn(0).getInt64();
-      r.stage = q.getColumn(1).getInt64();
-      r.generation = q.getColumn(2).getInt64();
-      r.eigen_source = OptionalInt(q.getColumn(3));
-      if (!q.getColumn(4).isNull()) r.eigen_checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
-      r.bytes = q.getColumn(5).getInt64();
-      out.push_back(std::move(r));
-    }
+    while (q.executeStep()) out.push_back(SnapshotOf(q));
     return out;
   });
 }
@@ -1005,19 +1010,13 @@ Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
 Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const {
   const std::string what = "snapshot " + std::to_string(id) + " of run " + std::to_string(run_id);
   return Guard(path_, "reading " + what, [&]() -> Result<SnapshotRecord> {
-    SQLite::Statement q(*db_, "SELECT stage, generation, eigen_source, eigen_checksum, bytes, checksum FROM "
-                              "snapshots WHERE run_id = ? AND id = ? AND complete = 1");
+    SQLite::Statement q(*db_, std::string(kSnapshotColumns) +
+                                  ", checksum FROM snapshots WHERE run_id = ? AND id = ? AND complete = 1");
     q.bind(1, run_id);
     q.bind(2, id);
     if (!q.executeStep()) return Status::NotFound(what + " does not exist");
-    SnapshotRecord r;
-    r.id = id;
-    r.stage = q.getColumn(0).getInt64();
-    r.generation = q.getColumn(1).getInt64();
-    r.eigen_source = OptionalInt(q.getColumn(2));
-    if (!q.getColumn(3).isNull()) r.eigen_checksum = static_cast<uint32_t>(q.getColumn(3).getInt64());
-    r.bytes = q.getColumn(4).getInt64();
-    const auto checksum = static_cast<uint32_t>(q.getColumn(5).getInt64());
+    SnapshotRecord r = SnapshotOf(q);
+    const auto checksum = static_cast<uint32_t>(q.getColumn(6).getInt64());
     std::string record;
     record.reserve(static_cast<std::size_t>(r.bytes));
     SQLite::Statement parts(*db_, "SELECT bytes FROM snapshot_parts WHERE snapshot_id = ? ORDER BY part");

@@ -701,8 +701,8 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   if (std::filesystem::exists(model)) {
     const std::string wrong_token = r.dir + "/wrong-token";
     WriteText(wrong_token, "another-secret-0123456789");
-    const std::string worker = kWorker + " serve --coordinator " + r.address() + " --model " + model + " --tokenizer " +
-                               NAMM_SHARED_DIR + "/models/stories260K/tok512.bin --token-file ";
+    const std::string worker = kWorker + " serve --insecure-plaintext --coordinator " + r.address() + " --model " +
+                               model + " --tokenizer " + NAMM_SHARED_DIR + "/models/stories260K/tok512.bin --token-file ";
     const auto wrong_model = RunProcess(worker + r.token);
     EXPECT_EQ(wrong_model.exit_code, 1);
     EXPECT_NE(wrong_model.output.find("has model fingerprint 'sha256:"), std::string::npos) << wrong_model.output;
