@@ -85,6 +85,14 @@ struct RunServer::Impl {
   Status StartPhase();
   // Stores the results accepted since the last call (they are in the progress log already).
   Status Flush();
+  // A prompt's cost becomes the tokens a worker reported running for it (the data file's length is an estimate:
+  // UTF-8 bytes / 4 undercounts Chinese about twice), for the leases of later phases.
+  void LearnCost(const std::string& task, int64_t prompt, int64_t tokens) {
+    const auto it = costs.find(task);
+    if (tokens > 0 && it != costs.end() && prompt >= 0 && prompt < static_cast<int64_t>(it->second.size())) {
+      it->second[static_cast<std::size_t>(prompt)] = static_cast<double>(tokens);
+    }
+  }
   // What a previous coordinator's progress log holds: its results of the current generation to the store, its
   // open leases kept for the first phase; the log then holds only those leases.
   Status Recover();
@@ -362,6 +370,7 @@ Status RunServer::Impl::Flush() {
     for (const EvaluationRecord& e : evaluations) {
       cache_sum += e.cache_size_mean;
       ++cache_count;
+      LearnCost(e.task, e.prompt, e.prompt_tokens + e.generated_tokens);
     }
     NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
   }
@@ -373,6 +382,8 @@ Status RunServer::Impl::Flush() {
 }
 
 Status RunServer::Impl::Recover() {
+  NAMM_ASSIGN_OR_RETURN(const auto tokens, store.GetPromptTokens(trainer.run_id()));
+  for (const auto& [key, n] : tokens) LearnCost(key.first, key.second, n);
   const ProgressEntries& log = progress_log->recovered();
   if (progress_log->ignored_bytes() > 0) {
     spdlog::warn("{}: ignored a torn tail of {} bytes (a crash in the middle of an append)", progress_log->path(),

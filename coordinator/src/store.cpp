@@ -667,6 +667,17 @@ Result<std::vector<EvaluationRecord>> Store::GetEvaluations(int64_t run_id, int6
   });
 }
 
+Result<std::map<std::pair<std::string, int64_t>, int64_t>> Store::GetPromptTokens(int64_t run_id) const {
+  return Guard(path_, "reading prompt token counts", [&]() -> Result<std::map<std::pair<std::string, int64_t>, int64_t>> {
+    SQLite::Statement q(*db_, "SELECT task, prompt, MAX(prompt_tokens + generated_tokens) FROM evaluations "
+                              "WHERE run_id = ? GROUP BY task, prompt");
+    q.bind(1, run_id);
+    std::map<std::pair<std::string, int64_t>, int64_t> out;
+    while (q.executeStep()) out[{q.getColumn(0).getString(), q.getColumn(1).getInt64()}] = q.getColumn(2).getInt64();
+    return out;
+  });
+}
+
 Status Store::RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& d) {
   NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(run_id));
   if (run.status != "running" || d.generation != run.generation) {

@@ -208,6 +208,19 @@ TEST(Store, EvaluationsAreIdempotentPerUnitAndValidated) {
   bad.cache_size_mean = std::nan("");
   EXPECT_FALSE(store->RecordEvaluations(run, {bad}).ok());
   EXPECT_EQ(store->GetEvaluations(run, 0)->size(), 1u);
+
+  // The tokens workers reported per prompt (the largest), what later leases are balanced by.
+  EvaluationRecord other = e;
+  other.candidate = 3;
+  other.prompt_tokens = 900;
+  other.generated_tokens = 20;
+  EvaluationRecord first = e;
+  first.candidate = 4;
+  first.prompt_tokens = 800;
+  ASSERT_TRUE(store->RecordEvaluations(run, {other, first}).ok());
+  const auto tokens = store->GetPromptTokens(run).value();
+  ASSERT_EQ(tokens.size(), 1u);
+  EXPECT_EQ(tokens.at({"t/a", 5}), 920);
 }
 
 TEST(Store, ReferenceImportRefusesConflictsAsAWhole) {

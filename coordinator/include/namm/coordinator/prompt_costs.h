@@ -1,6 +1,7 @@
 // How long each prompt of a run's tasks takes to run, relatively: what leases are balanced by. A prompt's cost
 // is its length in tokens: counted for token-id rows, estimated as UTF-8 bytes / 4 for text prompts (the
-// coordinator has no tokenizer; only the order and the rough ratios matter).
+// coordinator has no tokenizer; only the order and the rough ratios matter) until a worker reports the tokens it
+// ran for the prompt (the run server then uses those).
 #pragma once
 
 #include <map>

@@ -231,6 +231,9 @@ class Store {
   // many of `records` were new.
   Result<int64_t> RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records);
   Result<std::vector<EvaluationRecord>> GetEvaluations(int64_t run_id, int64_t generation) const;
+  // Per (task, prompt) evaluated so far: the tokens a worker ran through the model (prompt + generated; the
+  // largest reported), what leases are balanced by once known.
+  Result<std::map<std::pair<std::string, int64_t>, int64_t>> GetPromptTokens(int64_t run_id) const;
 
   // Idempotent per (generation, task, prompt); refused for a generation other than the run's current one.
   Status RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& dropped);
