@@ -476,6 +476,19 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
 
 int Store::schema_version() const { return db_->execAndGet("PRAGMA user_version").getInt(); }
 
+namespace {
+
+void InsertStage(SQLite::Database& db, int64_t run_id, int64_t k, const StageRecord& s) {
+  SQLite::Statement insert(db, "INSERT INTO stages(run_id, stage, tasks, generations) VALUES(?, ?, ?, ?)");
+  insert.bind(1, run_id);
+  insert.bind(2, k);
+  insert.bind(3, json(s.tasks).dump());
+  insert.bind(4, s.generations);
+  insert.exec();
+}
+
+}  // namespace
+
 Result<int64_t> Store::CreateRun(const NewRun& run) {
   if (run.initial_state == nullptr) return Status::InvalidArgument("a new run needs an initial optimizer state");
   if (run.stages.empty()) return Status::InvalidArgument("a run needs at least one stage");
@@ -491,15 +504,7 @@ Result<int64_t> Store::CreateRun(const NewRun& run) {
     insert.bind(5, run.model_fingerprint);
     insert.exec();
     const int64_t id = db_->getLastInsertRowid();
-    for (std::size_t k = 0; k < run.stages.size(); ++k) {
-      const StageRecord& s = run.stages[k];
-      SQLite::Statement stage(*db_, "INSERT INTO stages(run_id, stage, tasks, generations) VALUES(?, ?, ?, ?)");
-      stage.bind(1, id);
-      stage.bind(2, static_cast<int64_t>(k));
-      stage.bind(3, json(s.tasks).dump());
-      stage.bind(4, s.generations);
-      stage.exec();
-    }
+    for (std::size_t k = 0; k < run.stages.size(); ++k) InsertStage(*db_, id, static_cast<int64_t>(k), run.stages[k]);
     WriteLatest(*db_, id, 0, 0, *run.initial_state, std::nullopt);
     NewSnapshot initial;
     initial.state = run.initial_state;
@@ -541,6 +546,40 @@ Result<std::vector<RunRecord>> Store::ReadRuns(std::optional<int64_t> run_id) co
       runs.push_back(std::move(r));
     }
     return runs;
+  });
+}
+
+Status Store::ReviseRunSpec(int64_t run_id, const std::string& spec_yaml, const std::vector<StageRecord>& stages) {
+  return Guard(path_, "revising the spec of run " + std::to_string(run_id), [&]() -> Status {
+    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(run_id));
+    if (run.status != "running") return Status::FailedPrecondition("run " + std::to_string(run_id) + " is finished");
+    NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> old, GetStages(run_id));
+    if (stages.size() < old.size()) return Status::InvalidArgument("a revised spec cannot remove stages");
+    for (std::size_t k = 0; k < stages.size(); ++k) {
+      const StageRecord& s = stages[k];
+      if (k < old.size()) {
+        const bool last = k + 1 == old.size();
+        if (s.tasks != old[k].tasks || s.generations < old[k].generations ||
+            (!last && s.generations != old[k].generations)) {
+          return Status::InvalidArgument("a revised spec may only extend the last stage, not change stage " +
+                                         std::to_string(k));
+        }
+        SQLite::Statement update(*db_, "UPDATE stages SET generations = ? WHERE run_id = ? AND stage = ?");
+        update.bind(1, s.generations);
+        update.bind(2, run_id);
+        update.bind(3, static_cast<int64_t>(k));
+        update.exec();
+        continue;
+      }
+      InsertStage(*db_, run_id, static_cast<int64_t>(k), s);
+    }
+    SQLite::Statement revise(*db_, "UPDATE runs SET spec_yaml = ? WHERE id = ?");
+    revise.bind(1, spec_yaml);
+    revise.bind(2, run_id);
+    revise.exec();
+    tx.commit();
+    return Status::Ok();
   });
 }
 

@@ -155,6 +155,17 @@ Result<std::unique_ptr<Trainer>> Trainer::Resume(Store& store, int64_t run_id,
   return t;
 }
 
+Result<std::vector<SpecDifference>> Trainer::ReviseSpec(Store& store, int64_t run_id, const RunSpec& given) {
+  NAMM_ASSIGN_OR_RETURN(RunRecord run, store.GetRun(run_id));
+  if (run.spec_yaml == given.yaml) return std::vector<SpecDifference>{};
+  NAMM_ASSIGN_OR_RETURN(RunSpec stored, parse_run_spec(run.spec_yaml, "the spec of run " + std::to_string(run_id)));
+  NAMM_RETURN_IF_ERROR(check_spec_revision(stored, given, run.status == "finished"));
+  std::vector<SpecDifference> accepted = diff_run_specs(stored, given);
+  // A finished run accepts only new locations and layout: its stored spec stays what it ran with.
+  if (run.status == "running") NAMM_RETURN_IF_ERROR(store.ReviseRunSpec(run_id, given.yaml, StageRecords(given)));
+  return accepted;
+}
+
 Status Trainer::Load() {
   NAMM_ASSIGN_OR_RETURN(RunRecord run, store_.GetRun(run_id_));
   NAMM_ASSIGN_OR_RETURN(CheckpointRecord latest, store_.GetCheckpoint(run_id_, "latest", 0, params_));

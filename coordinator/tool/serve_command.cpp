@@ -55,16 +55,21 @@ struct ServeFlags {
   int worker_threads = 0;
 };
 
-// The run of `spec` in `store`: resumed when the database holds it (from the same spec), else created.
+// The run of `spec` in `store`: resumed when the database holds it (the spec edited only where the trajectory
+// stays the same), else created.
 Result<std::unique_ptr<Trainer>> OpenTrainer(Store& store, const RunSpec& spec, const std::string& config,
                                              const std::map<std::string, int64_t>& rows) {
   NAMM_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store.ListRuns());
   for (const RunRecord& run : runs) {
     if (run.name != spec.name) continue;
-    if (run.spec_yaml != spec.yaml) {
-      return Status::FailedPrecondition("run '" + spec.name + "' in " + store.path() + " was started from another "
-                                        "spec than " + config + " (namm-coordinator status shows the stored one); "
-                                        "resume with the same spec, or rename the run or use another database");
+    Result<std::vector<SpecDifference>> revised = Trainer::ReviseSpec(store, run.id, spec);
+    if (!revised.ok()) {
+      return revised.status().WithContext("run '" + spec.name + "' in " + store.path() + " cannot resume from " +
+                                          config + " (namm-coordinator status shows the stored spec; rename the "
+                                          "run or use another database to start afresh)");
+    }
+    for (const SpecDifference& d : *revised) {
+      spdlog::info("run '{}': {} changed from {} to {}", run.name, d.key, d.stored, d.given);
     }
     spdlog::info("resuming run '{}' (run {}) at generation {}", run.name, run.id, run.generation);
     return Trainer::Resume(store, run.id, rows);

@@ -275,6 +275,94 @@ TEST(Trainer, AResumedRunEqualsAnUninterruptedOne) {
   }
 }
 
+TEST(SpecRevision, ComparesParsedSpecsAndListsEveryChangedKey) {
+  const RunSpec stored = *parse_run_spec(SyntheticSpecYaml(), "stored");
+  // Comments, layout and a default spelled out are no change.
+  const RunSpec same = *parse_run_spec("# moved to the new cluster\n" + SyntheticSpecYaml() + "zero_base: one_plus_candidate\n", "same");
+  EXPECT_TRUE(diff_run_specs(stored, same).empty());
+  EXPECT_TRUE(check_spec_revision(stored, same, /*finished=*/true).ok());
+
+  const RunSpec changed = *parse_run_spec(SyntheticSpecYaml("synthetic", 3, 2, ", elite_ratio: 0.25") +
+                                              "  - {tasks: [t/b], generations: 2}\n",
+                                          "changed");
+  const std::vector<SpecDifference> d = diff_run_specs(stored, changed);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0].key, "cmaes.elite_ratio");
+  EXPECT_EQ(d[0].stored, "0.5");
+  EXPECT_EQ(d[0].given, "0.25");
+  EXPECT_EQ(d[1].key, "stages[2].tasks");
+  EXPECT_EQ(d[1].stored, "(none)");
+  EXPECT_EQ(d[1].given, "[\"t/b\"]");
+  EXPECT_EQ(d[2].key, "stages[2].generations");
+  const Status refused = check_spec_revision(stored, changed, false);
+  EXPECT_EQ(refused.code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("cmaes.elite_ratio: 0.5 -> 0.25"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(refused.message().find("stages[2]"), std::string::npos) << "the extension itself is acceptable";
+
+  // Where workers find the model may move; what it is may not.
+  std::string moved = SyntheticSpecYaml();
+  moved.replace(moved.find("/nowhere/model.bin"), 18, "/mnt/new/model.bin");
+  EXPECT_TRUE(check_spec_revision(stored, *parse_run_spec(moved, "moved"), true).ok());
+  std::string other = SyntheticSpecYaml();
+  other.replace(other.find("synthetic-model"), 15, "another-model");
+  EXPECT_FALSE(check_spec_revision(stored, *parse_run_spec(other, "other"), false).ok());
+
+  // Stages: only extended, and only while the run is running.
+  const RunSpec longer = *parse_run_spec(SyntheticSpecYaml("synthetic", 3, 5), "longer");
+  EXPECT_TRUE(check_spec_revision(stored, longer, false).ok());
+  const Status finished = check_spec_revision(stored, longer, true);
+  EXPECT_NE(finished.message().find("stages[1].generations: 2 -> 5"), std::string::npos) << finished.ToString();
+  EXPECT_NE(finished.message().find("finished"), std::string::npos);
+  for (const auto& [a, b] : {std::pair{4, 2}, std::pair{3, 1}}) {
+    const Status s = check_spec_revision(stored, *parse_run_spec(SyntheticSpecYaml("synthetic", a, b), "s"), false);
+    EXPECT_NE(s.message().find("may only be extended"), std::string::npos) << s.ToString();
+  }
+}
+
+// Extending a running run's last stage (with its model moved) continues it exactly as a run started with the
+// longer schedule; a refused revision leaves the stored spec as it was.
+TEST(Trainer, ARunResumedWithAnExtendedScheduleEqualsOneStartedWithIt) {
+  SyntheticRun straight = StartSyntheticRun(FreshDatabasePath("long.db"), SyntheticSpecYaml("synthetic", 3, 4));
+  ASSERT_TRUE(DriveRun(*straight.trainer).ok());
+  const CmaesParams p = straight.trainer->params();
+  const CheckpointRecord expected = *straight.store->GetCheckpoint(1, "latest", 0, p);
+
+  const std::string db = FreshDatabasePath("extended.db");
+  {
+    SyntheticRun first = StartSyntheticRun(db);
+    ASSERT_TRUE(DriveRun(*first.trainer, 4).ok());  // statistics, generations 0-2
+  }
+  auto store = Store::Open(db, OpenMode::kExisting).value();
+  const std::string stored_yaml = store->GetRun(1)->spec_yaml;
+  const Result<std::vector<SpecDifference>> refused =
+      Trainer::ReviseSpec(*store, 1, *parse_run_spec(SyntheticSpecYaml("synthetic", 3, 4, ", c_m: 0.5"), "x"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cmaes.c_m: 1.0 -> 0.5"), std::string::npos);
+  EXPECT_EQ(store->GetRun(1)->spec_yaml, stored_yaml);
+
+  std::string revised = "# two more generations\n" + SyntheticSpecYaml("synthetic", 3, 4);
+  revised.replace(revised.find("/nowhere/model.bin"), 18, "/mnt/new/model.bin");
+  const Result<std::vector<SpecDifference>> accepted = Trainer::ReviseSpec(*store, 1, *parse_run_spec(revised, "r"));
+  ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
+  ASSERT_EQ(accepted->size(), 2u);
+  EXPECT_EQ((*accepted)[0].key, "model.path");
+  EXPECT_EQ((*accepted)[1].key, "stages[1].generations");
+  EXPECT_EQ(store->GetRun(1)->spec_yaml, revised);
+  EXPECT_EQ(store->GetStages(1)->at(1).generations, 4);
+
+  auto resumed = Trainer::Resume(*store, 1, SyntheticTaskRows());
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ((*resumed)->spec().model.path, "/mnt/new/model.bin");
+  ASSERT_TRUE(DriveRun(**resumed).ok());
+  EXPECT_EQ(store->GetRun(1)->generation, 7);
+  EXPECT_TRUE(store->GetCheckpoint(1, "latest", 0, p)->state == expected.state);
+
+  // Finished: nothing is stored any more, and the schedule cannot grow.
+  EXPECT_TRUE(Trainer::ReviseSpec(*store, 1, *parse_run_spec(revised + "# note\n", "r")).ok());
+  EXPECT_EQ(store->GetRun(1)->spec_yaml, revised);
+  EXPECT_FALSE(Trainer::ReviseSpec(*store, 1, *parse_run_spec(SyntheticSpecYaml("synthetic", 3, 6), "r")).ok());
+}
+
 // A prompt that fails everywhere leaves each generation that samples it, for every candidate and the mean; the
 // rest of the run goes on, the drops are stored, and a resumed run drops exactly the same.
 TEST(Trainer, ADroppedPromptLeavesItsGenerationForEveryCandidateAndTheRunGoesOn) {

@@ -224,6 +224,9 @@ class Store {
   Result<RunRecord> GetRun(int64_t run_id) const;
   Result<std::vector<RunRecord>> ListRuns() const;
   Result<std::vector<StageRecord>> GetStages(int64_t run_id) const;
+  // Replaces a running run's spec by one that only extends its stages (spec_revision.h decides which): `stages`
+  // must repeat the stored ones, the last possibly longer, then possibly more.
+  Status ReviseRunSpec(int64_t run_id, const std::string& spec_yaml, const std::vector<StageRecord>& stages);
   // Freezes the run's normalization statistics (once; a different second value is refused).
   Status FreezeNormStats(int64_t run_id, const NormStats& stats);
 

@@ -33,6 +33,7 @@
 
 #include "namm/coordinator/cma_es.h"
 #include "namm/coordinator/run_spec.h"
+#include "namm/coordinator/spec_revision.h"
 #include "namm/coordinator/stage_schedule.h"
 #include "namm/coordinator/store.h"
 
@@ -93,6 +94,9 @@ class Trainer {
   // Continues run `run_id` from its latest checkpoint.
   static Result<std::unique_ptr<Trainer>> Resume(Store& store, int64_t run_id,
                                                  const std::map<std::string, int64_t>& task_rows);
+  // Stores `given` as run `run_id`'s spec when it differs from the stored one only in ways that leave the
+  // trajectory alone (spec_revision.h); otherwise the error lists what changed. Returns the accepted differences.
+  static Result<std::vector<SpecDifference>> ReviseSpec(Store& store, int64_t run_id, const RunSpec& given);
 
   int64_t run_id() const { return run_id_; }
   bool finished() const { return finished_; }
