@@ -1,6 +1,7 @@
 #include "namm/coordinator/lease_scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <tuple>
 
@@ -25,7 +26,7 @@ LeaseScheduler::LeaseScheduler(SchedulerOptions options) : options_(options) {
 
 void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
   for (auto& [id, lease] : active_) {
-    workers_[lease.worker].cancelled.push_back(id);
+    Cancel(lease.worker, id);
     ended_.push_back(id);
   }
   for (auto& [name, w] : workers_) {
@@ -71,6 +72,26 @@ void LeaseScheduler::StartPhase(const std::vector<ScheduledUnit>& units) {
   std::stable_sort(leases.begin(), leases.end(), [](const Pending& a, const Pending& b) { return a.cost > b.cost; });
   queue_.assign(leases.begin(), leases.end());
   queued_units_ = static_cast<int64_t>(units_.size());
+  queued_cost_ = 0;
+  for (const Pending& p : queue_) queued_cost_ += p.cost;
+}
+
+double LeaseScheduler::MeanSpeed() const { return known_slots_ > 0 ? known_speed_sum_ / known_slots_ : 0; }
+
+double LeaseScheduler::RelativeSpeed(const Worker& w) const {
+  const double mean = MeanSpeed();
+  return mean > 0 && w.Speed() > 0 ? w.Speed() / mean : 1;
+}
+
+double LeaseScheduler::RelativeSpeed(const std::string& worker) const {
+  const auto it = workers_.find(worker);
+  return it == workers_.end() ? 1 : RelativeSpeed(it->second);
+}
+
+void LeaseScheduler::CountSpeed(const Worker& w, double sign) {
+  if (w.draining || w.Speed() <= 0) return;
+  known_speed_sum_ += sign * w.Speed() * w.slots;
+  known_slots_ += sign * w.slots;
 }
 
 std::vector<LeaseScheduler::Pending> LeaseScheduler::Pack(const std::vector<int64_t>& unit_indices) const {
@@ -94,10 +115,33 @@ std::vector<LeaseScheduler::Pending> LeaseScheduler::Pack(const std::vector<int6
 }
 
 void LeaseScheduler::AddWorker(const std::string& worker, int slots, const std::string& name) {
-  Worker& w = workers_[worker];
+  const auto [it, added] = workers_.try_emplace(worker);
+  Worker& w = it->second;
+  if (!added) StopLeasing(w);
   w.name = name.empty() ? worker : name;
   w.slots = std::max(1, slots);
   w.draining = false;
+  leasing_slots_ += w.slots;
+  CountSpeed(w, +1);
+}
+
+void LeaseScheduler::StopLeasing(Worker& w) {
+  CountSpeed(w, -1);
+  if (!w.draining) leasing_slots_ -= w.slots;
+  w.draining = true;
+}
+
+void LeaseScheduler::Cancel(const std::string& worker, uint64_t lease) {
+  workers_[worker].cancelled.push_back(lease);
+  cancel_notices_.push_back(worker);
+}
+
+std::vector<std::string> LeaseScheduler::TakeCancelNotices() {
+  std::vector<std::string> out;
+  out.swap(cancel_notices_);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 void LeaseScheduler::RemoveWorker(const std::string& worker) {
@@ -108,13 +152,14 @@ void LeaseScheduler::RemoveWorker(const std::string& worker) {
     Requeue(id, /*lost=*/true);
     ++counters_.leases_returned;
   }
+  StopLeasing(it->second);
   workers_.erase(worker);
 }
 
 void LeaseScheduler::Drain(const std::string& worker, const std::vector<uint64_t>& returned) {
   const auto it = workers_.find(worker);
   if (it == workers_.end()) return;
-  it->second.draining = true;
+  StopLeasing(it->second);
   for (uint64_t id : returned) {
     const auto a = active_.find(id);
     if (a == active_.end() || a->second.worker != worker) continue;
@@ -151,43 +196,91 @@ bool LeaseScheduler::HasWorkFor(const std::string& worker) const {
 }
 
 std::optional<uint64_t> LeaseScheduler::StragglerFor(const std::string& worker) const {
+  // The lease expected to finish last: started + its cost at its holder's measured speed (the mean speed for
+  // a holder not measured yet; with no speed known, the oldest lease).
   std::optional<uint64_t> best;
+  Clock::time_point best_end;
   for (const auto& [id, lease] : active_) {
     if (lease.worker == worker) continue;
-    const bool copyable = std::any_of(lease.units.begin(), lease.units.end(), [&](int64_t u) {
-      return !units_[u].done && static_cast<int>(units_[u].holders.size()) < options_.max_copies;
-    });
-    if (copyable && (!best || lease.started < active_.at(*best).started)) best = id;
+    double cost = 0;
+    bool copyable = false;
+    for (int64_t u : lease.units) {
+      cost += units_[u].scheduled.cost;
+      copyable = copyable || (!units_[u].done && static_cast<int>(units_[u].holders.size()) < options_.max_copies);
+    }
+    if (!copyable) continue;
+    const auto holder = workers_.find(lease.worker);
+    const double speed = holder != workers_.end() && holder->second.Speed() > 0 ? holder->second.Speed() : MeanSpeed();
+    const Clock::time_point end =
+        speed > 0 ? lease.started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(cost / speed))
+                  : lease.started;
+    if (!best || (speed > 0 ? end > best_end : end < best_end)) {
+      best = id;
+      best_end = end;
+    }
   }
   return best;
 }
 
-std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& worker) {
-  while (!queue_.empty()) {
-    // Affinity: an equally long lease (within 1%) of a candidate the worker already ran, among the next few.
-    std::size_t pick = 0;
-    constexpr std::size_t kAffinityWindow = 64;
-    for (std::size_t i = 0; i < std::min(queue_.size(), kAffinityWindow); ++i) {
-      if (queue_[i].cost < 0.99 * queue_.front().cost) break;
-      const UnitKey& key = units_[queue_[i].units.front()].scheduled.key;
-      if (worker.ran.count({key.kind, key.candidate}) > 0) {
-        pick = i;
-        break;
+std::size_t LeaseScheduler::PickQueued(const Worker& worker, double relative_speed) const {
+  if (relative_speed < 1 && leasing_slots_ > 0) {
+    // Seconds until the queue is expected to drain at the mean speed, against the extra seconds a lease takes
+    // on this worker over an average one. Far from the end every lease fits and the front is taken.
+    const double speed = worker.Speed(), mean = MeanSpeed();
+    const double horizon = queued_cost_ / (mean * static_cast<double>(leasing_slots_));
+    const auto late_by = [&](const Pending& p) { return p.cost / speed - p.cost / mean; };
+    if (late_by(queue_.front()) > horizon) {
+      for (std::size_t i = 1; i < queue_.size(); ++i) {
+        if (late_by(queue_[i]) <= horizon) return i;
       }
+      return queue_.size() - 1;  // none fits: the shortest (the queue is longest first, requeued leases aside)
     }
+  }
+  const auto ran = [&](const Pending& p) {
+    const UnitKey& key = units_[p.units.front()].scheduled.key;
+    return worker.ran.count({key.kind, key.candidate}) > 0;
+  };
+  if (static_cast<double>(queued_units_) < static_cast<double>(options_.max_prompts_per_lease * leasing_slots_)) {
+    // The phase's end, where leases are cut to a prompt or two: the longest prompt first, wherever it is queued
+    // (leases are ordered by their total, and cut leases put their shorter rest at the front); among equally
+    // long ones (the same prompt of other candidates), one of a candidate the worker ran.
+    const auto first_cost = [&](std::size_t i) { return units_[queue_[i].units.front()].scheduled.cost; };
+    std::size_t longest = 0;
+    for (std::size_t i = 1; i < queue_.size(); ++i) {
+      if (first_cost(i) > first_cost(longest)) longest = i;
+    }
+    for (std::size_t i = 0; i < queue_.size(); ++i) {
+      if (first_cost(i) >= 0.99 * first_cost(longest) && ran(queue_[i])) return i;
+    }
+    return longest;
+  }
+  // Affinity: an equally long lease (within 1%) of a candidate the worker already ran, among the next few.
+  constexpr std::size_t kAffinityWindow = 64;
+  for (std::size_t i = 0; i < std::min(queue_.size(), kAffinityWindow); ++i) {
+    if (queue_[i].cost < 0.99 * queue_.front().cost) break;
+    if (ran(queue_[i])) return i;
+  }
+  return 0;
+}
+
+std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& worker) {
+  const double relative_speed = RelativeSpeed(worker);
+  while (!queue_.empty()) {
+    const std::size_t pick = PickQueued(worker, relative_speed);
     Pending p = std::move(queue_[pick]);
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(pick));
     queued_units_ -= static_cast<int64_t>(p.units.size());
+    queued_cost_ -= p.cost;
     std::vector<int64_t> units;
     for (int64_t u : p.units) {
       if (!units_[u].done && units_[u].holders.empty()) units.push_back(u);
     }
     if (units.empty()) continue;  // finished meanwhile by a late result, or re-attached to its old holder
-    // Guided size: ceil(queued prompts / slots), so the end of the phase is handed out prompt by prompt.
-    int64_t slots = 0;
-    for (const auto& [name, w] : workers_) slots += w.draining ? 0 : w.slots;
+    // Guided size: ceil(queued prompts / slots), so the end of the phase is handed out prompt by prompt; a
+    // worker's share scales with its relative speed.
     const int64_t queued = queued_units_ + static_cast<int64_t>(units.size());
-    const int64_t guided = (queued + slots - 1) / std::max<int64_t>(1, slots);
+    const auto guided = static_cast<int64_t>(
+        std::ceil(static_cast<double>(queued) * relative_speed / (2.0 * static_cast<double>(std::max<int64_t>(1, leasing_slots_)))));
     const auto size = static_cast<std::size_t>(
         options_.guided_sizes ? std::clamp<int64_t>(guided, 1, options_.max_prompts_per_lease) : options_.max_prompts_per_lease);
     if (units.size() > size) {
@@ -204,6 +297,7 @@ std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& wor
 
 void LeaseScheduler::PushFront(Pending p) {
   queued_units_ += static_cast<int64_t>(p.units.size());
+  queued_cost_ += p.cost;
   queue_.push_front(std::move(p));
 }
 
@@ -327,9 +421,12 @@ std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const
   return kept;
 }
 
-void LeaseScheduler::Release(const std::string& worker, uint64_t lease) {
+bool LeaseScheduler::Release(const std::string& worker, uint64_t lease) {
   const auto a = active_.find(lease);
-  if (a != active_.end() && a->second.worker == worker) Requeue(lease, /*lost=*/false);
+  if (a == active_.end() || a->second.worker != worker) return false;
+  const int64_t queued = queued_units_;
+  Requeue(lease, /*lost=*/false);
+  return queued_units_ > queued;
 }
 
 std::vector<uint64_t> LeaseScheduler::TakeEnded() {
@@ -369,11 +466,21 @@ int64_t LeaseScheduler::UnitOf(uint64_t lease, int64_t prompt) const {
   return *std::find_if(units.begin(), units.end(), [&](int64_t i) { return units_[i].scheduled.key.prompt == prompt; });
 }
 
-ResultOutcome LeaseScheduler::Complete(uint64_t lease, int64_t prompt) {
+ResultOutcome LeaseScheduler::Complete(uint64_t lease, int64_t prompt, double seconds) {
   const bool late = active_.count(lease) == 0;
   const int64_t u = UnitOf(lease, prompt);
   const auto worker = workers_.find(late ? retired_.at(lease).worker : active_.at(lease).worker);
-  if (worker != workers_.end()) worker->second.failures_in_a_row = 0;
+  if (worker != workers_.end()) {
+    Worker& w = worker->second;
+    w.failures_in_a_row = 0;
+    if (seconds > 0) {
+      constexpr double kDecay = 0.95;  // about the last 20 prompts
+      CountSpeed(w, -1);
+      w.cost_done = kDecay * w.cost_done + units_[u].scheduled.cost;
+      w.seconds_done = kDecay * w.seconds_done + seconds;
+      CountSpeed(w, +1);
+    }
+  }
   if (units_[u].done) {
     ++counters_.results_duplicate;
     return ResultOutcome::kDuplicate;
@@ -409,7 +516,7 @@ void LeaseScheduler::EndLease(uint64_t lease, bool cancel) {
   for (int64_t u : a.units) units_[u].holders.erase(lease);
   Worker& w = workers_[a.worker];
   w.leases.erase(lease);
-  if (cancel) w.cancelled.push_back(lease);
+  if (cancel) Cancel(a.worker, lease);
   ended_.push_back(lease);
   const bool stand_in_done = IsReserved(a.worker) && w.leases.empty();
   const std::string stand_in = a.worker;
@@ -435,7 +542,7 @@ void LeaseScheduler::Fail(uint64_t lease, int64_t prompt, const std::string& err
   const std::string worker = a != active_.end() ? a->second.worker : retired_.at(lease).worker;
   if (const auto w = workers_.find(worker); w != workers_.end() && ++w->second.failures_in_a_row >= options_.quarantine_after) {
     w->second.quarantined = true;
-    w->second.draining = true;
+    StopLeasing(w->second);
   }
   if (units_[u].done || units_[u].abandoned) return;
   if (a == active_.end()) {
@@ -512,7 +619,7 @@ int64_t LeaseScheduler::ExpireLeases(Clock::time_point now) {
     if (a.deadline <= now) expired.push_back(id);
   }
   for (uint64_t id : expired) {
-    workers_[active_.at(id).worker].cancelled.push_back(id);
+    Cancel(active_.at(id).worker, id);
     Requeue(id, /*lost=*/true);
   }
   counters_.leases_expired += static_cast<int64_t>(expired.size());

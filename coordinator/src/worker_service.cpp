@@ -119,7 +119,12 @@ grpc::Status WorkerService::FindSession(const std::string& worker_id, std::share
 }
 
 void WorkerService::WakeAll() {
+  (void)scheduler_.TakeCancelNotices();  // everyone looks
   for (auto& [id, s] : sessions_) s->wake.notify_all();
+}
+
+void WorkerService::Wake(const std::string& worker_id) {
+  if (const auto it = sessions_.find(worker_id); it != sessions_.end()) it->second->wake.notify_all();
 }
 
 void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units) {
@@ -438,7 +443,7 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
   for (int i = 0; i < request->results_size(); ++i) {
     const v1::PromptResult& r = request->results(i);
     const UnitKey& key = keys[static_cast<std::size_t>(i)];
-    if (scheduler_.Complete(lease, r.prompt()) == ResultOutcome::kDuplicate) {
+    if (scheduler_.Complete(lease, r.prompt(), r.seconds()) == ResultOutcome::kDuplicate) {
       ++duplicates;
       continue;
     }
@@ -468,10 +473,8 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
                  f.error());
     scheduler_.Fail(lease, f.prompt(), session->name + ": " + f.error());
   }
-  if (request->lease_done()) {
-    scheduler_.Release(worker, lease);  // what it did not run goes back now, not at the lease's deadline
-    WakeAll();
-  }
+  // What it did not run goes back now, not at the lease's deadline, and any idle worker may take it.
+  const bool requeued = request->lease_done() && scheduler_.Release(worker, lease);
   if (duplicates > 0) {
     spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, lease);
   }
@@ -485,13 +488,13 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
     phase_done_at_ = Clock::now();
     if (hooks_.phase_done) hooks_.phase_done();
   }
-  if (request->failures_size() > 0) {
-    WakeAll();  // failed prompts are back in the queue
+  if (request->failures_size() > 0 || requeued) {
+    WakeAll();  // prompts are back in the queue
   } else {
-    // The reporter may have a free slot; copies elsewhere may have been cancelled.
-    for (auto& [id, s] : sessions_) {
-      if (id == worker || scheduler_.HasCancelled(id)) s->wake.notify_all();
-    }
+    // The reporter may have a free slot; copies elsewhere may have been cancelled. Waking only those keeps a
+    // report O(1) in the number of workers.
+    Wake(worker);
+    for (const std::string& id : scheduler_.TakeCancelNotices()) Wake(id);
   }
   return grpc::Status::OK;
 }

@@ -127,7 +127,10 @@ class WorkerService final : public v1::Coordinator::Service {
   bool FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
   // Appends to the progress log (mu_ held); false (logged) when it cannot.
   bool Log(const ProgressEntries& entries);
+  // Every lease stream looks for work again (mu_ held).
   void WakeAll();
+  // One worker's lease stream looks again (mu_ held).
+  void Wake(const std::string& worker_id);
 
   const ServiceConfig config_;
   const ServiceHooks hooks_;

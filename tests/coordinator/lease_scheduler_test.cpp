@@ -417,5 +417,47 @@ TEST(LeaseScheduler, ChecksNameTheProblemAndOldPhasesAreStale) {
   EXPECT_NE(s.Check("b", h->id, h->prompts[0]).status().message().find("another worker"), std::string::npos);
 }
 
+// Speeds come from the seconds workers report: a worker at half the mean speed gets a short lease where the
+// longest would finish after the queue drains, and straggler copies go to the lease expected to finish last
+// (the slow worker's), not to the oldest one.
+TEST(LeaseScheduler, SlowWorkersGetShortWorkAtTheEndAndTheirLeasesAreCopiedFirst) {
+  LeaseScheduler s(Options(1));
+  s.AddWorker("fast", 1);
+  s.AddWorker("slow", 1);
+  s.StartPhase(Units(1, 8));  // unit costs 1: fast reports 1 s per prompt, slow 4 s
+  const Clock::time_point t0;
+  while (!s.Done()) {
+    for (const auto& [worker, seconds] : std::map<std::string, double>{{"fast", 1.0}, {"slow", 4.0}}) {
+      if (auto g = s.Acquire(worker, t0)) {
+        for (int64_t p : g->prompts) s.Complete(g->id, p, seconds);
+      }
+    }
+  }
+  EXPECT_NEAR(s.RelativeSpeed("fast"), 1.6, 1e-9);  // speeds 1 and 0.25 cost/s, mean 0.625
+  EXPECT_NEAR(s.RelativeSpeed("slow"), 0.4, 1e-9);
+  EXPECT_EQ(s.RelativeSpeed("unknown"), 1.0);
+
+  // Costs 10, 1, 1: on the slow worker the 10 would take 24 s more than on an average one, longer than the
+  // queue's 9.6 s until it drains at the mean speed: it takes a 1, the fast one the 10.
+  s.StartPhase(Units(1, 3, [](int64_t p) { return p == 0 ? 10.0 : 1.0; }));
+  auto slow = s.Acquire("slow", t0);
+  auto fast = s.Acquire("fast", t0);
+  ASSERT_TRUE(slow && fast);
+  EXPECT_EQ(slow->prompts, std::vector<int64_t>{1});
+  EXPECT_EQ(fast->prompts, std::vector<int64_t>{0});
+
+  // Two running leases of cost 4: the fast one's is older, the slow one's ends later (t0 + 1 + 16 s against
+  // t0 + 4 s). A newcomer with nothing queued copies the slow one's.
+  s.StartPhase(Units(1, 2, [](int64_t) { return 4.0; }));
+  auto first = s.Acquire("fast", t0);
+  auto second = s.Acquire("slow", t0 + std::chrono::seconds(1));
+  ASSERT_TRUE(first && second);
+  s.AddWorker("newcomer", 1);
+  auto copy = s.Acquire("newcomer", t0 + std::chrono::seconds(2));
+  ASSERT_TRUE(copy);
+  EXPECT_TRUE(copy->duplicate);
+  EXPECT_EQ(copy->prompts, second->prompts);
+}
+
 }  // namespace
 }  // namespace namm::coordinator

@@ -6,6 +6,12 @@
 //  - Lease sizes are guided: a lease holds at most ceil(queued prompts / worker slots) prompts, so leases are
 //    full-size while there is plenty of work and shrink to single prompts at the generation's end, where a
 //    coarse lease would leave other workers idle.
+//  - Workers' speeds are learned from the seconds they report per prompt (cost per second, decayed so a
+//    worker that slows down is noticed within a few dozen prompts) and compared with the mean of the leasing
+//    workers' speeds: a worker at half the mean gets leases of half the guided size; at the phase's end, when
+//    the longest queued lease would finish on it later than the queue is expected to drain, it gets the
+//    longest one that would not (or the shortest there is); and straggler copies go to the lease expected to
+//    finish last. Until its speed is known, a worker counts as average.
 //  - Among the equally long leases at the front of the queue, a worker gets one of a candidate it already ran
 //    this phase: it has that candidate's parameters and needs no new ones.
 //  - A worker holds at most `slots` leases. A lease lives until `lease_timeout` after its last heartbeat; then
@@ -143,8 +149,8 @@ class LeaseScheduler {
   std::vector<HeldLease> Reattach(const std::string& worker, const std::vector<HeldLease>& held,
                                   Clock::time_point now);
   // `worker` is done with its `lease`: the lease's units without a result go back to the queue (no attempt
-  // used). Ignored for a lease the worker does not hold.
-  void Release(const std::string& worker, uint64_t lease);
+  // used). Ignored for a lease the worker does not hold. Returns whether any unit went back to the queue.
+  bool Release(const std::string& worker, uint64_t lease);
   // Leases that ended since the last call (for the lease journal).
   std::vector<uint64_t> TakeEnded();
 
@@ -157,8 +163,11 @@ class LeaseScheduler {
   // (or one of an earlier phase: `stale` is then set and the result counts as a duplicate), InvalidArgument
   // for a lease of another worker or a prompt the lease does not hold.
   Result<UnitKey> Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale = nullptr) const;
-  // Records a result that Check() accepted.
-  ResultOutcome Complete(uint64_t lease, int64_t prompt);
+  // Records a result that Check() accepted; `seconds` > 0, the time the worker took for it, teaches the
+  // scheduler the worker's speed.
+  ResultOutcome Complete(uint64_t lease, int64_t prompt, double seconds = 0);
+  // The worker's measured speed relative to the mean at the phase's start (1 until known).
+  double RelativeSpeed(const std::string& worker) const;
   // Records that the worker of `lease` could not run `prompt` (Check() accepted the pair): the prompt leaves the
   // lease and goes back to the queue, or is abandoned.
   void Fail(uint64_t lease, int64_t prompt, const std::string& error);
@@ -175,6 +184,8 @@ class LeaseScheduler {
   // Leases of `worker` cancelled since the last call (finished by a copy, or of an ended phase).
   std::vector<uint64_t> TakeCancelled(const std::string& worker);
   bool HasCancelled(const std::string& worker) const;
+  // Workers that got a cancellation since the last call, each once: only they need waking.
+  std::vector<std::string> TakeCancelNotices();
 
   bool Done() const { return done_count_ == static_cast<int64_t>(units_.size()); }
   const std::vector<AbandonedUnit>& abandoned() const { return abandoned_; }
@@ -213,12 +224,22 @@ class LeaseScheduler {
     std::set<std::pair<UnitKind, int64_t>> ran;  // (kind, candidate) of leases issued in this phase
     int failures_in_a_row = 0;
     bool quarantined = false;
+    double cost_done = 0, seconds_done = 0;  // decayed sums of reported prompts: their ratio is the speed
+    double Speed() const { return seconds_done > 0 ? cost_done / seconds_done : 0; }
   };
 
   // Pending leases of at most max_prompts_per_lease units of one (kind, candidate, task), balanced by cost.
   std::vector<Pending> Pack(const std::vector<int64_t>& unit_indices) const;
   // Takes the queued lease `worker` should run next (undone units only), cut to the guided size.
   std::optional<std::vector<int64_t>> TakeQueued(const Worker& worker);
+  // Where in the queue `worker` should take from: a lease of a candidate it ran among the equally long ones at
+  // the front, or for a slow worker at the phase's end the longest that it would finish in time.
+  std::size_t PickQueued(const Worker& worker, double relative_speed) const;
+  // Mean speed (cost per second) of the leasing workers whose speed is known; 0 when none is.
+  double MeanSpeed() const;
+  double RelativeSpeed(const Worker& w) const;
+  // Adds (sign +1) or removes (-1) the worker's speed from the mean's sums.
+  void CountSpeed(const Worker& w, double sign);
   void PushFront(Pending p);
   // The active lease whose still-unfinished units a copy for `worker` would run (oldest first), if any.
   std::optional<uint64_t> StragglerFor(const std::string& worker) const;
@@ -239,6 +260,10 @@ class LeaseScheduler {
   bool CountFailure(int64_t u, const std::string& worker, const std::string& error);
   // The index of `prompt` among the units of an active or retired lease.
   int64_t UnitOf(uint64_t lease, int64_t prompt) const;
+  // The worker takes no more leases (drained or quarantined).
+  void StopLeasing(Worker& w);
+  // `lease` of `worker` ends before its results: its holder is told.
+  void Cancel(const std::string& worker, uint64_t lease);
   bool FreeSlot(const Worker& w) const { return !w.draining && static_cast<int>(w.leases.size()) < w.slots; }
 
   SchedulerOptions options_;
@@ -252,6 +277,11 @@ class LeaseScheduler {
   std::map<uint64_t, Active> retired_;  // ended leases of this phase
   std::vector<AbandonedUnit> abandoned_;
   std::map<std::string, Worker> workers_;
+  int64_t leasing_slots_ = 0;  // slots of workers that take leases (not draining)
+  // Slot-weighted sum of the leasing workers' known speeds, and their slots: the mean speed.
+  double known_speed_sum_ = 0, known_slots_ = 0;
+  double queued_cost_ = 0;     // cost of the units in queue_
+  std::vector<std::string> cancel_notices_;  // since TakeCancelNotices()
   uint64_t next_lease_ = 1;
   uint64_t phase_first_lease_ = 1;
   SchedulerCounters counters_;
