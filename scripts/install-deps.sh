@@ -22,6 +22,8 @@ packages=(
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev libicu-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # the partition test (ctest -L long) cuts a worker off in a network namespace
+  iproute2
   # the TLS tests make their certificates with the openssl command
   openssl
   # the report tests render eval's and the coordinator's HTML reports in headless Chromium

@@ -44,28 +44,32 @@ struct Child {
 };
 
 // Starts args[0] with `args`. With `log`, stdout and stderr go to that file (appended); else stdout is a pipe.
+// vfork, not fork: fork runs the atfork handlers, and OpenBLAS's (blas_thread_shutdown_) can hang forever joining
+// a BLAS thread of a process that has run BLAS work (seen in the store crash test); the child only calls
+// syscalls before exec, with everything it needs prepared here.
 inline Child Spawn(const std::vector<std::string>& args, const std::string& log = "") {
   int fds[2] = {-1, -1};
   if (log.empty()) {
     EXPECT_EQ(::pipe(fds), 0);
   }
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const char* log_path = log.c_str();
   Child c;
-  c.pid = ::fork();
+  c.pid = ::vfork();
   if (c.pid == 0) {
     // A test that fails or is killed by ctest's timeout takes its children with it: an orphan holding ctest's
     // output pipe, or a port, would otherwise stall the rest of the suite.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (log.empty()) {
+    if (fds[1] >= 0) {
       ::dup2(fds[1], STDOUT_FILENO);
       ::close(fds[0]);
     } else {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      const int fd = ::open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);
     }
-    std::vector<char*> argv;
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }

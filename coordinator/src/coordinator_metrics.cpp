@@ -80,7 +80,7 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, const Run
                                 .Help("Task score of the mean divided by the base model's on the same prompts")
                                 .Labels(run_label_)
                                 .Register(registry_)),
-      sigma_(LazyGauge("namm_cmaes_sigma", "CMA-ES step size after the last tell()")),
+      sigma_(LazyGauge("namm_cmaes_sigma", "CMA-ES step size the last generation's population was sampled with")),
       eigen_min_(LazyGauge("namm_cmaes_eigenvalue_min", "Smallest eigenvalue of the covariance matrix")),
       eigen_max_(LazyGauge("namm_cmaes_eigenvalue_max", "Largest eigenvalue of the covariance matrix")),
       units_leased_(Counter("namm_units_leased_total", "Prompts handed out in leases, straggler copies included")),

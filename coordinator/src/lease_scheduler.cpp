@@ -122,12 +122,16 @@ void LeaseScheduler::AddWorker(const std::string& worker, int slots, const std::
   w.slots = std::max(1, slots);
   w.draining = false;
   leasing_slots_ += w.slots;
+  ++leasing_workers_;
   CountSpeed(w, +1);
 }
 
 void LeaseScheduler::StopLeasing(Worker& w) {
   CountSpeed(w, -1);
-  if (!w.draining) leasing_slots_ -= w.slots;
+  if (!w.draining) {
+    leasing_slots_ -= w.slots;
+    --leasing_workers_;
+  }
   w.draining = true;
 }
 
@@ -188,6 +192,7 @@ bool LeaseScheduler::HasWorkFor(const std::string& worker) const {
   const auto it = workers_.find(worker);
   if (it == workers_.end() || !FreeSlot(it->second)) return false;
   for (const Pending& p : queue_) {
+    if (!LeasableTo(it->second, p)) continue;
     for (int64_t u : p.units) {
       if (!units_[u].done) return true;
     }
@@ -222,18 +227,29 @@ std::optional<uint64_t> LeaseScheduler::StragglerFor(const std::string& worker) 
   return best;
 }
 
-std::size_t LeaseScheduler::PickQueued(const Worker& worker, double relative_speed) const {
+bool LeaseScheduler::LeasableTo(const Worker& worker, const Pending& p) const {
+  const Unit& u = units_[p.units.front()];
+  return u.failed_on.count(worker.name) == 0 || static_cast<int64_t>(u.failed_on.size()) >= leasing_workers_;
+}
+
+std::optional<std::size_t> LeaseScheduler::PickQueued(const Worker& worker, double relative_speed) const {
+  std::vector<std::size_t> open;  // queue positions the worker may take, in queue order
+  for (std::size_t i = 0; i < queue_.size(); ++i) {
+    if (LeasableTo(worker, queue_[i])) open.push_back(i);
+  }
+  if (open.empty()) return std::nullopt;
+  const Pending& front = queue_[open.front()];
   if (relative_speed < 1 && leasing_slots_ > 0) {
     // Seconds until the queue is expected to drain at the mean speed, against the extra seconds a lease takes
     // on this worker over an average one. Far from the end every lease fits and the front is taken.
     const double speed = worker.Speed(), mean = MeanSpeed();
     const double horizon = queued_cost_ / (mean * static_cast<double>(leasing_slots_));
     const auto late_by = [&](const Pending& p) { return p.cost / speed - p.cost / mean; };
-    if (late_by(queue_.front()) > horizon) {
-      for (std::size_t i = 1; i < queue_.size(); ++i) {
+    if (late_by(front) > horizon) {
+      for (std::size_t i : open) {
         if (late_by(queue_[i]) <= horizon) return i;
       }
-      return queue_.size() - 1;  // none fits: the shortest (the queue is longest first, requeued leases aside)
+      return open.back();  // none fits: the shortest (the queue is longest first, requeued leases aside)
     }
   }
   const auto ran = [&](const Pending& p) {
@@ -245,30 +261,31 @@ std::size_t LeaseScheduler::PickQueued(const Worker& worker, double relative_spe
     // (leases are ordered by their total, and cut leases put their shorter rest at the front); among equally
     // long ones (the same prompt of other candidates), one of a candidate the worker ran.
     const auto first_cost = [&](std::size_t i) { return units_[queue_[i].units.front()].scheduled.cost; };
-    std::size_t longest = 0;
-    for (std::size_t i = 1; i < queue_.size(); ++i) {
+    std::size_t longest = open.front();
+    for (std::size_t i : open) {
       if (first_cost(i) > first_cost(longest)) longest = i;
     }
-    for (std::size_t i = 0; i < queue_.size(); ++i) {
+    for (std::size_t i : open) {
       if (first_cost(i) >= 0.99 * first_cost(longest) && ran(queue_[i])) return i;
     }
     return longest;
   }
   // Affinity: an equally long lease (within 1%) of a candidate the worker already ran, among the next few.
   constexpr std::size_t kAffinityWindow = 64;
-  for (std::size_t i = 0; i < std::min(queue_.size(), kAffinityWindow); ++i) {
-    if (queue_[i].cost < 0.99 * queue_.front().cost) break;
-    if (ran(queue_[i])) return i;
+  for (std::size_t k = 0; k < std::min(open.size(), kAffinityWindow); ++k) {
+    if (queue_[open[k]].cost < 0.99 * front.cost) break;
+    if (ran(queue_[open[k]])) return open[k];
   }
-  return 0;
+  return open.front();
 }
 
 std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& worker) {
   const double relative_speed = RelativeSpeed(worker);
-  while (!queue_.empty()) {
-    const std::size_t pick = PickQueued(worker, relative_speed);
-    Pending p = std::move(queue_[pick]);
-    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(pick));
+  while (true) {
+    const std::optional<std::size_t> pick = PickQueued(worker, relative_speed);
+    if (!pick) return std::nullopt;
+    Pending p = std::move(queue_[*pick]);
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(*pick));
     queued_units_ -= static_cast<int64_t>(p.units.size());
     queued_cost_ -= p.cost;
     std::vector<int64_t> units;

@@ -1,5 +1,10 @@
 #include "namm/coordinator/prompt_costs.h"
 
+#include <algorithm>
+#include <numeric>
+
+#include "namm/coordinator/stage_schedule.h"
+
 namespace namm::coordinator {
 
 Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names, const tasks::TaskPaths& paths) {
@@ -26,6 +31,29 @@ std::map<std::string, int64_t> row_counts(const PromptCosts& costs) {
   std::map<std::string, int64_t> rows;
   for (const auto& [task, c] : costs) rows[task] = static_cast<int64_t>(c.size());
   return rows;
+}
+
+double remaining_cost(const RunSpec& spec, const PromptCosts& costs, int64_t first) {
+  std::vector<int64_t> lengths;
+  for (const StageSpec& stage : spec.stages) lengths.push_back(stage.generations);
+  const StageSchedule schedule(lengths, spec.eval_interval);
+  // Per task: (rows, mean cost of a prompt).
+  const auto task_cost = [&](const std::string& task, int64_t prompts) {
+    const auto it = costs.find(task);
+    if (it == costs.end() || it->second.empty()) return static_cast<double>(prompts);
+    const auto rows = static_cast<int64_t>(it->second.size());
+    const double mean = std::accumulate(it->second.begin(), it->second.end(), 0.0) / static_cast<double>(rows);
+    return mean * static_cast<double>(std::min(prompts <= 0 ? rows : prompts, rows));
+  };
+  double total = 0;
+  for (int64_t g = std::max<int64_t>(0, first); g < schedule.total_generations(); ++g) {
+    const ScheduledGeneration at = schedule.At(g);
+    for (const std::string& task : spec.stages[static_cast<std::size_t>(at.stage)].tasks) {
+      total += static_cast<double>(spec.cmaes.population) * task_cost(task, spec.prompts_per_task);
+      if (at.evaluate_mean) total += task_cost(task, spec.eval_prompts);
+    }
+  }
+  return total;
 }
 
 }  // namespace namm::coordinator

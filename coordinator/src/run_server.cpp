@@ -77,7 +77,8 @@ struct RunServer::Impl {
 
   // Progress of the current phase and of the run in this process.
   Clock::time_point run_started, phase_started;
-  int64_t phase_units = 0, generations_done = 0;
+  int64_t phase_units = 0;
+  double phase_cost = 0, cost_done = 0;  // of the units this process handed out (the ETA's pace)
   int64_t phase_references = 0, phase_references_stored = 0;
   double cache_sum = 0;
   int64_t cache_count = 0;
@@ -326,7 +327,11 @@ Status RunServer::Impl::StartPhase() {
     ++references;
   }
   service->StartPhase(phase, units);
-  trainer.BeginBackgroundWork();  // a decomposition and its snapshot, while the workers run the phase
+  // A decomposition and its snapshot, while the workers run the phase.
+  if (const std::optional<int64_t> decomposing = trainer.BeginBackgroundWork()) {
+    spdlog::info("generation {}: decomposing generation {}'s covariance and writing its snapshot in the background",
+                 plan.generation, *decomposing);
+  }
   if (!recovered_leases.empty()) {
     // A restart: what the previous coordinator had handed out stays with its holders for one lease timeout, so
     // that results they finish meanwhile are taken, not computed again.
@@ -337,6 +342,8 @@ Status RunServer::Impl::StartPhase() {
   }
   phase_started = Clock::now();
   phase_units = static_cast<int64_t>(units.size());
+  phase_cost = 0;
+  for (const ScheduledUnit& u : units) phase_cost += u.cost;
   phase_references = references;
   phase_references_stored = 0;
   cache_sum = 0;
@@ -476,22 +483,23 @@ void RunServer::Impl::ReportProgress(const AdvanceSummary& summary) {
   p.finished = service->PhaseDoneAt();
   p.seconds = std::chrono::duration<double>(p.finished - p.started).count();
   const double rate = p.seconds > 0 ? static_cast<double>(phase_units) / p.seconds : 0;
+  cost_done += phase_cost;
   char line[512];
   if (summary.froze_norm_stats) {
     std::snprintf(line, sizeof line, "generation %lld: normalization statistics frozen | %.1f units/s",
                   static_cast<long long>(summary.generation), rate);
   } else {
     p.record = summary.record;
-    ++generations_done;
     const GenerationRecord& r = summary.record;
+    // The work left (each remaining generation at its stage's cost) at this process's pace so far.
     const double elapsed = std::chrono::duration<double>(Clock::now() - run_started).count();
-    const int64_t left = trainer.spec().total_generations() - (summary.generation + 1);
-    const double eta = elapsed / static_cast<double>(generations_done) * static_cast<double>(left);
+    const double eta =
+        cost_done > 0 ? remaining_cost(trainer.spec(), costs, summary.generation + 1) * elapsed / cost_done : 0;
     std::snprintf(line, sizeof line,
                   "generation %lld (stage %lld) | best %.4f | mean %.4f +- %.4f | sigma %.5f | cache %.0f | "
                   "%.1f units/s | ETA %s",
                   static_cast<long long>(r.generation), static_cast<long long>(r.stage), r.fitness_best, r.fitness_mean,
-                  r.fitness_std, trainer.state().sigma, cache_count > 0 ? cache_sum / static_cast<double>(cache_count) : 0.0,
+                  r.fitness_std, r.sigma, cache_count > 0 ? cache_sum / static_cast<double>(cache_count) : 0.0,
                   rate, Duration(eta).c_str());
     if (metrics) metrics->GenerationCommitted(summary, p.seconds, eta);
   }

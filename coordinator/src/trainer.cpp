@@ -573,9 +573,12 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   return s;
 }
 
-void Trainer::BeginBackgroundWork() {
+std::optional<int64_t> Trainer::BeginBackgroundWork() {
+  const int64_t running = eigen_job_generation_;
   StartEigenJob();
   StartSnapshotWrite();
+  if (eigen_job_generation_ < 0 || eigen_job_generation_ == running) return std::nullopt;
+  return eigen_job_generation_;
 }
 
 void Trainer::StartEigenJob() {
@@ -731,7 +734,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   c.eigen_applied = eigen_applied_;
   c.metrics = {{"fitness_best", g.fitness_best},   {"fitness_mean", g.fitness_mean},
                {"fitness_std", g.fitness_std},     {"fitness_worst", g.fitness_worst},
-               {"sigma", state_.sigma},            {"eigen_min", g.eigen_min},
+               {"sigma", g.sigma},                 {"eigen_min", g.eigen_min},
                {"eigen_max", g.eigen_max},         {"tell_seconds", g.tell_seconds},
                {"cache_size_mean", MeanCacheSize(done, false)},
                {"prompts_dropped", static_cast<double>(p.dropped.size())}};

@@ -1,6 +1,7 @@
 // serve: a run's coordinator service for remote workers (namm-worker serve), until the schedule is done or a
 // signal stops it. run: the same service plus N local namm-worker processes, with a progress line per
 // generation. Both resume the run a database already holds.
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -53,7 +54,15 @@ struct ServeFlags {
   int local_workers = 0;
   std::string worker_binary;
   int worker_threads = 0;
+  std::vector<std::string> worker_devices;  // assigned to local workers in turn
 };
+
+// "cpu", "cuda" or "cuda:N": what namm-worker --device takes (it checks that the device exists).
+bool IsDeviceName(const std::string& d) {
+  if (d == "cpu" || d == "cuda") return true;
+  return d.size() > 5 && d.compare(0, 5, "cuda:") == 0 &&
+         std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 // The run of `spec` in `store`: resumed when the database holds it (the spec edited only where the trajectory
 // stays the same), else created.
@@ -178,6 +187,9 @@ class LocalWorkers {
                                        "--name", "local-" + std::to_string(i), "--threads", std::to_string(threads),
                                        "--insecure-plaintext",  // loopback
                                        "--log-level", f.log_level == "info" ? "warn" : f.log_level};
+      if (!f.worker_devices.empty()) {
+        args.insert(args.end(), {"--device", f.worker_devices[static_cast<std::size_t>(i) % f.worker_devices.size()]});
+      }
       if (!spec.model.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", spec.model.tokenizer});
       if (!f.metrics_listen.empty()) {
         const std::string address = WorkerMetricsAddress(f.metrics_listen, i);
@@ -445,6 +457,12 @@ void AddServeCommands(CLI::App& app, Action& run) {
   local->add_option("--worker-binary", r->worker_binary, "namm-worker to start (default: the one beside this binary)");
   local->add_option("--worker-threads", r->worker_threads, "CPU threads per worker (default: cores / workers)")
       ->check(CLI::PositiveNumber);
+  local->add_option("--device", r->worker_devices,
+                    "Devices of the local workers, comma-separated, given out in turn (e.g. cuda:0,cuda:1; default cpu)")
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](std::string& d) { return IsDeviceName(d) ? std::string() : "'" + d + "' is not cpu, cuda or cuda:N"; },
+          "DEVICE"));
   local->callback([r, &run] {
     run = [r] {
       Status st = Serve(*r);

@@ -28,8 +28,8 @@ at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
   // Frozen before anything was collected: the reference skips normalization (with a warning) in this state.
   if (stats_.count == 0) return ema.clone();
   // Statistics are applied in float32, as the reference stores and applies them.
-  at::Tensor mean = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat));
-  at::Tensor scale = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor mean = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+  at::Tensor scale = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
   auto mean_values = mean.accessor<float, 1>();
   auto scale_values = scale.accessor<float, 1>();
   for (std::size_t f = 0; f < stats_.mean.size(); ++f) {

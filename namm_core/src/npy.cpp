@@ -203,7 +203,7 @@ Result<at::Tensor> read_npy(const std::string& path) {
       if (static_cast<unsigned char>(bytes[data_start + i]) > 1) return corrupt("bool element " + std::to_string(i) + " is not 0 or 1");
     }
   }
-  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(*scalar_type));
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(*scalar_type).device(at::kCPU));
   if (expected > 0) std::memcpy(tensor.data_ptr(), bytes.data() + data_start, expected);
   return tensor;
 }

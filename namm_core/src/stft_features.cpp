@@ -14,7 +14,7 @@ namespace {
 
 // DFT basis with the periodic Hann window folded in: [32, 34] = [w(n)cos(2 pi f n/32) | -w(n)sin(2 pi f n/32)].
 at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
-  at::Tensor basis = at::empty({kStftWindow, 2 * kStftBins}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor basis = at::empty({kStftWindow, 2 * kStftBins}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
   auto b = basis.accessor<double, 2>();
   for (int64_t n = 0; n < kStftWindow; ++n) {
     const double w = 0.5 - 0.5 * std::cos(2.0 * M_PI * static_cast<double>(n) / kStftWindow);

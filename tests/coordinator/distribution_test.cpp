@@ -9,6 +9,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -59,6 +62,7 @@ struct SimRun {
   std::string dir, token, spec, db, yaml;
   int port = 0;
   std::string seconds_per_token = "0.00004";  // of the simulated workers
+  std::string listen_host = "127.0.0.1";      // where the coordinator listens (workers connect to 127.0.0.1)
 
   explicit SimRun(const std::string& name, int stage1_generations = 3, int stage2_generations = 2) {
     dir = namm::testing::TempPath(name);
@@ -96,7 +100,8 @@ struct SimRun {
   // Starts the coordinator and waits until it listens (or has exited).
   Child Serve(std::vector<std::string> extra = {}) const {
     const std::size_t logged = ReadText(log("coordinator")).size();
-    std::vector<std::string> args = {kCoordinator, "serve", "--config", spec, "--db", db, "--listen", address(),
+    std::vector<std::string> args = {kCoordinator, "serve", "--config", spec, "--db", db, "--listen",
+                                     listen_host + ":" + std::to_string(port),
                                      "--token-file", token, "--data-dir", "synthetic=" + dir, "--lease-timeout", "3",
                                      "--heartbeat-ms", "200", "--store-interval-ms", "50"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -109,10 +114,17 @@ struct SimRun {
     return c;
   }
 
-  Child SimWorker(const std::string& name, std::vector<std::string> extra = {}) const {
-    std::vector<std::string> args = {kSimWorker, "--coordinator", address(), "--token-file", token, "--fingerprint",
-                                     kSimFingerprint, "--tasks", kSimTasks, "--data-dir", "synthetic=" + dir,
-                                     "--seconds-per-token", seconds_per_token, "--name", name};
+  // `prefix`: a command that runs the worker (e.g. in another network namespace, where the coordinator is at
+  // `coordinator`).
+  Child SimWorker(const std::string& name, std::vector<std::string> extra = {}, std::vector<std::string> prefix = {},
+                  const std::string& coordinator = "") const {
+    std::vector<std::string> args = prefix;
+    for (const std::string& a : {kSimWorker, std::string("--coordinator"), coordinator.empty() ? address() : coordinator,
+                                 std::string("--token-file"), token, std::string("--fingerprint"), kSimFingerprint,
+                                 std::string("--tasks"), kSimTasks, std::string("--data-dir"), "synthetic=" + dir,
+                                 std::string("--seconds-per-token"), seconds_per_token, std::string("--name"), name}) {
+      args.push_back(a);
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     return Spawn(args, log(name));
   }
@@ -292,6 +304,104 @@ TEST(DistributionLong, CoordinatorKilledWithWorkersMidPromptRecomputesNothing) {
   EXPECT_EQ(total, stored) << "every prompt run is stored once (the statistics phase's included)";
 }
 
+// A network namespace joined to this one by a veth pair (this side 10.213.K.1/30, the namespace's .2), so that a
+// process in it can be cut off and reconnected like a worker behind a failed switch. Needs root and iproute2.
+class NetworkNamespace {
+ public:
+  NetworkNamespace() {
+    const int k = static_cast<int>(::getpid() % 250);
+    name_ = "namm-part-" + std::to_string(::getpid());
+    host_link_ = "nmh" + std::to_string(::getpid());
+    const std::string peer = "nmn" + std::to_string(::getpid());
+    host_ip_ = "10.213." + std::to_string(k) + ".1";
+    for (const std::string& c : {"ip netns add " + name_, "ip link add " + host_link_ + " type veth peer name " + peer,
+                                 "ip link set " + peer + " netns " + name_,
+                                 "ip addr add " + host_ip_ + "/30 dev " + host_link_, "ip link set " + host_link_ + " up",
+                                 "ip netns exec " + name_ + " ip addr add 10.213." + std::to_string(k) + ".2/30 dev " + peer,
+                                 "ip netns exec " + name_ + " ip link set " + peer + " up",
+                                 "ip netns exec " + name_ + " ip link set lo up"}) {
+      const auto r = RunProcess(c);
+      if (r.exit_code != 0) {
+        error_ = c + ": " + r.output;
+        return;
+      }
+    }
+  }
+  ~NetworkNamespace() {
+    (void)RunProcess("ip netns del " + name_);  // takes the veth pair with it
+    (void)RunProcess("ip link del " + host_link_);
+  }
+  const std::string& error() const { return error_; }
+  const std::string& host_ip() const { return host_ip_; }
+  // A command prefix that runs a program in the namespace (Spawn takes a path, not a name to look up).
+  std::vector<std::string> exec() const {
+    std::string ip = RunProcess("command -v ip").output;
+    ip.erase(ip.find_last_not_of(" \n") + 1);
+    return {ip, "netns", "exec", name_};
+  }
+  // The link goes down: packets to and from the namespace are dropped, connections hang (no reset).
+  bool Cut() const { return RunProcess("ip link set " + host_link_ + " down").exit_code == 0; }
+  bool Heal() const { return RunProcess("ip link set " + host_link_ + " up").exit_code == 0; }
+
+ private:
+  std::string name_, host_link_, host_ip_, error_;
+};
+
+int64_t CounterValue(const std::string& exposition, const std::string& name) {
+  const std::size_t at = exposition.find("\n" + name + "{");
+  if (at == std::string::npos) return -1;
+  return std::stoll(exposition.substr(exposition.find("} ", at) + 2));
+}
+
+int64_t LineCount(const std::string& file) {
+  const std::string text = ReadText(file);
+  return static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// A real network partition: a worker in another network namespace is cut off mid-lease for twice the lease
+// time and then reconnected. Its leases are re-issued to the other worker, what it computed while cut off comes
+// late and is ignored (or taken, if still missing) and counted, and the run ends as an uninterrupted one.
+TEST(DistributionLong, AWorkerCutOffPastItsLeaseTimeIsReplacedAndItsLateResultsAreCounted) {
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  if (RunProcess("ip -V").exit_code != 0) GTEST_SKIP() << "iproute2 (ip) is not installed";
+  NetworkNamespace ns;
+  if (!ns.error().empty()) GTEST_SKIP() << "cannot make a network namespace here: " << ns.error();
+  SimRun r("dist_partition");
+  r.seconds_per_token = "0.0005";  // prompts of 50 ms to 1 s
+  r.listen_host = "0.0.0.0";
+  const int metrics = FreePort();
+  Child coordinator = r.Serve({"--metrics-listen", "127.0.0.1:" + std::to_string(metrics), "--linger", "600"});
+  const std::string cut_ran = r.dir + "/ran-cut", other_ran = r.dir + "/ran-other";
+  Child cut = r.SimWorker("sim-cut", {"--record", cut_ran, "--log-level", "info"}, ns.exec(),
+                          ns.host_ip() + ":" + std::to_string(r.port));
+  Child other = r.SimWorker("sim-other", {"--record", other_ran});
+  // Mid-run, with the worker to be cut off holding a lease of generation 1 it has started.
+  ASSERT_TRUE(WaitUntil([&] { return ReadText(cut_ran).find("\n1 ") != std::string::npos ||
+                                     ReadText(cut_ran).rfind("1 ", 0) == 0; },
+                        std::chrono::seconds(120)))
+      << ReadText(r.log("coordinator")) << ReadText(r.log("sim-cut"));
+  ASSERT_TRUE(ns.Cut());
+  const int64_t ran_before = LineCount(cut_ran);
+  std::this_thread::sleep_for(std::chrono::seconds(7));  // the lease timeout is 3 s
+  const int64_t ran_while_cut = LineCount(cut_ran) - ran_before;
+  ASSERT_TRUE(ns.Heal());
+
+  EXPECT_EQ(Wait(cut), 0) << ReadText(r.log("sim-cut"));
+  EXPECT_EQ(Wait(other), 0) << ReadText(r.log("sim-other"));
+  const std::string exposition = namm::testing::HttpGet(metrics, "/metrics");
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+
+  EXPECT_GT(ran_while_cut, 0) << "the cut-off worker went on computing";
+  EXPECT_GE(CounterValue(exposition, "namm_units_lost_total"), 1) << "its leases were re-issued\n" << exposition;
+  EXPECT_GE(CounterValue(exposition, "namm_units_duplicate_results_total") +
+                CounterValue(exposition, "namm_units_late_total"),
+            1)
+      << "what it computed while cut off arrived late and was counted\n" << exposition;
+  EXPECT_GT(LineCount(other_ran), 0);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
 TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
   SimRun r("dist_linger");
   const int metrics = FreePort();
@@ -350,6 +460,35 @@ TEST(Distribution, APlaceholderFingerprintIsRefusedBeforeTheRunIsCreated) {
   EXPECT_FALSE(std::filesystem::exists(r.db) && !Store::Open(r.db, OpenMode::kReadOnly).value()->ListRuns()->empty());
 }
 
+// Simulated workers that come and go in the fault tests: four to start, one replaced at random, the rest reaped
+// at the end (a worker may still wait for a coordinator that finished).
+struct WorkerPool {
+  const SimRun& run;
+  std::vector<Child> workers;
+  int started = 0;
+
+  explicit WorkerPool(const SimRun& r) : run(r) {
+    for (int i = 0; i < 4; ++i) Add();
+  }
+  void Add() { workers.push_back(run.SimWorker("sim-" + std::to_string(started++))); }
+  // A random worker, moved to the back (to be stopped, then Replace()d).
+  Child& Pick(std::mt19937& rng) {
+    std::swap(workers[rng() % workers.size()], workers.back());
+    return workers.back();
+  }
+  void Replace() {
+    workers.pop_back();
+    Add();
+  }
+  void ReapAll() {
+    for (Child& w : workers) {
+      WaitUntil([&] { return ::waitpid(w.pid, nullptr, WNOHANG) != 0; }, std::chrono::seconds(5));
+      ::kill(w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+    }
+  }
+};
+
 // Soak (label `long`): a longer run under a seeded storm of faults: workers SIGKILLed or drained and replaced,
 // the coordinator SIGKILLed or stopped and restarted, at random moments. However often anything failed, the run
 // ends exactly as the uninterrupted in-process one.
@@ -357,10 +496,7 @@ TEST(DistributionSoak, RandomWorkerAndCoordinatorFaultsLeaveTheTrajectoryUnchang
   SimRun r("dist_soak", 40, 40);
   std::mt19937 rng(20261123);
   Child coordinator = r.Serve();
-  std::vector<Child> workers;
-  int started = 0;
-  const auto add_worker = [&] { workers.push_back(r.SimWorker("sim-" + std::to_string(started++))); };
-  for (int i = 0; i < 4; ++i) add_worker();
+  WorkerPool pool(r);
   int exit_code = 0;  // of the coordinator that ended the run by itself
   const auto finished = [&] {
     int status = 0;
@@ -374,17 +510,16 @@ TEST(DistributionSoak, RandomWorkerAndCoordinatorFaultsLeaveTheTrajectoryUnchang
     if (finished()) break;
     const int action = std::uniform_int_distribution<int>(0, 9)(rng);
     if (action < 5) {  // a worker dies and a new one joins
-      std::swap(workers[rng() % workers.size()], workers.back());
+      Child& worker = pool.Pick(rng);
       if (action < 3) {
-        KillAndReap(workers.back());
+        KillAndReap(worker);
         ++worker_kills;
       } else {
-        ::kill(workers.back().pid, SIGTERM);
-        EXPECT_EQ(Wait(workers.back()), 0) << "a drained worker exits cleanly";
+        ::kill(worker.pid, SIGTERM);
+        EXPECT_EQ(Wait(worker), 0) << "a drained worker exits cleanly";
         ++drains;
       }
-      workers.pop_back();
-      add_worker();
+      pool.Replace();
     } else if (action < 7) {
       if (action == 5) {
         KillAndReap(coordinator);
@@ -402,14 +537,65 @@ TEST(DistributionSoak, RandomWorkerAndCoordinatorFaultsLeaveTheTrajectoryUnchang
     }
   }
   EXPECT_EQ(exit_code, 0) << ReadText(r.log("coordinator"));
-  for (Child& w : workers) {
-    WaitUntil([&] { return ::waitpid(w.pid, nullptr, WNOHANG) != 0; }, std::chrono::seconds(5));
-    ::kill(w.pid, SIGKILL);  // a worker still waiting for a coordinator that finished
-    ::waitpid(w.pid, nullptr, 0);
-  }
+  pool.ReapAll();
   std::printf("faults: %d worker kills, %d drains, %d coordinator kills, %d coordinator stops\n", worker_kills,
               drains, coordinator_kills, coordinator_stops);
   EXPECT_GT(worker_kills + drains + coordinator_kills + coordinator_stops, 10);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// Kills at the paper's dimension (N = 4172, the BAM scorer): a seeded storm of 20 `kill -9`s of the coordinator
+// and of workers, some aimed at the moments a coordinator is writing a covariance snapshot or decomposing in the
+// background (cmaes.eigen_gap_factor is lowered so that decompositions come every few generations). The run
+// ends bit-identical to an uninterrupted one, every unit stored once.
+TEST(DistributionLong, AStormOfKillsAtThePapersDimensionLeavesTheTrajectoryUnchanged) {
+  SimRun r("dist_storm", 80, 80);  // long enough to outlast the storm (~1 s a generation)
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"namm: {scorer: mlp, selection: binary}", "namm: {scorer: bam, hidden: 32, selection: binary}"},
+           {"seed: 11}", "seed: 11, eigen_gap_factor: 0.005, eigen_delay: 3}"}}) {
+    ASSERT_NE(r.yaml.find(from), std::string::npos);
+    r.yaml.replace(r.yaml.find(from), from.size(), to);
+  }
+  WriteText(r.spec, r.yaml);
+  std::mt19937 rng(20261125);
+  Child coordinator = r.Serve();
+  WorkerPool pool(r);
+  const std::string background = "in the background";
+  int worker_kills = 0, coordinator_kills = 0, aimed_at_snapshots = 0, aimed_at_decompositions = 0;
+  for (int fault = 0; fault < 20; ++fault) {
+    ASSERT_EQ(::waitpid(coordinator.pid, nullptr, WNOHANG), 0) << "the run ended before the storm did\n"
+                                                               << ReadText(r.log("coordinator"));
+    const int kind = fault % 5;  // 0: a snapshot being written, 1: a decomposition running, else at random
+    if (kind < 2) {
+      // The next background decomposition of this coordinator: its snapshot (70 MB) is written in the first
+      // few hundred milliseconds, the decomposition (~9 s here) goes on after.
+      const std::size_t from = ReadText(r.log("coordinator")).size();
+      const bool seen = WaitUntil([&] {
+        return ReadText(r.log("coordinator")).find(background, from) != std::string::npos ||
+               ::waitpid(coordinator.pid, nullptr, WNOHANG) != 0;
+      }, std::chrono::seconds(90));
+      ASSERT_EQ(::waitpid(coordinator.pid, nullptr, WNOHANG), 0) << "the run ended before the storm did";
+      std::this_thread::sleep_for(std::chrono::milliseconds(kind == 0 ? 100 : 3000));
+      (kind == 0 ? aimed_at_snapshots : aimed_at_decompositions) += seen ? 1 : 0;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(200, 2000)(rng)));
+    }
+    if (kind < 2 || rng() % 3 == 0) {
+      KillAndReap(coordinator);
+      ++coordinator_kills;
+      coordinator = r.Serve();
+    } else {
+      KillAndReap(pool.Pick(rng));
+      pool.Replace();
+      ++worker_kills;
+    }
+  }
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  pool.ReapAll();
+  std::printf("storm: %d coordinator kills (%d while a snapshot was written, %d during a decomposition), %d worker "
+              "kills\n", coordinator_kills, aimed_at_snapshots, aimed_at_decompositions, worker_kills);
+  EXPECT_GE(aimed_at_snapshots, 3);
+  EXPECT_GE(aimed_at_decompositions, 3);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
@@ -801,18 +987,62 @@ TEST(Distribution, MutualTlsAdmitsOnlyWorkersWithACertificateFromTheCa) {
   EXPECT_EQ(Wait(coordinator), 0);
 }
 
+// The bundled model (../shared) and a fresh directory for a run on it.
+struct StoriesSetup {
+  std::string model = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  std::string dir, model_flags = " --model " + model + " --tokenizer " + tokenizer;
+
+  explicit StoriesSetup(const std::string& name) : dir(namm::testing::TempPath(name)) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+};
+
+// run --device gives each local worker its device in turn; a device this machine lacks fails that worker with
+// the worker's own message and the others finish the run. A malformed device is refused before anything runs.
+TEST(Distribution, LocalWorkersGetTheirDevicesInTurn) {
+  const StoriesSetup setup("dist_devices");
+  if (!std::filesystem::exists(setup.model)) GTEST_SKIP() << setup.model << " is missing (../shared)";
+  const std::string &model = setup.model, &tokenizer = setup.tokenizer, &dir = setup.dir;
+  const std::string& model_flags = setup.model_flags;
+  ASSERT_EQ(RunProcess(kWorker + " build-synthetic" + model_flags + " --out " + dir + "/story_recall.jsonl --rows 4 "
+                       "--pool 4 --story-tokens 100 --prefix-tokens 60 --continuation-tokens 20 --distractor-tokens 500")
+                .exit_code,
+            0);
+  const auto fingerprint = RunProcess(kWorker + " fingerprint" + model_flags);
+  ASSERT_EQ(fingerprint.exit_code, 0) << fingerprint.output;
+  WriteText(dir + "/spec.yaml", "name: devices\nmodel: {path: " + model + ", tokenizer: " + tokenizer +
+                                    ", fingerprint: " + fingerprint.output.substr(0, fingerprint.output.find('\n')) +
+                                    "}\ncmaes: {population: 4, seed: 1}\nprompts_per_task: 2\neval_prompts: 2\n"
+                                    "stages:\n  - {tasks: [syn/story_recall], generations: 1}\n");
+  const std::string run = kCoordinator + " run --config " + dir + "/spec.yaml --db " + dir + "/run.db --data-dir synthetic=" +
+                          dir + " --local-workers 2 --log-level info";
+  const auto refused = RunProcess(run + " --device cpu,gpu0");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("--device: 'gpu0' is not cpu, cuda or cuda:N"), std::string::npos) << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run.db"));
+
+  const auto ran = RunProcess(run + " --device cuda:0,cpu");
+  EXPECT_NE(ran.output.find("worker 'local-1' registered as "), std::string::npos) << ran.output;
+  EXPECT_NE(ran.output.find(" (cpu, "), std::string::npos) << ran.output;
+  const bool cuda = ran.output.find(" (cuda:0, ") != std::string::npos;
+  if (!cuda) {  // no GPU here: local-0 says why and local-1 runs everything
+    EXPECT_NE(ran.output.find("[local-0] namm-worker: error: --device cuda:0: this build or machine has no CUDA"),
+              std::string::npos)
+        << ran.output;
+  }
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+}
+
 // The complete small run: stories260K on the synthetic story-recall task, population 8, 3 generations,
 // 2 local namm-worker processes, ending with an exported NAMM. Scores stored by the workers are checked against
 // namm-worker run-task on the same prompts.
 TEST(Distribution, StoriesRunWithTwoLocalWorkersEndsWithAnExportedNamm) {
-  const std::string shared = NAMM_SHARED_DIR;
-  const std::string model = shared + "/models/stories260K/stories260K.bin";
-  const std::string tokenizer = shared + "/models/stories260K/tok512.bin";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is missing (../shared)";
-  const std::string dir = namm::testing::TempPath("dist_stories");
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::string model_flags = " --model " + model + " --tokenizer " + tokenizer;
+  const StoriesSetup setup("dist_stories");
+  if (!std::filesystem::exists(setup.model)) GTEST_SKIP() << setup.model << " is missing (../shared)";
+  const std::string &model = setup.model, &tokenizer = setup.tokenizer, &dir = setup.dir;
+  const std::string& model_flags = setup.model_flags;
   const auto built = RunProcess(kWorker + " build-synthetic" + model_flags + " --out " + dir +
                                 "/story_recall.jsonl --rows 8 --pool 8 --story-tokens 100 --prefix-tokens 60 "
                                 "--continuation-tokens 20 --distractor-tokens 500");

@@ -459,5 +459,39 @@ TEST(LeaseScheduler, SlowWorkersGetShortWorkAtTheEndAndTheirLeasesAreCopiedFirst
   EXPECT_EQ(copy->prompts, second->prompts);
 }
 
+// A prompt a worker failed goes to another worker, even when the failing one asks first and the prompt is the
+// longest queued one: it would otherwise fail there again and again without reaching max_attempts.
+TEST(LeaseScheduler, AFailedPromptGoesToAWorkerItHasNotFailedOn) {
+  SchedulerOptions o = Options(1);
+  o.max_attempts = 2;
+  o.max_copies = 1;  // no straggler copies: only the queue
+  LeaseScheduler s(o);
+  s.AddWorker("a", 1, "worker-a");
+  s.AddWorker("b", 1, "worker-b");
+  s.StartPhase(Units(1, 2, [](int64_t p) { return p == 0 ? 10.0 : 1.0; }));
+  const Clock::time_point t0;
+  auto first = s.Acquire("a", t0);
+  auto second = s.Acquire("b", t0);
+  ASSERT_TRUE(first && second);
+  ASSERT_EQ(first->prompts, std::vector<int64_t>{0});
+  s.Fail(first->id, 0, "boom");
+  EXPECT_FALSE(s.HasWorkFor("a")) << "prompt 0 waits for worker b";
+  EXPECT_FALSE(s.Acquire("a", t0));
+  CompleteAll(s, "b", *second);
+  auto retry = s.Acquire("b", t0);
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->prompts, std::vector<int64_t>{0});
+  s.Fail(retry->id, 0, "boom again");
+  ASSERT_EQ(s.abandoned().size(), 1u);
+  EXPECT_EQ(s.abandoned()[0].attempts, 2);
+  // With b gone, a may retry what only it could still run.
+  s.StartPhase(Units(1, 1));
+  auto again = s.Acquire("a", t0);
+  ASSERT_TRUE(again);
+  s.Fail(again->id, 0, "boom");
+  s.RemoveWorker("b");
+  EXPECT_TRUE(s.HasWorkFor("a"));
+}
+
 }  // namespace
 }  // namespace namm::coordinator

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "../temp_path.h"
+#include "namm/coordinator/prompt_costs.h"
 #include "namm/coordinator/prompt_sampler.h"
 #include "namm/coordinator/stage_schedule.h"
 #include "synthetic_run.h"
@@ -273,6 +274,22 @@ TEST(Trainer, AResumedRunEqualsAnUninterruptedOne) {
     EXPECT_EQ(a[g].samples, b[g].samples);
     EXPECT_EQ(a[g].eval_fitness, b[g].eval_fitness);
   }
+}
+
+// The ETA's weights: every remaining generation at its stage's tasks and mean prompt costs, evaluations of
+// the mean (at stage starts here) included.
+TEST(PromptCosts, RemainingCostWeighsEachGenerationByItsStage) {
+  const RunSpec spec = *parse_run_spec("name: x\nmodel: {path: p, fingerprint: f}\ncmaes: {population: 4}\n"
+                                       "prompts_per_task: 2\neval_interval: 1000\neval_prompts: 1\n"
+                                       "stages: [{tasks: [a], generations: 3}, {tasks: [a, b], generations: 2}]\n",
+                                       "spec");
+  const PromptCosts costs = {{"a", {1, 3}}, {"b", {10}}};  // a: mean 2; b: one row of 10
+  // Stage 0: 4 candidates x 2 prompts x 2 = 16 (+ 2 for the mean on 1 prompt); stage 1: a 16 + b 4 x 1 row x 10
+  // = 56 (+ 2 + 10).
+  EXPECT_DOUBLE_EQ(remaining_cost(spec, costs, 0), 18 + 16 + 16 + 68 + 56);
+  EXPECT_DOUBLE_EQ(remaining_cost(spec, costs, 3), 68 + 56);
+  EXPECT_DOUBLE_EQ(remaining_cost(spec, costs, 5), 0);
+  EXPECT_DOUBLE_EQ(remaining_cost(spec, {{"a", {1, 3}}}, 4), 16 + 4 * 2);  // b unknown: 1 per prompt
 }
 
 TEST(SpecRevision, ComparesParsedSpecsAndListsEveryChangedKey) {

@@ -229,7 +229,7 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
       }
     }
     if (static_cast<int64_t>(result.token_ids.size()) == options.max_new_tokens) break;
-    const at::Tensor token = at::full({1}, next, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor token = at::full({1}, next, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
     NAMM_ASSIGN_OR_RETURN(logits, model_.Forward(token, caches, policy, false));
     ++result.decode_steps;
     NAMM_RETURN_IF_ERROR(tracker.AfterForward(1));

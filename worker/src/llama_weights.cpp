@@ -93,7 +93,7 @@ class HfTensorSource {
       return Status::Corruption(file->path() + ": tensor '" + name + "' has shape " + shape_to_string(info->shape) +
                                 ", the config implies " + shape_to_string(shape));
     }
-    at::Tensor raw = at::empty(shape, at::TensorOptions().dtype(*type));
+    at::Tensor raw = at::empty(shape, at::TensorOptions().dtype(*type).device(at::kCPU));
     if (info->bytes > 0) std::memcpy(raw.data_ptr(), file->data(*info), info->bytes);  // the mapping may be unaligned
     return raw.to(options);
   }
@@ -232,7 +232,7 @@ Result<LoadedModel> load_llama2c_model(const std::string& path, const LoadOption
   const auto to = at::TensorOptions().dtype(options.dtype).device(options.device);
   std::size_t offset = 28;
   auto take = [&](std::vector<int64_t> shape) {
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
     std::memcpy(t.data_ptr(), bytes.data() + offset, static_cast<std::size_t>(t.numel()) * 4);
     offset += static_cast<std::size_t>(t.numel()) * 4;
     return t;

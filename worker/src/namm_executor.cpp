@@ -1,6 +1,10 @@
 #include "namm/worker/namm_executor.h"
 
+#include <c10/util/Exception.h>
+#include <spdlog/spdlog.h>
+
 #include <cmath>
+#include <exception>
 
 #ifdef NAMM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -30,10 +34,23 @@ int64_t DeviceMemoryInUse(const at::Device& device) {
   return 0;
 }
 
+// CUDA's caching allocator throws OutOfMemoryError; other allocators and libraries (the CPU allocator, cuBLAS)
+// throw a plain c10::Error that says so.
+bool IsOutOfMemory(const c10::Error& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  const std::string what = e.what_without_backtrace();
+  return what.find("out of memory") != std::string::npos || what.find("not enough memory") != std::string::npos ||
+         what.find("ALLOC_FAILED") != std::string::npos;
+}
+
+// The first line of a torch message (they carry multi-line context).
+std::string FirstLine(const std::string& message) { return message.substr(0, message.find('\n')); }
+
 }  // namespace
 
-NammExecutor::NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths)
-    : model_(model), tokenizer_(tokenizer), paths_(std::move(paths)) {}
+NammExecutor::NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths,
+                           AttemptHook before_attempt)
+    : model_(model), tokenizer_(tokenizer), paths_(std::move(paths)), before_attempt_(std::move(before_attempt)) {}
 
 Status NammExecutor::Prepare(const RunInfo& run) {
   NAMM_ASSIGN_OR_RETURN(NammArchitecture architecture, NammArchitecture::FromJson(run.architecture_json));
@@ -74,11 +91,34 @@ Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t pr
     return Status::InvalidArgument("task " + lease.task + " has " + std::to_string(task->rows.size()) +
                                    " prompts; prompt " + std::to_string(prompt) + " does not exist");
   }
+  const std::string what = lease.task + " prompt " + std::to_string(prompt);
+  for (int64_t chunk = effective_chunk_size(task->spec, TaskRunOptions{});;) {
+    try {
+      if (before_attempt_) before_attempt_(lease, prompt, chunk);
+      return Attempt(lease, *task, prompt, chunk);
+    } catch (const c10::Error& e) {
+      const std::string message = FirstLine(e.what_without_backtrace());
+      if (!IsOutOfMemory(e)) return Status::Internal("torch failed on " + what + ": " + message);
+      if (chunk / 2 < kMinChunkSize) {
+        return Status::Internal("out of memory on " + what + " even with a prefill chunk of " +
+                                         std::to_string(chunk) + " tokens: " + message);
+      }
+      spdlog::warn("out of memory on {} with a prefill chunk of {} tokens: retrying with {} ({})", what, chunk,
+                   chunk / 2, message);
+      chunk /= 2;
+    } catch (const std::exception& e) {
+      return Status::Internal("failed on " + what + ": " + e.what());
+    }
+  }
+}
+
+Result<PromptOutcome> NammExecutor::Attempt(const LeaseWork& lease, const LoadedTask& task, int64_t prompt,
+                                            int64_t chunk_size) {
   std::string rope;
   NammModel namm;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    rope = rope_override_.empty() ? task->spec.rope_scaling : rope_override_;
+    rope = rope_override_.empty() ? task.spec.rope_scaling : rope_override_;
     namm.architecture = architecture_;
   }
   NAMM_ASSIGN_OR_RETURN(const LlamaModel* model, ModelFor(rope));
@@ -97,8 +137,10 @@ Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t pr
     policy = std::move(p);
   }
   TaskRunner runner(*model, tokenizer_);
+  TaskRunOptions options;
+  options.chunk_size = chunk_size;
   NAMM_ASSIGN_OR_RETURN(PromptResult r,
-                        runner.Run(task->spec, task->rows[static_cast<std::size_t>(prompt)], *policy, TaskRunOptions{}));
+                        runner.Run(task.spec, task.rows[static_cast<std::size_t>(prompt)], *policy, options));
   PromptOutcome out;
   out.score = r.score;
   out.prompt_tokens = r.prompt_tokens;

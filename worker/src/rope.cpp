@@ -13,7 +13,7 @@ at::Tensor rope_inverse_frequencies(const LlamaConfig& config) {
   if (s.kind == RopeScaling::Kind::kNtk) {
     base *= std::pow(s.alpha * s.factor - (s.alpha - 1.0), static_cast<double>(d) / static_cast<double>(d - 2));
   }
-  const at::Tensor exponents = at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+  const at::Tensor exponents = at::arange(0, d, 2, at::TensorOptions().dtype(at::kLong).device(at::kCPU)).to(at::kFloat) /
                                static_cast<double>(d);
   at::Tensor inv_freq = 1.0 / at::pow(base, exponents);
   if (s.kind == RopeScaling::Kind::kLinear) inv_freq = inv_freq / s.factor;

@@ -48,6 +48,10 @@ void RecordWork(const GenerationResult& g, PromptResult* out) {
 
 }  // namespace
 
+int64_t effective_chunk_size(const tasks::TaskSpec& task, const TaskRunOptions& options) {
+  return options.chunk_size > 0 ? options.chunk_size : task.chunk_size > 0 ? task.chunk_size : 128;
+}
+
 Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
                                      const TaskRunOptions& options) const {
   const auto start = std::chrono::steady_clock::now();
@@ -56,7 +60,7 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
                                                     : model_.config().context_length();
   GenerationOptions generation;
   generation.max_context = context;
-  generation.chunk_size = options.chunk_size > 0 ? options.chunk_size : task.chunk_size > 0 ? task.chunk_size : 128;
+  generation.chunk_size = effective_chunk_size(task, options);
   generation.memory_update_interval = options.memory_update_interval > 0 ? options.memory_update_interval
                                       : task.update_interval > 0          ? task.update_interval
                                                                           : 512;
@@ -102,7 +106,7 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
     NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(prompt, policy, generation));
     const int64_t n = static_cast<int64_t>(continuation.size());
     const at::Tensor& logits = result.forced_logits;
-    const at::Tensor targets = at::from_blob(continuation.data(), {n}, at::TensorOptions().dtype(at::kLong))
+    const at::Tensor targets = at::from_blob(continuation.data(), {n}, at::TensorOptions().dtype(at::kLong).device(at::kCPU))
                                    .to(logits.device(), /*non_blocking=*/false, /*copy=*/true);
     if (task.scoring == tasks::Scoring::kLikelihood) {
       const at::Tensor log_probs = at::log_softmax(logits.to(at::kDouble), -1).gather(1, targets.unsqueeze(1));

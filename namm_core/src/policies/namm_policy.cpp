@@ -17,7 +17,7 @@ Result<std::unique_ptr<NammPolicy>> NammPolicy::Create(const NammModel& model, a
   NAMM_RETURN_IF_ERROR(model.Validate());
   return internal::catch_torch_errors("creating the NAMM policy", [&]() -> Result<std::unique_ptr<NammPolicy>> {
     const int64_t n = static_cast<int64_t>(model.params.size());
-    at::Tensor params = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor params = at::empty({n}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
     std::copy(model.params.begin(), model.params.end(), params.data_ptr<float>());
     params = params.to(device);
     const int64_t scorer_n = scorer_param_count(model.architecture.scorer);

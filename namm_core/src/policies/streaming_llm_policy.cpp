@@ -43,9 +43,9 @@ Result<at::Tensor> StreamingLlmPolicy::Select(int /*layer*/, LayerKVCache& cache
   if (n <= budget) return all_token_indices(cache);
   return internal::catch_torch_errors("StreamingLLM select", [&]() -> Result<at::Tensor> {
     // Every head holds the same tokens, oldest first: the sinks are the first slots.
-    const at::TensorOptions index = cache.positions().options();
+    const at::TensorOptions options = cache.positions().options();
     const at::Tensor kept =
-        at::cat({at::arange(sinks_now_, index), at::arange(n - (budget - sinks_now_), n, index)});
+        at::cat({at::arange(sinks_now_, options), at::arange(n - (budget - sinks_now_), n, options)});
     return kept.unsqueeze(0).expand({cache.kv_heads(), budget}).contiguous();
   });
 }

@@ -22,8 +22,8 @@
 //    returned lease is still accepted ("late") while its unit has none.
 //  - Failures are classified. A prompt whose lease expired or whose worker crashed, disconnected or drained is
 //    lost, not failed: it goes back to the queue and keeps its attempts (a dead worker says nothing about the
-//    prompt). A prompt a worker reports as failed goes back too; after it failed on `max_attempts` different
-//    workers it is abandoned, and the run decides (Drop() takes it out of the phase for every candidate). A
+//    prompt). A prompt a worker reports as failed goes back too, to a worker it has not failed on while one
+//    is leasing; after it failed on `max_attempts` different workers it is abandoned, and the run decides (Drop() takes it out of the phase for every candidate). A
 //    worker whose prompts fail `quarantine_after` times in a row gets no more leases.
 //  - Re-attaching: a worker whose connection broke keeps running its leases and names them when it registers
 //    again; Reattach() gives it back those whose units are still open. A restarted coordinator Reserve()s the
@@ -234,7 +234,10 @@ class LeaseScheduler {
   std::optional<std::vector<int64_t>> TakeQueued(const Worker& worker);
   // Where in the queue `worker` should take from: a lease of a candidate it ran among the equally long ones at
   // the front, or for a slow worker at the phase's end the longest that it would finish in time.
-  std::size_t PickQueued(const Worker& worker, double relative_speed) const;
+  // None when every queued lease failed on this worker and another worker could take it.
+  std::optional<std::size_t> PickQueued(const Worker& worker, double relative_speed) const;
+  // A queued lease whose prompt failed on `worker` goes to a worker it has not failed on, while one leases.
+  bool LeasableTo(const Worker& worker, const Pending& p) const;
   // Mean speed (cost per second) of the leasing workers whose speed is known; 0 when none is.
   double MeanSpeed() const;
   double RelativeSpeed(const Worker& w) const;
@@ -277,7 +280,8 @@ class LeaseScheduler {
   std::map<uint64_t, Active> retired_;  // ended leases of this phase
   std::vector<AbandonedUnit> abandoned_;
   std::map<std::string, Worker> workers_;
-  int64_t leasing_slots_ = 0;  // slots of workers that take leases (not draining)
+  int64_t leasing_slots_ = 0;    // slots of workers that take leases (not draining)
+  int64_t leasing_workers_ = 0;  // and those workers
   // Slot-weighted sum of the leasing workers' known speeds, and their slots: the mean speed.
   double known_speed_sum_ = 0, known_slots_ = 0;
   double queued_cost_ = 0;     // cost of the units in queue_

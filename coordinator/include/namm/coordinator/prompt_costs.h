@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "namm/coordinator/run_spec.h"
 #include "namm/status.h"
 #include "namm/tasks/task.h"
 
@@ -20,5 +21,11 @@ Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names
 
 // The number of rows of each task, as Trainer::Create wants it.
 std::map<std::string, int64_t> row_counts(const PromptCosts& costs);
+
+// The expected cost of `spec`'s generations from `first` to its end: each generation runs population ×
+// prompts_per_task prompts of each task of its stage at the task's mean cost, plus the evaluation of the mean
+// where the schedule has one. What an ETA weighs the generations left by: a stage with twice the tasks, or
+// longer prompts, takes longer per generation. Tasks missing from `costs` count 1 per prompt.
+double remaining_cost(const RunSpec& spec, const PromptCosts& costs, int64_t first);
 
 }  // namespace namm::coordinator

@@ -120,8 +120,9 @@ class Trainer {
   // generation and plans the next one.
   Result<AdvanceSummary> Advance();
   // Starts what can run while the phase's units are computed: a requested decomposition and its snapshot. A
-  // server calls it once the phase's work is handed out; without it they run when needed.
-  void BeginBackgroundWork();
+  // server calls it once the phase's work is handed out; without it they run when needed. Returns the
+  // generation whose covariance is being decomposed from now on, if this call started that.
+  std::optional<int64_t> BeginBackgroundWork();
 
  private:
   Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);

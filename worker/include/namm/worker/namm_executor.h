@@ -1,8 +1,14 @@
 // Runs a lease's prompts on the local model: the coordinator client's executor inside namm-worker serve.
 // A candidate lease runs its generation's NAMM (the run's architecture with the leased parameters and
 // normalization statistics, or collecting fresh statistics per prompt); a reference lease runs the full cache.
+//
+// A prompt never takes the daemon down: every torch/c10 exception is caught and becomes the prompt's error,
+// which the client reports (the coordinator retries the prompt elsewhere). Out of memory is retried first,
+// with the prefill chunk halved each time down to kMinChunkSize: a long prompt that does not fit in one
+// chunk's attention may fit in smaller ones.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,9 +26,14 @@ namespace namm::worker {
 
 class NammExecutor final : public LeaseExecutor {
  public:
+  static constexpr int64_t kMinChunkSize = 16;
+  // Called before each attempt at a prompt with the chunk size it will use (fault-injection tests throw from it).
+  using AttemptHook = std::function<void(const LeaseWork& lease, int64_t prompt, int64_t chunk_size)>;
+
   // `model` is loaded with its checkpoint's RoPE; tasks or the run may ask for another (a variant sharing the
   // weights is made on first use).
-  NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths);
+  NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths,
+               AttemptHook before_attempt = nullptr);
 
   Status Prepare(const RunInfo& run) override;
   Result<PromptOutcome> RunPrompt(const LeaseWork& lease, int64_t prompt, int slot) override;
@@ -34,10 +45,13 @@ class NammExecutor final : public LeaseExecutor {
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
   Result<const LlamaModel*> ModelFor(const std::string& rope_scaling);
+  // One attempt at the prompt with the given prefill chunk; may throw what torch throws.
+  Result<PromptOutcome> Attempt(const LeaseWork& lease, const LoadedTask& task, int64_t prompt, int64_t chunk_size);
 
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
   tasks::TaskPaths paths_;
+  AttemptHook before_attempt_;
   std::mutex mu_;
   NammArchitecture architecture_;
   std::string rope_override_;

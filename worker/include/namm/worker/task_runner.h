@@ -37,6 +37,9 @@ struct TaskRunOptions {
   int64_t memory_update_interval = 0;
 };
 
+// The prefill chunk a run of `task` uses: `options.chunk_size`, else the task's, else 128 (the reference's).
+int64_t effective_chunk_size(const tasks::TaskSpec& task, const TaskRunOptions& options);
+
 class TaskRunner {
  public:
   TaskRunner(const LlamaModel& model, const Tokenizer& tokenizer) : model_(model), tokenizer_(tokenizer) {}

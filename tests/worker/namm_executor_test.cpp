@@ -1,0 +1,91 @@
+// The serve executor keeps the daemon alive through torch failures: out of memory is retried with the prefill
+// chunk halved down to a floor, any other torch error becomes the prompt's error, and the next prompt runs.
+// Failures are injected before an attempt, as CUDA's allocator would throw them (none can be caused on CPU).
+#include "namm/worker/namm_executor.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../process_util.h"
+#include "../temp_path.h"
+#include "namm/policies/full_cache_policy.h"
+#include "shared_data.h"
+
+namespace namm::worker {
+namespace {
+
+using testing::SharedPath;
+
+TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePromptErrors) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const std::string dir = testing::TempPath("executor_faults");
+  std::filesystem::create_directories(dir);
+  const std::string model_flags = " --model " + SharedPath(testing::kStoriesModel) + " --tokenizer " +
+                                  SharedPath(testing::kStoriesTokenizer);
+  const auto built = testing::RunProcess(std::string(NAMM_WORKER_PATH) + " build-synthetic" + model_flags + " --out " +
+                                         dir + "/story_recall.jsonl --rows 2 --pool 2 --story-tokens 100 "
+                                         "--prefix-tokens 60 --continuation-tokens 20 --distractor-tokens 300");
+  ASSERT_EQ(built.exit_code, 0) << built.output;
+  auto model = LlamaModel::Load(SharedPath(testing::kStoriesModel), LoadOptions{});
+  auto tokenizer = load_tokenizer(SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(model.ok() && tokenizer.ok());
+  tasks::TaskPaths paths = tasks::default_task_paths();
+  paths.data_dirs["synthetic"] = dir;
+  const tasks::TaskSpec task = tasks::find_task("syn/story_recall", paths).value();
+  const std::vector<tasks::TaskRow> rows = tasks::load_rows(task).value();
+
+  std::vector<int64_t> chunks;
+  int out_of_memory = 2;
+  bool other_error = false;
+  NammExecutor executor(*model, **tokenizer, paths, [&](const LeaseWork&, int64_t, int64_t chunk) {
+    chunks.push_back(chunk);
+    if (other_error) C10_THROW_ERROR(Error, "an injected kernel failure\nwith context on a second line");
+    if (out_of_memory-- > 0) C10_THROW_ERROR(OutOfMemoryError, "CUDA out of memory (injected)");
+  });
+  LeaseWork lease;
+  lease.reference = true;
+  lease.task = "syn/story_recall";
+
+  // Two out-of-memory failures: the third attempt, at a quarter of the chunk, succeeds.
+  const int64_t chunk = effective_chunk_size(task, TaskRunOptions{});
+  const Result<PromptOutcome> retried = executor.RunPrompt(lease, 0, 0);
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_EQ(chunks, (std::vector<int64_t>{chunk, chunk / 2, chunk / 4}));
+  FullCachePolicy full;
+  TaskRunOptions quarter;
+  quarter.chunk_size = chunk / 4;
+  const PromptResult direct = TaskRunner(*model, **tokenizer).Run(task, rows[0], full, quarter).value();
+  EXPECT_DOUBLE_EQ(retried->score, direct.score) << "the retry ran at the smaller chunk";
+
+  // Out of memory at every size: a clear error once the floor is reached.
+  chunks.clear();
+  out_of_memory = 1000;
+  const Result<PromptOutcome> exhausted = executor.RunPrompt(lease, 1, 0);
+  ASSERT_FALSE(exhausted.ok());
+  EXPECT_EQ(chunks.back(), NammExecutor::kMinChunkSize);
+  EXPECT_NE(exhausted.status().message().find("out of memory on syn/story_recall prompt 1 even with a prefill chunk "
+                                               "of 16 tokens: CUDA out of memory (injected)"),
+            std::string::npos)
+      << exhausted.status().ToString();
+
+  // Another torch error: no retry, the prompt's error names it (first line only).
+  chunks.clear();
+  out_of_memory = 0;
+  other_error = true;
+  const Result<PromptOutcome> failed = executor.RunPrompt(lease, 1, 0);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(chunks.size(), 1u);
+  EXPECT_NE(failed.status().message().find("torch failed on syn/story_recall prompt 1: an injected kernel failure"),
+            std::string::npos)
+      << failed.status().ToString();
+  EXPECT_EQ(failed.status().message().find("second line"), std::string::npos);
+
+  // The executor goes on serving.
+  other_error = false;
+  EXPECT_TRUE(executor.RunPrompt(lease, 1, 0).ok());
+}
+
+}  // namespace
+}  // namespace namm::worker
