@@ -55,6 +55,7 @@ struct ServeFlags {
   std::string worker_binary;
   int worker_threads = 0;
   std::vector<std::string> worker_devices;  // assigned to local workers in turn
+  std::string worker_dtype;                 // passed to local workers ("": their default)
 };
 
 // "cpu", "cuda" or "cuda:N": what namm-worker --device takes (it checks that the device exists).
@@ -187,6 +188,7 @@ class LocalWorkers {
                                        "--name", "local-" + std::to_string(i), "--threads", std::to_string(threads),
                                        "--insecure-plaintext",  // loopback
                                        "--log-level", f.log_level == "info" ? "warn" : f.log_level};
+      if (!f.worker_dtype.empty()) args.insert(args.end(), {"--dtype", f.worker_dtype});
       if (!f.worker_devices.empty()) {
         args.insert(args.end(), {"--device", f.worker_devices[static_cast<std::size_t>(i) % f.worker_devices.size()]});
       }
@@ -463,6 +465,9 @@ void AddServeCommands(CLI::App& app, Action& run) {
       ->check(CLI::Validator(
           [](std::string& d) { return IsDeviceName(d) ? std::string() : "'" + d + "' is not cpu, cuda or cuda:N"; },
           "DEVICE"));
+  local->add_option("--dtype", r->worker_dtype,
+                    "Compute dtype of the local workers' model: fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   local->callback([r, &run] {
     run = [r] {
       Status st = Serve(*r);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "../namm_core/test_util.h"
@@ -55,6 +56,35 @@ TEST(NammWorkerCli, JsonReportWithANammAtFourTimesTheContext) {
   EXPECT_GT(j["prefill_tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["peak_kv_bytes"].get<int64_t>(), 0);
   EXPECT_NE(j["policy"].get<std::string>().find("namm("), std::string::npos);
+}
+
+TEST(NammWorkerCli, GeneratesInBfloat16OnTheCpuWithANamm) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const std::string namm = testing::TempPath("cli_bf16.safetensors");
+  const auto made = testing::RunProcess(std::string(NAMM_TOOL_PATH) + " init --arch bam --seed 3 --scale 0.1 --force --out " + namm);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string args = StoriesArgs() + " --prompt-file " + LongPromptFile() +
+                           " --rope-scaling ntk:factor=4,alpha=2 --max-new-tokens 8 --json";
+  std::map<std::string, nlohmann::json> runs;
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    for (const std::string& policy : {std::string(), " --namm " + namm}) {
+      auto run = Worker(args + " --dtype " + dtype + policy);
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      runs[dtype + policy] = nlohmann::json::parse(run.output);
+    }
+  }
+  // The cache is kept in the compute dtype: half the bytes in bfloat16.
+  EXPECT_EQ(runs["bf16"]["peak_kv_bytes"].get<int64_t>() * 2, runs["fp32"]["peak_kv_bytes"].get<int64_t>());
+  // The NAMM runs its whole pipeline (features in float32) on a bfloat16 model and updates the memory.
+  const nlohmann::json& bf16_namm = runs["bf16 --namm " + namm];
+  EXPECT_EQ(bf16_namm["memory_updates"].size(), runs["fp32 --namm " + namm]["memory_updates"].size());
+  EXPECT_GT(bf16_namm["memory_updates"].size(), 0u);
+  EXPECT_EQ(bf16_namm["token_ids"].size(), 8u);
+
+  auto half = Worker(StoriesArgs() + " --prompt 'Once' --dtype fp16");
+  EXPECT_NE(half.exit_code, 0);
+  EXPECT_NE(half.output.find("--dtype fp16 needs a CUDA device; on the CPU use bf16 or fp32"), std::string::npos)
+      << half.output;
 }
 
 TEST(NammWorkerCli, BadInputGetsAClearError) {

@@ -52,6 +52,7 @@ std::vector<std::pair<std::string, std::string>> Identity(const EvalConfig& c) {
           {"fingerprints", fingerprints},
           {"rope_scaling", c.rope_scaling},
           {"device type", c.device.substr(0, c.device.find(':'))},
+          {"dtype", c.dtype},
           {"tasks", list(c.tasks)},
           {"rows", rows},
           {"policies", list(c.policies)},
@@ -106,6 +107,7 @@ std::string EvalConfig::ToYaml() const {
   out << YAML::Key << "tokenizer" << YAML::Value << tokenizer;
   out << YAML::Key << "rope_scaling" << YAML::Value << rope_scaling;
   out << YAML::Key << "device" << YAML::Value << device;
+  out << YAML::Key << "dtype" << YAML::Value << dtype;
   out << YAML::Key << "fingerprints" << YAML::Value << YAML::BeginMap;
   for (const auto& [input, fingerprint] : fingerprints)
     out << YAML::Key << input << YAML::Value << fingerprint;
@@ -148,6 +150,7 @@ Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::stri
     c.tokenizer = Get<std::string>(root, "tokenizer", "");
     c.rope_scaling = Get<std::string>(root, "rope_scaling", "");
     c.device = Get<std::string>(root, "device", "cpu");
+    c.dtype = Get<std::string>(root, "dtype", "");
     c.fingerprints = Get<std::map<std::string, std::string>>(root, "fingerprints", {});
     c.tasks = Get<std::vector<std::string>>(root, "tasks", {});
     c.task_rows = Get<std::map<std::string, std::string>>(root, "task_rows", {});

@@ -225,6 +225,7 @@ Status RunEval(const EvalOptions& o) {
   config.model = o.model.model;
   config.tokenizer = o.model.tokenizer;
   config.rope_scaling = o.model.rope_scaling;
+  config.dtype = o.model.dtype;
   config.device = o.model.device;
   config.tasks = o.tasks;
   config.budgets = o.budgets;

@@ -44,13 +44,22 @@ void AddModelOptions(CLI::App* cmd, ModelOptions& o, bool required) {
                   "Override RoPE scaling: none | ntk:factor=4,alpha=2 | linear:factor=F | "
                   "llama3:factor=F,low_freq_factor=L,high_freq_factor=H,original_max_position_embeddings=N");
   cmd->add_option("--device", o.device, "cpu (default) or cuda:N");
+  cmd->add_option("--dtype", o.dtype,
+                  "Compute dtype of the model: fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA); NAMM "
+                  "features are computed in fp32 whatever it is")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
 }
 
 Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, const std::string& default_rope) {
   NAMM_ASSIGN_OR_RETURN(at::Device device, ParseDevice(o.device));
   LoadOptions load;
   load.device = device;
-  load.dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  const std::string dtype = o.dtype.empty() ? (device.is_cuda() ? "bf16" : "fp32") : o.dtype;
+  load.dtype = dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+  if (load.dtype == at::kHalf && !device.is_cuda()) {
+    // torch 1.13 has no float16 matrix products on the CPU.
+    return Status::InvalidArgument("--dtype fp16 needs a CUDA device; on the CPU use bf16 or fp32");
+  }
   const std::string rope = o.rope_scaling.empty() ? default_rope : o.rope_scaling;
   if (!rope.empty()) {
     NAMM_ASSIGN_OR_RETURN(RopeScaling scaling, RopeScaling::Parse(rope));

@@ -15,8 +15,9 @@ namespace namm::worker::cli {
 
 struct ModelOptions {
   std::string model, tokenizer, rope_scaling, device = "cpu";
+  std::string dtype;  // fp32 | bf16 | fp16; empty: fp32 on CPU, bf16 on CUDA
 };
-// --model (required unless said otherwise), --tokenizer, --rope-scaling, --device.
+// --model (required unless said otherwise), --tokenizer, --rope-scaling, --device, --dtype.
 void AddModelOptions(CLI::App* cmd, ModelOptions& options, bool required = true);
 
 struct LoadedModelAndTokenizer {
