@@ -8,6 +8,21 @@
 
 namespace namm::worker {
 
+namespace {
+
+// x [t, in] times w^T [in, out] (+ b). One row (a decoded token) is a matrix-vector product: at::linear on a
+// [1, in] input runs a GEMM whose packing copies the whole weight matrix on every call (OpenBLAS's
+// sgemm_incopy: 44% of decode time on an 8B-shaped model), where a GEMV reads it once.
+at::Tensor Project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = at::Tensor()) {
+  if (x.size(0) != 1) return at::linear(x, w, b);
+  // (at::linear and at::matmul on a 1-D input still run a one-row GEMM; at::mv is the GEMV.)
+  at::Tensor y = at::mv(w, x.select(0, 0));
+  if (b.defined()) y.add_(b);
+  return y.unsqueeze(0);
+}
+
+}  // namespace
+
 Result<LlamaModel> LlamaModel::Load(const std::string& path, const LoadOptions& options) {
   NAMM_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(path, options));
   return LlamaModel(std::move(loaded), at::TensorOptions().dtype(options.dtype).device(options.device));
@@ -42,14 +57,16 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
   const int64_t group = heads / kv_heads;
   // Projections, as [heads, t, head_dim].
   const RopeTables rope = rope_tables(inv_freq_, positions);
-  const at::Tensor q = apply_rope(at::linear(x, w.wq, w.bq).view({t, heads, hd}).transpose(0, 1), rope);
-  const at::Tensor k = apply_rope(at::linear(x, w.wk, w.bk).view({t, kv_heads, hd}).transpose(0, 1), rope);
-  const at::Tensor v = at::linear(x, w.wv, w.bv).view({t, kv_heads, hd}).transpose(0, 1);
+  const at::Tensor q = apply_rope(Project(x, w.wq, w.bq).view({t, heads, hd}).transpose(0, 1), rope);
+  const at::Tensor k = apply_rope(Project(x, w.wk, w.bk).view({t, kv_heads, hd}).transpose(0, 1), rope);
+  const at::Tensor v = Project(x, w.wv, w.bv).view({t, kv_heads, hd}).transpose(0, 1);
   NAMM_RETURN_IF_ERROR(cache.Append(k, v, positions));
 
-  // Scores of every query head against its KV head's cache: [kv_heads, group, t, n].
+  // Scores of every query head against its KV head's cache: [kv_heads, group, t, n]. The group's queries are
+  // stacked as rows of one batched product per KV head (a broadcast matmul would copy the cache group times).
   const int64_t n = cache.size(), n_old = n - t;
-  at::Tensor scores = q.reshape({kv_heads, group, t, hd}).matmul(cache.keys().transpose(1, 2).unsqueeze(1));
+  at::Tensor scores =
+      at::bmm(q.reshape({kv_heads, group * t, hd}), cache.keys().transpose(1, 2)).view({kv_heads, group, t, n});
   scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
   // Causal among the chunk's own tokens; every older cached token is visible.
   const at::Tensor future = at::ones({t, t}, options_.dtype(at::kBool)).triu(1);
@@ -58,12 +75,13 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
   if (policy.needs_attention()) {
     NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, t, n}), cache));
   }
-  const at::Tensor out = probs.to(x.scalar_type()).matmul(cache.values().unsqueeze(1));  // [kv, group, t, hd]
-  return at::linear(out.reshape({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd}), w.wo, w.bo);
+  const at::Tensor out =
+      at::bmm(probs.to(x.scalar_type()).view({kv_heads, group * t, n}), cache.values());  // [kv, group * t, hd]
+  return Project(out.reshape({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd}), w.wo, w.bo);
 }
 
 at::Tensor LlamaModel::FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const {
-  return at::linear(at::silu(at::linear(x, w.w_gate, w.b_gate)) * at::linear(x, w.w_up, w.b_up), w.w_down, w.b_down);
+  return Project(at::silu(Project(x, w.w_gate, w.b_gate)) * Project(x, w.w_up, w.b_up), w.w_down, w.b_down);
 }
 
 Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<LayerKVCache>& caches,
@@ -73,10 +91,19 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
     return Status::InvalidArgument("Forward needs one cache per layer (" + std::to_string(config_.n_layers) + ")");
   }
   const int64_t t = tokens.size(0), start = caches[0].tokens_seen();
-  const at::Tensor ids = tokens.to(options_.device(), at::kLong);
-  if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= config_.vocab_size) {
+  // Checked where the ids are: host ids (as the generator passes them) cost no device round trip per token.
+  const at::Tensor checked = tokens.device().is_cpu() ? tokens.to(at::kLong).contiguous() : tokens.to(at::kLong);
+  bool in_vocabulary = true;
+  if (checked.device().is_cpu()) {
+    const int64_t* id = checked.data_ptr<int64_t>();
+    for (int64_t i = 0; i < t; ++i) in_vocabulary = in_vocabulary && id[i] >= 0 && id[i] < config_.vocab_size;
+  } else {
+    in_vocabulary = checked.min().item<int64_t>() >= 0 && checked.max().item<int64_t>() < config_.vocab_size;
+  }
+  if (!in_vocabulary) {
     return Status::InvalidArgument("token id outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
   }
+  const at::Tensor ids = checked.to(options_.device());
   const at::Tensor positions = at::arange(start, start + t, options_.dtype(at::kLong));
 
   at::Tensor x = weights_.token_embedding.index_select(0, ids);  // [t, dim]
@@ -89,7 +116,7 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
     x = x + FeedForward(w, RmsNorm(x, w.ffn_norm));
   }
   const at::Tensor last = all_logits ? x : x.narrow(0, t - 1, 1);
-  return at::linear(RmsNorm(last, weights_.final_norm), weights_.lm_head).to(at::kFloat);
+  return Project(RmsNorm(last, weights_.final_norm), weights_.lm_head).to(at::kFloat);
 }
 
 }  // namespace namm::worker
