@@ -27,6 +27,10 @@ at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
   if (state_ == NormState::kCollecting) stats_ = stats_.Merge(norm_stats_of(ema));
   // Frozen before anything was collected: the reference skips normalization (with a warning) in this state.
   if (stats_.count == 0) return ema.clone();
+  const bool frozen = state_ == NormState::kFrozen;
+  if (frozen && frozen_mean_.defined() && frozen_mean_.device() == ema.device()) {
+    return (ema - frozen_mean_) / frozen_scale_;
+  }
   // Statistics are applied in float32, as the reference stores and applies them.
   at::Tensor mean = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
   at::Tensor scale = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
@@ -37,7 +41,13 @@ at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
     mean_values[i] = static_cast<float>(stats_.mean[f]);
     scale_values[i] = std::max(std::sqrt(static_cast<float>(stats_.var[f])), 1e-7f);
   }
-  return (ema - mean.to(ema.device())) / scale.to(ema.device());
+  mean = mean.to(ema.device());
+  scale = scale.to(ema.device());
+  if (frozen) {
+    frozen_mean_ = mean;
+    frozen_scale_ = scale;
+  }
+  return (ema - mean) / scale;
 }
 
 }  // namespace namm

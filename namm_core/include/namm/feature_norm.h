@@ -15,7 +15,7 @@ namespace namm {
 // Statistics of `values` [..., 17] (any float dtype and device).
 NormStats norm_stats_of(const at::Tensor& values);
 
-// Not thread-safe while collecting (Normalize mutates the statistics).
+// Not thread-safe: Normalize mutates the statistics while collecting and caches them once frozen.
 class FeatureNormalizer {
  public:
   FeatureNormalizer(NormState state, NormStats stats) : state_(state), stats_(stats) {}
@@ -33,6 +33,8 @@ class FeatureNormalizer {
  private:
   NormState state_;
   NormStats stats_;
+  // Frozen statistics as float32 tensors on the device last normalized on: built once, not at every update.
+  at::Tensor frozen_mean_, frozen_scale_;
 };
 
 }  // namespace namm
