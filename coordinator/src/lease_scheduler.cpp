@@ -293,8 +293,8 @@ std::optional<std::vector<int64_t>> LeaseScheduler::TakeQueued(const Worker& wor
       if (!units_[u].done && units_[u].holders.empty()) units.push_back(u);
     }
     if (units.empty()) continue;  // finished meanwhile by a late result, or re-attached to its old holder
-    // Guided size: ceil(queued prompts / slots), so the end of the phase is handed out prompt by prompt; a
-    // worker's share scales with its relative speed.
+    // Guided size: ceil(queued prompts / (2 x slots)), so the end of the phase is handed out prompt by prompt;
+    // a worker's share scales with its relative speed.
     const int64_t queued = queued_units_ + static_cast<int64_t>(units.size());
     const auto guided = static_cast<int64_t>(
         std::ceil(static_cast<double>(queued) * relative_speed / (2.0 * static_cast<double>(std::max<int64_t>(1, leasing_slots_)))));

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "namm/coordinator/stage_schedule.h"
-
 namespace namm::coordinator {
 
 Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names, const tasks::TaskPaths& paths) {
@@ -34,15 +32,17 @@ std::map<std::string, int64_t> row_counts(const PromptCosts& costs) {
 }
 
 double remaining_cost(const RunSpec& spec, const PromptCosts& costs, int64_t first) {
-  std::vector<int64_t> lengths;
-  for (const StageSpec& stage : spec.stages) lengths.push_back(stage.generations);
-  const StageSchedule schedule(lengths, spec.eval_interval);
-  // Per task: (rows, mean cost of a prompt).
+  const StageSchedule schedule = spec.schedule();
+  // Per task: its rows and the mean cost of a prompt (1 for a task without costs).
+  std::map<std::string, std::pair<int64_t, double>> tasks;
+  for (const auto& [task, c] : costs) {
+    if (!c.empty()) tasks[task] = {static_cast<int64_t>(c.size()), std::accumulate(c.begin(), c.end(), 0.0) / static_cast<double>(c.size())};
+  }
+  // `prompts` prompts of `task` (<= 0: all of them).
   const auto task_cost = [&](const std::string& task, int64_t prompts) {
-    const auto it = costs.find(task);
-    if (it == costs.end() || it->second.empty()) return static_cast<double>(prompts);
-    const auto rows = static_cast<int64_t>(it->second.size());
-    const double mean = std::accumulate(it->second.begin(), it->second.end(), 0.0) / static_cast<double>(rows);
+    const auto it = tasks.find(task);
+    if (it == tasks.end()) return static_cast<double>(prompts);
+    const auto [rows, mean] = it->second;
     return mean * static_cast<double>(std::min(prompts <= 0 ? rows : prompts, rows));
   };
   double total = 0;

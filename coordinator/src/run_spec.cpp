@@ -109,6 +109,12 @@ Status ParseCmaes(const YAML::Node& node, const std::string& where, CmaesOptions
 
 }  // namespace
 
+StageSchedule RunSpec::schedule() const {
+  std::vector<int64_t> generations;
+  for (const StageSpec& s : stages) generations.push_back(s.generations);
+  return StageSchedule(generations, eval_interval);
+}
+
 int64_t RunSpec::total_generations() const {
   int64_t total = 0;
   for (const StageSpec& s : stages) total += s.generations;

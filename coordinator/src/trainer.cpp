@@ -14,12 +14,6 @@ namespace namm::coordinator {
 
 namespace {
 
-std::vector<int64_t> StageGenerations(const RunSpec& spec) {
-  std::vector<int64_t> g;
-  for (const StageSpec& s : spec.stages) g.push_back(s.generations);
-  return g;
-}
-
 Status CheckTaskRows(const RunSpec& spec, const std::map<std::string, int64_t>& rows) {
   for (const std::string& task : spec.all_tasks()) {
     const auto it = rows.find(task);
@@ -123,7 +117,7 @@ Trainer::Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::s
     : store_(store),
       spec_(std::move(spec)),
       params_(std::move(params)),
-      schedule_(StageGenerations(spec_), spec_.eval_interval),
+      schedule_(spec_.schedule()),
       task_rows_(std::move(task_rows)) {}
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(Store& store, const RunSpec& spec,

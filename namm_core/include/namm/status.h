@@ -3,7 +3,9 @@
 // A Status is either OK or carries a code and a message written for the person who has to act on it
 // ("attention file a.npy: expected 3 dimensions [q_heads, n_new, n_keys], got 2"). Functions at module edges
 // return Status or Result<T> instead of throwing; code inside a module may use exceptions (libtorch throws
-// c10::Error) as long as they are converted at the edge.
+// c10::Error) as long as they are converted at the edge. One deliberate exception: c10::OutOfMemoryError
+// (out of device memory) propagates, so that the caller that can retry with less memory sees it (the worker's
+// serve executor does, with smaller prefill chunks).
 #pragma once
 
 #include <optional>

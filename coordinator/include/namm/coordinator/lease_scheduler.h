@@ -3,8 +3,9 @@
 //  - Units (one prompt of one candidate, or of the base model) are grouped into leases of at most
 //    `max_prompts_per_lease` prompts of the same candidate and task, balanced by cost (prompt tokens), and
 //    handed out longest first: the longest-processing-time rule keeps the generation's tail short.
-//  - Lease sizes are guided: a lease holds at most ceil(queued prompts / worker slots) prompts, so leases are
-//    full-size while there is plenty of work and shrink to single prompts at the generation's end, where a
+//  - Lease sizes are guided: a lease holds at most ceil(queued prompts × relative speed / (2 × worker slots))
+//    prompts (half the guided self-scheduling share, as in factoring), so leases are full-size while there is
+//    plenty of work and shrink to single prompts at the generation's end, where a
 //    coarse lease would leave other workers idle.
 //  - Workers' speeds are learned from the seconds they report per prompt (cost per second, decayed so a
 //    worker that slows down is noticed within a few dozen prompts) and compared with the mean of the leasing

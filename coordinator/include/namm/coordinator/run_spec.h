@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "namm/coordinator/cma_es.h"
+#include "namm/coordinator/stage_schedule.h"
 #include "namm/namm_model.h"
 #include "namm/status.h"
 #include "namm/tasks/normalized_score.h"
@@ -38,6 +39,8 @@ struct RunSpec {
   std::string yaml;               // the text it was parsed from, stored with the run
 
   int64_t total_generations() const;
+  // The stages' generations with the evaluation interval: which generation is in which stage, and evaluated.
+  StageSchedule schedule() const;
   // Every task of every stage, sorted, without repeats.
   std::vector<std::string> all_tasks() const;
 };
