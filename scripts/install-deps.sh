@@ -17,6 +17,8 @@ packages=(
   # the observability tests check expositions with promtool and scrape them with a real Prometheus server;
   # the deploy check parses YAML with PyYAML
   prometheus python3-yaml
+  # the model-family tests compare our forward pass with one written in numpy (system python3)
+  python3-numpy
   libboost-dev libboost-system-dev
   # configuration, logging, CLI, JSON, regexes
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev libicu-dev

@@ -30,7 +30,7 @@ TEST(Rope, StaticNtkBaseMatchesTheReferenceFormula) {
   c.rope_scaling.kind = RopeScaling::Kind::kNtk;
   c.rope_scaling.factor = 4;
   c.rope_scaling.alpha = 2;
-  const at::Tensor inv_freq = rope_inverse_frequencies(c);
+  const at::Tensor inv_freq = rope_inverse_frequencies(c, at::kCPU);
   ASSERT_EQ(inv_freq.size(0), 64);
   for (int64_t i : {0, 1, 17, 63}) {
     const double expected = 1.0 / std::pow(3609793.0043, 2.0 * static_cast<double>(i) / 128.0);
@@ -42,12 +42,12 @@ TEST(Rope, LinearAndLlama3Scaling) {
   LlamaConfig c;
   c.head_dim = 128;
   c.rope_theta = 500000;
-  const at::Tensor plain = rope_inverse_frequencies(c);
+  const at::Tensor plain = rope_inverse_frequencies(c, at::kCPU);
   c.rope_scaling.kind = RopeScaling::Kind::kLinear;
   c.rope_scaling.factor = 2;
-  EXPECT_TRUE(rope_inverse_frequencies(c).allclose(plain / 2));
+  EXPECT_TRUE(rope_inverse_frequencies(c, at::kCPU).allclose(plain / 2));
   c.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, 8.0, 1.0, 1.0, 4.0, 8192};
-  const at::Tensor llama3 = rope_inverse_frequencies(c);
+  const at::Tensor llama3 = rope_inverse_frequencies(c, at::kCPU);
   for (int64_t i = 0; i < 64; ++i) {
     const double f = plain[i].item<float>(), wavelen = 2 * M_PI / f;
     double expected = f;  // high frequencies (wavelength < 8192 / 4) unchanged
@@ -68,7 +68,14 @@ TEST(RopeScaling, ParsesTheCommandLineForm) {
   EXPECT_EQ(ntk->alpha, 2);
   EXPECT_EQ(ntk->ToString(), "ntk:factor=4,alpha=2");
   EXPECT_FALSE(RopeScaling::Parse("ntk:alpha=2").ok());           // factor required
-  EXPECT_FALSE(RopeScaling::Parse("yarn:factor=4").ok());
+  EXPECT_FALSE(RopeScaling::Parse("longrope:factor=4").ok());       // not a supported kind
+  auto yarn = RopeScaling::Parse("yarn:factor=4,original_max_position_embeddings=32768");
+  ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
+  EXPECT_NEAR(yarn->yarn_attention_factor(), 0.1 * std::log(4.0) + 1.0, 1e-12);
+  EXPECT_FALSE(RopeScaling::Parse("yarn:factor=4,beta_fast=1,beta_slow=32").ok());  // edges out of order
+  auto dynamic = RopeScaling::Parse("dynamic:factor=2");
+  ASSERT_TRUE(dynamic.ok());
+  EXPECT_EQ(dynamic->ToString(), "dynamic:factor=2");
   EXPECT_FALSE(RopeScaling::Parse("linear:factor=0.5").ok());
 }
 
@@ -203,7 +210,7 @@ at::Tensor MaskedFullSequenceLogits(const LlamaModel& model, const at::Tensor& t
   auto rms = [&](const at::Tensor& x, const at::Tensor& weight) {
     return weight * (x * at::rsqrt(x.square().mean(-1, true) + c.norm_eps));
   };
-  const RopeTables rope = rope_tables(rope_inverse_frequencies(c), at::arange(n, at::TensorOptions().dtype(at::kLong)));
+  const RopeTables rope = rope_tables(rope_inverse_frequencies(c, at::kCPU), at::arange(n, at::TensorOptions().dtype(at::kLong)));
   at::Tensor x = w.token_embedding.index_select(0, tokens);
   for (int l = 0; l < static_cast<int>(c.n_layers); ++l) {
     const LlamaLayerWeights& lw = w.layers[static_cast<std::size_t>(l)];

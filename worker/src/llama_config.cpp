@@ -1,5 +1,6 @@
 #include "namm/worker/llama_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -41,7 +42,17 @@ Status RopeScaling::Validate() const {
     }
     if (original_max_position_embeddings <= 0) return bad("needs original_max_position_embeddings > 0");
   }
+  if (kind == Kind::kYarn) {
+    if (!(beta_fast > beta_slow) || !(beta_slow > 0)) return bad("needs 0 < beta_slow < beta_fast");
+    if (!(attention_factor >= 0) || !std::isfinite(attention_factor)) return bad("attention_factor must be >= 0");
+    if (original_max_position_embeddings < 0) return bad("original_max_position_embeddings must be >= 0");
+  }
   return Status::Ok();
+}
+
+double RopeScaling::yarn_attention_factor() const {
+  if (kind != Kind::kYarn) return 1.0;
+  return attention_factor > 0 ? attention_factor : 0.1 * std::log(factor) + 1.0;
 }
 
 std::string RopeScaling::ToString() const {
@@ -53,6 +64,12 @@ std::string RopeScaling::ToString() const {
       return "llama3:factor=" + Num(factor) + ",low_freq_factor=" + Num(low_freq_factor) +
              ",high_freq_factor=" + Num(high_freq_factor) +
              ",original_max_position_embeddings=" + std::to_string(original_max_position_embeddings);
+    case Kind::kYarn:
+      return "yarn:factor=" + Num(factor) + ",original_max_position_embeddings=" +
+             std::to_string(original_max_position_embeddings) + ",beta_fast=" + Num(beta_fast) + ",beta_slow=" +
+             Num(beta_slow) + ",attention_factor=" + Num(yarn_attention_factor()) +
+             (truncate ? "" : ",truncate=0");
+    case Kind::kDynamic: return "dynamic:factor=" + Num(factor);
   }
   return "?";
 }
@@ -79,8 +96,22 @@ Result<RopeScaling> RopeScaling::Parse(const std::string& text) {
     NAMM_ASSIGN_OR_RETURN(s.high_freq_factor, spec.GetDouble("high_freq_factor", 4.0));
     NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings,
                           spec.GetInt("original_max_position_embeddings", 8192));
+  } else if (spec.name == "yarn") {
+    NAMM_RETURN_IF_ERROR(spec.CheckKeys(
+        {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"}));
+    s.kind = Kind::kYarn;
+    NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings, spec.GetInt("original_max_position_embeddings", 0));
+    NAMM_ASSIGN_OR_RETURN(s.beta_fast, spec.GetDouble("beta_fast", 32.0));
+    NAMM_ASSIGN_OR_RETURN(s.beta_slow, spec.GetDouble("beta_slow", 1.0));
+    NAMM_ASSIGN_OR_RETURN(s.attention_factor, spec.GetDouble("attention_factor", 0.0));
+    NAMM_ASSIGN_OR_RETURN(int64_t truncate, spec.GetInt("truncate", 1));
+    s.truncate = truncate != 0;
+  } else if (spec.name == "dynamic") {
+    NAMM_RETURN_IF_ERROR(spec.CheckKeys({"factor"}));
+    s.kind = Kind::kDynamic;
   } else {
-    return Status::InvalidArgument("unknown RoPE scaling '" + spec.name + "' (known: none, ntk, linear, llama3)");
+    return Status::InvalidArgument("unknown RoPE scaling '" + spec.name +
+                                   "' (known: none, ntk, linear, llama3, yarn, dynamic)");
   }
   if (!spec.options.count("factor")) return Status::InvalidArgument("'" + text + "': factor=F is required");
   NAMM_ASSIGN_OR_RETURN(s.factor, spec.GetDouble("factor", 1.0));
@@ -101,6 +132,7 @@ Status LlamaConfig::Validate() const {
   if (head_dim % 2 != 0) return bad("head_dim must be even for RoPE, got " + std::to_string(head_dim));
   if (!(norm_eps > 0) || !(rope_theta > 0)) return bad("rms_norm_eps and rope_theta must be positive");
   if (max_position_embeddings <= 0) return bad("max_position_embeddings must be positive");
+  if (sliding_window < 0 || first_sliding_layer < 0) return bad("sliding_window and max_window_layers must be >= 0");
   return rope_scaling.Validate();
 }
 
@@ -108,7 +140,15 @@ int64_t LlamaConfig::context_length() const {
   switch (rope_scaling.kind) {
     case RopeScaling::Kind::kNtk:
     case RopeScaling::Kind::kLinear:
+    case RopeScaling::Kind::kDynamic:
       return static_cast<int64_t>(std::floor(static_cast<double>(max_position_embeddings) * rope_scaling.factor));
+    case RopeScaling::Kind::kYarn: {
+      // Qwen2.5 states the trained length as max_position_embeddings; other configs state the extended one.
+      const double trained = static_cast<double>(rope_scaling.original_max_position_embeddings > 0
+                                                     ? rope_scaling.original_max_position_embeddings
+                                                     : max_position_embeddings);
+      return std::max(max_position_embeddings, static_cast<int64_t>(std::floor(trained * rope_scaling.factor)));
+    }
     default:
       return max_position_embeddings;
   }
@@ -119,10 +159,35 @@ std::string LlamaConfig::Describe() const {
   out << architecture << " " << n_layers << " layers, dim " << dim << ", " << n_heads << "/" << n_kv_heads
       << " heads of " << head_dim << ", ffn " << hidden_dim << ", vocab " << vocab_size << ", rope theta "
       << rope_theta << " " << rope_scaling.ToString() << ", context " << context_length();
+  if (sliding_window > 0) out << ", sliding window " << sliding_window << " from layer " << first_sliding_layer;
+  if (qkv_bias) out << ", qkv bias";
+  if (qk_norm) out << ", q/k norm";
   return out.str();
 }
 
 namespace {
+
+// The Hugging Face families one forward pass serves, and what sets each apart.
+struct Family {
+  const char* architecture;
+  const char* model_type;
+  bool qkv_bias;       // biases on q/k/v whatever attention_bias says
+  bool qk_norm;        // per-head RMSNorm of queries and keys
+  bool window_switch;  // sliding_window applies only with use_sliding_window, from max_window_layers on
+};
+constexpr Family kFamilies[] = {
+    {"LlamaForCausalLM", "llama", false, false, false},
+    {"MistralForCausalLM", "mistral", false, false, false},
+    {"Qwen2ForCausalLM", "qwen2", true, false, true},
+    {"Qwen3ForCausalLM", "qwen3", false, true, true},
+};
+
+std::string SupportedFamilies() {
+  std::string list;
+  for (const Family& f : kFamilies) list += std::string(list.empty() ? "" : ", ") + f.architecture + " (" + f.model_type + ")";
+  return list;
+}
+
 Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::string& source) {
   auto bad = [&](const std::string& what) { return Status::InvalidArgument(source + ": " + what); };
   nlohmann::json j;
@@ -133,14 +198,23 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
   }
   if (!j.is_object()) return bad("not a JSON object");
   LlamaConfig c;
-  if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
-      !j["architectures"][0].is_string()) {
-    return bad("missing 'architectures'");
+  // The family: architectures[0], else model_type (some exports leave architectures out).
+  const std::string model_type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    c.architecture = j["architectures"][0].get<std::string>();
+  } else if (!model_type.empty()) {
+    const auto known = std::find_if(std::begin(kFamilies), std::end(kFamilies),
+                                    [&](const Family& f) { return model_type == f.model_type; });
+    c.architecture = known != std::end(kFamilies) ? known->architecture : "model_type '" + model_type + "'";
+  } else {
+    return bad("names no architecture (neither 'architectures' nor 'model_type')");
   }
-  c.architecture = j["architectures"][0].get<std::string>();
-  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM") {
-    return Status::Unimplemented(source + ": architecture '" + c.architecture +
-                                 "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM)");
+  const auto family = std::find_if(std::begin(kFamilies), std::end(kFamilies),
+                                   [&](const Family& f) { return c.architecture == f.architecture; });
+  if (family == std::end(kFamilies)) {
+    return Status::Unimplemented(source + ": architecture " + c.architecture + " is not supported (supported: " +
+                                 SupportedFamilies() + ")");
   }
   auto integer = [&](const char* key, int64_t* out, bool required) -> Status {
     if (!j.contains(key) || j[key].is_null()) return required ? bad(std::string("missing '") + key + "'") : Status::Ok();
@@ -167,14 +241,20 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
   NAMM_RETURN_IF_ERROR(number("rms_norm_eps", &c.norm_eps));
   NAMM_RETURN_IF_ERROR(number("rope_theta", &c.rope_theta));
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.attention_bias = j.value("attention_bias", false);
+  const bool attention_bias = j.value("attention_bias", false);
+  c.qkv_bias = attention_bias || family->qkv_bias;
+  c.o_bias = attention_bias;
   c.mlp_bias = j.value("mlp_bias", false);
+  c.qk_norm = family->qk_norm;
   if (j.contains("bos_token_id")) c.bos_token_ids = IdList(j["bos_token_id"]);
   if (j.contains("eos_token_id")) c.eos_token_ids = IdList(j["eos_token_id"]);
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    return Status::Unimplemented(source + ": sliding-window attention (sliding_window = " +
-                                 j["sliding_window"].dump() + ") is not supported; use a model whose "
-                                 "config sets sliding_window to null");
+  // Mistral windows every layer when sliding_window is set; Qwen keeps sliding_window in every config and
+  // windows only when use_sliding_window is true, and then only the layers from max_window_layers on.
+  const bool windowed = family->window_switch ? j.value("use_sliding_window", false) : true;
+  if (windowed && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    NAMM_RETURN_IF_ERROR(integer("sliding_window", &c.sliding_window, false));
+    if (c.sliding_window <= 0) return bad("'sliding_window' must be positive or null");
+    if (family->window_switch) NAMM_RETURN_IF_ERROR(integer("max_window_layers", &c.first_sliding_layer, false));
   }
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const auto& r = j["rope_scaling"];
@@ -194,15 +274,28 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
       s.alpha = get("alpha", 1.0);
     } else if (type == "linear") {
       s.kind = RopeScaling::Kind::kLinear;
+    } else if (type == "dynamic") {
+      s.kind = RopeScaling::Kind::kDynamic;
     } else if (type == "llama3") {
       s.kind = RopeScaling::Kind::kLlama3;
       s.low_freq_factor = get("low_freq_factor", 1.0);
       s.high_freq_factor = get("high_freq_factor", 4.0);
       s.original_max_position_embeddings = static_cast<int64_t>(get("original_max_position_embeddings", 0));
+    } else if (type == "yarn") {
+      s.kind = RopeScaling::Kind::kYarn;
+      for (const char* key : {"mscale", "mscale_all_dim"}) {
+        if (r.contains(key) && !r[key].is_null()) {
+          return Status::Unimplemented(source + ": yarn's '" + key + "' (DeepSeek's attention scaling) is not supported");
+        }
+      }
+      s.original_max_position_embeddings = static_cast<int64_t>(get("original_max_position_embeddings", 0));
+      s.beta_fast = get("beta_fast", 32.0);
+      s.beta_slow = get("beta_slow", 1.0);
+      s.attention_factor = get("attention_factor", 0.0);
+      s.truncate = r.value("truncate", true);
     } else {
       return Status::Unimplemented(source + ": rope_scaling type '" + type +
-                                   "' is not supported (supported: default, linear, ntk, llama3; HF's dynamic NTK "
-                                   "depends on the sequence length and is not)");
+                                   "' is not supported (supported: default, linear, ntk, dynamic, llama3, yarn)");
     }
   }
   Status valid = c.Validate();

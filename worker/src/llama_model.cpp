@@ -32,7 +32,7 @@ LlamaModel::LlamaModel(LoadedModel loaded, at::TensorOptions options)
     : config_(std::move(loaded.config)),
       weights_(std::move(loaded.weights)),
       options_(options),
-      inv_freq_(rope_inverse_frequencies(config_).to(options.device())) {}
+      inv_freq_(rope_inverse_frequencies(config_, options.device())) {}
 
 std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) const {
   std::vector<LayerKVCache> caches;
@@ -51,14 +51,19 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
 }
 
 Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const at::Tensor& positions,
-                                         LayerKVCache& cache, MemoryPolicy& policy) const {
+                                         const RopeTables& rope, LayerKVCache& cache, MemoryPolicy& policy) const {
   const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
   const int64_t t = x.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
   const int64_t group = heads / kv_heads;
-  // Projections, as [heads, t, head_dim].
-  const RopeTables rope = rope_tables(inv_freq_, positions);
-  const at::Tensor q = apply_rope(Project(x, w.wq, w.bq).view({t, heads, hd}).transpose(0, 1), rope);
-  const at::Tensor k = apply_rope(Project(x, w.wk, w.bk).view({t, kv_heads, hd}).transpose(0, 1), rope);
+  // Projections, as [heads, t, head_dim]; Qwen3 normalizes each head's query and key before rotating them.
+  at::Tensor q = Project(x, w.wq, w.bq).view({t, heads, hd});
+  at::Tensor k = Project(x, w.wk, w.bk).view({t, kv_heads, hd});
+  if (config_.qk_norm) {
+    q = RmsNorm(q, w.q_norm);
+    k = RmsNorm(k, w.k_norm);
+  }
+  q = apply_rope(q.transpose(0, 1), rope);
+  k = apply_rope(k.transpose(0, 1), rope);
   const at::Tensor v = Project(x, w.wv, w.bv).view({t, kv_heads, hd}).transpose(0, 1);
   NAMM_RETURN_IF_ERROR(cache.Append(k, v, positions));
 
@@ -71,6 +76,12 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
   // Causal among the chunk's own tokens; every older cached token is visible.
   const at::Tensor future = at::ones({t, t}, options_.dtype(at::kBool)).triu(1);
   scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
+  // A sliding window hides keys window or more positions behind the query (by position: eviction leaves gaps).
+  const int64_t window = config_.window_of(layer);
+  if (window > 0 && cache.tokens_seen() > window) {
+    const at::Tensor behind = positions.view({1, t, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, t, n]
+    scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
+  }
   const at::Tensor probs = scores.to(at::kFloat).softmax(-1);
   if (policy.needs_attention()) {
     NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, t, n}), cache));
@@ -105,12 +116,17 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
   }
   const at::Tensor ids = checked.to(options_.device());
   const at::Tensor positions = at::arange(start, start + t, options_.dtype(at::kLong));
+  // One table of rotations for every layer; dynamic NTK rescales from the length this call reaches.
+  const RopeTables rope =
+      rope_tables(rope_depends_on_length(config_) ? rope_inverse_frequencies(config_, options_.device(), start + t)
+                                                  : inv_freq_,
+                  positions, config_.rope_scaling.yarn_attention_factor());
 
   at::Tensor x = weights_.token_embedding.index_select(0, ids);  // [t, dim]
   for (int layer = 0; layer < static_cast<int>(config_.n_layers); ++layer) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
     NAMM_ASSIGN_OR_RETURN(at::Tensor attended,
-                          Attention(layer, RmsNorm(x, w.attention_norm), positions,
+                          Attention(layer, RmsNorm(x, w.attention_norm), positions, rope,
                                     caches[static_cast<std::size_t>(layer)], policy));
     x = x + attended;
     x = x + FeedForward(w, RmsNorm(x, w.ffn_norm));

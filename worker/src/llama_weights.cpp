@@ -158,11 +158,17 @@ Result<LoadedModel> load_hf_model(const std::string& dir, const LoadOptions& opt
     NAMM_ASSIGN_OR_RETURN(layer.wk, get(p + "self_attn.k_proj.weight", {kv_out, c.dim}));
     NAMM_ASSIGN_OR_RETURN(layer.wv, get(p + "self_attn.v_proj.weight", {kv_out, c.dim}));
     NAMM_ASSIGN_OR_RETURN(layer.wo, get(p + "self_attn.o_proj.weight", {c.dim, q_out}));
-    if (c.attention_bias) {
+    if (c.qkv_bias) {
       NAMM_ASSIGN_OR_RETURN(layer.bq, get(p + "self_attn.q_proj.bias", {q_out}));
       NAMM_ASSIGN_OR_RETURN(layer.bk, get(p + "self_attn.k_proj.bias", {kv_out}));
       NAMM_ASSIGN_OR_RETURN(layer.bv, get(p + "self_attn.v_proj.bias", {kv_out}));
+    }
+    if (c.o_bias) {
       NAMM_ASSIGN_OR_RETURN(layer.bo, get(p + "self_attn.o_proj.bias", {c.dim}));
+    }
+    if (c.qk_norm) {
+      NAMM_ASSIGN_OR_RETURN(layer.q_norm, get(p + "self_attn.q_norm.weight", {c.head_dim}));
+      NAMM_ASSIGN_OR_RETURN(layer.k_norm, get(p + "self_attn.k_norm.weight", {c.head_dim}));
     }
     NAMM_ASSIGN_OR_RETURN(layer.ffn_norm, get(p + "post_attention_layernorm.weight", {c.dim}));
     NAMM_ASSIGN_OR_RETURN(layer.w_gate, get(p + "mlp.gate_proj.weight", {c.hidden_dim, c.dim}));

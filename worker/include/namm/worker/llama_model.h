@@ -2,10 +2,12 @@
 //
 // For each layer (pre-norm residual blocks):
 //   h = x + W_o · attention(RoPE(W_q · rms(x)), cache ∪ RoPE(W_k · rms(x)), cache ∪ W_v · rms(x))
+//     (Qwen3: RoPE(rms_head(W_q · rms(x))), each head normalized; Qwen2: W_q/W_k/W_v carry biases)
 //   x = h + W_down · (silu(W_gate · rms(h)) ⊙ W_up · rms(h))
 // logits = W_lm · rms(x). Query head i reads KV head i / (heads / kv_heads). A chunk's queries see every cached
-// token plus the chunk's tokens up to themselves (causal); evicted tokens are simply gone from the cache, and
-// every cached key keeps the rotation of its absolute position.
+// token plus the chunk's tokens up to themselves (causal), except those a sliding window (Mistral, Qwen with
+// use_sliding_window) puts out of reach; evicted tokens are simply gone from the cache, and every cached key
+// keeps the rotation of its absolute position.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,6 +21,8 @@
 #include "namm/worker/llama_weights.h"
 
 namespace namm::worker {
+
+struct RopeTables;
 
 class LlamaModel {
  public:
@@ -43,8 +47,8 @@ class LlamaModel {
  private:
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   // Attention block of `layer` for the chunk's normalized hidden states x [t, dim].
-  Result<at::Tensor> Attention(int layer, const at::Tensor& x, const at::Tensor& positions, LayerKVCache& cache,
-                               MemoryPolicy& policy) const;
+  Result<at::Tensor> Attention(int layer, const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope,
+                               LayerKVCache& cache, MemoryPolicy& policy) const;
   at::Tensor FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const;
 
   LlamaConfig config_;

@@ -1,5 +1,5 @@
-// Llama-family weights and their loaders: Hugging Face directories (config.json + model.safetensors or a
-// sharded model.safetensors.index.json) and llama2.c checkpoints.
+// Llama-family weights (Llama, Mistral, Qwen2, Qwen3: llama_config.h) and their loaders: Hugging Face
+// directories (config.json + model.safetensors or a sharded model.safetensors.index.json) and llama2.c checkpoints.
 //
 // Linear weights are kept in PyTorch's (out, in) layout. Query/key rows are in the rotate-half RoPE order of
 // Hugging Face; llama2.c checkpoints rotate interleaved pairs, so their wq/wk rows are permuted on load (the
@@ -20,7 +20,9 @@ namespace namm::worker {
 struct LlamaLayerWeights {
   at::Tensor attention_norm;            // [dim]
   at::Tensor wq, wk, wv, wo;            // [heads*hd, dim], [kv_heads*hd, dim] x2, [dim, heads*hd]
-  at::Tensor bq, bk, bv, bo;            // undefined unless config.attention_bias
+  at::Tensor bq, bk, bv;                // undefined unless config.qkv_bias
+  at::Tensor bo;                        // undefined unless config.o_bias
+  at::Tensor q_norm, k_norm;            // [head_dim]; undefined unless config.qk_norm
   at::Tensor ffn_norm;                  // [dim]
   at::Tensor w_gate, w_up, w_down;      // [hidden, dim], [hidden, dim], [dim, hidden]
   at::Tensor b_gate, b_up, b_down;      // undefined unless config.mlp_bias

@@ -1,0 +1,179 @@
+// Every supported model family against a forward pass written independently in numpy
+// (tests/worker/hf_family_reference.py): a tiny random Hugging Face directory per case, the prompt's logits,
+// then a greedy continuation decoded token by token with the KV cache.
+#include <ATen/ops/cat.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../process_util.h"
+#include "../temp_path.h"
+#include "namm/file_util.h"
+#include "namm/npy.h"
+#include "namm/safetensors.h"
+#include "namm/policies/full_cache_policy.h"
+#include "namm/worker/llama_model.h"
+
+namespace namm::worker {
+namespace {
+
+// Logits are O(10); float32 against float64 leaves ~1e-5.
+constexpr float kTolerance = 2e-4f;
+
+// The case's directory, written by the numpy reference; "" (and the test skipped) without numpy.
+std::string MakeCase(const std::string& name) {
+  const std::string dir = testing::TempPath("family_" + name);
+  std::filesystem::remove_all(dir);
+  const std::string log = dir + ".log";
+  testing::Child child = testing::Spawn({NAMM_SYSTEM_PYTHON, NAMM_SOURCE_DIR "/tests/worker/hf_family_reference.py", name, dir}, log);
+  const int exit_code = testing::Wait(child, std::chrono::seconds(120));
+  const std::string output = testing::ReadText(log);
+  if (exit_code != 0 && output.find("No module named 'numpy'") != std::string::npos) return "";
+  EXPECT_EQ(exit_code, 0) << output;
+  return dir;
+}
+
+at::Tensor Npy(const std::string& path) {
+  auto t = read_npy(path);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? *t : at::Tensor();
+}
+
+class ModelFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelFamily, MatchesNumpyLogitsAndGreedyTokens) {
+  const std::string dir = MakeCase(GetParam());
+  if (dir.empty()) GTEST_SKIP() << NAMM_SYSTEM_PYTHON " has no numpy (scripts/install-deps.sh installs python3-numpy)";
+  auto model = LlamaModel::Load(dir, LoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const at::Tensor prompt = Npy(dir + "/prompt.npy"), tokens = Npy(dir + "/tokens.npy"), expected = Npy(dir + "/logits.npy");
+  const int64_t p = prompt.size(0), g = tokens.size(0);
+  ASSERT_EQ(expected.size(0), p + g);
+
+  // As the reference: the prompt in one call, then one call per token, each greedy token chosen by us.
+  FullCachePolicy full;
+  auto caches = model->NewCaches(full);
+  auto logits = model->Forward(prompt, caches, full, /*all_logits=*/true);
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  EXPECT_LT((*logits - expected.narrow(0, 0, p)).abs().max().item<float>(), kTolerance);
+  at::Tensor last = logits->narrow(0, p - 1, 1);
+  for (int64_t i = 0; i < g; ++i) {
+    const int64_t token = last.argmax(-1).item<int64_t>();
+    ASSERT_EQ(token, tokens[i].item<int64_t>()) << "greedy token " << i;
+    auto next = model->Forward(tokens.narrow(0, i, 1), caches, full, /*all_logits=*/true);
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    EXPECT_LT((*next - expected.narrow(0, p + i, 1)).abs().max().item<float>(), kTolerance) << "after token " << i;
+    last = *next;
+  }
+  EXPECT_GT(expected.std().item<float>(), 0.5f);  // not a degenerate model
+
+  // A prompt prefilled in chunks gives the same logits: the window and the causal mask hold across chunks. Not
+  // under dynamic NTK, where each call's length sets the rotation of the keys it adds (rope.h).
+  if (model->config().rope_scaling.kind == RopeScaling::Kind::kDynamic) return;
+  auto chunked_caches = model->NewCaches(full);
+  std::vector<at::Tensor> rows;
+  for (int64_t begin = 0; begin < p; begin += 7) {
+    auto chunk = model->Forward(prompt.narrow(0, begin, std::min<int64_t>(7, p - begin)), chunked_caches, full, true);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    rows.push_back(*chunk);
+  }
+  EXPECT_LT((at::cat(rows) - expected.narrow(0, 0, p)).abs().max().item<float>(), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ModelFamily,
+                         ::testing::Values("llama3_rope", "qwen2_yarn", "llama_yarn_untruncated", "llama_dynamic",
+                                           "qwen2", "qwen2_window", "qwen3", "mistral_window"));
+
+// What each family's config turns on, and what is refused.
+LlamaConfig Parse(const std::string& json) {
+  auto config = parse_hf_config(json, "config.json");
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  return config.ok() ? *config : LlamaConfig{};
+}
+
+const char* kShape = R"("hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64)";
+
+TEST(ModelFamilyConfig, EachFamilySetsItsSwitches) {
+  const LlamaConfig qwen2 = Parse(std::string("{") + kShape + R"(, "architectures": ["Qwen2ForCausalLM"],
+      "use_sliding_window": false, "sliding_window": 32768, "max_window_layers": 2})");
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_FALSE(qwen2.o_bias);
+  EXPECT_EQ(qwen2.window_of(3), 0);  // use_sliding_window false: the window in the config is not used
+
+  const LlamaConfig windowed = Parse(std::string("{") + kShape + R"(, "architectures": ["Qwen2ForCausalLM"],
+      "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 2})");
+  EXPECT_EQ(windowed.window_of(1), 0);
+  EXPECT_EQ(windowed.window_of(2), 16);
+
+  // No architectures: model_type names the family.
+  const LlamaConfig qwen3 = Parse(std::string("{") + kShape + R"(, "model_type": "qwen3", "head_dim": 16})");
+  EXPECT_EQ(qwen3.architecture, "Qwen3ForCausalLM");
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.qkv_bias);
+  EXPECT_EQ(qwen3.head_dim, 16);
+
+  const LlamaConfig mistral = Parse(std::string("{") + kShape + R"(, "architectures": ["MistralForCausalLM"],
+      "sliding_window": 8})");
+  EXPECT_EQ(mistral.window_of(0), 8);
+  EXPECT_EQ(mistral.window_of(3), 8);
+
+  const LlamaConfig llama = Parse(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "attention_bias": true, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+      "original_max_position_embeddings": 64}})");
+  EXPECT_TRUE(llama.qkv_bias && llama.o_bias);
+  EXPECT_EQ(llama.context_length(), 256);
+}
+
+TEST(ModelFamilyConfig, RefusesWhatItDoesNotRunNamingTheSupportedFamilies) {
+  auto refused = [](const std::string& json) {
+    auto config = parse_hf_config(json, "config.json");
+    EXPECT_FALSE(config.ok()) << json;
+    return config.ok() ? std::string() : config.status().message();
+  };
+  const std::string gemma = refused(std::string("{") + kShape + R"(, "architectures": ["Gemma2ForCausalLM"]})");
+  EXPECT_NE(gemma.find("Gemma2ForCausalLM is not supported"), std::string::npos) << gemma;
+  EXPECT_NE(gemma.find("LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), "
+                       "Qwen3ForCausalLM (qwen3)"),
+            std::string::npos)
+      << gemma;
+  const std::string phi = refused(std::string("{") + kShape + R"(, "model_type": "phi3"})");
+  EXPECT_NE(phi.find("model_type 'phi3' is not supported"), std::string::npos) << phi;
+  EXPECT_NE(refused(std::string("{") + kShape + "}").find("names no architecture"), std::string::npos);
+  const std::string deepseek = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0}})");
+  EXPECT_NE(deepseek.find("'mscale'"), std::string::npos) << deepseek;
+  const std::string longrope = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})");
+  EXPECT_NE(longrope.find("'longrope' is not supported"), std::string::npos) << longrope;
+  EXPECT_NE(refused(std::string("{") + kShape + R"(, "architectures": ["MistralForCausalLM"], "sliding_window": 0})")
+                .find("sliding_window"),
+            std::string::npos);
+}
+
+TEST(ModelFamilyConfig, Qwen3WithoutItsNormWeightsIsRefused) {
+  const std::string dir = MakeCase("qwen3");
+  if (dir.empty()) GTEST_SKIP() << NAMM_SYSTEM_PYTHON " has no numpy";
+  // Rewrites the weights without the q/k norms: a Qwen3 checkpoint missing them is not silently run as Llama.
+  {
+    auto file = SafetensorsFile::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    std::vector<SafetensorWrite> kept;
+    for (const SafetensorInfo& t : file->tensors()) {
+      if (t.name.find("_norm.weight") != std::string::npos && t.name.find("self_attn") != std::string::npos) continue;
+      kept.push_back({t.name, t.dtype, t.shape, file->data(t)});
+    }
+    ASSERT_EQ(kept.size() + 2 * 2, file->tensors().size());  // q_norm and k_norm of 2 layers
+    ASSERT_TRUE(write_safetensors(dir + "/pruned.safetensors", kept, {}).ok());
+  }
+  std::filesystem::rename(dir + "/pruned.safetensors", dir + "/model.safetensors");
+  auto model = LlamaModel::Load(dir, LoadOptions{});
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("missing tensors: model.layers.0.self_attn.q_norm.weight, "
+                                          "model.layers.0.self_attn.k_norm.weight"),
+            std::string::npos)
+      << model.status().message();
+}
+
+}  // namespace
+}  // namespace namm::worker
