@@ -19,8 +19,7 @@ CMAKE_FLAGS ?=
 GENERATOR := $(if $(shell command -v ninja 2>/dev/null),-G Ninja,)
 CCACHE    := $(shell command -v ccache 2>/dev/null)
 ifneq ($(CCACHE),)
-LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) \
-            -DCMAKE_CUDA_COMPILER_LAUNCHER=$(CCACHE)
+LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE)
 # Lets ccache cache compilations that use precompiled headers.
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 endif

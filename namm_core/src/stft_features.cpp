@@ -2,8 +2,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "aten.h"
@@ -34,10 +36,25 @@ at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::
 // ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
 // basis rows are rotated by 16.
 at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
-  static const at::Tensor cpu_bases[2] = {WindowedDftBasis(at::TensorOptions()),
-                                          WindowedDftBasis(at::TensorOptions()).roll(kStftHop, 0)};
-  at::Tensor basis = cpu_bases[previous_hop_in_upper_half ? 1 : 0];
-  if (!samples.device().is_cpu()) basis = basis.to(samples.device());
+  // The two bases, built once per device (a copy per hop would be a pageable host-to-device transfer on a GPU).
+  struct Bases {
+    at::Device device;
+    at::Tensor rotation[2];
+  };
+  static std::mutex mutex;
+  static std::vector<Bases> per_device;
+  at::Tensor basis;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = std::find_if(per_device.begin(), per_device.end(),
+                           [&](const Bases& b) { return b.device == samples.device(); });
+    if (it == per_device.end()) {
+      const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(samples.device());
+      per_device.push_back({samples.device(), {built, built.roll(kStftHop, 0)}});
+      it = per_device.end() - 1;
+    }
+    basis = it->rotation[previous_hop_in_upper_half ? 1 : 0];
+  }
   return samples.matmul(basis);
 }
 
