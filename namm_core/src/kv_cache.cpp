@@ -42,9 +42,16 @@ at::Tensor LayerKVCache::state(const std::string& name) const {
   TORCH_CHECK(false, "the KV cache has no per-token state '", name, "'");
 }
 
+void LayerKVCache::ExpectTokens(int64_t total, bool allocate_now) {
+  expected_tokens_ = total;
+  if (allocate_now) Reserve(size_ + std::max<int64_t>(0, total - tokens_seen_));
+}
+
 void LayerKVCache::Reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
-  const int64_t grown = std::max({capacity, 2 * capacity_, kInitialCapacity});
+  int64_t grown = std::max({capacity, 2 * capacity_, kInitialCapacity});
+  // No room beyond what the rest of the sequence can fill (expected_tokens_ counts evicted tokens too).
+  if (expected_tokens_ > 0) grown = std::max(capacity, std::min(grown, size_ + expected_tokens_ - tokens_seen_));
   for (auto& buffer : buffers_) {
     std::vector<int64_t> shape = buffer.sizes().vec();
     shape[1] = grown;

@@ -56,6 +56,35 @@ TEST(LayerKVCache, GrowthPreservesContents) {
   EXPECT_TRUE(cache.positions()[0].equal(Positions(0, 300)));
 }
 
+TEST(LayerKVCache, ExpectedLengthBoundsGrowthAndPreallocates) {
+  auto append = [](LayerKVCache& cache, int64_t n) {
+    const int64_t start = cache.tokens_seen();
+    return cache.Append(at::zeros({1, n, 2}), at::zeros({1, n, 2}), Positions(start, n)).ok();
+  };
+  // Doubling would take 300 tokens' storage to 512; the bound stops it at the 300 the sequence can reach.
+  LayerKVCache bounded(1, 2, at::TensorOptions().dtype(at::kFloat));
+  bounded.ExpectTokens(300, /*allocate_now=*/false);
+  ASSERT_TRUE(append(bounded, 200));
+  EXPECT_EQ(bounded.capacity(), 200);
+  ASSERT_TRUE(append(bounded, 1));
+  EXPECT_EQ(bounded.capacity(), 300);
+  // After evicting half, the room still counts only the tokens yet to come.
+  ASSERT_TRUE(bounded.Gather(at::arange(0, 201, 2, at::TensorOptions().dtype(at::kLong)).view({1, -1})).ok());
+  EXPECT_EQ(bounded.size(), 101);
+  ASSERT_TRUE(append(bounded, 99));
+  EXPECT_EQ(bounded.capacity(), 300);
+
+  // Allocated whole at once: appending never reallocates (the storage the views point into stays put).
+  LayerKVCache whole(1, 2, at::TensorOptions().dtype(at::kFloat));
+  whole.ExpectTokens(1000, /*allocate_now=*/true);
+  EXPECT_EQ(whole.capacity(), 1000);
+  ASSERT_TRUE(append(whole, 1));
+  const void* storage = whole.keys().data_ptr();
+  for (int i = 0; i < 999; ++i) ASSERT_TRUE(append(whole, 1));
+  EXPECT_EQ(whole.keys().data_ptr(), storage);
+  EXPECT_EQ(whole.capacity(), 1000);
+}
+
 TEST(LayerKVCache, RejectsBadIndicesAndShapes) {
   LayerKVCache cache(2, 4, at::TensorOptions().dtype(at::kFloat));
   EXPECT_FALSE(cache.Append(at::zeros({2, 3, 5}), at::zeros({2, 3, 4}), Positions(0, 3)).ok());

@@ -162,6 +162,9 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
   result.prompt_tokens = length;
   NAMM_RETURN_IF_ERROR(policy.BeginSequence(SequenceInfo{prompt_ids}));
   std::vector<LayerKVCache> caches = model_.NewCaches(policy);
+  // The sequence's length is known: a cache that keeps everything is allocated once, one that evicts never
+  // grows past what the rest of the sequence can fill.
+  for (LayerKVCache& cache : caches) cache.ExpectTokens(length + forced + options.max_new_tokens, !policy.may_evict());
   CacheTracker tracker(caches, policy, options.memory_update_interval, result);
 
   // Runs `ids` through the model, cut at absolute multiples of the chunk size; keeps every position's logits

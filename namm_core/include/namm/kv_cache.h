@@ -7,7 +7,9 @@
 // token keeps its rotary phase and its recency.
 //
 // Storage has spare capacity that grows geometrically, so appending a decoded token costs O(1) amortized
-// copies. Views returned by the accessors are valid until the next Append() or Gather().
+// copies, never beyond a bound on the sequence's length when one is given (ExpectTokens), and it can be
+// allocated whole up front when no token will be evicted. Views returned by the accessors are valid until the
+// next Append() or Gather().
 // Not thread-safe: one cache belongs to one sequence being generated.
 #pragma once
 
@@ -56,6 +58,13 @@ class LayerKVCache {
   // Keeps, per head, the tokens at `indices` [kv_heads, k] (int64, ascending, same k for every head).
   Status Gather(const at::Tensor& indices);
 
+  // The sequence will append at most `total` tokens in all (evicted ones included): storage never grows past
+  // room for the tokens still to come. With `allocate_now`, room for all of them is allocated at once (for a
+  // policy that never evicts, so that the cache is never copied to grow).
+  void ExpectTokens(int64_t total, bool allocate_now);
+  // Tokens the storage has room for.
+  int64_t capacity() const { return capacity_; }
+
  private:
   void Reserve(int64_t capacity);
   at::Tensor Live(const at::Tensor& buffer) const { return buffer.narrow(1, 0, size_); }
@@ -66,6 +75,7 @@ class LayerKVCache {
   int64_t size_ = 0;
   int64_t tokens_seen_ = 0;
   int64_t capacity_ = 0;
+  int64_t expected_tokens_ = 0;  // 0: no bound given
   // Every per-token buffer, [kv_heads, capacity, ...]: keys, values, positions, then the declared states.
   std::vector<std::string> names_;
   std::vector<at::Tensor> buffers_;

@@ -10,6 +10,7 @@ namespace namm {
 class FullCachePolicy final : public MemoryPolicy {
  public:
   std::string name() const override { return "full"; }
+  bool may_evict() const override { return false; }
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
 };
 

@@ -48,6 +48,10 @@ class MemoryPolicy {
   // Whether Observe() uses attention probabilities (engines may skip computing them otherwise).
   virtual bool needs_attention() const { return false; }
 
+  // Whether Select() or EndPrefill() may ever drop a token. Engines preallocate the whole sequence's cache for a
+  // policy that never evicts.
+  virtual bool may_evict() const { return true; }
+
   // Starts a sequence. Budgets given as a share of the prompt are resolved here. The default does nothing.
   virtual Status BeginSequence(const SequenceInfo& info);
 
