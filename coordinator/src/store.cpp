@@ -1086,6 +1086,12 @@ Status Store::DropIncompleteSnapshots(int64_t run_id) {
   });
 }
 
+Result<int64_t> Store::AddSnapshotConcurrently(int64_t run_id, const NewSnapshot& snapshot) const {
+  // SQLite connections are not shared across threads: this one is the caller's alone.
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, Store::Open(path_, OpenMode::kExisting));
+  return connection->AddSnapshot(run_id, snapshot);
+}
+
 Result<int64_t> Store::AddSnapshot(int64_t run_id, const NewSnapshot& snapshot) {
   if (snapshot.state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
   return Guard(path_, "writing a snapshot", [&]() -> Result<int64_t> {

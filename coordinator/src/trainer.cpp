@@ -113,14 +113,14 @@ std::vector<double> GenerationPlan::params_of(int64_t candidate) const {
   return {population.candidate(candidate), population.candidate(candidate) + population.dimension};
 }
 
-Trainer::Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows)
+Trainer::Trainer(TrainingStore& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows)
     : store_(store),
       spec_(std::move(spec)),
       params_(std::move(params)),
       schedule_(spec_.schedule()),
       task_rows_(std::move(task_rows)) {}
 
-Result<std::unique_ptr<Trainer>> Trainer::Create(Store& store, const RunSpec& spec,
+Result<std::unique_ptr<Trainer>> Trainer::Create(TrainingStore& store, const RunSpec& spec,
                                                  const std::map<std::string, int64_t>& task_rows) {
   NAMM_RETURN_IF_ERROR(CheckTaskRows(spec, task_rows));
   NAMM_ASSIGN_OR_RETURN(CmaesParams params, make_cmaes_params(spec.architecture.param_count(), spec.cmaes));
@@ -137,7 +137,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(Store& store, const RunSpec& sp
   return Resume(store, run_id, task_rows);
 }
 
-Result<std::unique_ptr<Trainer>> Trainer::Resume(Store& store, int64_t run_id,
+Result<std::unique_ptr<Trainer>> Trainer::Resume(TrainingStore& store, int64_t run_id,
                                                  const std::map<std::string, int64_t>& task_rows) {
   NAMM_ASSIGN_OR_RETURN(RunRecord run, store.GetRun(run_id));
   NAMM_ASSIGN_OR_RETURN(RunSpec spec, parse_run_spec(run.spec_yaml, "the spec of run " + std::to_string(run_id)));
@@ -149,7 +149,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Resume(Store& store, int64_t run_id,
   return t;
 }
 
-Result<std::vector<SpecDifference>> Trainer::ReviseSpec(Store& store, int64_t run_id, const RunSpec& given) {
+Result<std::vector<SpecDifference>> Trainer::ReviseSpec(TrainingStore& store, int64_t run_id, const RunSpec& given) {
   NAMM_ASSIGN_OR_RETURN(RunRecord run, store.GetRun(run_id));
   if (run.spec_yaml == given.yaml) return std::vector<SpecDifference>{};
   NAMM_ASSIGN_OR_RETURN(RunSpec stored, parse_run_spec(run.spec_yaml, "the spec of run " + std::to_string(run_id)));
@@ -589,18 +589,17 @@ void Trainer::StartEigenJob() {
 
 void Trainer::StartSnapshotWrite() {
   if (!snapshot_write_ || snapshot_write_->id.valid()) return;
-  snapshot_write_->id = std::async(std::launch::async, [path = store_.path(), run = run_id_,
+  snapshot_write_->id = std::async(std::launch::async, [store = &store_, run = run_id_,
                                                         listed = snapshot_write_->listed,
                                                         state = std::move(snapshot_write_->state)]() mutable
                                                            -> Result<int64_t> {
     state.covariance = *state.pending_covariance;
-    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(path, OpenMode::kExisting));
     NewSnapshot n;
     n.stage = listed.stage;
     n.generation = listed.generation;
     n.eigen_source = listed.eigen_source;
     n.state = &state;
-    return store->AddSnapshot(run, n);
+    return store->AddSnapshotConcurrently(run, n);
   });
 }
 

@@ -35,7 +35,7 @@
 #include "namm/coordinator/run_spec.h"
 #include "namm/coordinator/spec_revision.h"
 #include "namm/coordinator/stage_schedule.h"
-#include "namm/coordinator/store.h"
+#include "namm/coordinator/training_store.h"
 
 namespace namm::coordinator {
 
@@ -89,14 +89,14 @@ class Trainer {
  public:
   ~Trainer();
   // Starts a new run of `spec` in `store`. `task_rows`: the number of prompts (rows) of every task of the spec.
-  static Result<std::unique_ptr<Trainer>> Create(Store& store, const RunSpec& spec,
+  static Result<std::unique_ptr<Trainer>> Create(TrainingStore& store, const RunSpec& spec,
                                                  const std::map<std::string, int64_t>& task_rows);
   // Continues run `run_id` from its latest checkpoint.
-  static Result<std::unique_ptr<Trainer>> Resume(Store& store, int64_t run_id,
+  static Result<std::unique_ptr<Trainer>> Resume(TrainingStore& store, int64_t run_id,
                                                  const std::map<std::string, int64_t>& task_rows);
   // Stores `given` as run `run_id`'s spec when it differs from the stored one only in ways that leave the
   // trajectory alone (spec_revision.h); otherwise the error lists what changed. Returns the accepted differences.
-  static Result<std::vector<SpecDifference>> ReviseSpec(Store& store, int64_t run_id, const RunSpec& given);
+  static Result<std::vector<SpecDifference>> ReviseSpec(TrainingStore& store, int64_t run_id, const RunSpec& given);
 
   int64_t run_id() const { return run_id_; }
   bool finished() const { return finished_; }
@@ -125,7 +125,7 @@ class Trainer {
   std::optional<int64_t> BeginBackgroundWork();
 
  private:
-  Trainer(Store& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
+  Trainer(TrainingStore& store, RunSpec spec, CmaesParams params, std::map<std::string, int64_t> task_rows);
   Status Load();      // state, progress and plan from the store
   // Applies a due decomposition (from the background job when it has one), then plans the generation.
   Status MakePlan();
@@ -163,7 +163,7 @@ class Trainer {
   Result<AdvanceSummary> FreezeNormStats(const std::vector<EvaluationRecord>& done);
   Result<AdvanceSummary> TellAndCommit(const std::vector<EvaluationRecord>& done);
 
-  Store& store_;
+  TrainingStore& store_;
   RunSpec spec_;
   CmaesParams params_;
   StageSchedule schedule_;
