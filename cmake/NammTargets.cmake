@@ -16,3 +16,14 @@ function(namm_apply_defaults target)
     target_link_options(${target} PRIVATE ${NAMM_SANITIZER_FLAGS})
   endif()
 endfunction()
+
+# Compiles `target`'s sources as one translation unit per `batch` files (0: all of them): the heaviest targets
+# instantiate the same libtorch, CLI11, gRPC and JSON templates in every file, and a cold build on 2 cores is
+# mostly that (issue 18: 7 worker commands, 84 s of CPU apart, 18 s together). Off with -DNAMM_UNITY_BUILD=OFF
+# for quicker rebuilds of one edited file.
+option(NAMM_UNITY_BUILD "Compile the heaviest targets as unity translation units" ON)
+function(namm_unity_build target batch)
+  if(NAMM_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${batch})
+  endif()
+endfunction()

@@ -168,14 +168,14 @@ std::string LlamaConfig::Describe() const {
 namespace {
 
 // The Hugging Face families one forward pass serves, and what sets each apart.
-struct Family {
+struct HfFamily {
   const char* architecture;
   const char* model_type;
   bool qkv_bias;       // biases on q/k/v whatever attention_bias says
   bool qk_norm;        // per-head RMSNorm of queries and keys
   bool window_switch;  // sliding_window applies only with use_sliding_window, from max_window_layers on
 };
-constexpr Family kFamilies[] = {
+constexpr HfFamily kFamilies[] = {
     {"LlamaForCausalLM", "llama", false, false, false},
     {"MistralForCausalLM", "mistral", false, false, false},
     {"Qwen2ForCausalLM", "qwen2", true, false, true},
@@ -184,7 +184,7 @@ constexpr Family kFamilies[] = {
 
 std::string SupportedFamilies() {
   std::string list;
-  for (const Family& f : kFamilies) list += std::string(list.empty() ? "" : ", ") + f.architecture + " (" + f.model_type + ")";
+  for (const HfFamily& f : kFamilies) list += std::string(list.empty() ? "" : ", ") + f.architecture + " (" + f.model_type + ")";
   return list;
 }
 
@@ -205,13 +205,13 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
     c.architecture = j["architectures"][0].get<std::string>();
   } else if (!model_type.empty()) {
     const auto known = std::find_if(std::begin(kFamilies), std::end(kFamilies),
-                                    [&](const Family& f) { return model_type == f.model_type; });
+                                    [&](const HfFamily& f) { return model_type == f.model_type; });
     c.architecture = known != std::end(kFamilies) ? known->architecture : "model_type '" + model_type + "'";
   } else {
     return bad("names no architecture (neither 'architectures' nor 'model_type')");
   }
   const auto family = std::find_if(std::begin(kFamilies), std::end(kFamilies),
-                                   [&](const Family& f) { return c.architecture == f.architecture; });
+                                   [&](const HfFamily& f) { return c.architecture == f.architecture; });
   if (family == std::end(kFamilies)) {
     return Status::Unimplemented(source + ": architecture " + c.architecture + " is not supported (supported: " +
                                  SupportedFamilies() + ")");
