@@ -39,6 +39,35 @@ TEST(NammWorkerCli, GeneratesTheKnownStory) {
   EXPECT_EQ(run.output.rfind(", there was a little girl named Lily.", 0), 0u) << run.output;
 }
 
+TEST(NammWorkerCli, ChatFormatsThePromptWithTheModelsTemplate) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  // The stories tokenizer, with a chat template beside it.
+  const std::string dir = testing::TempPath("chat_tokenizer");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(SharedPath(testing::kStoriesTokenizer), dir + "/tok512.bin",
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string config = R"({"chat_template": "{% for m in messages %}{{ m.content }}, said the {{ m.role }}.{% endfor %}"})";
+  ASSERT_TRUE(write_file_atomically(dir + "/tokenizer_config.json", {config}).ok());
+  const std::string args = "generate --model " + SharedPath(testing::kStoriesModel) + " --tokenizer " + dir +
+                           "/tok512.bin --prompt 'Once upon a time' --max-new-tokens 4 --json";
+  auto chat = Worker(args + " --chat");
+  ASSERT_EQ(chat.exit_code, 0) << chat.output;
+  auto plain = Worker(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  auto tokenizer = load_tokenizer(dir + "/tok512.bin");
+  ASSERT_TRUE(tokenizer.ok());
+  // The rendered turn, encoded as the template wrote it (no BOS of the tokenizer's own); plain: BOS + the text.
+  EXPECT_EQ(nlohmann::json::parse(chat.output)["prompt_tokens"].get<std::size_t>(),
+            (*tokenizer)->Encode("Once upon a time, said the user.").size());
+  EXPECT_EQ(nlohmann::json::parse(plain.output)["prompt_tokens"].get<std::size_t>(),
+            (*tokenizer)->EncodeForModel("Once upon a time").size());
+
+  // No template beside the tokenizer: refused, naming what is missing.
+  auto missing = Worker(StoriesArgs() + " --prompt 'Once upon a time' --chat");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("chat"), std::string::npos) << missing.output;
+}
+
 TEST(NammWorkerCli, JsonReportWithANammAtFourTimesTheContext) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const std::string namm = testing::TempPath("cli_zero.safetensors");

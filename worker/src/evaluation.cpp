@@ -53,6 +53,7 @@ std::vector<std::pair<std::string, std::string>> Identity(const EvalConfig& c) {
           {"rope_scaling", c.rope_scaling},
           {"device type", c.device.substr(0, c.device.find(':'))},
           {"dtype", c.dtype},
+          {"chat", c.chat ? "true" : "false"},
           {"tasks", list(c.tasks)},
           {"rows", rows},
           {"policies", list(c.policies)},
@@ -108,6 +109,7 @@ std::string EvalConfig::ToYaml() const {
   out << YAML::Key << "rope_scaling" << YAML::Value << rope_scaling;
   out << YAML::Key << "device" << YAML::Value << device;
   out << YAML::Key << "dtype" << YAML::Value << dtype;
+  out << YAML::Key << "chat" << YAML::Value << chat;
   out << YAML::Key << "fingerprints" << YAML::Value << YAML::BeginMap;
   for (const auto& [input, fingerprint] : fingerprints)
     out << YAML::Key << input << YAML::Value << fingerprint;
@@ -151,6 +153,7 @@ Result<EvalConfig> EvalConfig::FromYaml(const std::string& text, const std::stri
     c.rope_scaling = Get<std::string>(root, "rope_scaling", "");
     c.device = Get<std::string>(root, "device", "cpu");
     c.dtype = Get<std::string>(root, "dtype", "");
+    c.chat = Get<bool>(root, "chat", false);
     c.fingerprints = Get<std::map<std::string, std::string>>(root, "fingerprints", {});
     c.tasks = Get<std::vector<std::string>>(root, "tasks", {});
     c.task_rows = Get<std::map<std::string, std::string>>(root, "task_rows", {});

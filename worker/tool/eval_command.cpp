@@ -226,6 +226,7 @@ Status RunEval(const EvalOptions& o) {
   config.tokenizer = o.model.tokenizer;
   config.rope_scaling = o.model.rope_scaling;
   config.dtype = o.model.dtype;
+  config.chat = o.model.chat;
   config.device = o.model.device;
   config.tasks = o.tasks;
   config.budgets = o.budgets;

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "namm/file_util.h"
+#include "namm/worker/chat_tokenizer.h"
 #include "namm/worker/policy_spec.h"
 
 namespace namm::worker::cli {
@@ -42,12 +43,18 @@ void AddModelOptions(CLI::App* cmd, ModelOptions& o, bool required) {
                   "tokenizer.bin beside a llama2.c model)");
   cmd->add_option("--rope-scaling", o.rope_scaling,
                   "Override RoPE scaling: none | ntk:factor=4,alpha=2 | linear:factor=F | "
-                  "llama3:factor=F,low_freq_factor=L,high_freq_factor=H,original_max_position_embeddings=N");
+                  "llama3:factor=F,low_freq_factor=L,high_freq_factor=H,original_max_position_embeddings=N | "
+                  "yarn:factor=F[,original_max_position_embeddings=N,beta_fast=B,beta_slow=B,attention_factor=A] | "
+                  "dynamic:factor=F");
   cmd->add_option("--device", o.device, "cpu (default) or cuda:N");
   cmd->add_option("--dtype", o.dtype,
                   "Compute dtype of the model: fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA); NAMM "
                   "features are computed in fp32 whatever it is")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_flag("--chat", o.chat,
+                "Format every prompt as a user turn of the model's chat template (chat_template.jinja or "
+                "tokenizer_config.json beside the tokenizer), as LongBench does for chat models; the reference "
+                "does not");
 }
 
 Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, const std::string& default_rope) {
@@ -68,6 +75,11 @@ Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, con
   LoadedModelAndTokenizer out;
   NAMM_ASSIGN_OR_RETURN(std::string tokenizer_path, TokenizerPath(o));
   NAMM_ASSIGN_OR_RETURN(out.tokenizer, load_tokenizer(tokenizer_path));
+  if (o.chat) {
+    const std::string dir = is_directory(tokenizer_path) ? tokenizer_path : parent_directory(tokenizer_path);
+    NAMM_ASSIGN_OR_RETURN(LoadedChatTemplate chat, load_chat_template(dir));
+    NAMM_ASSIGN_OR_RETURN(out.tokenizer, with_chat_template(std::move(out.tokenizer), std::move(chat)));
+  }
   NAMM_ASSIGN_OR_RETURN(LlamaModel model, LlamaModel::Load(o.model, load));
   out.model = std::make_unique<LlamaModel>(std::move(model));
   return out;

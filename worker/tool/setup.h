@@ -16,8 +16,9 @@ namespace namm::worker::cli {
 struct ModelOptions {
   std::string model, tokenizer, rope_scaling, device = "cpu";
   std::string dtype;  // fp32 | bf16 | fp16; empty: fp32 on CPU, bf16 on CUDA
+  bool chat = false;  // prompts as a user turn of the model's chat template
 };
-// --model (required unless said otherwise), --tokenizer, --rope-scaling, --device, --dtype.
+// --model (required unless said otherwise), --tokenizer, --rope-scaling, --device, --dtype, --chat.
 void AddModelOptions(CLI::App* cmd, ModelOptions& options, bool required = true);
 
 struct LoadedModelAndTokenizer {

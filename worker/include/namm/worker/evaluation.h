@@ -27,6 +27,7 @@ struct EvalConfig {
   std::string commit;  // the project commit the binary was built from ("-dirty": with local changes)
   std::string model, tokenizer, rope_scaling, device = "cpu";
   std::string dtype;  // --dtype as given ("": the device's default)
+  bool chat = false;  // prompts formatted with the model's chat template (--chat)
   // What the inputs were, so that a resumed run or a merge cannot mix in other files behind the same paths:
   // "model" (the model and tokenizer files), "namm:<path>" (each NAMM file), "data:<task>" (each task's
   // rows).
