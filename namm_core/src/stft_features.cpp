@@ -85,27 +85,33 @@ void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t r
   constexpr int64_t kKeyBlock = 1024;
   const int64_t blocks_per_head = (n + kKeyBlock - 1) / kKeyBlock;
   at::parallel_for(0, kv_heads * blocks_per_head, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> sum(kKeyBlock);
+    std::vector<float> sum(static_cast<std::size_t>(kStftHop * kKeyBlock));  // [row, key] of one block
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks_per_head, j0 = (task % blocks_per_head) * kKeyBlock;
       const int64_t len = std::min(kKeyBlock, n - j0);
       for (int64_t r = 0; r < rows; ++r) {
-        std::fill(sum.begin(), sum.begin() + len, 0.0f);
+        float* acc = sum.data() + r * kKeyBlock;
+        std::fill(acc, acc + len, 0.0f);
         for (int64_t g = 0; g < group; ++g) {
           const float* row = a + (h * group + g) * s0 + (r0 + r) * s1 + j0;
           if (bf16) {
-            for (int64_t j = 0; j < len; ++j) sum[static_cast<std::size_t>(j)] += RoundToBf16(row[j]);
+            for (int64_t j = 0; j < len; ++j) acc[j] += RoundToBf16(row[j]);
           } else {
-            for (int64_t j = 0; j < len; ++j) sum[static_cast<std::size_t>(j)] += row[j];
+            for (int64_t j = 0; j < len; ++j) acc[j] += row[j];
           }
         }
-        float* dst = out + h * head_stride + j0 * key_stride + column + r;
-        const float inv_group = 1.0f / static_cast<float>(group);
-        for (int64_t j = 0; j < len; ++j) {
+      }
+      // Key by key, the hop's rows are adjacent in samples: one contiguous write per key instead of one strided
+      // pass over the block per row.
+      const float inv_group = 1.0f / static_cast<float>(group);
+      const bool exact_reciprocal = (group & (group - 1)) == 0;
+      for (int64_t j = 0; j < len; ++j) {
+        float* dst = out + h * head_stride + (j0 + j) * key_stride + column;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float total = sum[static_cast<std::size_t>(r * kKeyBlock + j)];
           // Divide (not multiply by the reciprocal) unless exact, to match torch's mean bit for bit.
-          const float mean = (group & (group - 1)) == 0 ? sum[static_cast<std::size_t>(j)] * inv_group
-                                                        : sum[static_cast<std::size_t>(j)] / static_cast<float>(group);
-          dst[j * key_stride] = bf16 ? RoundToBf16(mean) : mean;
+          const float mean = exact_reciprocal ? total * inv_group : total / static_cast<float>(group);
+          dst[r] = bf16 ? RoundToBf16(mean) : mean;
         }
       }
     }
