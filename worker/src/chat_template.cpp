@@ -15,6 +15,8 @@
 #include <unordered_map>
 
 #include "namm/file_util.h"
+#include "namm/python_repr.h"
+#include "utf8.h"
 
 namespace namm::worker {
 namespace {
@@ -55,24 +57,6 @@ std::vector<size_t> CharStarts(const std::string& s) {
 
 std::string CharAt(const std::string& s, const std::vector<size_t>& starts, size_t k) {
   return s.substr(starts[k], starts[k + 1] - starts[k]);
-}
-
-std::string EncodeUtf8(uint32_t cp) {
-  std::string out;
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-  }
-  if (cp >= 0x80) out += static_cast<char>(0x80 | (cp & 0x3F));
-  return out;
 }
 
 // ---- Values -----------------------------------------------------------------------------------------------
@@ -189,35 +173,6 @@ Result<Value> StringValue(std::string s) {
   return MakeString(std::move(s));
 }
 
-// Python's repr() of a float: the shortest digits that read back as the same number, positional for exponents
-// from -4 to 15 and scientific beyond.
-std::string FloatRepr(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-  char buf[40];
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof buf, "%.*e", precision - 1, d);
-    if (std::strtod(buf, nullptr) == d) break;
-  }
-  const std::string text = buf;  // "[-]D[.DDD]e(+|-)XX"
-  const size_t e = text.find('e');
-  const int exponent = std::atoi(text.c_str() + e + 1);
-  std::string digits;
-  for (const char c : text.substr(0, e)) {
-    if (c >= '0' && c <= '9') digits += c;
-  }
-  const std::string sign = std::signbit(d) ? "-" : "";
-  if (exponent < -4 || exponent >= 16) {
-    char suffix[16];
-    std::snprintf(suffix, sizeof suffix, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
-    return sign + digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") + suffix;
-  }
-  if (exponent < 0) return sign + "0." + std::string(static_cast<size_t>(-exponent - 1), '0') + digits;
-  const size_t whole = static_cast<size_t>(exponent) + 1;
-  if (digits.size() <= whole) return sign + digits + std::string(whole - digits.size(), '0') + ".0";
-  return sign + digits.substr(0, whole) + "." + digits.substr(whole);
-}
-
 // Python's repr() of a str.
 std::string QuoteRepr(const std::string& s) {
   const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
@@ -252,7 +207,7 @@ std::string ToStr(const Value& v) {
     case K::kNone: return "None";
     case K::kBool: return v.b ? "True" : "False";
     case K::kInt: return std::to_string(v.i);
-    case K::kFloat: return FloatRepr(v.f);
+    case K::kFloat: return py_repr_float(v.f);
     case K::kString: return v.s;
     default: return Repr(v);
   }
@@ -314,7 +269,7 @@ Status ToJson(const Value& v, int indent, int level, std::string& out) {
     case K::kBool: out += v.b ? "true" : "false"; return Status::Ok();
     case K::kInt: out += std::to_string(v.i); return Status::Ok();
     case K::kFloat:
-      out += std::isnan(v.f) ? "NaN" : !std::isinf(v.f) ? FloatRepr(v.f) : v.f > 0 ? "Infinity" : "-Infinity";
+      out += std::isnan(v.f) ? "NaN" : !std::isinf(v.f) ? py_repr_float(v.f) : v.f > 0 ? "Infinity" : "-Infinity";
       return Status::Ok();
     case K::kString: JsonQuote(v.s, out); return Status::Ok();
     case K::kList:
@@ -1155,7 +1110,7 @@ Result<size_t> Lexer::String(size_t pos) {
         }
         const unsigned long cp = std::strtoul(hex.c_str(), nullptr, 16);
         if (cp > 0x10FFFF) return Error(k - 1, "invalid \\U escape: beyond U+10FFFF");
-        value += EncodeUtf8(static_cast<uint32_t>(cp));
+        value += utf8::Encode(static_cast<uint32_t>(cp));
         k += n;
         break;
       }

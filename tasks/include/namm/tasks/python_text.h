@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "namm/python_repr.h"
 #include "namm/status.h"
 
 namespace namm::tasks {
@@ -45,9 +46,8 @@ std::u32string py_strip(const std::u32string& text);
 std::optional<int64_t> py_int(const std::string& text);
 std::optional<double> py_float(const std::string& text);
 
-// Python's repr(float): the shortest decimal that reads back to the same double, laid out as CPython does
-// ("1.0", "0.0001", "1e-05", "1e+16", "inf", "nan").
-std::string py_repr_float(double value);
+// Python's repr(float) (namm/python_repr.h).
+using ::namm::py_repr_float;
 // Python's str(value) of a JSON value as json.loads returns it: strings as they are, True/False/None, floats
 // as repr(float), lists and dicts with repr() of their items (['a', 1]).
 std::string py_str(const nlohmann::json& value);
