@@ -33,9 +33,13 @@
 #include <vector>
 
 #include <spdlog/spdlog.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "namm/coordinator/run_server.h"
+#include "namm/file_util.h"
 #include "sim_executor.h"
 
 using namespace namm;
@@ -55,6 +59,10 @@ struct Flags {
   int prompts_per_lease = 4;
   int barrier_generations = 300;
   std::string only;  // run one scenario
+  // Run the simulated workers in one namm-sim-worker process (this program's directory) instead of this one, so
+  // that the coordinator's own CPU time can be told apart from theirs.
+  bool worker_process = false;
+  std::string bin_dir;
 };
 
 struct Scenario {
@@ -77,8 +85,38 @@ struct ScenarioResult {
   // optimizer did at its end (requested a decomposition, or applied one before the next generation).
   std::vector<double> barrier;
   std::vector<bool> requested, applied;
+  std::vector<double> tell;  // seconds of its tell(), per generation of `barrier`
   int64_t bytes_written = 0, db_bytes = 0, rss_bytes = 0;
+  // CPU seconds (user + system) of the coordinator's process and of the workers' process (--worker-process).
+  double coordinator_cpu = 0, workers_cpu = 0;
 };
+
+double CpuSeconds(int who) {
+  rusage u{};
+  ::getrusage(who, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// Starts namm-sim-worker with `workers` simulated workers against the coordinator at `port`.
+pid_t SpawnWorkerProcess(const Flags& f, const Scenario& s, int port, const std::string& token_file,
+                         const std::string& fingerprint) {
+  std::string tasks;
+  for (const std::string& t : kTasks) tasks += (tasks.empty() ? "" : ",") + t;
+  std::vector<std::string> args = {f.bin_dir + "/namm-sim-worker", "--coordinator", "127.0.0.1:" + std::to_string(port),
+                                   "--token-file", token_file, "--fingerprint", fingerprint, "--tasks", tasks,
+                                   "--workers", std::to_string(f.workers), "--seconds-per-token",
+                                   std::to_string(s.seconds_per_cost), "--log-level", "error"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "cannot start %s\n", argv[0]);
+    std::exit(1);
+  }
+  return pid;
+}
 
 int64_t ProcValue(const char* file, const char* key) {
   std::FILE* f = std::fopen(file, "r");
@@ -155,6 +193,7 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   ScenarioResult result;
   std::map<int64_t, std::chrono::steady_clock::time_point> finished;  // generation -> its last result
   std::map<int64_t, std::pair<bool, bool>> decomposition;  // generation -> (requested at its end, applied after)
+  std::map<int64_t, double> tell_seconds;
   int64_t last_eigen_generation = 0;
   const int64_t bytes_before = ProcValue("/proc/self/io", "write_bytes:");
   ServeOptions options;
@@ -167,6 +206,7 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   options.progress = [&](const PhaseProgress& p) {
     if (!p.record || p.record->generation == 0) return;  // the statistics phase and the stage-start evaluation
     finished[p.record->generation] = p.finished;
+    tell_seconds[p.record->generation] = p.record->tell_seconds;
     // The state the next generation starts from, its due decomposition applied.
     const CmaesState& next = trainer->state();
     decomposition[p.record->generation] = {next.pending_generation == next.generation,
@@ -193,7 +233,17 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   }
   std::vector<std::unique_ptr<sim::SimExecutor>> executors;
   std::vector<std::unique_ptr<worker::WorkerClient>> clients;
-  for (int w = 0; w < f.workers; ++w) {
+  const double cpu_before = CpuSeconds(RUSAGE_SELF), children_before = CpuSeconds(RUSAGE_CHILDREN);
+  pid_t worker_process = 0;
+  const std::string token_file = db + ".token";
+  if (f.worker_process) {
+    if (Status w = write_file_atomically(token_file, {options.token}); !w.ok()) {
+      std::fprintf(stderr, "%s\n", w.ToString().c_str());
+      std::exit(1);
+    }
+    worker_process = SpawnWorkerProcess(f, s, (*server)->port(), token_file, spec.model.fingerprint);
+  }
+  for (int w = 0; w < (f.worker_process ? 0 : f.workers); ++w) {
     worker::WorkerClientOptions o;
     o.coordinator = "127.0.0.1:" + std::to_string((*server)->port());
     o.token = options.token;
@@ -210,6 +260,13 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   for (auto& c : clients) threads.emplace_back([&c] { (void)c->Run(); });
   auto outcome = (*server)->Run();
   for (std::thread& t : threads) t.join();
+  result.coordinator_cpu = CpuSeconds(RUSAGE_SELF) - cpu_before;
+  if (worker_process != 0) {
+    int status = 0;
+    ::waitpid(worker_process, &status, 0);
+    result.workers_cpu = CpuSeconds(RUSAGE_CHILDREN) - children_before;
+    std::filesystem::remove(token_file);
+  }
   if (!outcome.ok() || !outcome->finished) {
     std::fprintf(stderr, "scenario %s did not finish: %s\n", s.name.c_str(), outcome.status().ToString().c_str());
     std::exit(1);
@@ -230,6 +287,7 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
     result.barrier.push_back(std::chrono::duration<double>(next->second - at).count());
     result.requested.push_back(decomposition[generation].first);
     result.applied.push_back(decomposition[generation].second);
+    result.tell.push_back(tell_seconds[generation]);
   }
   result.bytes_written = ProcValue("/proc/self/io", "write_bytes:") - bytes_before;
   result.rss_bytes = ProcValue("/proc/self/status", "VmHWM:") * 1024;
@@ -259,10 +317,16 @@ int main(int argc, char** argv) {
     else if (flag == "--unit-ms") f.unit_ms = v;
     else if (flag == "--prompts-per-lease") f.prompts_per_lease = static_cast<int>(v);
     else if (flag == "--barrier-generations") f.barrier_generations = static_cast<int>(v);
+    else if (flag == "--worker-process") f.worker_process = v != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
+  }
+  f.bin_dir = std::filesystem::absolute(argv[0]).parent_path().string();
+  if (f.worker_process && f.only != "throughput") {
+    std::fprintf(stderr, "--worker-process 1 goes with --only throughput (the other scenarios time each worker)\n");
+    return 2;
   }
   tasks::TaskPaths paths = tasks::default_task_paths();
   auto costs = load_prompt_costs(kTasks, paths);
@@ -301,6 +365,11 @@ int main(int argc, char** argv) {
                   metrics ? ", metrics on" : "", median[metrics], rates.size(),
                   *std::min_element(rates.begin(), rates.end()), *std::max_element(rates.begin(), rates.end()),
                   static_cast<long long>(r.generations.front().units));
+      int64_t units = 0;
+      for (const GenerationResult& g : r.generations) units += g.units;
+      std::printf("  CPU per 1,000 results: coordinator %.3f s%s (the whole run, setup included)\n",
+                  r.coordinator_cpu * 1000 / static_cast<double>(units),
+                  f.worker_process ? (", workers' process " + std::to_string(r.workers_cpu * 1000 / static_cast<double>(units)) + " s").c_str() : " (workers in the same process)");
     }
     std::printf("metrics on / off: %.3f\n\n", median[1] / median[0]);
   }
@@ -325,6 +394,10 @@ int main(int argc, char** argv) {
                 "median %.1f ms, p99 %.1f ms, max %.1f ms\n",
                 all.size(), static_cast<long long>(r.generations.front().units), seconds, Median(all),
                 Quantile(all, 0.99), max_of(all));
+    std::vector<double> tell_ms;
+    for (double t : r.tell) tell_ms.push_back(t * 1000);
+    std::printf("  tell(): median %.1f ms, p99 %.1f ms, max %.1f ms\n", Median(tell_ms), Quantile(tell_ms, 0.99),
+                max_of(tell_ms));
     std::printf("  generations requesting a decomposition: %zu, barrier max %.1f ms; applying one: %zu, max %.1f ms\n",
                 requested.size(), max_of(requested), applied.size(), max_of(applied));
     std::vector<std::size_t> order(all.size());
@@ -332,7 +405,7 @@ int main(int argc, char** argv) {
     std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return all[x] > all[y]; });
     std::printf("  slowest:");
     for (std::size_t i = 0; i < std::min<std::size_t>(5, order.size()); ++i) {
-      std::printf(" generation %zu %.0f ms%s;", order[i] + 1, all[order[i]],
+      std::printf(" generation %zu %.0f ms (tell %.0f ms)%s;", order[i] + 1, all[order[i]], r.tell[order[i]] * 1000,
                   r.requested[order[i]] ? " (requested)" : r.applied[order[i]] ? " (applied)" : "");
     }
     std::printf("\n");

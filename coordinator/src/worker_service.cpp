@@ -346,7 +346,10 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
     v1::WorkBatch batch;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      session->wake.wait_for(lock, std::chrono::milliseconds(200), [&] {
+      // Whatever gives this worker work wakes it; the timeout only notices a client that went away (a sync
+      // stream learns of it by looking). 1 s rather than 200 ms: at 1,024 workers the idle streams' wake-ups
+      // were 5,000 a second, as many as the results (coordinator CPU per result 510 -> 430 us, coordinator_bench).
+      session->wake.wait_for(lock, std::chrono::seconds(1), [&] {
         return StreamEnd(id) || scheduler_.HasCancelled(id) || scheduler_.HasWorkFor(id);
       });
       const std::optional<v1::WorkBatch::End> end = StreamEnd(id);
