@@ -1,5 +1,7 @@
 #include "peak_memory.h"
 
+#include <malloc.h>
+
 #include <fstream>
 #include <string>
 
@@ -18,6 +20,8 @@ int64_t StatusField(const std::string& field) {
 }  // namespace
 
 void PeakMemory::Start() {
+  // Freed heap memory still resident would be reused without raising the high-water mark: give it back first.
+  malloc_trim(0);
   std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the current RSS
   start_rss_ = StatusField("VmRSS");
 }

@@ -9,6 +9,11 @@
 // RoPE, theta 500000, context = prompt + new tokens) and prompts it with seeded random token ids, so that the
 // overhead is measured at Llama 3 8B's head size and GQA, where the paper measured it; its tokenizer is GPT-2's
 // (../shared), used only to decode.
+//
+//        worker_generation_bench --chunk-memory 8192,32768 [--random-model ...]
+// instead measures the transient memory of one prefill chunk (128 tokens) run through the model with N tokens
+// already cached (random keys and values, the cache preallocated so that its growth is not counted): the peak
+// resident memory above the start, for the full cache and for a NAMM (which observes the attention).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +29,7 @@
 #include "namm/option_spec.h"
 #include "namm/policies/namm_policy.h"
 #include "namm/worker/generator.h"
+#include "peak_memory.h"
 
 namespace namm::worker {
 namespace {
@@ -33,6 +39,7 @@ struct Options {
   std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
   std::string random_model;  // "layers=2,dim=2048,...": a random model of that shape instead of --model
   int64_t prompt_tokens = 2016, new_tokens = 32, repeats = 5;
+  std::vector<int64_t> chunk_memory;  // cached-token counts for --chunk-memory
 };
 
 // A deterministic random Llama of the shape `spec` names (see the usage above).
@@ -125,16 +132,62 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Peak memory of one 128-token chunk's forward pass over `cached` tokens already in every layer's cache.
+Result<int64_t> ChunkPeakBytes(const LlamaModel& model, MemoryPolicy& policy, int64_t cached) {
+  constexpr int64_t kChunk = 128;
+  const LlamaConfig& c = model.config();
+  std::vector<int64_t> prompt = RandomPrompt(c.vocab_size, cached + kChunk);
+  NAMM_RETURN_IF_ERROR(policy.BeginSequence({prompt}));
+  std::vector<LayerKVCache> caches = model.NewCaches(policy);
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(2);
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+  for (LayerKVCache& cache : caches) {
+    cache.ExpectTokens(cached + kChunk, /*allocate_now=*/true);
+    NAMM_RETURN_IF_ERROR(cache.Append(at::normal(0.0, 1.0, {c.n_kv_heads, cached, c.head_dim}, generator, f32),
+                                      at::normal(0.0, 1.0, {c.n_kv_heads, cached, c.head_dim}, generator, f32),
+                                      at::arange(cached, f32.dtype(at::kLong))));
+  }
+  const at::Tensor chunk = at::tensor(std::vector<int64_t>(prompt.end() - kChunk, prompt.end()), f32.dtype(at::kLong));
+  bench::PeakMemory memory;
+  memory.Start();
+  NAMM_ASSIGN_OR_RETURN(at::Tensor logits, model.Forward(chunk, caches, policy, /*all_logits=*/false));
+  return memory.PeakAboveStartBytes();
+}
+
+int ChunkMemory(const Options& o, const LlamaModel& model) {
+  NammModel m = Bam(0.15, 1e4f, NormStats());
+  m.norm_state = NormState::kCollecting;
+  std::printf("%s\nPeak resident memory above the start of one 128-token chunk's forward pass with N tokens cached\n\n",
+              model.config().Describe().c_str());
+  std::printf("%10s %18s %18s\n", "N cached", "full cache MiB", "NAMM MiB");
+  for (int64_t n : o.chunk_memory) {
+    FullCachePolicy full;
+    auto namm = NammPolicy::Create(m);
+    if (!namm.ok()) return 1;
+    Result<int64_t> full_peak = ChunkPeakBytes(model, full, n);
+    Result<int64_t> namm_peak = ChunkPeakBytes(model, **namm, n);
+    if (!full_peak.ok() || !namm_peak.ok()) {
+      std::fprintf(stderr, "%s\n", (!full_peak.ok() ? full_peak.status() : namm_peak.status()).ToString().c_str());
+      return 1;
+    }
+    std::printf("%10lld %18.1f %18.1f\n", static_cast<long long>(n), static_cast<double>(*full_peak) / (1 << 20),
+                static_cast<double>(*namm_peak) / (1 << 20));
+  }
+  return 0;
+}
+
 int Run(const Options& o) {
   LoadOptions load;
   load.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
-  auto model = o.random_model.empty() ? LlamaModel::Load(o.model, load)
-                                      : RandomModel(o.random_model, o.prompt_tokens + o.new_tokens);
+  int64_t context = o.prompt_tokens + o.new_tokens;
+  for (int64_t n : o.chunk_memory) context = std::max(context, n + 128);
+  auto model = o.random_model.empty() ? LlamaModel::Load(o.model, load) : RandomModel(o.random_model, context);
   auto tokenizer = load_tokenizer(o.tokenizer);
   if (!model.ok() || !tokenizer.ok()) {
     std::fprintf(stderr, "%s\n", (!model.ok() ? model.status() : tokenizer.status()).ToString().c_str());
     return 1;
   }
+  if (!o.chunk_memory.empty()) return ChunkMemory(o, *model);
   const std::vector<int64_t> prompt = o.random_model.empty() ? Prompt(**tokenizer, o.prompt_tokens)
                                                              : RandomPrompt(model->config().vocab_size, o.prompt_tokens);
   GenerationOptions options;
@@ -209,6 +262,13 @@ int main(int argc, char** argv) {
     else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
     else if (key == "--new-tokens") o.new_tokens = std::stoll(value);
     else if (key == "--repeats") o.repeats = std::stoll(value);
+    else if (key == "--chunk-memory") {
+      for (std::size_t begin = 0; begin < value.size();) {
+        const std::size_t end = std::min(value.find(',', begin), value.size());
+        o.chunk_memory.push_back(std::stoll(value.substr(begin, end - begin)));
+        begin = end + 1;
+      }
+    }
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

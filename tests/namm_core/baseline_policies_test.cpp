@@ -51,7 +51,7 @@ TEST(H2OPolicy, KeepsRecentWindowPlusHeaviestAccumulatedAttention) {
     attention[h][1][2] = 0.3;
     attention[h][1][5] = 0.5;
   }
-  ASSERT_TRUE((*policy)->Observe(0, attention, cache).ok());
+  ASSERT_TRUE(observe_newest(**policy, 0, attention, cache).ok());
   EXPECT_NEAR(cache.state("h2o.attention")[0][2].item<float>(), 0.6f, 1e-6);
   auto keep = (*policy)->Select(0, cache);
   ASSERT_TRUE(keep.ok());
@@ -162,7 +162,7 @@ TEST(TovaPolicy, RanksByTheLatestQueryOnly) {
   attention[3][1][1] = 0.4;
   attention[2][1][3] = 0.6;
   attention[3][1][3] = 0.2;
-  ASSERT_TRUE((*policy)->Observe(0, attention, cache).ok());
+  ASSERT_TRUE(observe_newest(**policy, 0, attention, cache).ok());
   auto keep = (*policy)->Select(0, cache);
   ASSERT_TRUE(keep.ok());
   EXPECT_EQ(Row(*keep, 0), (std::vector<int64_t>{2, 4, 5}));  // 5: the newest, always
@@ -178,7 +178,7 @@ TEST(SnapKvPolicy, TheObservationWindowVotesWithPooling) {
   ASSERT_TRUE(cache.Append(at::zeros({1, 6, 2}), at::zeros({1, 6, 2}), Positions(6)).ok());
   at::Tensor first = at::zeros({1, 6, 6});
   first.select(2, 1).fill_(1.0);
-  ASSERT_TRUE((*policy)->Observe(0, first, cache).ok());
+  ASSERT_TRUE(observe_newest(**policy, 0, first, cache).ok());
   ASSERT_TRUE(apply_memory_update(**policy, 0, cache).ok());  // prefill updates evict nothing
   EXPECT_EQ(cache.size(), 6);
   // Chunk 2: tokens 6..9; the window is queries 8 and 9, which attend to token 3 (and a little to 6).
@@ -191,7 +191,7 @@ TEST(SnapKvPolicy, TheObservationWindowVotesWithPooling) {
   second[0][3][3] = 0.8;
   second[0][2][6] = 0.1;
   second[0][3][6] = 0.2;
-  ASSERT_TRUE((*policy)->Observe(0, second, cache).ok());
+  ASSERT_TRUE(observe_newest(**policy, 0, second, cache).ok());
   auto keep = (*policy)->EndPrefill(0, cache);
   ASSERT_TRUE(keep.ok() && keep->has_value());
   // Votes 1.7 on token 3 pool onto 2, 3 and 4; token 6's 0.3 onto 5, 6 and 7 (out-ranked, ties to the newer); the
@@ -227,7 +227,7 @@ TEST(FastGenPolicy, EachHeadGetsTheCheapestProfileThatRecoversEnough) {
     attention[1][q][7] = 0.45;
     attention[1][q][2] = 0.05;
   }
-  ASSERT_TRUE((*policy)->Observe(0, attention, cache).ok());
+  ASSERT_TRUE(observe_newest(**policy, 0, attention, cache).ok());
   auto keep = (*policy)->EndPrefill(0, cache);
   ASSERT_TRUE(keep.ok() && keep->has_value()) << keep.status().ToString();
   EXPECT_EQ((*policy)->profile(0), (std::vector<int64_t>{2, 3}));
@@ -245,7 +245,7 @@ TEST(FastGenPolicy, AHeadThatNeedsEverythingKeepsTheLayerWhole) {
   ASSERT_TRUE(policy.ok());
   ASSERT_TRUE((*policy)->BeginSequence(PromptOf(8)).ok());
   LayerKVCache cache = CacheOf(**policy, 1, 8);
-  ASSERT_TRUE((*policy)->Observe(0, at::full({1, 8, 8}, 0.125), cache).ok());  // uniform attention
+  ASSERT_TRUE(observe_newest(**policy, 0, at::full({1, 8, 8}, 0.125), cache).ok());  // uniform attention
   auto keep = (*policy)->EndPrefill(0, cache);
   ASSERT_TRUE(keep.ok());
   EXPECT_FALSE(keep->has_value());

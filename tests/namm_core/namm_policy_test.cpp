@@ -63,7 +63,7 @@ void RunAgainstReference(const NammModel& model) {
     for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
       at::Tensor positions = at::arange(u * kNew + q0, u * kNew + q0 + kChunk, at::TensorOptions().dtype(at::kLong));
       ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions).ok());
-      ASSERT_TRUE((*policy)->Observe(0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+      ASSERT_TRUE(observe_newest(**policy, 0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
     }
     auto keep = (*policy)->Select(0, cache);
     ASSERT_TRUE(keep.ok()) << keep.status().ToString();
@@ -131,7 +131,7 @@ TEST(NammPolicy, ZeroParametersKeepEveryTokenAndEqualTheFullCache) {
   for (int64_t u = 0; u < 2; ++u) {
     at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, cache.size(), 5 + static_cast<uint64_t>(u));
     ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), at::arange(u * kNew, (u + 1) * kNew, at::TensorOptions().dtype(at::kLong))).ok());
-    ASSERT_TRUE((*policy)->Observe(0, attention, cache).ok());
+    ASSERT_TRUE(observe_newest(**policy, 0, attention, cache).ok());
     ASSERT_TRUE(apply_memory_update(**policy, 0, cache).ok());
     EXPECT_EQ(cache.size(), (u + 1) * kNew);
   }
@@ -158,8 +158,8 @@ TEST(NammPolicy, ConstantScorerShortcutKeepsWhatTheFullPipelineKeeps) {
   at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, 0, 9);
   at::Tensor positions = at::arange(kNew, at::TensorOptions().dtype(at::kLong));
   for (auto* pair : {&fast_cache, &full_cache}) ASSERT_TRUE(pair->Append(at::Tensor(), at::Tensor(), positions).ok());
-  ASSERT_TRUE((*fast)->Observe(0, attention, fast_cache).ok());
-  ASSERT_TRUE((*full)->Observe(0, attention, full_cache).ok());
+  ASSERT_TRUE(observe_newest(**fast, 0, attention, fast_cache).ok());
+  ASSERT_TRUE(observe_newest(**full, 0, attention, full_cache).ok());
   auto a = (*fast)->Select(0, fast_cache), b = (*full)->Select(0, full_cache);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(a->equal(*b));
@@ -184,8 +184,8 @@ TEST(NammPolicy, CudaMatchesCpu) {
     at::Tensor positions = at::arange(u * kNew, (u + 1) * kNew, at::TensorOptions().dtype(at::kLong));
     ASSERT_TRUE(cpu_cache.Append(at::Tensor(), at::Tensor(), positions).ok());
     ASSERT_TRUE(gpu_cache.Append(at::Tensor(), at::Tensor(), positions.cuda()).ok());
-    ASSERT_TRUE((*cpu)->Observe(0, attention, cpu_cache).ok());
-    ASSERT_TRUE((*gpu)->Observe(0, attention.cuda(), gpu_cache).ok());
+    ASSERT_TRUE(observe_newest(**cpu, 0, attention, cpu_cache).ok());
+    ASSERT_TRUE(observe_newest(**gpu, 0, attention.cuda(), gpu_cache).ok());
     ASSERT_TRUE(apply_memory_update(**cpu, 0, cpu_cache).ok());
     ASSERT_TRUE(apply_memory_update(**gpu, 0, gpu_cache).ok());
     EXPECT_TRUE(testing::AllClose(gpu_cache.state("namm.ema"), ToArray(cpu_cache.state("namm.ema")), 1e-7, 1e-5));
@@ -204,7 +204,7 @@ TEST(NammPolicy, RefusesAnUpdateInTheMiddleOfASpectrogramHop) {
   ASSERT_FALSE(keep.ok());
   EXPECT_NE(keep.status().message().find("multiple of 16"), std::string::npos);
   // Attention that does not cover the cache is refused with a message, not a crash.
-  Status bad = (*policy)->Observe(0, at::zeros({1, 4, 19}), cache);
+  Status bad = observe_newest(**policy, 0, at::zeros({1, 4, 19}), cache);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("19 keys"), std::string::npos);
 }

@@ -104,7 +104,7 @@ TEST(NammTool, ScoreMatchesTheLibraryForAnImportedFrozenNamm) {
   const at::Tensor updates[2] = {a0, a1};
   for (int u = 0; u < 2; ++u) {
     ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions[u]).ok());
-    ASSERT_TRUE((*policy)->Observe(0, updates[u], cache).ok());
+    ASSERT_TRUE(observe_newest(**policy, 0, updates[u], cache).ok());
     auto keep = (*policy)->Select(0, cache);
     ASSERT_TRUE(keep.ok());
     const std::string out = dir + "/both/update_" + std::to_string(u);

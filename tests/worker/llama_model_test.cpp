@@ -182,8 +182,8 @@ class RecordingPolicy final : public MemoryPolicy {
   std::string name() const override { return inner_.name(); }
   std::vector<TokenStateSpec> token_state() const override { return inner_.token_state(); }
   bool needs_attention() const override { return inner_.needs_attention(); }
-  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override {
-    return inner_.Observe(layer, attention, cache);
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override {
+    return inner_.Observe(layer, attention, first_query, cache);
   }
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override {
     auto keep = inner_.Select(layer, cache);
@@ -295,6 +295,30 @@ TEST(Stories260K, PrefillChunkSizeDoesNotChangeTheResult) {
   EXPECT_EQ(a.token_ids, c.token_ids);
   EXPECT_EQ(a.final_cache_sizes, c.final_cache_sizes);
   EXPECT_LT((a.prompt_logits - c.prompt_logits).abs().max().item<float>(), 1e-4f);
+}
+
+// Attention in blocks of query rows (one row at a time here) gives what one block per chunk gives, evictions
+// included: the NAMM observes each block at its own query indices.
+TEST(Stories260K, AttentionBlocksDoNotChangeTheResult) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1100);
+  auto run = [&](int64_t block_elements) {
+    s.model.set_attention_block_elements(block_elements);
+    auto namm = NammPolicy::Create(NammWith(0.15, 4));
+    GenerationOptions options;
+    options.max_new_tokens = 20;
+    options.record_logits = true;
+    auto result = Generator(s.model, *s.tokenizer).Generate(prompt, **namm, options);
+    EXPECT_TRUE(result.ok());
+    return std::move(result).value();
+  };
+  const GenerationResult whole = run(int64_t{1} << 40), rows = run(1);
+  EXPECT_EQ(whole.token_ids, rows.token_ids);
+  EXPECT_EQ(whole.final_cache_sizes, rows.final_cache_sizes);
+  EXPECT_LT(whole.final_cache_sizes.front(), 1100) << "the NAMM should have evicted";
+  EXPECT_LT((whole.prompt_logits - rows.prompt_logits).abs().max().item<float>(), 1e-4f);  // GEMM rounding
+  EXPECT_LT((whole.generated_logits - rows.generated_logits).abs().max().item<float>(), 1e-4f);
 }
 
 TEST(Stories260K, BaselinesKeepTheirBudget) {

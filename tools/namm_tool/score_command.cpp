@@ -131,7 +131,7 @@ Status RunScoreImpl(const ScoreOptions& o) {
     last_position = positions[n_new - 1].item<int64_t>();
 
     NAMM_RETURN_IF_ERROR(cache->Append(at::Tensor(), at::Tensor(), positions));
-    NAMM_RETURN_IF_ERROR(policy->Observe(0, attention, *cache).WithContext(path));
+    NAMM_RETURN_IF_ERROR(observe_newest(*policy, 0, attention, *cache).WithContext(path));
     NAMM_ASSIGN_OR_RETURN(at::Tensor keep, policy->Select(0, *cache));
     const NammPolicy::Trace& trace = policy->last_trace();
 

@@ -1,5 +1,6 @@
 #include "namm/worker/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -67,28 +68,43 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
   const at::Tensor v = Project(x, w.wv, w.bv).view({t, kv_heads, hd}).transpose(0, 1);
   NAMM_RETURN_IF_ERROR(cache.Append(k, v, positions));
 
-  // Scores of every query head against its KV head's cache: [kv_heads, group, t, n]. The group's queries are
-  // stacked as rows of one batched product per KV head (a broadcast matmul would copy the cache group times).
-  const int64_t n = cache.size(), n_old = n - t;
-  at::Tensor scores =
-      at::bmm(q.reshape({kv_heads, group * t, hd}), cache.keys().transpose(1, 2)).view({kv_heads, group, t, n});
-  scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
-  // Causal among the chunk's own tokens; every older cached token is visible.
-  const at::Tensor future = at::ones({t, t}, options_.dtype(at::kBool)).triu(1);
-  scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
-  // A sliding window hides keys window or more positions behind the query (by position: eviction leaves gaps).
+  // The chunk's queries go through attention in blocks of rows, so that the scores and probabilities alive at
+  // once ([heads, rows, n] each) stay near attention_block_elements_ whatever the chunk and the cache: at 32k
+  // cached tokens a 128-token chunk's probabilities alone were 512 MiB on an 8B-shaped model. Rows are
+  // independent, and policies observe each block (its first query's index says where it lies).
+  const int64_t n = cache.size(), n_old = n - t, first_query = cache.tokens_seen() - t;
+  const int64_t block = std::clamp<int64_t>(attention_block_elements_ / (heads * n), 1, t);
+  const at::Tensor q_grouped = q.reshape({kv_heads, group, t, hd});  // query head h = kv head h / group, member h % group
   const int64_t window = config_.window_of(layer);
-  if (window > 0 && cache.tokens_seen() > window) {
-    const at::Tensor behind = positions.view({1, t, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, t, n]
-    scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
+  const bool windowed = window > 0 && cache.tokens_seen() > window;
+  at::Tensor out = at::empty({kv_heads, group, t, hd}, x.options());
+  for (int64_t b0 = 0; b0 < t; b0 += block) {
+    const int64_t rows = std::min(block, t - b0);
+    // Scores of every query head against its KV head's cache: [kv_heads, group, rows, n]. The group's queries
+    // are stacked as rows of one batched product per KV head (a broadcast matmul would copy the cache group times).
+    at::Tensor scores = at::bmm(q_grouped.narrow(2, b0, rows).reshape({kv_heads, group * rows, hd}),
+                                cache.keys().transpose(1, 2))
+                            .view({kv_heads, group, rows, n});
+    scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
+    // Causal among the chunk's own tokens (row r is chunk token b0 + r); every older cached token is visible.
+    const at::Tensor future = at::ones({rows, t}, options_.dtype(at::kBool)).triu(b0 + 1);
+    scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
+    // A sliding window hides keys window or more positions behind the query (by position: eviction leaves gaps).
+    if (windowed) {
+      const at::Tensor behind =
+          positions.narrow(0, b0, rows).view({1, rows, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, rows, n]
+      scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
+    }
+    const at::Tensor probs = scores.to(at::kFloat).softmax(-1);
+    scores = at::Tensor();  // freed before the next product
+    if (policy.needs_attention()) {
+      NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, rows, n}), first_query + b0, cache));
+    }
+    out.narrow(2, b0, rows)
+        .copy_(at::bmm(probs.to(x.scalar_type()).view({kv_heads, group * rows, n}), cache.values())
+                   .view({kv_heads, group, rows, hd}));
   }
-  const at::Tensor probs = scores.to(at::kFloat).softmax(-1);
-  if (policy.needs_attention()) {
-    NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, t, n}), cache));
-  }
-  const at::Tensor out =
-      at::bmm(probs.to(x.scalar_type()).view({kv_heads, group * t, n}), cache.values());  // [kv, group * t, hd]
-  return Project(out.reshape({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd}), w.wo, w.bo);
+  return Project(out.view({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd}), w.wo, w.bo);
 }
 
 at::Tensor LlamaModel::FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const {

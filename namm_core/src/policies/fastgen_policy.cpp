@@ -49,14 +49,15 @@ Status FastGenPolicy::BeginSequence(const SequenceInfo& info) {
   return Status::Ok();
 }
 
-Status FastGenPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
-  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+Status FastGenPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t first_query,
+                             LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   const auto prompt = static_cast<int64_t>(prompt_ids_.size());
   if (prompt == 0) return Status::FailedPrecondition("FastGen needs BeginSequence() before Observe()");
   return internal::catch_torch_errors("FastGen observe", [&] {
     const at::Tensor mean = gqa_mean(attention, cache.kv_heads(), AttentionPrecision::kF32);  // [kv, n_q, n]
     cache.state(kAttentionState).add_(mean.sum(1));
-    const auto [begin, end] = prompt_window_rows(attention, cache, prompt, options_.window);
+    const auto [begin, end] = prompt_window_rows(attention, first_query, prompt, options_.window);
     if (begin < end) cache.state(kWindowState).add_(mean.narrow(1, begin, end - begin).sum(1));
     return Status::Ok();
   });

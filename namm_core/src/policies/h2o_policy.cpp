@@ -37,8 +37,9 @@ std::string H2OPolicy::name() const {
 
 std::vector<TokenStateSpec> H2OPolicy::token_state() const { return {{kAttentionState, {}, at::kFloat}}; }
 
-Status H2OPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
-  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+Status H2OPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t first_query,
+                         LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   return internal::catch_torch_errors("H2O observe", [&] {
     cache.state(kAttentionState).add_(gqa_mean(attention, cache.kv_heads(), AttentionPrecision::kF32).sum(1));
     return Status::Ok();

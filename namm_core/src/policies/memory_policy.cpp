@@ -9,7 +9,8 @@ namespace namm {
 
 Status MemoryPolicy::BeginSequence(const SequenceInfo& /*info*/) { return Status::Ok(); }
 
-Status MemoryPolicy::Observe(int /*layer*/, const at::Tensor& /*attention*/, LayerKVCache& /*cache*/) {
+Status MemoryPolicy::Observe(int /*layer*/, const at::Tensor& /*attention*/, int64_t /*first_query*/,
+                             LayerKVCache& /*cache*/) {
   return Status::Ok();
 }
 
@@ -29,9 +30,14 @@ Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache&
   return true;
 }
 
-std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, const LayerKVCache& cache,
+Status observe_newest(MemoryPolicy& policy, int layer, const at::Tensor& attention, LayerKVCache& cache) {
+  const int64_t rows = attention.defined() && attention.dim() == 3 ? attention.size(1) : 0;
+  return policy.Observe(layer, attention, cache.tokens_seen() - rows, cache);
+}
+
+std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, int64_t first_query,
                                                int64_t prompt_tokens, int64_t window) {
-  const int64_t first = first_observed_query(attention, cache), n_q = attention.size(1);
+  const int64_t first = first_query, n_q = attention.size(1);
   const int64_t lo = std::max(first, prompt_tokens - window), hi = std::min(first + n_q, prompt_tokens);
   return lo < hi ? std::make_pair(lo - first, hi - first) : std::make_pair(int64_t{0}, int64_t{0});
 }
@@ -43,7 +49,7 @@ at::Tensor all_token_indices(const LayerKVCache& cache) {
       .contiguous();
 }
 
-Status validate_observed_attention(const at::Tensor& attention, const LayerKVCache& cache) {
+Status validate_observed_attention(const at::Tensor& attention, int64_t first_query, const LayerKVCache& cache) {
   if (!attention.defined() || attention.dim() != 3) {
     return Status::InvalidArgument(
         "attention must be [q_heads, n_queries, n_keys], got " +
@@ -61,10 +67,10 @@ Status validate_observed_attention(const at::Tensor& attention, const LayerKVCac
     return Status::InvalidArgument("attention covers " + std::to_string(attention.size(2)) +
                                    " keys but the cache holds " + std::to_string(cache.size()) + " tokens");
   }
-  if (attention.size(1) > cache.size()) {
-    return Status::InvalidArgument(std::to_string(attention.size(1)) + " queries but only " +
-                                   std::to_string(cache.size()) +
-                                   " cached tokens (queries must be cached first)");
+  if (first_query < 0 || first_query + attention.size(1) > cache.tokens_seen()) {
+    return Status::InvalidArgument("queries " + std::to_string(first_query) + ".." +
+                                   std::to_string(first_query + attention.size(1) - 1) + " observed, but the cache has seen " +
+                                   std::to_string(cache.tokens_seen()) + " tokens (queries must be cached first)");
   }
   return Status::Ok();
 }

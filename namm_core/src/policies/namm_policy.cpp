@@ -48,14 +48,14 @@ bool NammPolicy::FeaturesNeeded() const {
   return !constant_score_ || tracing_ || normalizer_.state() == NormState::kCollecting;
 }
 
-Status NammPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
-  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+Status NammPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t first_query,
+                          LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   if (!FeaturesNeeded()) {
     observe_skipped_ = true;
     return Status::Ok();
   }
   return internal::catch_torch_errors("NAMM observe", [&] {
-    const int64_t first_query = cache.tokens_seen() - attention.size(1);
     consume_attention(attention, architecture_.attention_precision, first_query,
                       {cache.state(kSamplesState), cache.state(kEmaState)});
     return Status::Ok();

@@ -36,10 +36,11 @@ Status SnapKvPolicy::BeginSequence(const SequenceInfo& info) {
   return Status::Ok();
 }
 
-Status SnapKvPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
-  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+Status SnapKvPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t first_query,
+                            LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   if (prompt_tokens_ < 0) return Status::FailedPrecondition("SnapKV needs BeginSequence() before Observe()");
-  const auto [begin, end] = prompt_window_rows(attention, cache, prompt_tokens_, window_);
+  const auto [begin, end] = prompt_window_rows(attention, first_query, prompt_tokens_, window_);
   if (begin == end) return Status::Ok();
   return internal::catch_torch_errors("SnapKV observe", [&] {
     const at::Tensor window = attention.narrow(1, begin, end - begin);

@@ -19,8 +19,9 @@ std::string TovaPolicy::name() const { return "tova(" + budget().ToString() + ")
 
 std::vector<TokenStateSpec> TovaPolicy::token_state() const { return {{kLatestState, {}, at::kFloat}}; }
 
-Status TovaPolicy::Observe(int /*layer*/, const at::Tensor& attention, LayerKVCache& cache) {
-  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, cache));
+Status TovaPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t first_query,
+                          LayerKVCache& cache) {
+  NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   return internal::catch_torch_errors("TOVA observe", [&] {
     const at::Tensor newest = attention.narrow(1, attention.size(1) - 1, 1);
     cache.state(kLatestState).copy_(gqa_mean(newest, cache.kv_heads(), AttentionPrecision::kF32).squeeze(1));

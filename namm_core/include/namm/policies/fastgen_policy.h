@@ -42,7 +42,7 @@ class FastGenPolicy final : public BudgetedPolicy {
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
   Status BeginSequence(const SequenceInfo& info) override;
-  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Keeps every token.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
   // Profiles every head and compresses as described above (nothing when the prompt fits the budget).

@@ -30,7 +30,7 @@ class H2OPolicy final : public BudgetedPolicy {
   // "h2o.attention" [] float32: the accumulated attention per token.
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
-  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Keeps everything while the cache holds <= budget tokens; otherwise the `recent` newest tokens and the
   // budget - recent others with the most accumulated attention.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;

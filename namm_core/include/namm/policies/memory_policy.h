@@ -55,9 +55,10 @@ class MemoryPolicy {
   // Starts a sequence. Budgets given as a share of the prompt are resolved here. The default does nothing.
   virtual Status BeginSequence(const SequenceInfo& info);
 
-  // attention: [q_heads, n_q, cache.size()] probabilities of the chunk's n_q queries (the last n_q tokens
-  // appended to `cache`) over every cached key, zero for keys after the query.
-  virtual Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache);
+  // attention: [q_heads, n_q, cache.size()] probabilities of the queries with absolute sequence indices
+  // first_query .. first_query + n_q - 1 over every cached key, zero for keys after the query. The queries are
+  // tokens already appended to `cache`; an engine may observe a chunk's queries in several calls, in order.
+  virtual Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache);
 
   // Retained indices [kv_heads, k]: int64, ascending per head, the same k for every head, the newest token
   // (last slot) included. Called at a memory update, after the Observe() of the chunk that completed it.
@@ -76,17 +77,15 @@ Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache&
 // Indices 0..n-1 for every head: [kv_heads, n] int64 on `cache`'s device.
 at::Tensor all_token_indices(const LayerKVCache& cache);
 
-// Checks an Observe() argument against the cache; `kv_heads` must divide the attention's q_heads.
-Status validate_observed_attention(const at::Tensor& attention, const LayerKVCache& cache);
+// Observe() of queries that are the newest attention.size(1) tokens of `cache` (a whole chunk at once).
+Status observe_newest(MemoryPolicy& policy, int layer, const at::Tensor& attention, LayerKVCache& cache);
 
-// Absolute sequence index of the first query of an observed chunk (its queries are the newest tokens).
-inline int64_t first_observed_query(const at::Tensor& attention, const LayerKVCache& cache) {
-  return cache.tokens_seen() - attention.size(1);
-}
+// Checks Observe()'s arguments against the cache; `kv_heads` must divide the attention's q_heads.
+Status validate_observed_attention(const at::Tensor& attention, int64_t first_query, const LayerKVCache& cache);
 
-// The rows [begin, end) of an observed chunk's query axis that are among the last `window` queries of a
+// The rows [begin, end) of an observed block's query axis that are among the last `window` queries of a
 // prompt of `prompt_tokens` (begin == end when none are): the observation window of SnapKV and FastGen.
-std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, const LayerKVCache& cache,
+std::pair<int64_t, int64_t> prompt_window_rows(const at::Tensor& attention, int64_t first_query,
                                                int64_t prompt_tokens, int64_t window);
 
 }  // namespace namm

@@ -32,7 +32,7 @@ class NammPolicy final : public MemoryPolicy {
   // features are not needed (constant scorer, frozen statistics, no tracing).
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
-  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Fails unless the sequence length is a multiple of the STFT hop (16), where every frame is complete.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
 

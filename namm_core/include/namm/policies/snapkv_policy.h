@@ -30,7 +30,7 @@ class SnapKvPolicy final : public BudgetedPolicy {
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
   Status BeginSequence(const SequenceInfo& info) override;
-  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Keeps every token.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
   // The compression described above, when the prompt holds more tokens than the budget. With a budget smaller

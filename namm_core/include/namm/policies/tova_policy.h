@@ -23,7 +23,7 @@ class TovaPolicy final : public BudgetedPolicy {
   // "tova.latest" [] float32: the attention each token received from the newest query seen.
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
-  Status Observe(int layer, const at::Tensor& attention, LayerKVCache& cache) override;
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // While the cache holds more than the budget: each head's budget tokens most attended by the newest query
   // (the newest token itself always kept; ties to the more recent token).
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;

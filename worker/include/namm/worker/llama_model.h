@@ -10,6 +10,8 @@
 // keeps the rotation of its absolute position.
 #pragma once
 
+#include <algorithm>
+
 #include <ATen/core/Tensor.h>
 
 #include <string>
@@ -33,6 +35,11 @@ class LlamaModel {
   const LlamaWeights& weights() const { return weights_; }
   const at::TensorOptions& options() const { return options_; }
 
+  // Attention runs a chunk's queries in blocks of rows so that heads x rows x cache size (the scores and the
+  // probabilities alive at once) stays under this many elements, 2^22 by default; the result does not depend on
+  // it. 1 runs one query at a time.
+  void set_attention_block_elements(int64_t elements) { attention_block_elements_ = std::max<int64_t>(1, elements); }
+
   // One empty cache per layer, carrying `policy`'s per-token state.
   std::vector<LayerKVCache> NewCaches(const MemoryPolicy& policy) const;
 
@@ -55,6 +62,7 @@ class LlamaModel {
   LlamaWeights weights_;
   at::TensorOptions options_;
   at::Tensor inv_freq_;
+  int64_t attention_block_elements_ = int64_t{1} << 22;
 };
 
 }  // namespace namm::worker
