@@ -4,6 +4,7 @@
 // factor 4, alpha 2), a 2016-token prompt and 32 new tokens (2048 in all).
 //
 // Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N] [--repeats R]
+//        [--dtype fp32|bf16]
 //        worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
 // --random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain
 // RoPE, theta 500000, context = prompt + new tokens) and prompts it with seeded random token ids, so that the
@@ -40,10 +41,11 @@ struct Options {
   std::string random_model;  // "layers=2,dim=2048,...": a random model of that shape instead of --model
   int64_t prompt_tokens = 2016, new_tokens = 32, repeats = 5;
   std::vector<int64_t> chunk_memory;  // cached-token counts for --chunk-memory
+  at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16 (--random-model only)
 };
 
 // A deterministic random Llama of the shape `spec` names (see the usage above).
-Result<LlamaModel> RandomModel(const std::string& spec, int64_t context) {
+Result<LlamaModel> RandomModel(const std::string& spec, int64_t context, at::ScalarType dtype) {
   NAMM_ASSIGN_OR_RETURN(OptionSpec shape, parse_option_spec("random:" + spec));
   NAMM_RETURN_IF_ERROR(shape.CheckKeys({"layers", "dim", "heads", "kv_heads", "ffn", "vocab"}));
   LlamaConfig c;
@@ -80,7 +82,15 @@ Result<LlamaModel> RandomModel(const std::string& spec, int64_t context) {
   }
   w.final_norm = at::ones({c.dim}, f32);
   w.lm_head = gaussian({c.vocab_size, c.dim});
-  return LlamaModel(LoadedModel{c, std::move(w)}, f32);
+  if (dtype != at::kFloat) {  // drawn in float32, so that every dtype runs the same model
+    for (at::Tensor* t : {&w.token_embedding, &w.final_norm, &w.lm_head}) *t = t->to(dtype);
+    for (LlamaLayerWeights& l : w.layers) {
+      for (at::Tensor* t : {&l.attention_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+        *t = t->to(dtype);
+      }
+    }
+  }
+  return LlamaModel(LoadedModel{c, std::move(w)}, f32.dtype(dtype));
 }
 
 // Seeded random token ids in [0, vocab).
@@ -164,6 +174,7 @@ int ChunkMemory(const Options& o, const LlamaModel& model) {
     FullCachePolicy full;
     auto namm = NammPolicy::Create(m);
     if (!namm.ok()) return 1;
+    (*namm)->set_observe_from_query_history(true);
     Result<int64_t> full_peak = ChunkPeakBytes(model, full, n);
     Result<int64_t> namm_peak = ChunkPeakBytes(model, **namm, n);
     if (!full_peak.ok() || !namm_peak.ok()) {
@@ -181,7 +192,8 @@ int Run(const Options& o) {
   load.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
   int64_t context = o.prompt_tokens + o.new_tokens;
   for (int64_t n : o.chunk_memory) context = std::max(context, n + 128);
-  auto model = o.random_model.empty() ? LlamaModel::Load(o.model, load) : RandomModel(o.random_model, context);
+  load.dtype = o.dtype;
+  auto model = o.random_model.empty() ? LlamaModel::Load(o.model, load) : RandomModel(o.random_model, context, o.dtype);
   auto tokenizer = load_tokenizer(o.tokenizer);
   if (!model.ok() || !tokenizer.ok()) {
     std::fprintf(stderr, "%s\n", (!model.ok() ? model.status() : tokenizer.status()).ToString().c_str());
@@ -202,7 +214,11 @@ int Run(const Options& o) {
   const NormStats stats = (*collector)->normalizer().stats();
 
   auto namm = [&](NammModel m) {
-    return [m] { return std::unique_ptr<MemoryPolicy>(std::move(NammPolicy::Create(m)).value()); };
+    return [m] {
+      std::unique_ptr<NammPolicy> policy = std::move(NammPolicy::Create(m)).value();
+      policy->set_observe_from_query_history(true);  // as the worker runs it
+      return std::unique_ptr<MemoryPolicy>(std::move(policy));
+    };
   };
   std::vector<Row> rows = {
       {"full cache", [] { return std::unique_ptr<MemoryPolicy>(new FullCachePolicy()); }, {}, {}, {}, {}},
@@ -233,19 +249,21 @@ int Run(const Options& o) {
   std::printf("%s\nprompt %lld tokens + %lld new, %lld repeats (medians), one process\n\n",
               model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),
               static_cast<long long>(o.new_tokens), static_cast<long long>(o.repeats));
-  std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s\n", "policy", "prefill s", "decode s", "total s",
-              "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB");
+  std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s %9s\n", "policy", "prefill s", "decode s", "total s",
+              "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB", "state/KV");
   for (const auto& row : rows) {
     double cache = 0;
     for (int64_t size : row.last.final_cache_sizes) cache += static_cast<double>(size);
     cache /= static_cast<double>(row.last.final_cache_sizes.size());
     const double prefill = Median(row.prefill), decode = Median(row.decode), total = Median(row.total);
     // Relative cache: the mean over queries of the cached tokens each attended to, against the full cache's.
-    std::printf("%-34s %9.3f %9.3f %9.3f %7.2fx %11.0f %10.0f %11.0f %10.3f %12.2f\n", row.name.c_str(), prefill, decode,
-                total, total / base, static_cast<double>(o.prompt_tokens) / prefill,
+    // state/KV: the policy's state (per-token state and query history) over the KV cache, at the KV peak.
+    std::printf("%-34s %9.3f %9.3f %9.3f %7.2fx %11.0f %10.0f %11.0f %10.3f %12.2f %8.1f%%\n", row.name.c_str(), prefill,
+                decode, total, total / base, static_cast<double>(o.prompt_tokens) / prefill,
                 static_cast<double>(row.last.decode_steps) / decode, cache,
                 row.last.mean_kv_tokens / rows[0].last.mean_kv_tokens,
-                static_cast<double>(row.last.peak_kv_bytes) / (1 << 20));
+                static_cast<double>(row.last.peak_kv_bytes) / (1 << 20),
+                100.0 * static_cast<double>(row.last.peak_policy_state_bytes) / static_cast<double>(row.last.peak_kv_bytes));
   }
   return 0;
 }
@@ -262,6 +280,13 @@ int main(int argc, char** argv) {
     else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
     else if (key == "--new-tokens") o.new_tokens = std::stoll(value);
     else if (key == "--repeats") o.repeats = std::stoll(value);
+    else if (key == "--dtype") {
+      if (value != "fp32" && value != "bf16") {
+        std::fprintf(stderr, "--dtype takes fp32 or bf16, got %s\n", value.c_str());
+        return 2;
+      }
+      o.dtype = value == "bf16" ? at::kBFloat16 : at::kFloat;
+    }
     else if (key == "--chunk-memory") {
       for (std::size_t begin = 0; begin < value.size();) {
         const std::size_t end = std::min(value.find(',', begin), value.size());

@@ -32,6 +32,12 @@ at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
 
 at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
 
+// The EMA's decay over one hop: a = 0.99^16 (spec §3.4).
+double EmaDecayPerHop() {
+  static const double a = std::pow(kEmaCoefficientPerQuery, static_cast<double>(kStftHop));
+  return a;
+}
+
 // Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in
 // ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
 // basis rows are rotated by 16.
@@ -148,8 +154,6 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
   TORCH_CHECK(first_query >= 0, "first_query must be non-negative");
   TORCH_CHECK(state.samples.stride(2) == 1 && state.samples.scalar_type() == at::kFloat,
               "spectrogram samples must be float32 with contiguous rows");
-  static const double a = std::pow(kEmaCoefficientPerQuery, static_cast<double>(kStftHop));
-
   const bool fused =
       attention.device().is_cpu() && attention.scalar_type() == at::kFloat && attention.stride(2) == 1;
   // Elsewhere: reduce with tensor operations, then copy hop by hop.
@@ -169,9 +173,18 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
     // A complete hop completes the frame [previous hop, this hop]; the next hop overwrites the older half (every
     // query writes every cached token, and tokens that arrive later start from zeros).
     if (offset + len == kStftHop) {
-      state.ema.mul_(a).add_(Magnitudes(RingFrameSpectrum(state.samples, !upper_half)), 1.0 - a);
+      state.ema.mul_(EmaDecayPerHop()).add_(Magnitudes(RingFrameSpectrum(state.samples, !upper_half)), 1.0 - EmaDecayPerHop());
     }
   }
+}
+
+void fold_frame(const at::Tensor& frame, const at::Tensor& ema) {
+  TORCH_CHECK(frame.dim() == 3 && frame.size(1) == kStftWindow && frame.size(0) == ema.size(0) &&
+                  frame.size(2) == ema.size(1),
+              "a frame must be [kv_heads, ", kStftWindow, ", n] for an EMA ", ema.sizes(), ", got ", frame.sizes());
+  const at::Tensor samples = frame.transpose(1, 2).contiguous();  // [kv_heads, n, 32], as the ring holds them
+  ema.mul_(EmaDecayPerHop()).add_(Magnitudes(RingFrameSpectrum(samples, /*previous_hop_in_upper_half=*/false)),
+                                  1.0 - EmaDecayPerHop());
 }
 
 }  // namespace namm

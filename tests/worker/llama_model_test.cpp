@@ -321,6 +321,47 @@ TEST(Stories260K, AttentionBlocksDoNotChangeTheResult) {
   EXPECT_LT((whole.generated_logits - rows.generated_logits).abs().max().item<float>(), 1e-4f);
 }
 
+// The NAMM that keeps only the EMA per token and computes earlier queries' attention again from the recorded
+// queries evicts what the one with a per-token sample ring evicts: same tokens, same cache sizes, features within
+// float rounding; with whole chunks, a chunk of 32, and attention run one query row at a time.
+TEST(Stories260K, NammFromTheQueryHistoryMatchesTheSampleRing) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1100);
+  struct Run {
+    GenerationResult result;
+    at::Tensor features;  // of the last memory update of the last layer
+  };
+  auto run = [&](bool from_history, int64_t chunk, int64_t block_elements) {
+    s.model.set_attention_block_elements(block_elements);
+    auto namm = NammPolicy::Create(NammWith(0.15, 4));
+    EXPECT_TRUE(namm.ok());
+    (*namm)->set_tracing(true);
+    (*namm)->set_observe_from_query_history(from_history);
+    EXPECT_EQ((*namm)->token_state().size(), from_history ? 1u : 2u);
+    EXPECT_EQ((*namm)->query_history(), from_history ? 31 : 0);
+    GenerationOptions options;
+    options.max_new_tokens = 40;
+    options.chunk_size = chunk;
+    options.record_logits = true;
+    auto result = Generator(s.model, *s.tokenizer).Generate(prompt, **namm, options);
+    EXPECT_TRUE(result.ok()) << result.status().ToString();
+    return Run{std::move(result).value(), (*namm)->last_trace().features};
+  };
+  for (const auto& [chunk, block_elements] :
+       {std::pair<int64_t, int64_t>{128, int64_t{1} << 22}, {32, int64_t{1} << 22}, {128, 1}}) {
+    const Run ring = run(false, chunk, block_elements), history = run(true, chunk, block_elements);
+    ASSERT_LT(ring.result.final_cache_sizes.front(), 1100) << "the NAMM should have evicted";
+    EXPECT_EQ(history.result.token_ids, ring.result.token_ids) << "chunk " << chunk << ", block " << block_elements;
+    EXPECT_EQ(history.result.final_cache_sizes, ring.result.final_cache_sizes) << "chunk " << chunk;
+    ASSERT_EQ(history.features.sizes(), ring.features.sizes());
+    // z-scored features up to ~22: the only difference is exp(s - lse) against the softmax (measured 3e-6 to 7e-5).
+    EXPECT_LT((history.features - ring.features).abs().max().item<float>(), 3e-4f) << "chunk " << chunk;
+    EXPECT_TRUE(history.result.generated_logits.equal(ring.result.generated_logits)) << "chunk " << chunk;
+  }
+  s.model.set_attention_block_elements(int64_t{1} << 22);
+}
+
 TEST(Stories260K, BaselinesKeepTheirBudget) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});

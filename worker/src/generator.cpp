@@ -60,6 +60,7 @@ class CacheTracker {
         const at::Tensor s = cache.state(spec.name);
         state += s.numel() * s.element_size();
       }
+      state += cache.query_history().bytes();
       // The step's queries saw n - t + 1, ..., n cached tokens.
       const auto n = static_cast<double>(cache.size()), steps = static_cast<double>(t);
       held += n;

@@ -78,6 +78,9 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
   const int64_t window = config_.window_of(layer);
   const bool windowed = window > 0 && cache.tokens_seen() > window;
   at::Tensor out = at::empty({kv_heads, group, t, hd}, x.options());
+  // A policy that recomputes earlier queries' attention gets the newest queries with their log-sum-exp.
+  const int64_t history = std::min(policy.query_history(), t);
+  at::Tensor log_sum_exp = history > 0 ? at::empty({kv_heads, group, history}, options_.dtype(at::kFloat)) : at::Tensor();
   for (int64_t b0 = 0; b0 < t; b0 += block) {
     const int64_t rows = std::min(block, t - b0);
     // Scores of every query head against its KV head's cache: [kv_heads, group, rows, n]. The group's queries
@@ -95,14 +98,24 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
           positions.narrow(0, b0, rows).view({1, rows, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, rows, n]
       scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
     }
-    const at::Tensor probs = scores.to(at::kFloat).softmax(-1);
-    scores = at::Tensor();  // freed before the next product
+    at::Tensor scores_f32 = scores.to(at::kFloat);
+    const at::Tensor probs = scores_f32.softmax(-1);
+    if (const int64_t lo = std::max(b0, t - history); lo < b0 + rows) {
+      log_sum_exp.narrow(2, lo - (t - history), b0 + rows - lo)
+          .copy_(scores_f32.narrow(2, lo - b0, b0 + rows - lo).logsumexp(-1));
+    }
+    scores = scores_f32 = at::Tensor();  // freed before the policy and the next product
     if (policy.needs_attention()) {
       NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, rows, n}), first_query + b0, cache));
     }
     out.narrow(2, b0, rows)
         .copy_(at::bmm(probs.to(x.scalar_type()).view({kv_heads, group * rows, n}), cache.values())
                    .view({kv_heads, group, rows, hd}));
+  }
+  if (history > 0) {
+    NAMM_RETURN_IF_ERROR(cache.query_history().Record(q.narrow(1, t - history, history),
+                                                     log_sum_exp.view({heads, history}), first_query + t - history,
+                                                     window, policy.query_history()));
   }
   return Project(out.view({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd}), w.wo, w.bo);
 }

@@ -133,6 +133,7 @@ Result<PromptOutcome> NammExecutor::Attempt(const LeaseWork& lease, const Loaded
     if (lease.norm_stats && !lease.collect_norm_stats) namm.norm_stats = *lease.norm_stats;
     NAMM_RETURN_IF_ERROR(namm.Validate());
     NAMM_ASSIGN_OR_RETURN(std::unique_ptr<NammPolicy> p, NammPolicy::Create(namm, model->options().device()));
+    p->set_observe_from_query_history(true);  // the engine records each layer's queries
     namm_policy = p.get();
     policy = std::move(p);
   }

@@ -62,7 +62,9 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
       NAMM_ASSIGN_OR_RETURN(NammModel model, read_namm_file(path));
       it = namm_models_.emplace(path, std::move(model)).first;
     }
-    return Upcast(NammPolicy::Create(it->second, device_));
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<NammPolicy> namm, NammPolicy::Create(it->second, device_));
+    namm->set_observe_from_query_history(true);  // the engine records each layer's queries
+    return std::unique_ptr<MemoryPolicy>(std::move(namm));
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   const auto where = [&](const Status& s) { return s.WithContext("policy '" + text + "'"); };

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "namm/query_history.h"
 #include "namm/status.h"
 
 namespace namm {
@@ -65,6 +66,11 @@ class LayerKVCache {
   // Tokens the storage has room for.
   int64_t capacity() const { return capacity_; }
 
+  // The layer's latest queries, recorded by the engine for a policy that asks for them
+  // (MemoryPolicy::query_history()); empty otherwise.
+  QueryHistory& query_history() { return query_history_; }
+  const QueryHistory& query_history() const { return query_history_; }
+
  private:
   void Reserve(int64_t capacity);
   at::Tensor Live(const at::Tensor& buffer) const { return buffer.narrow(1, 0, size_); }
@@ -79,6 +85,7 @@ class LayerKVCache {
   // Every per-token buffer, [kv_heads, capacity, ...]: keys, values, positions, then the declared states.
   std::vector<std::string> names_;
   std::vector<at::Tensor> buffers_;
+  QueryHistory query_history_;
 };
 
 }  // namespace namm

@@ -53,4 +53,9 @@ struct SpectrogramState {
 void consume_attention(const at::Tensor& attention, AttentionPrecision precision, int64_t first_query,
                        const SpectrogramState& state);
 
+// Folds one frame into `ema` [kv_heads, n, 17] float32: `frame` [kv_heads, 32, n] float32 is the GQA-reduced
+// attention every cached token received from the frame's 32 queries, oldest first (zeros before the sequence
+// started or the token arrived). The same transform and EMA step as consume_attention's.
+void fold_frame(const at::Tensor& frame, const at::Tensor& ema);
+
 }  // namespace namm

@@ -41,14 +41,17 @@ std::string NammPolicy::name() const {
 
 std::vector<TokenStateSpec> NammPolicy::token_state() const {
   if (!FeaturesNeeded()) return {};
+  if (from_history_) return {{kEmaState, {kStftBins}, at::kFloat}};
   return {{kSamplesState, {kStftWindow}, at::kFloat}, {kEmaState, {kStftBins}, at::kFloat}};
 }
+
+int64_t NammPolicy::query_history() const { return from_history_ && FeaturesNeeded() ? kStftWindow - 1 : 0; }
 
 bool NammPolicy::FeaturesNeeded() const {
   return !constant_score_ || tracing_ || normalizer_.state() == NormState::kCollecting;
 }
 
-Status NammPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t first_query,
+Status NammPolicy::Observe(int layer, const at::Tensor& attention, int64_t first_query,
                           LayerKVCache& cache) {
   NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   if (!FeaturesNeeded()) {
@@ -56,10 +59,70 @@ Status NammPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_t f
     return Status::Ok();
   }
   return internal::catch_torch_errors("NAMM observe", [&] {
-    consume_attention(attention, architecture_.attention_precision, first_query,
-                      {cache.state(kSamplesState), cache.state(kEmaState)});
+    if (from_history_) {
+      ObserveFromHistory(attention, layer, first_query, cache);
+    } else {
+      consume_attention(attention, architecture_.attention_precision, first_query,
+                        {cache.state(kSamplesState), cache.state(kEmaState)});
+    }
     return Status::Ok();
   });
+}
+
+void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int64_t first_query,
+                                    LayerKVCache& cache) {
+  const int64_t kv_heads = cache.kv_heads(), n = cache.size(), rows = attention.size(1);
+  const at::Tensor reduced = gqa_mean(attention, kv_heads, architecture_.attention_precision);  // [kv, rows, n]
+  const at::Tensor ema = cache.state(kEmaState);
+  // Every hop end e (query index = 15 mod 16) among the rows completes the frame of queries e - 31 .. e.
+  for (int64_t e = first_query + (kStftHop - 1 - first_query % kStftHop); e < first_query + rows; e += kStftHop) {
+    const int64_t start = e - (kStftWindow - 1);
+    std::vector<at::Tensor> parts;
+    // Queries before the sequence's start contribute zeros, as the reference's zero-padded first frame.
+    if (start < 0) parts.push_back(at::zeros({kv_heads, -start, n}, reduced.options()));
+    const int64_t from = std::max<int64_t>(start, 0);
+    if (from < first_query) parts.push_back(EarlierRows(layer, cache, from, first_query));
+    const int64_t own = std::max(from, first_query);
+    parts.push_back(reduced.narrow(1, own - first_query, e + 1 - own));
+    fold_frame(at::cat(parts, 1), ema);
+  }
+  // What later blocks of this forward pass may need: the 31 newest rows of this layer.
+  if (remembered_.layer != layer || remembered_.tokens_seen != cache.tokens_seen() || remembered_.size != n) {
+    remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
+  }
+  const int64_t kept = std::min<int64_t>(rows, kStftWindow - 1);
+  remembered_.blocks.emplace_back(first_query + rows - kept,
+                                  kept == rows ? reduced : reduced.narrow(1, rows - kept, kept).clone());
+  while (remembered_.blocks.size() > 1 &&
+         remembered_.blocks[1].first <= first_query + rows - (kStftWindow - 1)) {
+    remembered_.blocks.erase(remembered_.blocks.begin());
+  }
+}
+
+at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to) const {
+  std::vector<at::Tensor> parts;
+  int64_t next = from;
+  const bool valid = remembered_.layer == layer && remembered_.tokens_seen == cache.tokens_seen() &&
+                     remembered_.size == cache.size();
+  // The remembered blocks are contiguous and end at `to`; rows before the first of them are computed again.
+  const int64_t remembered_from = valid && !remembered_.blocks.empty() ? remembered_.blocks.front().first : to;
+  if (next < remembered_from) {
+    const int64_t upto = std::min(to, remembered_from);
+    Result<at::Tensor> probs = cache.query_history().Attention(cache, next, upto);
+    TORCH_CHECK(probs.ok(), "NAMM observe: ", probs.status().message(),
+                " (the engine must record the queries: MemoryPolicy::query_history())");
+    parts.push_back(gqa_mean(*probs, cache.kv_heads(), architecture_.attention_precision));
+    next = upto;
+  }
+  for (const auto& [first, block] : remembered_.blocks) {
+    if (!valid || next >= to) break;
+    const int64_t last = first + block.size(1);
+    if (last <= next) continue;
+    parts.push_back(block.narrow(1, next - first, std::min(to, last) - next));
+    next = std::min(to, last);
+  }
+  TORCH_CHECK(next == to, "NAMM observe: rows ", next, "..", to - 1, " are neither remembered nor recorded");
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
 }
 
 Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {

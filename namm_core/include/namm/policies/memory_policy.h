@@ -48,6 +48,10 @@ class MemoryPolicy {
   // Whether Observe() uses attention probabilities (engines may skip computing them otherwise).
   virtual bool needs_attention() const { return false; }
 
+  // How many of each layer's latest queries the engine must keep in the cache's QueryHistory, with the
+  // log-sum-exp of their scores, so that Observe() can compute the attention they paid again (0: none).
+  virtual int64_t query_history() const { return 0; }
+
   // Whether Select() or EndPrefill() may ever drop a token. Engines preallocate the whole sequence's cache for a
   // policy that never evicts.
   virtual bool may_evict() const { return true; }

@@ -28,10 +28,13 @@ class NammPolicy final : public MemoryPolicy {
   // decision: Select skips them and the scorer, and Observe does nothing unless statistics are still being
   // collected. The kept tokens are exactly those of the full pipeline. Tracing disables the shortcut.
   std::string name() const override;
-  // "namm.samples" [32] and "namm.ema" [17] float32 per token (see SpectrogramState); none when the
-  // features are not needed (constant scorer, frozen statistics, no tracing).
+  // "namm.samples" [32] and "namm.ema" [17] float32 per token (see SpectrogramState), only "namm.ema" when
+  // observing with the query history; none when the features are not needed (constant scorer, frozen
+  // statistics, no tracing).
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
+  // 31 with the query history on (a frame's queries before the one Observe() is given), else 0.
+  int64_t query_history() const override;
   Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Fails unless the sequence length is a multiple of the STFT hop (16), where every frame is complete.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
@@ -44,6 +47,14 @@ class NammPolicy final : public MemoryPolicy {
   };
   // Enable before creating the caches (the constant-score shortcut may otherwise have dropped the features).
   void set_tracing(bool on) { tracing_ = on; }
+
+  // Keep no attention samples per token (32 floats per token and KV head) but only the EMA: at each hop end the
+  // frame is taken from the attention rows Observe() is given, those of the same call's earlier blocks, and,
+  // for queries of earlier calls, the attention computed again from the cache's QueryHistory (which the engine
+  // must record: query_history() > 0). The features are the same up to float rounding (exp(s - lse) instead of
+  // the softmax). For engines; a caller that only has attention matrices (namm-tool score) leaves it off.
+  // Set before creating the caches.
+  void set_observe_from_query_history(bool on) { from_history_ = on; }
   const Trace& last_trace() const { return trace_; }
 
   // The statistics in use, including any gathered by this policy while collecting.
@@ -54,6 +65,11 @@ class NammPolicy final : public MemoryPolicy {
 
   // The features are needed unless the scorer is constant and no statistics are being gathered.
   bool FeaturesNeeded() const;
+  // Observe() with the query history: folds the frames that end within the given rows.
+  void ObserveFromHistory(const at::Tensor& attention, int layer, int64_t first_query, LayerKVCache& cache);
+  // GQA-reduced attention rows [kv_heads, to - from, n] of queries before this Observe() call's: remembered
+  // from the same layer's earlier blocks of the same forward pass, else computed from the query history.
+  at::Tensor EarlierRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to) const;
 
   NammArchitecture architecture_;
   std::unique_ptr<Scorer> scorer_;
@@ -63,6 +79,15 @@ class NammPolicy final : public MemoryPolicy {
   FeatureNormalizer normalizer_;
   bool tracing_ = false;
   Trace trace_;
+  bool from_history_ = false;
+  // The reduced rows of the current forward pass's latest blocks of one layer (at most the 31 newest), valid
+  // while the cache neither grows nor changes: (first query, rows [kv_heads, r, n]).
+  struct RememberedRows {
+    int layer = -1;
+    int64_t tokens_seen = -1, size = -1;
+    std::vector<std::pair<int64_t, at::Tensor>> blocks;
+  };
+  RememberedRows remembered_;
 };
 
 }  // namespace namm

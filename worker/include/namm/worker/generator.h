@@ -60,7 +60,7 @@ struct GenerationResult {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t decode_steps = 0;          // forward passes of single generated tokens
   int64_t peak_kv_bytes = 0;         // keys + values of all layers at their largest
-  int64_t peak_policy_state_bytes = 0;  // the policy's per-token state at the same point
+  int64_t peak_policy_state_bytes = 0;  // the policy's per-token state and query history at the same point
   // Cache sizes in tokens per KV head, averaged over layers: the mean over every query processed (prompt,
   // decoded and forced tokens) of the number of cached tokens it attended to, the same mean over the answer's
   // queries only (decoded or forced tokens; 0 without any), and the largest size held. A full cache over L

@@ -1,0 +1,46 @@
+// The last few queries of one layer, kept so that the attention they paid can be computed again later over the
+// cache as it is then (tokens evicted since are simply absent; tokens that arrived since get zero).
+//
+// Why: the NAMM's spectrogram frame at a hop end needs the attention every cached token received from the 32
+// latest queries. Keeping those samples per token costs 32 floats per token and KV head (+25% over a bf16 KV
+// cache at head_dim 128). Keeping the queries instead costs a fixed ~31 x q_heads x head_dim per layer, and
+// the attention of an earlier query q is exp(scale q.k - lse_q) with the log-sum-exp lse_q of q's scores at the
+// time it ran: the softmax's normalizer does not change when keys are evicted later.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "namm/status.h"
+
+namespace namm {
+
+class LayerKVCache;
+
+class QueryHistory {
+ public:
+  // Appends queries with absolute indices first_query .. first_query + t - 1 (contiguous with those already held
+  // unless t >= keep, which replaces them): post-RoPE queries [q_heads, t, head_dim] in the keys' dtype, the log-sum-exp of
+  // their scaled, masked scores [q_heads, t] float32, and the sliding window their layer applies (0: none). Only
+  // the newest `keep` are held.
+  Status Record(const at::Tensor& queries, const at::Tensor& log_sum_exp, int64_t first_query, int64_t window,
+                int64_t keep);
+
+  int64_t first_query() const { return first_query_; }
+  int64_t size() const { return queries_.defined() ? queries_.size(1) : 0; }
+  // Bytes held (queries and log-sum-exp).
+  int64_t bytes() const;
+
+  // Attention probabilities [q_heads, to - from, cache.size()] float32 of the held queries [from, to) over the
+  // cache's keys, computed as the forward pass did (scores in the keys' dtype, scaled by 1 / sqrt(head_dim),
+  // then float32), zero for keys after the query or outside its window.
+  Result<at::Tensor> Attention(const LayerKVCache& cache, int64_t from, int64_t to) const;
+
+ private:
+  at::Tensor queries_, log_sum_exp_;
+  int64_t first_query_ = 0;
+  int64_t window_ = 0;
+};
+
+}  // namespace namm

@@ -1,0 +1,77 @@
+#include "namm/query_history.h"
+
+#include <cmath>
+#include <limits>
+
+#include "aten.h"
+#include "namm/dtype.h"
+#include "namm/kv_cache.h"
+
+namespace namm {
+
+Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum_exp, int64_t first_query,
+                            int64_t window, int64_t keep) {
+  if (!queries.defined() || queries.dim() != 3 || !log_sum_exp.defined() || log_sum_exp.dim() != 2 ||
+      log_sum_exp.size(0) != queries.size(0) || log_sum_exp.size(1) != queries.size(1)) {
+    return Status::InvalidArgument("query history needs queries [q_heads, t, head_dim] and their log-sum-exp "
+                                   "[q_heads, t]");
+  }
+  // A call with at least `keep` queries replaces the history (the engine records only a call's newest ones).
+  if (queries.size(1) >= keep) {
+    queries_ = at::Tensor();
+    log_sum_exp_ = at::Tensor();
+  }
+  if (size() > 0 && first_query != first_query_ + size()) {
+    return Status::InvalidArgument("query history holds queries " + std::to_string(first_query_) + ".." +
+                                   std::to_string(first_query_ + size() - 1) + "; cannot append query " +
+                                   std::to_string(first_query));
+  }
+  const bool empty = size() == 0;
+  if (empty) first_query_ = first_query;
+  // contiguous(): a view of a larger tensor (the chunk's queries) would keep all of it alive.
+  queries_ = empty ? queries.contiguous() : at::cat({queries_, queries}, 1);
+  log_sum_exp_ = empty ? log_sum_exp.to(at::kFloat) : at::cat({log_sum_exp_, log_sum_exp.to(at::kFloat)}, 1);
+  window_ = window;
+  if (const int64_t drop = size() - keep; drop > 0) {
+    // Copied, so that the dropped rows (and a caller's larger tensor) are not kept alive by a view.
+    queries_ = queries_.narrow(1, drop, keep).clone();
+    log_sum_exp_ = log_sum_exp_.narrow(1, drop, keep).clone();
+    first_query_ += drop;
+  }
+  return Status::Ok();
+}
+
+int64_t QueryHistory::bytes() const {
+  if (size() == 0) return 0;
+  return queries_.numel() * queries_.element_size() + log_sum_exp_.numel() * log_sum_exp_.element_size();
+}
+
+Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t from, int64_t to) const {
+  if (from < first_query_ || to > first_query_ + size() || from > to) {
+    return Status::FailedPrecondition("the attention of queries " + std::to_string(from) + ".." +
+                                      std::to_string(to - 1) + " was asked for, but the query history holds " +
+                                      std::to_string(first_query_) + ".." + std::to_string(first_query_ + size() - 1));
+  }
+  const int64_t heads = queries_.size(0), rows = to - from, kv_heads = cache.kv_heads(), n = cache.size();
+  if (heads % kv_heads != 0 || queries_.size(2) != cache.head_dim()) {
+    return Status::InvalidArgument("recorded queries " + shape_to_string(queries_.sizes().vec()) +
+                                   " do not fit a cache of " + std::to_string(kv_heads) + " KV heads of " +
+                                   std::to_string(cache.head_dim()));
+  }
+  const int64_t group = heads / kv_heads, hd = cache.head_dim();
+  const at::Tensor q = queries_.narrow(1, from - first_query_, rows).reshape({kv_heads, group * rows, hd});
+  at::Tensor scores = at::bmm(q, cache.keys().transpose(1, 2)).view({kv_heads, group, rows, n});
+  scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
+  at::Tensor probs = scores.to(at::kFloat).view({heads, rows, n});
+  probs.sub_(log_sum_exp_.narrow(1, from - first_query_, rows).unsqueeze(2)).exp_();
+  // Keys after the query, or window or more positions behind it, got nothing.
+  const at::Tensor query_positions =
+      at::arange(from, to, cache.positions().options()).view({1, rows, 1});             // [1, rows, 1]
+  const at::Tensor behind = query_positions - cache.positions().unsqueeze(1);          // [kv_heads, rows, n]
+  at::Tensor hidden = behind.lt(0);
+  if (window_ > 0) hidden.logical_or_(behind.ge(window_));
+  probs.view({kv_heads, group, rows, n}).masked_fill_(hidden.unsqueeze(1), 0.0);
+  return probs;
+}
+
+}  // namespace namm

@@ -1,0 +1,80 @@
+#include "namm/query_history.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "namm/kv_cache.h"
+
+namespace namm {
+namespace {
+
+const at::TensorOptions kF32 = at::TensorOptions().dtype(at::kFloat);
+
+// The attention queries paid, computed again after the cache changed, against a softmax over the cache as it was
+// when they ran: equal on the keys still cached, zero on keys that came later or are outside the window.
+TEST(QueryHistory, RecomputesTheAttentionQueriesPaidOverTheCacheAsItIsNow) {
+  const int64_t kv_heads = 2, group = 2, heads = kv_heads * group, hd = 8, n = 12, window = 9;
+  at::manual_seed(3);
+  LayerKVCache cache(kv_heads, hd, kF32);
+  const at::Tensor keys = at::randn({kv_heads, n, hd}, kF32), values = at::randn({kv_heads, n, hd}, kF32);
+  ASSERT_TRUE(cache.Append(keys, values, at::arange(n, kF32.dtype(at::kLong))).ok());
+  // Queries 9, 10, 11 as the forward pass ran them: each over keys 0..itself within its window.
+  const at::Tensor queries = at::randn({heads, 3, hd}, kF32);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  at::Tensor expected = at::zeros({heads, 3, n}, kF32), lse = at::empty({heads, 3}, kF32);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t r = 0; r < 3; ++r) {
+      const int64_t query = 9 + r, lo = query - window + 1;
+      const at::Tensor scores = keys[h / group].narrow(0, lo, query + 1 - lo).matmul(queries[h][r]).mul(scale);
+      expected[h][r].narrow(0, lo, query + 1 - lo).copy_(scores.softmax(0));
+      lse[h][r] = scores.logsumexp(0);
+    }
+  }
+  QueryHistory history;
+  ASSERT_TRUE(history.Record(queries.narrow(1, 0, 2), lse.narrow(1, 0, 2), 9, window, 31).ok());
+  ASSERT_TRUE(history.Record(queries.narrow(1, 2, 1), lse.narrow(1, 2, 1), 11, window, 31).ok());
+  auto again = history.Attention(cache, 9, 12);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(at::allclose(*again, expected, 1e-5, 1e-6));
+
+  // Evict keys 1 and 5 from head 0 and 2 and 7 from head 1, append two new tokens: the survivors keep their
+  // probabilities (the normalizer is the one of the time the query ran), the newcomers get nothing.
+  const at::Tensor keep = at::tensor({0, 2, 3, 4, 6, 7, 8, 9, 10, 11, 0, 1, 3, 4, 5, 6, 8, 9, 10, 11},
+                                     kF32.dtype(at::kLong)).view({2, 10});
+  ASSERT_TRUE(cache.Gather(keep).ok());
+  ASSERT_TRUE(cache.Append(at::randn({kv_heads, 2, hd}, kF32), at::randn({kv_heads, 2, hd}, kF32),
+                           at::arange(12, 14, kF32.dtype(at::kLong))).ok());
+  again = history.Attention(cache, 10, 12);
+  ASSERT_TRUE(again.ok());
+  for (int64_t h = 0; h < heads; ++h) {
+    const at::Tensor kept = expected[h].narrow(0, 1, 2).index_select(1, keep[h / group]);
+    EXPECT_TRUE(at::allclose((*again)[h].narrow(1, 0, 10), kept, 1e-5, 1e-6)) << "head " << h;
+    EXPECT_TRUE((*again)[h].narrow(1, 10, 2).eq(0).all().item<bool>()) << "head " << h;
+  }
+}
+
+TEST(QueryHistory, KeepsTheNewestContiguousQueries) {
+  LayerKVCache cache(1, 4, kF32);
+  ASSERT_TRUE(cache.Append(at::zeros({1, 40, 4}, kF32), at::zeros({1, 40, 4}, kF32), at::arange(40, kF32.dtype(at::kLong))).ok());
+  QueryHistory history;
+  ASSERT_TRUE(history.Record(at::zeros({1, 3, 4}, kF32), at::zeros({1, 3}, kF32), 0, 0, 4).ok());
+  ASSERT_TRUE(history.Record(at::zeros({1, 3, 4}, kF32), at::zeros({1, 3}, kF32), 3, 0, 4).ok());
+  EXPECT_EQ(history.first_query(), 2);
+  EXPECT_EQ(history.size(), 4);
+  // A gap is refused, unless the new queries alone fill the history.
+  Status gap = history.Record(at::zeros({1, 1, 4}, kF32), at::zeros({1, 1}, kF32), 9, 0, 4);
+  EXPECT_FALSE(gap.ok());
+  EXPECT_NE(gap.message().find("cannot append query 9"), std::string::npos) << gap.message();
+  ASSERT_TRUE(history.Record(at::zeros({1, 5, 4}, kF32), at::zeros({1, 5}, kF32), 20, 0, 4).ok());
+  EXPECT_EQ(history.first_query(), 21);
+  // Queries no longer held are refused by name.
+  auto gone = history.Attention(cache, 19, 22);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.status().message().find("holds 21..24"), std::string::npos) << gone.status().message();
+}
+
+}  // namespace
+}  // namespace namm
