@@ -213,10 +213,11 @@ int Run(const Options& o) {
   if (!generator.Generate(prompt, **collector, options).ok()) return 1;
   const NormStats stats = (*collector)->normalizer().stats();
 
-  auto namm = [&](NammModel m) {
-    return [m] {
+  // As the worker runs it (from the query history), or with the per-token sample ring.
+  auto namm = [&](NammModel m, bool from_history = true) {
+    return [m, from_history] {
       std::unique_ptr<NammPolicy> policy = std::move(NammPolicy::Create(m)).value();
-      policy->set_observe_from_query_history(true);  // as the worker runs it
+      policy->set_observe_from_query_history(from_history);
       return std::unique_ptr<MemoryPolicy>(std::move(policy));
     };
   };
@@ -224,6 +225,7 @@ int Run(const Options& o) {
       {"full cache", [] { return std::unique_ptr<MemoryPolicy>(new FullCachePolicy()); }, {}, {}, {}, {}},
       {"NAMM, zero parameters", namm(Bam(0.0, 0.0f, stats)), {}, {}, {}, {}},
       {"NAMM, full pipeline, no eviction", namm(Bam(0.15, 1e4f, stats)), {}, {}, {}, {}},
+      {"  same, per-token sample ring", namm(Bam(0.15, 1e4f, stats), false), {}, {}, {}, {}},
       {"NAMM, evicting", namm(Bam(0.15, 0.0f, stats)), {}, {}, {}, {}},
       {"H2O budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(H2OPolicy::Create(CacheBudget::Tokens(512).value(), 256)).value()); }, {}, {}, {}, {}},
       {"L2 budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(L2Policy::Create(CacheBudget::Tokens(512).value())).value()); }, {}, {}, {}, {}},

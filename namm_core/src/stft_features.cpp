@@ -41,27 +41,27 @@ double EmaDecayPerHop() {
 // Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in
 // ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
 // basis rows are rotated by 16.
-at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
-  // The two bases, built once per device (a copy per hop would be a pageable host-to-device transfer on a GPU).
+// The windowed DFT basis on `device`, rows rotated by 16 when `rotated`. Built once per device (a copy per hop
+// would be a pageable host-to-device transfer on a GPU).
+at::Tensor DftBasis(at::Device device, bool rotated) {
   struct Bases {
     at::Device device;
     at::Tensor rotation[2];
   };
   static std::mutex mutex;
   static std::vector<Bases> per_device;
-  at::Tensor basis;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = std::find_if(per_device.begin(), per_device.end(),
-                           [&](const Bases& b) { return b.device == samples.device(); });
-    if (it == per_device.end()) {
-      const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(samples.device());
-      per_device.push_back({samples.device(), {built, built.roll(kStftHop, 0)}});
-      it = per_device.end() - 1;
-    }
-    basis = it->rotation[previous_hop_in_upper_half ? 1 : 0];
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = std::find_if(per_device.begin(), per_device.end(), [&](const Bases& b) { return b.device == device; });
+  if (it == per_device.end()) {
+    const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(device);
+    per_device.push_back({device, {built, built.roll(kStftHop, 0)}});
+    it = per_device.end() - 1;
   }
-  return samples.matmul(basis);
+  return it->rotation[rotated ? 1 : 0];
+}
+
+at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
+  return samples.matmul(DftBasis(samples.device(), previous_hop_in_upper_half));
 }
 
 at::Tensor Magnitudes(const at::Tensor& spectrum) {
@@ -178,13 +178,31 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
   }
 }
 
-void fold_frame(const at::Tensor& frame, const at::Tensor& ema) {
-  TORCH_CHECK(frame.dim() == 3 && frame.size(1) == kStftWindow && frame.size(0) == ema.size(0) &&
-                  frame.size(2) == ema.size(1),
-              "a frame must be [kv_heads, ", kStftWindow, ", n] for an EMA ", ema.sizes(), ", got ", frame.sizes());
-  const at::Tensor samples = frame.transpose(1, 2).contiguous();  // [kv_heads, n, 32], as the ring holds them
-  ema.mul_(EmaDecayPerHop()).add_(Magnitudes(RingFrameSpectrum(samples, /*previous_hop_in_upper_half=*/false)),
-                                  1.0 - EmaDecayPerHop());
+void gqa_mean_into(const at::Tensor& attention, AttentionPrecision precision, const at::Tensor& out) {
+  TORCH_CHECK(attention.dim() == 3 && out.dim() == 3 && out.size(2) == attention.size(1) &&
+                  out.size(1) == attention.size(2) && out.stride(2) == 1 && out.scalar_type() == at::kFloat,
+              "gqa_mean_into: attention ", attention.sizes(), " does not fit [kv_heads, n, rows] ", out.sizes());
+  if (attention.device().is_cpu() && attention.scalar_type() == at::kFloat && attention.stride(2) == 1) {
+    for (int64_t r0 = 0; r0 < attention.size(1); r0 += kStftHop) {
+      ScatterHopCpu(attention, precision == AttentionPrecision::kBf16, r0,
+                    std::min(kStftHop, attention.size(1) - r0), r0, out);
+    }
+  } else {
+    out.copy_(gqa_mean(attention, out.size(0), precision).transpose(1, 2));
+  }
+}
+
+void fold_frames(const at::Tensor& samples, const at::Tensor& ema) {
+  const int64_t frames = samples.size(2) / kStftHop - 1;
+  TORCH_CHECK(samples.dim() == 3 && samples.size(0) == ema.size(0) && samples.size(1) == ema.size(1) &&
+                  frames >= 1 && samples.size(2) == kStftHop * (frames + 1) && samples.stride(2) == 1,
+              "samples must be [", ema.size(0), ", ", ema.size(1), ", 16 (H + 1)] for an EMA ", ema.sizes(), ", got ",
+              samples.sizes());
+  for (int64_t j = 0; j < frames; ++j) {
+    const at::Tensor frame = samples.narrow(2, kStftHop * j, kStftWindow);  // [kv, n, 32], rows W apart
+    ema.mul_(EmaDecayPerHop()).add_(Magnitudes(RingFrameSpectrum(frame, /*previous_hop_in_upper_half=*/false)),
+                                    1.0 - EmaDecayPerHop());
+  }
 }
 
 }  // namespace namm

@@ -72,27 +72,37 @@ Status NammPolicy::Observe(int layer, const at::Tensor& attention, int64_t first
 void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int64_t first_query,
                                     LayerKVCache& cache) {
   const int64_t kv_heads = cache.kv_heads(), n = cache.size(), rows = attention.size(1);
-  const at::Tensor reduced = gqa_mean(attention, kv_heads, architecture_.attention_precision);  // [kv, rows, n]
-  const at::Tensor ema = cache.state(kEmaState);
-  // Every hop end e (query index = 15 mod 16) among the rows completes the frame of queries e - 31 .. e.
-  for (int64_t e = first_query + (kStftHop - 1 - first_query % kStftHop); e < first_query + rows; e += kStftHop) {
-    const int64_t start = e - (kStftWindow - 1);
-    std::vector<at::Tensor> parts;
-    // Queries before the sequence's start contribute zeros, as the reference's zero-padded first frame.
-    if (start < 0) parts.push_back(at::zeros({kv_heads, -start, n}, reduced.options()));
-    const int64_t from = std::max<int64_t>(start, 0);
-    if (from < first_query) parts.push_back(EarlierRows(layer, cache, from, first_query));
-    const int64_t own = std::max(from, first_query);
-    parts.push_back(reduced.narrow(1, own - first_query, e + 1 - own));
-    fold_frame(at::cat(parts, 1), ema);
+  const AttentionPrecision precision = architecture_.attention_precision;
+  // Every hop end e (query index = 15 mod 16) among the rows completes the frame of queries e - 31 .. e; the
+  // frames ending here need the queries from the first one's start to the last hop end.
+  const int64_t first_end = first_query + (kStftHop - 1 - first_query % kStftHop);
+  const bool frames_end_here = first_end < first_query + rows;
+  const bool valid = remembered_.layer == layer && remembered_.tokens_seen == cache.tokens_seen() &&
+                     remembered_.size == n;
+  // The forward pass's last block (its newest query is the newest token) leaves nothing for a later block: if it
+  // ends no frame either (most decode steps), there is nothing to do.
+  const bool last_block = first_query + rows == cache.tokens_seen();
+  if (!frames_end_here && last_block) return;
+  const int64_t start = std::min(first_end - (kStftWindow - 1), first_query);
+  const int64_t earlier = frames_end_here ? first_query - start : 0;
+  // Token-major samples [kv, n, earlier + rows]: zeros before the sequence, earlier queries, then these rows.
+  const at::Tensor samples = at::empty({kv_heads, n, earlier + rows}, cache.state(kEmaState).options());
+  if (earlier > 0) {
+    const int64_t zeros = std::max<int64_t>(0, -start);
+    if (zeros > 0) samples.narrow(2, 0, zeros).zero_();
+    if (earlier > zeros) samples.narrow(2, zeros, earlier - zeros).copy_(EarlierRows(layer, cache, start + zeros, first_query));
+  }
+  const at::Tensor own = samples.narrow(2, earlier, rows);
+  gqa_mean_into(attention, precision, own);
+  if (frames_end_here) {
+    const int64_t last_end = first_end + (first_query + rows - 1 - first_end) / kStftHop * kStftHop;
+    fold_frames(samples.narrow(2, 0, last_end + 1 - start), cache.state(kEmaState));
   }
   // What later blocks of this forward pass may need: the 31 newest rows of this layer.
-  if (remembered_.layer != layer || remembered_.tokens_seen != cache.tokens_seen() || remembered_.size != n) {
-    remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
-  }
+  if (last_block) return;
+  if (!valid) remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
   const int64_t kept = std::min<int64_t>(rows, kStftWindow - 1);
-  remembered_.blocks.emplace_back(first_query + rows - kept,
-                                  kept == rows ? reduced : reduced.narrow(1, rows - kept, kept).clone());
+  remembered_.blocks.emplace_back(first_query + rows - kept, own.narrow(2, rows - kept, kept).clone());
   while (remembered_.blocks.size() > 1 &&
          remembered_.blocks[1].first <= first_query + rows - (kStftWindow - 1)) {
     remembered_.blocks.erase(remembered_.blocks.begin());
@@ -111,18 +121,20 @@ at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t
     Result<at::Tensor> probs = cache.query_history().Attention(cache, next, upto);
     TORCH_CHECK(probs.ok(), "NAMM observe: ", probs.status().message(),
                 " (the engine must record the queries: MemoryPolicy::query_history())");
-    parts.push_back(gqa_mean(*probs, cache.kv_heads(), architecture_.attention_precision));
+    at::Tensor rows = at::empty({cache.kv_heads(), cache.size(), upto - next}, cache.state(kEmaState).options());
+    gqa_mean_into(*probs, architecture_.attention_precision, rows);
+    parts.push_back(rows);
     next = upto;
   }
   for (const auto& [first, block] : remembered_.blocks) {
     if (!valid || next >= to) break;
-    const int64_t last = first + block.size(1);
+    const int64_t last = first + block.size(2);
     if (last <= next) continue;
-    parts.push_back(block.narrow(1, next - first, std::min(to, last) - next));
+    parts.push_back(block.narrow(2, next - first, std::min(to, last) - next));
     next = std::min(to, last);
   }
   TORCH_CHECK(next == to, "NAMM observe: rows ", next, "..", to - 1, " are neither remembered nor recorded");
-  return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 2);
 }
 
 Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {
