@@ -17,6 +17,7 @@
 // resident memory above the start, for the full cache and for a NAMM (which observes the attention).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -156,6 +157,12 @@ Result<int64_t> ChunkPeakBytes(const LlamaModel& model, MemoryPolicy& policy, in
     NAMM_RETURN_IF_ERROR(cache.Append(at::normal(0.0, 1.0, {c.n_kv_heads, cached, c.head_dim}, generator, f32),
                                       at::normal(0.0, 1.0, {c.n_kv_heads, cached, c.head_dim}, generator, f32),
                                       at::arange(cached, f32.dtype(at::kLong))));
+    // A policy that computes earlier queries' attention again finds the queries a real prefill would have left.
+    if (const int64_t h = policy.query_history(); h > 0) {
+      NAMM_RETURN_IF_ERROR(cache.query_history().Record(at::normal(0.0, 1.0, {c.n_heads, h, c.head_dim}, generator, f32),
+                                                        at::full({c.n_heads, h}, std::log(static_cast<double>(cached)), f32),
+                                                        cached - h, 0, h));
+    }
   }
   const at::Tensor chunk = at::tensor(std::vector<int64_t>(prompt.end() - kChunk, prompt.end()), f32.dtype(at::kLong));
   bench::PeakMemory memory;

@@ -65,11 +65,10 @@ Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t fr
   at::Tensor probs = scores.to(at::kFloat).view({heads, rows, n});
   probs.sub_(log_sum_exp_.narrow(1, from - first_query_, rows).unsqueeze(2)).exp_();
   // Keys after the query, or window or more positions behind it, got nothing.
-  const at::Tensor query_positions =
-      at::arange(from, to, cache.positions().options()).view({1, rows, 1});             // [1, rows, 1]
-  const at::Tensor behind = query_positions - cache.positions().unsqueeze(1);          // [kv_heads, rows, n]
-  at::Tensor hidden = behind.lt(0);
-  if (window_ > 0) hidden.logical_or_(behind.ge(window_));
+  const at::Tensor query_positions = at::arange(from, to, cache.positions().options()).view({1, rows, 1});
+  const at::Tensor key_positions = cache.positions().unsqueeze(1);  // [kv_heads, 1, n]
+  at::Tensor hidden = key_positions.gt(query_positions);            // [kv_heads, rows, n], no int64 temporary
+  if (window_ > 0) hidden.logical_or_(key_positions.le(query_positions - window_));
   probs.view({kv_heads, group, rows, n}).masked_fill_(hidden.unsqueeze(1), 0.0);
   return probs;
 }

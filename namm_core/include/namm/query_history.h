@@ -29,6 +29,7 @@ class QueryHistory {
 
   int64_t first_query() const { return first_query_; }
   int64_t size() const { return queries_.defined() ? queries_.size(1) : 0; }
+  int64_t heads() const { return queries_.defined() ? queries_.size(0) : 0; }
   // Bytes held (queries and log-sum-exp).
   int64_t bytes() const;
 

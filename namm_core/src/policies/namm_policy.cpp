@@ -118,11 +118,18 @@ at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t
   const int64_t remembered_from = valid && !remembered_.blocks.empty() ? remembered_.blocks.front().first : to;
   if (next < remembered_from) {
     const int64_t upto = std::min(to, remembered_from);
-    Result<at::Tensor> probs = cache.query_history().Attention(cache, next, upto);
-    TORCH_CHECK(probs.ok(), "NAMM observe: ", probs.status().message(),
-                " (the engine must record the queries: MemoryPolicy::query_history())");
     at::Tensor rows = at::empty({cache.kv_heads(), cache.size(), upto - next}, cache.state(kEmaState).options());
-    gqa_mean_into(*probs, architecture_.attention_precision, rows);
+    // A few queries at a time, so that their probabilities ([q_heads, piece, n]) stay as small as the engine's
+    // attention blocks (LlamaModel's 2^22 elements).
+    const int64_t heads = cache.query_history().heads();
+    const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, heads * cache.size()));
+    for (int64_t q = next; q < upto; q += piece) {
+      const int64_t len = std::min(piece, upto - q);
+      Result<at::Tensor> probs = cache.query_history().Attention(cache, q, q + len);
+      TORCH_CHECK(probs.ok(), "NAMM observe: ", probs.status().message(),
+                  " (the engine must record the queries: MemoryPolicy::query_history())");
+      gqa_mean_into(*probs, architecture_.attention_precision, rows.narrow(2, q - next, len));
+    }
     parts.push_back(rows);
     next = upto;
   }
