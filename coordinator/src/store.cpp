@@ -877,8 +877,10 @@ Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
       for (int64_t id : *c.keep_snapshots) keep += "," + std::to_string(id);
       // (Incomplete ones are being written by another connection, or were cut off: DropIncompleteSnapshots().)
       SQLite::Statement forget(*db_, "DELETE FROM snapshots WHERE run_id = ? AND complete = 1 AND id NOT IN (" +
-                                         keep + ")");
+                                         keep + ") AND NOT (stage = ? AND generation = ?)");
       forget.bind(1, c.run_id);
+      forget.bind(2, c.snapshot_in_flight ? c.snapshot_in_flight->first : int64_t{-1});
+      forget.bind(3, c.snapshot_in_flight ? c.snapshot_in_flight->second : int64_t{-1});
       dropped_snapshots = forget.exec() > 0;
     }
     DropUnreferencedDecompositions(*db_, c.run_id);

@@ -750,6 +750,9 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     if (has_best && !c.finished && (hand_over || !c.stage_ends)) positions.emplace_back(g.stage, best_generation);
     NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> keep, SnapshotsNeeded(positions));
     c.keep_snapshots = std::move(keep);
+    // A background snapshot not joined yet (FinishSnapshotWrite above found it running) may complete before
+    // this commit deletes: it is named so that it survives (it is the pending decomposition's source).
+    if (snapshot_write_) c.snapshot_in_flight = std::make_pair(snapshot_write_->listed.stage, snapshot_write_->listed.generation);
   }
 
   const auto commit_start = std::chrono::steady_clock::now();

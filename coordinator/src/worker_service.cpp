@@ -21,7 +21,7 @@ using Clock = LeaseScheduler::Clock;
 std::string NewWorkerId() { return "w-" + random_hex(24); }
 
 // "ipv4:10.0.0.7:53412" -> "ipv4:10.0.0.7": the peer's address without its port.
-std::string PeerAddress(const grpc::ServerContext& context) {
+std::string PeerAddress(const grpc::ServerContextBase& context) {
   const std::string peer = context.peer();
   const std::size_t colon = peer.rfind(':');
   return colon == std::string::npos || colon < peer.find(':') + 1 ? peer : peer.substr(0, colon);
@@ -69,7 +69,7 @@ grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) 
   return {code, message};
 }
 
-grpc::Status WorkerService::Authenticate(const grpc::ServerContext& context) {
+grpc::Status WorkerService::Authenticate(const grpc::ServerContextBase& context) {
   const std::string peer = PeerAddress(context);
   const Clock::time_point now = Clock::now();
   {
@@ -118,13 +118,94 @@ grpc::Status WorkerService::FindSession(const std::string& worker_id, std::share
                                        "session ended): register again");
 }
 
+// One worker's lease stream. Every method but the reactions runs with the service's mutex held; the reactions
+// (OnWriteDone, OnCancel, OnDone) take it. gRPC never runs a write's reaction inside StartWrite (its callback is
+// not inlineable), so writing under the mutex cannot deadlock.
+class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::WorkBatch> {
+ public:
+  LeaseStream(WorkerService& service, std::string worker_id, std::string peer, std::shared_ptr<Session> session)
+      : service_(service), id_(std::move(worker_id)), peer_(std::move(peer)), session_(std::move(session)) {}
+
+  // Sends what the worker should have now (cancellations, leases for its free slots), or ends the stream.
+  void Pump() {
+    if (finished_ || writing_) return;
+    if (cancelled_) return Close(grpc::Status::OK);
+    batch_.Clear();
+    if (const std::optional<v1::WorkBatch::End> end = service_.StreamEnd(id_)) {
+      batch_.set_end(*end);
+      for (uint64_t lease : service_.scheduler_.TakeCancelled(id_)) batch_.add_cancelled_lease_ids(lease);
+      finished_ = true;
+      StartWriteAndFinish(&batch_, grpc::WriteOptions(), grpc::Status::OK);
+      return;
+    }
+    if (!service_.scheduler_.HasCancelled(id_) && !service_.scheduler_.HasWorkFor(id_)) return;
+    // Leases that could not be logged are not sent: they expire and run elsewhere.
+    if (!service_.FillBatch(id_, *session_, &batch_)) {
+      for (const v1::CandidateParameters& p : batch_.parameters()) session_->params_sent.erase({p.generation(), p.candidate()});
+      batch_.clear_leases();
+      batch_.clear_parameters();
+    }
+    if (batch_.leases_size() == 0 && batch_.cancelled_lease_ids_size() == 0) return;
+    writing_ = true;
+    StartWrite(&batch_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(service_.mu_);
+    writing_ = false;
+    if (!ok) return Close(grpc::Status::OK);  // the worker is gone
+    Pump();
+  }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(service_.mu_);
+    cancelled_ = true;
+    if (!writing_) Close(grpc::Status::OK);
+  }
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(service_.mu_);
+      session_->stream = nullptr;
+      service_.StreamEnded(id_, session_);
+    }
+    {
+      std::lock_guard<std::mutex> lock(service_.peers_mu_);
+      --service_.peers_[peer_].streams;
+    }
+    delete this;
+  }
+
+ private:
+  void Close(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  WorkerService& service_;
+  const std::string id_, peer_;
+  const std::shared_ptr<Session> session_;
+  v1::WorkBatch batch_;  // the message being written
+  bool writing_ = false, finished_ = false, cancelled_ = false;
+};
+
+// A lease stream refused before it started.
+class RefusedStream final : public grpc::ServerWriteReactor<v1::WorkBatch> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 void WorkerService::WakeAll() {
   (void)scheduler_.TakeCancelNotices();  // everyone looks
-  for (auto& [id, s] : sessions_) s->wake.notify_all();
+  for (auto& [id, s] : sessions_) {
+    if (s->stream != nullptr) s->stream->Pump();
+  }
 }
 
 void WorkerService::Wake(const std::string& worker_id) {
-  if (const auto it = sessions_.find(worker_id); it != sessions_.end()) it->second->wake.notify_all();
+  if (const auto it = sessions_.find(worker_id); it != sessions_.end() && it->second->stream != nullptr) {
+    it->second->stream->Pump();
+  }
 }
 
 void WorkerService::StartPhase(std::shared_ptr<const PhaseData> phase, const std::vector<ScheduledUnit>& units) {
@@ -167,6 +248,11 @@ void WorkerService::ExpireLeases() {
   ended.leases_ended = scheduler_.TakeEnded();
   Log(ended);
   const Clock::time_point now = Clock::now();
+  // Everything that gives a worker work wakes its stream; once a second every stream looks anyway.
+  if (now - last_wake_all_ >= std::chrono::seconds(1)) {
+    last_wake_all_ = now;
+    WakeAll();
+  }
   if (const int64_t n = scheduler_.ExpireLeases(now); n > 0) {
     spdlog::warn("{} lease(s) expired without a heartbeat; their prompts go back to the queue", n);
     WakeAll();
@@ -310,68 +396,41 @@ bool WorkerService::FillBatch(const std::string& worker_id, Session& session, v1
   return Log(issued);  // before the worker can see them: a restarted coordinator keeps them for it
 }
 
-grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
-                                   grpc::ServerWriter<v1::WorkBatch>* writer) {
-  if (grpc::Status s = Authenticate(*context); !s.ok()) return s;
+grpc::ServerWriteReactor<v1::WorkBatch>* WorkerService::Leases(grpc::CallbackServerContext* context,
+                                                                const v1::LeasesRequest* request) {
+  if (grpc::Status s = Authenticate(*context); !s.ok()) return new RefusedStream(s);
   const std::string& id = request->worker_id();
   const std::string peer = PeerAddress(*context);
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
     PeerRecord& p = peers_[peer];
     if (config_.max_streams_per_peer > 0 && p.streams >= config_.max_streams_per_peer) {
-      return Refuse(StatusCode::RESOURCE_EXHAUSTED, peer + " has " + std::to_string(p.streams) +
-                                                        " lease streams open already (--max-streams-per-peer)");
+      return new RefusedStream(Refuse(StatusCode::RESOURCE_EXHAUSTED,
+                                      peer + " has " + std::to_string(p.streams) +
+                                          " lease streams open already (--max-streams-per-peer)"));
     }
-    ++p.streams;
+    ++p.streams;  // released by the stream's OnDone
   }
-  struct StreamCount {  // released however the stream ends
-    WorkerService* service;
-    std::string peer;
-    ~StreamCount() {
-      std::lock_guard<std::mutex> lock(service->peers_mu_);
-      --service->peers_[peer].streams;
-    }
-  } counted{this, peer};
+  std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Session> session;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (grpc::Status s = FindSession(id, &session); !s.ok()) return s;
-    if (session->streaming) {
-      return Refuse(StatusCode::FAILED_PRECONDITION, "worker " + id + " already has a lease stream open");
-    }
-    session->streaming = true;
+  grpc::Status refused = FindSession(id, &session);
+  if (refused.ok() && session->streaming) {
+    refused = Refuse(StatusCode::FAILED_PRECONDITION, "worker " + id + " already has a lease stream open");
   }
-  bool ended = false;
-  while (!ended && !context->IsCancelled()) {
-    v1::WorkBatch batch;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // Whatever gives this worker work wakes it; the timeout only notices a client that went away (a sync
-      // stream learns of it by looking). 1 s rather than 200 ms: at 1,024 workers the idle streams' wake-ups
-      // were 5,000 a second, as many as the results (coordinator CPU per result 510 -> 430 us, coordinator_bench).
-      session->wake.wait_for(lock, std::chrono::seconds(1), [&] {
-        return StreamEnd(id) || scheduler_.HasCancelled(id) || scheduler_.HasWorkFor(id);
-      });
-      const std::optional<v1::WorkBatch::End> end = StreamEnd(id);
-      if (end) {
-        batch.set_end(*end);
-        ended = true;
-        for (uint64_t lease : scheduler_.TakeCancelled(id)) batch.add_cancelled_lease_ids(lease);
-      } else {
-        // Leases that could not be logged are not sent: they expire and run elsewhere.
-        if (!FillBatch(id, *session, &batch)) {
-          for (const v1::CandidateParameters& p : batch.parameters()) session->params_sent.erase({p.generation(), p.candidate()});
-          batch.clear_leases();
-          batch.clear_parameters();
-        }
-      }
-    }
-    if (batch.leases_size() == 0 && batch.cancelled_lease_ids_size() == 0 && !ended) continue;
-    if (!writer->Write(batch)) break;
+  if (!refused.ok()) {
+    std::lock_guard<std::mutex> peers(peers_mu_);
+    --peers_[peer].streams;
+    return new RefusedStream(refused);
   }
+  session->streaming = true;
+  session->stream = new LeaseStream(*this, id, peer, session);
+  session->stream->Pump();  // its first leases (gRPC sends them once the stream is bound)
+  return session->stream;
+}
+
+void WorkerService::StreamEnded(const std::string& id, const std::shared_ptr<Session>& session) {
   // The worker is gone (or done): whatever it still holds goes back to the queue. It may still report those
   // leases until the phase ends.
-  std::lock_guard<std::mutex> lock(mu_);
   const std::size_t held = scheduler_.LeasesOf(id).size();
   if (scheduler_.IsQuarantined(id)) {
     spdlog::error("worker '{}' ({}) failed {} prompts in a row and gets no more work from this run", session->name, id,
@@ -389,7 +448,6 @@ grpc::Status WorkerService::Leases(grpc::ServerContext* context, const v1::Lease
   if (held > 0) spdlog::warn("worker '{}' ({}) left holding {} leases: returned to the queue", session->name, id, held);
   spdlog::info("worker '{}' ({}) disconnected", session->name, id);
   WakeAll();
-  return grpc::Status::OK;
 }
 
 std::optional<v1::WorkBatch::End> WorkerService::StreamEnd(const std::string& worker_id) const {

@@ -1,7 +1,9 @@
 // The gRPC face of a run (proto/namm/v1/coordinator.proto): registers workers, pushes leases over their
 // streams, validates and collects results. It knows nothing of the optimizer or the store: the run loop
 // (run_server.cpp) starts phases and harvests results; handlers run on gRPC's threads, the loop on its own, and
-// everything shared sits behind one mutex.
+// everything shared sits behind one mutex. Lease streams use gRPC's callback API: whatever gives a worker work
+// sends it from the thread that made it (no thread waits per stream; at 1,024 workers those threads' wake-ups
+// were a third of the coordinator's CPU).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -9,7 +11,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -69,7 +70,7 @@ struct ServiceHooks {
   std::function<Status(const ProgressEntries&)> log;
 };
 
-class WorkerService final : public v1::Coordinator::Service {
+class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1::Coordinator::Service> {
  public:
   WorkerService(ServiceConfig config, SchedulerOptions scheduler, ServiceHooks hooks);
 
@@ -95,8 +96,8 @@ class WorkerService final : public v1::Coordinator::Service {
   // gRPC handlers.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
-  grpc::Status Leases(grpc::ServerContext* context, const v1::LeasesRequest* request,
-                      grpc::ServerWriter<v1::WorkBatch>* writer) override;
+  grpc::ServerWriteReactor<v1::WorkBatch>* Leases(grpc::CallbackServerContext* context,
+                                                  const v1::LeasesRequest* request) override;
   grpc::Status Report(grpc::ServerContext* context, const v1::ReportRequest* request,
                       v1::ReportResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
@@ -105,16 +106,17 @@ class WorkerService final : public v1::Coordinator::Service {
                      v1::DrainResponse* response) override;
 
  private:
+  class LeaseStream;
   struct Session {
     std::string name;
     std::chrono::steady_clock::time_point registered;
-    std::condition_variable wake;
     std::set<std::pair<int64_t, int64_t>> params_sent;  // (generation, candidate)
     bool streaming = false;
+    LeaseStream* stream = nullptr;  // while streaming
   };
 
   // The secret, and the peer's standing: too many recent failures from its address refuse it for a while.
-  grpc::Status Authenticate(const grpc::ServerContext& context);
+  grpc::Status Authenticate(const grpc::ServerContextBase& context);
   // Counts and logs a refused call; needs no lock.
   grpc::Status Refuse(grpc::StatusCode code, const std::string& message);
   // The session of `worker_id` (mu_ held), or NOT_FOUND. With `departed`, also a session whose stream ended
@@ -131,6 +133,8 @@ class WorkerService final : public v1::Coordinator::Service {
   void WakeAll();
   // One worker's lease stream looks again (mu_ held).
   void Wake(const std::string& worker_id);
+  // A lease stream ended: its worker is gone or done, and what it holds goes back to the queue (mu_ held).
+  void StreamEnded(const std::string& worker_id, const std::shared_ptr<Session>& session);
 
   const ServiceConfig config_;
   const ServiceHooks hooks_;
@@ -141,6 +145,7 @@ class WorkerService final : public v1::Coordinator::Service {
   std::map<std::string, std::shared_ptr<Session>> departed_;  // streams ended in this phase
   std::shared_ptr<const PhaseData> phase_;
   std::optional<v1::WorkBatch::End> end_;
+  std::chrono::steady_clock::time_point last_wake_all_;  // ExpireLeases' once-a-second look at every stream
   std::vector<EvaluationRecord> evaluations_;  // accepted, not yet taken for the store
   std::vector<ReferenceResult> references_;
   struct PeerRecord {

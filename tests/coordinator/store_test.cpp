@@ -3,6 +3,8 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -221,6 +223,46 @@ TEST(Store, EvaluationsAreIdempotentPerUnitAndValidated) {
   const auto tokens = store->GetPromptTokens(run).value();
   ASSERT_EQ(tokens.size(), 1u);
   EXPECT_EQ(tokens.at({"t/a", 5}), 920);
+}
+
+// A commit's snapshot retention spares a snapshot another connection is writing, even when it completed after the
+// trainer last listed the snapshots (it would be the pending decomposition's source: deleting it left a run that
+// could not be resumed, "snapshot 7 of run 1 does not exist", found by the kill storm).
+TEST(Store, RetentionSparesTheSnapshotBeingWrittenElsewhere) {
+  const std::string path = FreshDatabasePath("retention.db");
+  auto store = Store::Open(path, OpenMode::kCreate).value();
+  const CmaesParams p = SmallParams();
+  const CmaesState s = EvolvedState(p);
+  const int64_t run = *store->CreateRun(OneStageRun(s));
+  const int64_t first = store->ListSnapshots(run)->front().id;
+  NewSnapshot elsewhere;
+  elsewhere.stage = 0;
+  elsewhere.generation = 1;
+  elsewhere.eigen_from_self = true;
+  elsewhere.state = &s;
+  const int64_t written = *store->AddSnapshotConcurrently(run, elsewhere);  // complete before the commit
+  GenerationCommit c;
+  c.run_id = run;
+  c.generation.generation = 0;
+  c.generation.stage = 0;
+  c.generation.mean = s.mean;
+  c.generation.best_params = s.mean;
+  c.next_state = &s;
+  c.keep_snapshots = std::vector<int64_t>{first};  // what the trainer knew it needed
+  c.snapshot_in_flight = std::make_pair(int64_t{0}, int64_t{1});
+  ASSERT_TRUE(store->CommitGeneration(c).ok());
+  const auto ids = [&] {
+    const std::vector<SnapshotRecord> listed = store->ListSnapshots(run).value();
+    std::set<int64_t> out;
+    for (const SnapshotRecord& r : listed) out.insert(r.id);
+    return out;
+  };
+  EXPECT_EQ(ids(), (std::set<int64_t>{first, written}));
+  // Without the in-flight mark it would have gone, as an unneeded snapshot does.
+  c.generation.generation = 1;
+  c.snapshot_in_flight.reset();
+  ASSERT_TRUE(store->CommitGeneration(c).ok());
+  EXPECT_EQ(ids(), (std::set<int64_t>{first}));
 }
 
 TEST(Store, ReferenceImportRefusesConflictsAsAWhole) {

@@ -153,6 +153,9 @@ struct GenerationCommit {
   std::optional<std::pair<int64_t, uint32_t>> eigen_applied;  // (snapshot id, CRC of its covariance's eigensystem)
   // When set, the run's snapshots other than these (and the new one) are deleted.
   std::optional<std::vector<int64_t>> keep_snapshots;
+  // (stage, generation) of a snapshot another connection is writing (AddSnapshotConcurrently): never deleted
+  // here, not even if it completes between the trainer's last look and this commit.
+  std::optional<std::pair<int64_t, int64_t>> snapshot_in_flight;
   std::map<std::string, double> metrics;
 };
 
