@@ -559,7 +559,13 @@ void WorkerClient::Impl::Heartbeat(std::unique_lock<std::mutex>& lock) {
   lock.lock();
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) return Reconnect(s.error_message());
   if (!s.ok()) {
-    spdlog::warn("heartbeat failed: {}", s.error_message());
+    // A heartbeat cut off because this worker is leaving, or cancelled by a coordinator that is shutting down
+    // (its stream then says why, or breaks and the worker reconnects), is no failure.
+    if (stopping || s.error_code() == grpc::StatusCode::CANCELLED) {
+      spdlog::info("heartbeat not answered: {}", s.error_message());
+    } else {
+      spdlog::warn("heartbeat failed: {}", s.error_message());
+    }
     return;
   }
   for (uint64_t id : response.cancelled_lease_ids()) Cancel(id);
