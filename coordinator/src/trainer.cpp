@@ -752,7 +752,9 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     c.keep_snapshots = std::move(keep);
     // A background snapshot not joined yet (FinishSnapshotWrite above found it running) may complete before
     // this commit deletes: it is named so that it survives (it is the pending decomposition's source).
-    if (snapshot_write_) c.snapshot_in_flight = std::make_pair(snapshot_write_->listed.stage, snapshot_write_->listed.generation);
+    if (snapshot_write_) {
+      c.snapshot_in_flight = std::make_pair(snapshot_write_->listed.stage, snapshot_write_->listed.generation);
+    }
   }
 
   const auto commit_start = std::chrono::steady_clock::now();

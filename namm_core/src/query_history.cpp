@@ -1,7 +1,6 @@
 #include "namm/query_history.h"
 
 #include <cmath>
-#include <limits>
 
 #include "aten.h"
 #include "namm/dtype.h"

@@ -32,42 +32,43 @@ at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
 
 at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
 
-// The EMA's decay over one hop: a = 0.99^16 (spec §3.4).
-double EmaDecayPerHop() {
-  static const double a = std::pow(kEmaCoefficientPerQuery, static_cast<double>(kStftHop));
-  return a;
-}
-
 // Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in
 // ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
 // basis rows are rotated by 16.
-// The windowed DFT basis on `device`, rows rotated by 16 when `rotated`. Built once per device (a copy per hop
-// would be a pageable host-to-device transfer on a GPU).
-at::Tensor DftBasis(at::Device device, bool rotated) {
+at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
+  // The two bases, built once per device (a copy per hop would be a pageable host-to-device transfer on a GPU).
   struct Bases {
     at::Device device;
     at::Tensor rotation[2];
   };
   static std::mutex mutex;
   static std::vector<Bases> per_device;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = std::find_if(per_device.begin(), per_device.end(), [&](const Bases& b) { return b.device == device; });
-  if (it == per_device.end()) {
-    const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(device);
-    per_device.push_back({device, {built, built.roll(kStftHop, 0)}});
-    it = per_device.end() - 1;
+  at::Tensor basis;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = std::find_if(per_device.begin(), per_device.end(),
+                           [&](const Bases& b) { return b.device == samples.device(); });
+    if (it == per_device.end()) {
+      const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(samples.device());
+      per_device.push_back({samples.device(), {built, built.roll(kStftHop, 0)}});
+      it = per_device.end() - 1;
+    }
+    basis = it->rotation[previous_hop_in_upper_half ? 1 : 0];
   }
-  return it->rotation[rotated ? 1 : 0];
-}
-
-at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
-  return samples.matmul(DftBasis(samples.device(), previous_hop_in_upper_half));
+  return samples.matmul(basis);
 }
 
 at::Tensor Magnitudes(const at::Tensor& spectrum) {
   const at::Tensor re = spectrum.narrow(-1, 0, kStftBins);
   const at::Tensor im = spectrum.narrow(-1, kStftBins, kStftBins);
   return (re * re + im * im).sqrt_();
+}
+
+// One EMA step (spec §3.4, a = 0.99^16 per hop) with the frame held in `samples` [kv, n, 32] (ring order, see
+// RingFrameSpectrum): ema <- a ema + (1 - a) |X|.
+void FoldFrame(const at::Tensor& samples, bool previous_hop_in_upper_half, const at::Tensor& ema) {
+  static const double a = std::pow(kEmaCoefficientPerQuery, static_cast<double>(kStftHop));
+  ema.mul_(a).add_(Magnitudes(RingFrameSpectrum(samples, previous_hop_in_upper_half)), 1.0 - a);
 }
 
 // Round-to-nearest-even to bfloat16, as torch converts (inputs are finite probabilities).
@@ -173,7 +174,7 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
     // A complete hop completes the frame [previous hop, this hop]; the next hop overwrites the older half (every
     // query writes every cached token, and tokens that arrive later start from zeros).
     if (offset + len == kStftHop) {
-      state.ema.mul_(EmaDecayPerHop()).add_(Magnitudes(RingFrameSpectrum(state.samples, !upper_half)), 1.0 - EmaDecayPerHop());
+      FoldFrame(state.samples, !upper_half, state.ema);
     }
   }
 }
@@ -200,8 +201,7 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema) {
               samples.sizes());
   for (int64_t j = 0; j < frames; ++j) {
     const at::Tensor frame = samples.narrow(2, kStftHop * j, kStftWindow);  // [kv, n, 32], rows W apart
-    ema.mul_(EmaDecayPerHop()).add_(Magnitudes(RingFrameSpectrum(frame, /*previous_hop_in_upper_half=*/false)),
-                                    1.0 - EmaDecayPerHop());
+    FoldFrame(frame, /*previous_hop_in_upper_half=*/false, ema);
   }
 }
 

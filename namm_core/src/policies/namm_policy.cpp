@@ -77,8 +77,7 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   // frames ending here need the queries from the first one's start to the last hop end.
   const int64_t first_end = first_query + (kStftHop - 1 - first_query % kStftHop);
   const bool frames_end_here = first_end < first_query + rows;
-  const bool valid = remembered_.layer == layer && remembered_.tokens_seen == cache.tokens_seen() &&
-                     remembered_.size == n;
+  const bool valid = remembered_.ValidFor(layer, cache);
   // The forward pass's last block (its newest query is the newest token) leaves nothing for a later block: if it
   // ends no frame either (most decode steps), there is nothing to do.
   const bool last_block = first_query + rows == cache.tokens_seen();
@@ -112,17 +111,16 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
 at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to) const {
   std::vector<at::Tensor> parts;
   int64_t next = from;
-  const bool valid = remembered_.layer == layer && remembered_.tokens_seen == cache.tokens_seen() &&
-                     remembered_.size == cache.size();
+  const bool valid = remembered_.ValidFor(layer, cache);
   // The remembered blocks are contiguous and end at `to`; rows before the first of them are computed again.
   const int64_t remembered_from = valid && !remembered_.blocks.empty() ? remembered_.blocks.front().first : to;
   if (next < remembered_from) {
     const int64_t upto = std::min(to, remembered_from);
     at::Tensor rows = at::empty({cache.kv_heads(), cache.size(), upto - next}, cache.state(kEmaState).options());
     // A few queries at a time, so that their probabilities ([q_heads, piece, n]) stay as small as the engine's
-    // attention blocks (LlamaModel's 2^22 elements).
+    // attention blocks.
     const int64_t heads = cache.query_history().heads();
-    const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, heads * cache.size()));
+    const int64_t piece = std::max<int64_t>(1, kAttentionBlockElements / std::max<int64_t>(1, heads * cache.size()));
     for (int64_t q = next; q < upto; q += piece) {
       const int64_t len = std::min(piece, upto - q);
       Result<at::Tensor> probs = cache.query_history().Attention(cache, q, q + len);

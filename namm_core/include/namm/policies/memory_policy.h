@@ -35,6 +35,10 @@ struct SequenceInfo {
   std::vector<int64_t> prompt_ids;
 };
 
+// Engines hand attention to Observe() in blocks of query rows of at most this many probabilities (q_heads x rows x
+// cached keys, float32: 16 MiB), and a policy that computes attention again keeps to the same bound.
+constexpr int64_t kAttentionBlockElements = int64_t{1} << 22;
+
 class MemoryPolicy {
  public:
   virtual ~MemoryPolicy() = default;

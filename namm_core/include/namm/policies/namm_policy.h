@@ -87,6 +87,9 @@ class NammPolicy final : public MemoryPolicy {
     int layer = -1;
     int64_t tokens_seen = -1, size = -1;
     std::vector<std::pair<int64_t, at::Tensor>> blocks;
+    bool ValidFor(int l, const LayerKVCache& cache) const {
+      return layer == l && tokens_seen == cache.tokens_seen() && size == cache.size();
+    }
   };
   RememberedRows remembered_;
 };

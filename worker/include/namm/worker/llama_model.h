@@ -36,8 +36,8 @@ class LlamaModel {
   const at::TensorOptions& options() const { return options_; }
 
   // Attention runs a chunk's queries in blocks of rows so that heads x rows x cache size (the scores and the
-  // probabilities alive at once) stays under this many elements, 2^22 by default; the result does not depend on
-  // it. 1 runs one query at a time.
+  // probabilities alive at once) stays under this many elements, kAttentionBlockElements by default; the result
+  // does not depend on it. 1 runs one query at a time.
   void set_attention_block_elements(int64_t elements) { attention_block_elements_ = std::max<int64_t>(1, elements); }
 
   // One empty cache per layer, carrying `policy`'s per-token state.
@@ -62,7 +62,7 @@ class LlamaModel {
   LlamaWeights weights_;
   at::TensorOptions options_;
   at::Tensor inv_freq_;
-  int64_t attention_block_elements_ = int64_t{1} << 22;
+  int64_t attention_block_elements_ = kAttentionBlockElements;
 };
 
 }  // namespace namm::worker
