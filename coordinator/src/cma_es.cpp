@@ -151,10 +151,45 @@ bool CmaesState::operator==(const CmaesState& o) const {
                             (pending_covariance == o.pending_covariance ||
                              (pending_covariance && o.pending_covariance && *pending_covariance == *o.pending_covariance));
   return generation == o.generation && mean == o.mean && sigma == o.sigma && covariance == o.covariance &&
-         path_c == o.path_c && path_sigma == o.path_sigma && eigen.generation == o.eigen.generation &&
+         covariance_backlog == o.covariance_backlog && path_c == o.path_c && path_sigma == o.path_sigma && eigen.generation == o.eigen.generation &&
          (eigen.basis == o.eigen.basis || (eigen.basis && o.eigen.basis && *eigen.basis == *o.eigen.basis)) &&
          eigen.scales == o.eigen.scales && same_pending &&
          best_member == o.best_member && best_fitness == o.best_fitness && best_generation == o.best_generation;
+}
+
+bool CovarianceUpdate::operator==(const CovarianceUpdate& o) const {
+  return generation == o.generation && decay == o.decay && positive_rows == o.positive_rows && rows == o.rows &&
+         path_c == o.path_c;
+}
+
+void apply_covariance_update(const CmaesParams& p, const CovarianceUpdate& u, std::vector<double>& covariance) {
+  const int64_t n = p.dimension;
+  const int64_t rows = static_cast<int64_t>(u.rows.size()) / n;
+  double* c = covariance.data();
+  linalg::symmetric_rank_k(n, u.positive_rows, p.c_mu, u.rows.data(), u.decay, c);
+  if (rows > u.positive_rows) {
+    linalg::symmetric_rank_k(n, rows - u.positive_rows, -p.c_mu, u.rows.data() + u.positive_rows * n, 1.0, c);
+  }
+  linalg::symmetric_rank_1(n, p.c_1, u.path_c.data(), c);
+}
+
+std::shared_ptr<const std::vector<double>> apply_covariance_backlog(const CmaesParams& p,
+                                                                    const std::vector<CovarianceUpdate>& backlog,
+                                                                    std::vector<double>& covariance,
+                                                                    int64_t copy_after) {
+  std::shared_ptr<const std::vector<double>> copy;
+  for (const CovarianceUpdate& u : backlog) {
+    apply_covariance_update(p, u, covariance);
+    if (u.generation == copy_after) copy = std::make_shared<const std::vector<double>>(covariance);
+  }
+  return copy;
+}
+
+void settle_covariance(const CmaesParams& p, CmaesState& s) {
+  auto copy = apply_covariance_backlog(p, s.covariance_backlog, s.covariance,
+                                       s.pending_covariance ? -1 : s.pending_generation);
+  if (copy) s.pending_covariance = std::move(copy);
+  s.covariance_backlog.clear();
 }
 
 Result<Eigensystem> decompose(const CmaesParams& p, int64_t generation, const std::vector<double>& covariance) {
@@ -273,7 +308,8 @@ Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw) {
   return pop;
 }
 
-Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const std::vector<double>& fitness) {
+Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const std::vector<double>& fitness,
+            CovarianceTiming timing) {
   const int64_t n = p.dimension, lambda = p.population;
   if (pop.generation != s.generation) {
     return Status::FailedPrecondition("the population was sampled at generation " + std::to_string(pop.generation) +
@@ -353,20 +389,26 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
   }
   const double delta = (1 - h_sigma) * p.c_c * (2 - p.c_c);
   const double decay = 1 + p.c_1 * delta - p.c_1 - p.c_mu * weight_sum;
+  // A delayed lazy schedule is the only one whose tell() needs no C: it decomposes a copy later.
+  const bool defer = timing == CovarianceTiming::kDeferred && Lazy(p) && p.options.eigen_delay > 0;
   if (Full(p)) {
     // Rows scaled by sqrt(|w|): the positive and the negative parts are two symmetric rank-k updates.
-    std::vector<double> positive, negative;
-    for (int64_t r = 0; r < lambda; ++r) {
-      const double w = w_adjusted[static_cast<std::size_t>(r)];
-      if (w == 0) continue;
-      auto& rows = w > 0 ? positive : negative;
-      const double scale = std::sqrt(std::abs(w));
-      for (std::size_t j = 0; j < N; ++j) rows.push_back(scale * sorted_y[static_cast<std::size_t>(r) * N + j]);
+    CovarianceUpdate update;
+    update.generation = g;
+    update.decay = decay;
+    update.rows.reserve(static_cast<std::size_t>(lambda) * N);
+    for (const bool positive : {true, false}) {
+      for (int64_t r = 0; r < lambda; ++r) {
+        const double w = w_adjusted[static_cast<std::size_t>(r)];
+        if (w == 0 || (w > 0) != positive) continue;
+        const double scale = std::sqrt(std::abs(w));
+        for (std::size_t j = 0; j < N; ++j) update.rows.push_back(scale * sorted_y[static_cast<std::size_t>(r) * N + j]);
+        if (positive) ++update.positive_rows;
+      }
     }
-    double* c = s.covariance.data();
-    linalg::symmetric_rank_k(n, static_cast<int64_t>(positive.size() / N), p.c_mu, positive.data(), decay, c);
-    if (!negative.empty()) linalg::symmetric_rank_k(n, static_cast<int64_t>(negative.size() / N), -p.c_mu, negative.data(), 1.0, c);
-    linalg::symmetric_rank_1(n, p.c_1, s.path_c.data(), c);
+    update.path_c = s.path_c;
+    s.covariance_backlog.push_back(std::move(update));
+    if (!defer) settle_covariance(p, s);
   } else {
     for (std::size_t i = 0; i < N; ++i) {
       double rank_mu = 0;
@@ -390,7 +432,8 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
   // One request at a time, gap generations after the last.
   if (s.pending_generation < 0 && static_cast<double>(g - s.eigen.generation) > p.eigen_gap_generations) {
     s.pending_generation = g;
-    s.pending_covariance = std::make_shared<const std::vector<double>>(s.covariance);
+    // Deferred: settle_covariance() copies C once this generation's update is applied.
+    if (!defer) s.pending_covariance = std::make_shared<const std::vector<double>>(s.covariance);
   }
   if (p.options.eigen_delay == 0 && s.pending_generation >= 0) {  // else the caller applies it when due
     NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(p, s.pending_generation, *s.pending_covariance));

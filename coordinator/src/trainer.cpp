@@ -102,6 +102,61 @@ Trainer::~Trainer() {
   // A prepared snapshot is written before going (a rebuild would write it again otherwise); background work is
   // waited for.
   (void)FinishSnapshotWrite(/*wait=*/true);
+  if (covariance_work_.valid()) covariance_work_.wait();
+}
+
+const CmaesState& Trainer::settled_state() {
+  SettleCovariance();
+  return state_;
+}
+
+void Trainer::StartCovarianceWork() {
+  CollectCovarianceWork(/*wait=*/false);
+  if (covariance_work_.valid() || state_.covariance_backlog.empty()) return;
+  const int64_t copy_after = state_.pending_covariance ? -1 : state_.pending_generation;
+  std::vector<CovarianceUpdate> backlog = std::move(state_.covariance_backlog);
+  state_.covariance_backlog.clear();
+  std::promise<std::shared_ptr<const std::vector<double>>> copy;
+  if (std::any_of(backlog.begin(), backlog.end(), [&](const CovarianceUpdate& u) { return u.generation == copy_after; })) {
+    pending_copy_ = copy.get_future().share();
+  }
+  covariance_work_ = std::async(std::launch::async, [params = params_, backlog = std::move(backlog),
+                                                     covariance = std::move(state_.covariance), copy_after,
+                                                     copy = std::move(copy)]() mutable {
+    copy.set_value(apply_covariance_backlog(params, backlog, covariance, copy_after));
+    return std::move(covariance);
+  });
+  state_.covariance.clear();
+}
+
+void Trainer::CollectCovarianceWork(bool wait) {
+  if (!covariance_work_.valid() ||
+      (!wait && covariance_work_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) {
+    return;
+  }
+  // The work applied the oldest updates: the backlog left (newer) stays after them.
+  state_.covariance = covariance_work_.get();
+  if (pending_copy_.valid() && state_.pending_generation >= 0 && !state_.pending_covariance &&
+      pending_copy_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    state_.pending_covariance = pending_copy_.get();
+  }
+  pending_copy_ = {};
+}
+
+void Trainer::SettleCovariance() {
+  CollectCovarianceWork(/*wait=*/true);
+  settle_covariance(params_, state_);
+}
+
+std::optional<Trainer::SharedCovariance> Trainer::PendingCovariance(bool wait) {
+  if (!state_.pending_covariance && pending_copy_.valid()) return pending_copy_;
+  if (!state_.pending_covariance) {
+    if (!wait) return std::nullopt;
+    SettleCovariance();
+  }
+  std::promise<std::shared_ptr<const std::vector<double>>> ready;
+  ready.set_value(state_.pending_covariance);
+  return ready.get_future().share();
 }
 
 bool WorkUnit::operator<(const WorkUnit& o) const {
@@ -399,13 +454,14 @@ Status Trainer::MakePlan() {
   // A requested decomposition is computed in the background (BeginBackgroundWork) and applied when due: its
   // snapshot must be written by then (its id goes with the applied eigensystem's checksum).
   if (eigen_due(params_, state_)) {
-    StartEigenJob();
+    StartEigenJob(/*wait=*/true);
     NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/true));
     Result<std::pair<Eigensystem, uint32_t>> done = eigen_job_.get();
     eigen_job_generation_ = -1;
     if (!done.ok()) return done.status().WithContext("the decomposition of generation " +
                                                      std::to_string(state_.pending_generation));
     NAMM_RETURN_IF_ERROR(apply_eigensystem(state_, std::move(done->first)));
+    pending_copy_ = {};
     if (pending_source_ >= 0) eigen_applied_ = std::make_pair(pending_source_, done->second);
     eigen_source_ = pending_source_;
     pending_source_ = -1;
@@ -569,30 +625,41 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
 
 std::optional<int64_t> Trainer::BeginBackgroundWork() {
   const int64_t running = eigen_job_generation_;
-  StartEigenJob();
-  StartSnapshotWrite();
+  StartCovarianceWork();
+  StartEigenJob(/*wait=*/false);
+  StartSnapshotWrite(/*wait=*/false);
   if (eigen_job_generation_ < 0 || eigen_job_generation_ == running) return std::nullopt;
   return eigen_job_generation_;
 }
 
-void Trainer::StartEigenJob() {
+void Trainer::StartEigenJob(bool wait) {
   if (state_.pending_generation < 0 || eigen_job_generation_ == state_.pending_generation) return;
+  const std::optional<SharedCovariance> covariance = PendingCovariance(wait);
+  if (!covariance) return;
   eigen_job_generation_ = state_.pending_generation;
   eigen_job_ = std::async(std::launch::async, [params = params_, generation = state_.pending_generation,
-                                               covariance = state_.pending_covariance]()
+                                               covariance = *covariance]()
                                                   -> Result<std::pair<Eigensystem, uint32_t>> {
-    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params, generation, *covariance));
+    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params, generation, *covariance.get()));
     const uint32_t checksum = eigensystem_checksum(eigen);
     return std::make_pair(std::move(eigen), checksum);
   });
 }
 
-void Trainer::StartSnapshotWrite() {
+void Trainer::StartSnapshotWrite(bool wait) {
   if (!snapshot_write_ || snapshot_write_->id.valid()) return;
+  // The request's copy of C is the state's unless a later hand-over replaced the state (then it was kept).
+  SharedCovariance covariance;
+  if (!snapshot_write_->state.pending_covariance) {
+    const std::optional<SharedCovariance> pending = PendingCovariance(wait);
+    if (!pending) return;
+    covariance = *pending;
+  }
   snapshot_write_->id = std::async(std::launch::async, [store = &store_, run = run_id_,
                                                         listed = snapshot_write_->listed,
-                                                        state = std::move(snapshot_write_->state)]() mutable
-                                                           -> Result<int64_t> {
+                                                        state = std::move(snapshot_write_->state),
+                                                        covariance]() mutable -> Result<int64_t> {
+    if (!state.pending_covariance) state.pending_covariance = covariance.get();
     state.covariance = *state.pending_covariance;
     NewSnapshot n;
     n.stage = listed.stage;
@@ -609,7 +676,7 @@ Status Trainer::FinishSnapshotWrite(bool wait) {
                 snapshot_write_->id.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) {
     return Status::Ok();  // not yet: retention keeps the older snapshots meanwhile
   }
-  StartSnapshotWrite();
+  StartSnapshotWrite(/*wait=*/true);
   Result<int64_t> id = snapshot_write_->id.get();
   SnapshotRecord listed = std::move(snapshot_write_->listed);
   snapshot_write_.reset();
@@ -631,6 +698,8 @@ Status Trainer::FinishSnapshotWrite(bool wait) {
 Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord>& done) {
   // A snapshot written meanwhile joins the list (retention then counts on it).
   NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/false));
+  // The previous tells' covariance updates, if their background work is done (else they go on meanwhile).
+  CollectCovarianceWork(/*wait=*/false);
   const GenerationPlan& p = plan_;
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
@@ -668,12 +737,16 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
                      (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
   // This generation's start state is the stage's best: keep it (its covariance copied; the rest is shared).
-  if (c.new_stage_best) stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
+  if (c.new_stage_best) {
+    SettleCovariance();
+    stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
+  }
 
   // tell() in place (a copy of C costs ~50 ms at N = 4172): if the commit below fails, the trainer is unusable.
+  // Its O(N^2) covariance update is left to BeginBackgroundWork (or the next tell's SettleCovariance).
   const int64_t pending_before = state_.pending_generation, eigen_before = state_.eigen.generation;
   const auto start = std::chrono::steady_clock::now();
-  NAMM_RETURN_IF_ERROR(tell(params_, state_, p.population, fitness));
+  NAMM_RETURN_IF_ERROR(tell(params_, state_, p.population, fitness, CovarianceTiming::kDeferred));
   g.tell_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const auto best = std::max_element(fitness.begin(), fitness.end()) - fitness.begin();
@@ -700,8 +773,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   // request keeps C aside (pending_covariance): that snapshot is written in the background while the next
   // generation runs, and a rebuild that misses it (a crash meanwhile) writes it again. Others go with the commit.
   const bool snapshot_due = !c.finished && SnapshotDue(pending_before, eigen_before, state_);
-  const bool background = snapshot_due && LazyFull(params_) && state_.pending_generation == state_.generation &&
-                          state_.pending_covariance != nullptr;
+  const bool background = snapshot_due && LazyFull(params_) && state_.pending_generation == state_.generation;
   const bool snapshot = snapshot_due && !background;
   if (snapshot) {
     NewSnapshot n;
@@ -720,6 +792,8 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   // The hand-over (spec §7.3): the next stage continues from this stage's best start state, or from where the
   // stage ended if no evaluation was eligible.
   const bool hand_over = c.stage_ends && has_next_stage && (stage.best_eval_fitness || c.new_stage_best);
+  // The state is replaced below: what it requested takes its covariance now (a stage end, rare).
+  if (hand_over) SettleCovariance();
   if (hand_over && !stage_best_) {  // a resumed run: rebuild it
     NAMM_ASSIGN_OR_RETURN(stage_best_, Rebuild(g.stage, c.new_stage_best ? generation_ : *stage.best_eval_generation));
   }

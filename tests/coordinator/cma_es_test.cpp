@@ -287,6 +287,61 @@ TEST(Cmaes, DelayedDecompositionsApplyTheRequestedCovariancesEigensystemLater) {
   EXPECT_GE(applied, 2);
 }
 
+// tell(kDeferred) leaves its covariance update in the backlog; applied later (in the state, or on a detached
+// covariance as a trainer's background thread does), the run is bit for bit the one that updated C at once,
+// including the copy a decomposition request keeps.
+TEST(Cmaes, DeferredCovarianceUpdatesGiveTheSameRunBitForBit) {
+  const int64_t n = 40;
+  CmaesOptions o = DefaultOptions(n, 0.5);
+  o.eigen_delay = 2;
+  o.eigen_gap_factor = 0.05;
+  auto p = make_cmaes_params(n, o);
+  auto now = initial_cmaes_state(*p, std::vector<double>(n, 1.0));
+  auto later = *now;
+  int requests = 0, backlog_peak = 0;
+  for (int g = 0; g < 30; ++g) {
+    for (CmaesState* s : {&*now, &later}) {
+      if (!eigen_due(*p, *s)) continue;
+      if (s == &later) settle_covariance(*p, *s);  // the request's copy must be there to decompose
+      ASSERT_TRUE(apply_eigensystem(*s, *decompose(*p, s->pending_generation, *s->pending_covariance)).ok());
+    }
+    const Population pop = ask(*p, *now, static_cast<uint64_t>(g));
+    std::vector<double> fit;
+    for (int64_t k = 0; k < pop.size; ++k) fit.push_back(-Rosenbrock(pop.candidate(k), n));
+    const int64_t pending = now->pending_generation;
+    ASSERT_TRUE(tell(*p, *now, pop, fit).ok());
+    ASSERT_TRUE(tell(*p, later, pop, fit, CovarianceTiming::kDeferred).ok());
+    EXPECT_EQ(later.mean, now->mean);
+    EXPECT_EQ(later.sigma, now->sigma);
+    backlog_peak = std::max(backlog_peak, static_cast<int>(later.covariance_backlog.size()));
+    if (pending < 0 && now->pending_generation >= 0) {
+      ++requests;
+      EXPECT_EQ(later.pending_covariance, nullptr) << "deferred: the copy comes with the update";
+    }
+    if (g % 3 == 2) {
+      // As a background thread would: the covariance and backlog taken out, applied, put back.
+      std::vector<double> detached = std::move(later.covariance);
+      const auto copy = apply_covariance_backlog(*p, later.covariance_backlog, detached,
+                                                 later.pending_covariance ? -1 : later.pending_generation);
+      if (copy) later.pending_covariance = copy;
+      later.covariance = std::move(detached);
+      later.covariance_backlog.clear();
+      EXPECT_TRUE(later == *now) << "generation " << g;
+    }
+  }
+  settle_covariance(*p, later);
+  EXPECT_TRUE(later == *now);
+  EXPECT_GE(requests, 2);
+  EXPECT_EQ(backlog_peak, 3);
+  // Without the delayed schedule there is nothing to defer: C is updated at once.
+  auto eager = make_cmaes_params(n, DefaultOptions(n, 0.5));
+  auto e = initial_cmaes_state(*eager, std::vector<double>(n, 1.0));
+  const Population pop = ask(*eager, *e, 0);
+  ASSERT_TRUE(tell(*eager, *e, pop, std::vector<double>(static_cast<std::size_t>(pop.size), 1.0),
+                   CovarianceTiming::kDeferred).ok());
+  EXPECT_TRUE(e->covariance_backlog.empty());
+}
+
 TEST(Cmaes, RefusesNonFiniteFitnessAndForeignPopulationsWithoutChangingState) {
   const int64_t n = 6;
   auto p = make_cmaes_params(n, DefaultOptions(n, 0.5));

@@ -129,7 +129,7 @@ TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
 
   std::vector<CmaesState> starts;  // the state each generation starts from
   while (!t.finished()) {
-    starts.push_back(t.state());
+    starts.push_back(t.settled_state());
     ASSERT_TRUE(DriveRun(t, 1).ok());
   }
   auto generations = *r.store->GetGenerations(t.run_id());
@@ -215,7 +215,7 @@ TEST(Trainer, ResumingAnywhereRebuildsTheCompleteStateFromSnapshotsAndTheTellLog
     SyntheticRun straight = StartSyntheticRun(FreshDatabasePath("rebuild_straight.db"), yaml);
     std::vector<CmaesState> starts;  // the complete state each phase starts from
     while (!straight.trainer->finished()) {
-      starts.push_back(straight.trainer->state());
+      starts.push_back(straight.trainer->settled_state());
       ASSERT_TRUE(DriveRun(*straight.trainer, 1).ok());
     }
     const auto snapshots = *straight.store->ListSnapshots(1);

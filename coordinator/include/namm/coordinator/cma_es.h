@@ -21,6 +21,10 @@
 //  - tell() whitens a sample with the draw it came from (C^-1/2 y = B z, as y = B D z with the same eigensystem)
 //    instead of multiplying y by B D^-1 B^T as the reference does: the same vector, without a lambda x N x N
 //    product (up to rounding).
+//  - tell() can leave its O(N^2) covariance update to the caller (CovarianceTiming::kDeferred): the update is
+//    kept as data (CovarianceUpdate: the weighted samples, p_c and the decay) and applied later, in order, with
+//    the same BLAS calls, so C comes out bit for bit as if applied at once. Nothing but a decomposition reads C,
+//    so a trainer applies it on another thread while the next generation runs.
 //  - The separable variant (Covariance::kDiagonal, Ros & Hansen 2008) keeps only the diagonal of C, with the
 //    learning rates c_1, c_mu multiplied by (N + 2) / 3, for dimensions where an N x N matrix is too large.
 #pragma once
@@ -94,6 +98,22 @@ struct Eigensystem {
   std::vector<double> scales;  // D: square roots of the eigenvalues (non-positive eigenvalues become 1e-20 first)
 };
 
+// One tell()'s covariance update, as data (full covariance): C <- decay C + c_mu (P^T P - Q^T Q) + c_1 p_c p_c^T,
+// with P (Q) the ranked samples of positive (negative) weight scaled by sqrt(|w|).
+struct CovarianceUpdate {
+  int64_t generation = 0;       // the optimizer generation the tell() reached
+  double decay = 1;
+  int64_t positive_rows = 0;    // rows [0, positive_rows) of `rows` are P, the rest Q
+  std::vector<double> rows;     // [rows, N] row-major
+  std::vector<double> path_c;   // p_c after that tell()
+
+  bool operator==(const CovarianceUpdate& other) const;
+};
+
+// Applies `update` to `covariance` (laid out as CmaesState::covariance). A pure function of its inputs.
+void apply_covariance_update(const CmaesParams& params, const CovarianceUpdate& update,
+                             std::vector<double>& covariance);
+
 // Everything that changes during a run. Plain data: copy it, compare it, serialize it.
 struct CmaesState {
   int64_t generation = 0;            // g: completed tell() calls
@@ -101,11 +121,14 @@ struct CmaesState {
   double sigma = 0;                  // step size
   // kFull: N x N row-major, only the lower triangle (row >= column) is meaningful. kDiagonal: the N variances.
   std::vector<double> covariance;
+  // Updates deferred by tell() and not applied yet: C is `covariance` with these applied in order.
+  std::vector<CovarianceUpdate> covariance_backlog;
   std::vector<double> path_c;        // p_c
   std::vector<double> path_sigma;    // p_sigma
   Eigensystem eigen;                 // what ask() samples with and tell() whitens with
   // A requested decomposition (eigen_delay > 0): C as it was at optimizer generation pending_generation (-1:
-  // none), shared, not copied, by whoever decomposes it.
+  // none), shared, not copied, by whoever decomposes it; null until the backlog's update of that generation is
+  // applied (settle_covariance()).
   int64_t pending_generation = -1;
   std::shared_ptr<const std::vector<double>> pending_covariance;
   std::vector<double> best_member;   // best candidate seen by tell()
@@ -154,11 +177,27 @@ Population ask(const CmaesParams& params, const CmaesState& state, uint64_t draw
 Population sample_directions(const CmaesParams& params, const Eigensystem& eigen, int64_t generation, uint64_t draw);
 void place_candidates(const CmaesState& state, Population* population);
 
+enum class CovarianceTiming {
+  kNow,       // tell() updates C
+  kDeferred,  // tell() appends its update to state.covariance_backlog (full covariance, lazy delayed schedule;
+              // otherwise, or when the schedule needs C at once, it updates C itself)
+};
+
 // Updates the state with the fitness of each candidate of `population` (higher is better; ties keep candidate
 // order). Refuses a population sampled from another generation, a wrong number of values, and any non-finite
 // fitness (naming the candidate), leaving the state untouched. Ends with the eigendecomposition the schedule
 // calls for (or, delayed, its request), so that the next ask() is cheap.
 Status tell(const CmaesParams& params, CmaesState& state, const Population& population,
-            const std::vector<double>& fitness);
+            const std::vector<double>& fitness, CovarianceTiming timing = CovarianceTiming::kNow);
+
+// Applies the state's covariance backlog, in order, taking the pending decomposition's copy of C when its
+// generation's update is applied.
+void settle_covariance(const CmaesParams& params, CmaesState& state);
+// The same on parts of a state held elsewhere (e.g. by another thread): applies `backlog` to `covariance` and
+// returns a copy of C right after the update of generation `copy_after` (null when none is in the backlog).
+std::shared_ptr<const std::vector<double>> apply_covariance_backlog(const CmaesParams& params,
+                                                                    const std::vector<CovarianceUpdate>& backlog,
+                                                                    std::vector<double>& covariance,
+                                                                    int64_t copy_after);
 
 }  // namespace namm::coordinator

@@ -102,8 +102,11 @@ class Trainer {
   bool finished() const { return finished_; }
   const RunSpec& spec() const { return spec_; }
   const CmaesParams& params() const { return params_; }
-  // The complete optimizer state the current generation starts from (its due decomposition applied).
+  // The optimizer state the current generation starts from (its due decomposition applied). Its covariance may
+  // lag: earlier tells' updates are applied in the background (covariance_backlog, or held by that work).
   const CmaesState& state() const { return state_; }
+  // The same with the covariance complete: waits for the background update and applies the backlog.
+  const CmaesState& settled_state();
   const GenerationPlan& plan() const { return plan_; }
 
   // Stores results of the current phase (the first one for a unit wins). Refuses units outside the plan,
@@ -119,9 +122,10 @@ class Trainer {
   // Ends the current phase once every unit has a result: freezes the statistics, or tells and commits the
   // generation and plans the next one.
   Result<AdvanceSummary> Advance();
-  // Starts what can run while the phase's units are computed: a requested decomposition and its snapshot. A
-  // server calls it once the phase's work is handed out; without it they run when needed. Returns the
-  // generation whose covariance is being decomposed from now on, if this call started that.
+  // Starts what can run while the phase's units are computed: the last tell's covariance update, a requested
+  // decomposition and its snapshot. A server calls it once the phase's work is handed out; without it they run
+  // when needed. Returns the generation whose covariance is being decomposed from now on, if this call started
+  // that.
   std::optional<int64_t> BeginBackgroundWork();
 
  private:
@@ -151,8 +155,20 @@ class Trainer {
   // Takes the written snapshot's id into the list and the sources waiting for it; with `wait`, writes or waits
   // for it, else only when it is done.
   Status FinishSnapshotWrite(bool wait);
-  void StartEigenJob();
-  void StartSnapshotWrite();
+  // The two start only once the pending covariance can be had (PendingCovariance); with `wait`, at once.
+  void StartEigenJob(bool wait);
+  void StartSnapshotWrite(bool wait);
+  // Hands state_'s covariance and its backlog to a background thread that applies the backlog (unless the
+  // previous such work still runs: the backlog then waits for the next call).
+  void StartCovarianceWork();
+  // Takes the covariance back from background work that is done (with `wait`, waits for it).
+  void CollectCovarianceWork(bool wait);
+  // Waits for that work and applies what is left of the backlog: state_.covariance is complete.
+  void SettleCovariance();
+  using SharedCovariance = std::shared_future<std::shared_ptr<const std::vector<double>>>;
+  // The pending decomposition's copy of C: at hand, or to come from background work. Otherwise, with `wait`,
+  // settles the covariance now; without, none.
+  std::optional<SharedCovariance> PendingCovariance(bool wait);
   // Whether a snapshot of the state after this generation's tell() is due (the state before it had these
   // pending and eigensystem generations).
   bool SnapshotDue(int64_t pending_before, int64_t eigen_before, const CmaesState& after) const;
@@ -183,9 +199,13 @@ class Trainer {
   struct SnapshotWrite {
     std::future<Result<int64_t>> id;  // once started
     SnapshotRecord listed;
-    CmaesState state;                 // light, with the pending covariance shared
+    CmaesState state;                 // light, with the pending covariance shared once at hand
   };
   std::optional<SnapshotWrite> snapshot_write_;
+  // state_'s covariance while a background thread applies the backlog it took (tell() defers its update).
+  std::future<std::vector<double>> covariance_work_;
+  // The pending decomposition's copy of C, from that work (valid while state_.pending_covariance is unset).
+  SharedCovariance pending_copy_;
   // The background decomposition of state_'s pending covariance: (eigensystem, its checksum).
   std::future<Result<std::pair<Eigensystem, uint32_t>>> eigen_job_;
   int64_t eigen_job_generation_ = -1;
