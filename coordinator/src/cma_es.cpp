@@ -259,7 +259,8 @@ Result<CmaesState> initial_cmaes_state(const CmaesParams& p, const std::vector<d
   return s;
 }
 
-Population sample_directions(const CmaesParams& p, const Eigensystem& eigen, int64_t generation, uint64_t draw) {
+Population sample_directions(const CmaesParams& p, const Eigensystem& eigen, int64_t generation, uint64_t draw,
+                             Whitening whitening) {
   const int64_t n = p.dimension, lambda = p.population;
   Population pop;
   pop.generation = generation;
@@ -268,7 +269,9 @@ Population sample_directions(const CmaesParams& p, const Eigensystem& eigen, int
   pop.dimension = n;
   // z, and z scaled by D, row by row; each Philox block gives the normals of coordinates 2j and 2j + 1.
   pop.z.resize(static_cast<std::size_t>(lambda * n));
-  std::vector<double> scaled(static_cast<std::size_t>(lambda * n));
+  // Rows [0, lambda): D z_k; with the whitened directions, rows [lambda, 2 lambda): z_k (one product for both).
+  const bool whiten = whitening == Whitening::kWithDirections && Full(p);
+  std::vector<double> scaled(static_cast<std::size_t>((whiten ? 2 : 1) * lambda * n));
   for (int64_t k = 0; k < lambda; ++k) {
     for (int64_t j = 0; 2 * j < n; ++j) {
       const PhiloxCounter counter{static_cast<uint32_t>(j), static_cast<uint32_t>(k), static_cast<uint32_t>(draw),
@@ -278,13 +281,18 @@ Population sample_directions(const CmaesParams& p, const Eigensystem& eigen, int
         const auto at = static_cast<std::size_t>(k * n + 2 * j + t);
         pop.z[at] = z[static_cast<std::size_t>(t)];
         scaled[at] = z[static_cast<std::size_t>(t)] * eigen.scales[static_cast<std::size_t>(2 * j + t)];
+        if (whiten) scaled[static_cast<std::size_t>(lambda * n) + at] = z[static_cast<std::size_t>(t)];
       }
     }
   }
   if (Full(p)) {
-    pop.y.assign(scaled.size(), 0.0);
-    // y_k = B (D z_k): with the eigenvectors as rows of E, Y = (Z D) E.
-    linalg::matmul(lambda, n, n, 1.0, scaled.data(), false, eigen.basis->data(), false, 0.0, pop.y.data());
+    // y_k = B (D z_k): with the eigenvectors as rows of E, Y = (Z D) E (and B z_k: Z E).
+    std::vector<double> product(scaled.size());
+    linalg::matmul(static_cast<int64_t>(scaled.size()) / n, n, n, 1.0, scaled.data(), false, eigen.basis->data(), false,
+                   0.0, product.data());
+    if (whiten) pop.whitened.assign(product.begin() + lambda * n, product.end());
+    product.resize(static_cast<std::size_t>(lambda * n));
+    pop.y = std::move(product);
   } else {
     pop.y = std::move(scaled);
   }
@@ -302,8 +310,8 @@ void place_candidates(const CmaesState& s, Population* pop) {
   }
 }
 
-Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw) {
-  Population pop = sample_directions(p, s.eigen, s.generation, draw);
+Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw, Whitening whitening) {
+  Population pop = sample_directions(p, s.eigen, s.generation, draw, whitening);
   place_candidates(s, &pop);
   return pop;
 }
@@ -316,7 +324,7 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
                                       " but the optimizer is at generation " + std::to_string(s.generation));
   }
   if (pop.size != lambda || pop.dimension != n || static_cast<int64_t>(fitness.size()) != lambda ||
-      pop.z.size() != pop.y.size()) {
+      pop.z.size() != pop.y.size() || (!pop.whitened.empty() && pop.whitened.size() != pop.y.size())) {
     return Status::InvalidArgument("tell() needs " + std::to_string(lambda) + " fitness values for " +
                                    std::to_string(lambda) + " candidates of dimension " + std::to_string(n) + ", got " +
                                    std::to_string(fitness.size()) + " values for " + std::to_string(pop.size) + "x" +
@@ -358,8 +366,14 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
     const double w = p.weights[static_cast<std::size_t>(r)];
     for (std::size_t j = 0; j < N; ++j) whitened_w[j] += w * whitened[static_cast<std::size_t>(r) * N + j];
   }
-  std::vector<double> inv_sqrt_y_w(N);
-  if (Full(p)) {
+  std::vector<double> inv_sqrt_y_w(N, 0.0);
+  if (Full(p) && !pop.whitened.empty()) {
+    for (int64_t r = 0; r < p.mu; ++r) {  // sum_r w_r B z_(r)
+      const double w = p.weights[static_cast<std::size_t>(r)];
+      const double* bz = pop.whitened.data() + order[static_cast<std::size_t>(r)] * n;
+      for (std::size_t i = 0; i < N; ++i) inv_sqrt_y_w[i] += w * bz[i];
+    }
+  } else if (Full(p)) {
     linalg::matmul(1, n, n, 1.0, whitened_w.data(), false, s.eigen.basis->data(), false, 0.0, inv_sqrt_y_w.data());
   } else {
     inv_sqrt_y_w = whitened_w;

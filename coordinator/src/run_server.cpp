@@ -84,8 +84,9 @@ struct RunServer::Impl {
   int64_t cache_count = 0;
 
   Status StartPhase();
-  // Stores the results accepted since the last call (they are in the progress log already).
-  Status Flush();
+  // Stores the results accepted since the last call (they are in the progress log already). `durability`:
+  // kWithNextCommit for the phase's last results, which the generation's commit takes to disk right after.
+  Status Flush(Durability durability = Durability::kSynced);
   // A prompt's cost becomes the tokens a worker reported running for it (the data file's length is an estimate:
   // UTF-8 bytes / 4 undercounts Chinese about twice), for the leases of later phases.
   void LearnCost(const std::string& task, int64_t prompt, int64_t tokens) {
@@ -357,7 +358,7 @@ Status RunServer::Impl::StartPhase() {
   return Status::Ok();
 }
 
-Status RunServer::Impl::Flush() {
+Status RunServer::Impl::Flush(Durability durability) {
   std::vector<EvaluationRecord> evaluations;
   std::vector<ReferenceResult> references;
   service->TakeResults(&evaluations, &references);
@@ -379,7 +380,7 @@ Status RunServer::Impl::Flush() {
       ++cache_count;
       LearnCost(e.task, e.prompt, e.prompt_tokens + e.generated_tokens);
     }
-    NAMM_RETURN_IF_ERROR(trainer.Record(evaluations).status());
+    NAMM_RETURN_IF_ERROR(trainer.Record(evaluations, durability).status());
   }
   if (metrics) {
     metrics->ResultsStored(static_cast<int64_t>(evaluations.size() + references.size()),
@@ -432,7 +433,7 @@ void RunServer::Impl::Tick() {
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
   // Results are in the progress log as they come; the store takes them in batches, and all before the phase ends.
   if (done || Clock::now() - last_stored >= options.store_interval) {
-    if (Status s = Flush(); !s.ok()) return Fail(s);
+    if (Status s = Flush(done ? Durability::kWithNextCommit : Durability::kSynced); !s.ok()) return Fail(s);
   }
   if (metrics) metrics->Observe(counters, phase_references - phase_references_stored);
   if (done) {

@@ -1,13 +1,17 @@
 #include "namm/coordinator/store.h"
 
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "byte_codec.h"
 #include "namm/coordinator/checkpoint_codec.h"
@@ -194,8 +198,38 @@ ALTER TABLE checkpoints_v3 RENAME TO checkpoints;
 CREATE UNIQUE INDEX one_latest_checkpoint ON checkpoints(run_id) WHERE role = 'latest';
 CREATE UNIQUE INDEX one_best_checkpoint_per_stage ON checkpoints(run_id, stage) WHERE role = 'stage_best';
 )sql",
+    // 3 -> 4: the optimizer revision a run computes its generations with (trainer.h); older builds' runs are 1.
+    R"sql(
+ALTER TABLE runs ADD COLUMN optimizer_revision INTEGER NOT NULL DEFAULT 1;
+)sql",
 };
 static_assert(std::size(kMigrations) == kStoreSchemaVersion);
+
+// While alive (and `active`), this connection's commits append to the WAL without fsync (synchronous = NORMAL);
+// the next FULL commit's fsync of the WAL takes them to disk with its own frames. A crash of the process loses
+// nothing; a power loss before that commit loses them.
+class UnsyncedCommits {
+ public:
+  UnsyncedCommits(SQLite::Database& db, bool active) : db_(db), active_(active) {
+    if (active_) db_.exec("PRAGMA synchronous = NORMAL");
+  }
+  ~UnsyncedCommits() {
+    if (active_) db_.exec("PRAGMA synchronous = FULL");
+  }
+  UnsyncedCommits(const UnsyncedCommits&) = delete;
+  UnsyncedCommits& operator=(const UnsyncedCommits&) = delete;
+
+ private:
+  SQLite::Database& db_;
+  bool active_;
+};
+
+// SQLite busy handler: 1 to retry, 0 to give up (SQLITE_BUSY). 20,000 retries of 0.5 ms: at least 10 s.
+int RetryLockedDatabase(int attempts) {
+  if (attempts >= 20000) return 0;
+  std::this_thread::sleep_for(std::chrono::microseconds(500));
+  return 1;
+}
 
 std::string NowUtc() {
   const std::time_t now = std::time(nullptr);
@@ -450,7 +484,11 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
   return Guard(path, "opening the database", [&]() -> Result<std::unique_ptr<Store>> {
     const int flags = mode == OpenMode::kReadOnly ? SQLite::OPEN_READONLY
                                                   : SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE;
-    auto db = std::make_unique<SQLite::Database>(path, flags, /*busy timeout ms=*/10000);
+    auto db = std::make_unique<SQLite::Database>(path, flags);
+    // Waiting for another connection's write lock (a snapshot part being written in the background): retry every
+    // 0.5 ms for up to 10 s. SQLite's own busy timeout backs off to sleeps of 25-100 ms, which a generation's
+    // commit waiting behind a 4 MB part then paid in full.
+    sqlite3_busy_handler(db->getHandle(), [](void*, int attempts) { return RetryLockedDatabase(attempts); }, nullptr);
     db->exec("PRAGMA foreign_keys = ON");
     if (mode != OpenMode::kReadOnly) {
       db->exec("PRAGMA journal_mode = WAL");
@@ -492,16 +530,18 @@ void InsertStage(SQLite::Database& db, int64_t run_id, int64_t k, const StageRec
 Result<int64_t> Store::CreateRun(const NewRun& run) {
   if (run.initial_state == nullptr) return Status::InvalidArgument("a new run needs an initial optimizer state");
   if (run.stages.empty()) return Status::InvalidArgument("a run needs at least one stage");
+  if (run.optimizer_revision < 1) return Status::InvalidArgument("a run needs an optimizer revision >= 1");
   return Guard(path_, "creating run '" + run.name + "'", [&]() -> Result<int64_t> {
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement insert(*db_,
                              "INSERT INTO runs(name, created_at, spec_yaml, dimension, model_fingerprint, status, "
-                             "stage, generation) VALUES(?, ?, ?, ?, ?, 'running', 0, 0)");
+                             "stage, generation, optimizer_revision) VALUES(?, ?, ?, ?, ?, 'running', 0, 0, ?)");
     insert.bind(1, run.name);
     insert.bind(2, NowUtc());
     insert.bind(3, run.spec_yaml);
     insert.bind(4, static_cast<int64_t>(run.initial_state->mean.size()));
     insert.bind(5, run.model_fingerprint);
+    insert.bind(6, run.optimizer_revision);
     insert.exec();
     const int64_t id = db_->getLastInsertRowid();
     for (std::size_t k = 0; k < run.stages.size(); ++k) InsertStage(*db_, id, static_cast<int64_t>(k), run.stages[k]);
@@ -526,7 +566,7 @@ Result<std::vector<RunRecord>> Store::ReadRuns(std::optional<int64_t> run_id) co
   return Guard(path_, "reading runs", [&]() -> Result<std::vector<RunRecord>> {
     SQLite::Statement q(*db_,
                         std::string("SELECT id, name, created_at, spec_yaml, dimension, model_fingerprint, status, "
-                                    "stage, generation, norm_stats FROM runs") +
+                                    "stage, generation, norm_stats, optimizer_revision FROM runs") +
                             (run_id ? " WHERE id = ?" : " ORDER BY id"));
     if (run_id) q.bind(1, *run_id);
     std::vector<RunRecord> runs;
@@ -541,6 +581,7 @@ Result<std::vector<RunRecord>> Store::ReadRuns(std::optional<int64_t> run_id) co
       r.status = q.getColumn(6).getString();
       r.stage = q.getColumn(7).getInt64();
       r.generation = q.getColumn(8).getInt64();
+      r.optimizer_revision = q.getColumn(10).getInt64();
       NAMM_ASSIGN_OR_RETURN(r.norm_stats,
                             NormStatsOf(q.getColumn(9), "normalization statistics of run " + std::to_string(r.id)));
       runs.push_back(std::move(r));
@@ -624,7 +665,8 @@ Status Store::FreezeNormStats(int64_t run_id, const NormStats& stats) {
   });
 }
 
-Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records) {
+Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records,
+                                         Durability durability) {
   for (const EvaluationRecord& e : records) {
     const std::string what = "evaluation (generation " + std::to_string(e.generation) + ", candidate " +
                              std::to_string(e.candidate) + ", " + e.task + " prompt " + std::to_string(e.prompt) + ")";
@@ -636,6 +678,7 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
     }
   }
   return Guard(path_, "recording evaluations", [&]() -> Result<int64_t> {
+    const UnsyncedCommits unsynced(*db_, durability == Durability::kWithNextCommit);
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement q(*db_,
                         "INSERT OR IGNORE INTO evaluations(run_id, generation, candidate, task, prompt, score, "
@@ -765,7 +808,7 @@ Result<int64_t> Store::NextLeaseEpoch(int64_t run_id) {
   });
 }
 
-Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
+Result<CommitOutcome> Store::CommitGeneration(const GenerationCommit& c) {
   const GenerationRecord& g = c.generation;
   if (c.next_state == nullptr) return Status::InvalidArgument("a commit needs the next state");
   if (c.snapshot && c.snapshot->state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
@@ -777,9 +820,8 @@ Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
                                       "; refusing a commit of generation " + std::to_string(g.generation) +
                                       " of stage " + std::to_string(g.stage));
   }
-  return Guard(path_, "committing generation " + std::to_string(g.generation), [&]() -> Result<int64_t> {
+  return Guard(path_, "committing generation " + std::to_string(g.generation), [&]() -> Result<CommitOutcome> {
     int64_t snapshot_id = 0;
-    bool dropped_snapshots = false;
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement gen(*db_,
                           "INSERT INTO generations(run_id, generation, stage, cmaes_generation, draw, sigma, "
@@ -872,16 +914,17 @@ Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
       applied.bind(3, c.eigen_applied->first);
       applied.exec();
     }
+    CommitOutcome outcome;
     if (c.keep_snapshots) {
       std::string keep = std::to_string(snapshot_id);
       for (int64_t id : *c.keep_snapshots) keep += "," + std::to_string(id);
       // (Incomplete ones are being written by another connection, or were cut off: DropIncompleteSnapshots().)
-      SQLite::Statement forget(*db_, "DELETE FROM snapshots WHERE run_id = ? AND complete = 1 AND id NOT IN (" +
-                                         keep + ") AND NOT (stage = ? AND generation = ?)");
-      forget.bind(1, c.run_id);
-      forget.bind(2, c.snapshot_in_flight ? c.snapshot_in_flight->first : int64_t{-1});
-      forget.bind(3, c.snapshot_in_flight ? c.snapshot_in_flight->second : int64_t{-1});
-      dropped_snapshots = forget.exec() > 0;
+      SQLite::Statement unneeded(*db_, "SELECT id FROM snapshots WHERE run_id = ? AND complete = 1 AND id NOT IN (" +
+                                           keep + ") AND NOT (stage = ? AND generation = ?) ORDER BY id");
+      unneeded.bind(1, c.run_id);
+      unneeded.bind(2, c.snapshot_in_flight ? c.snapshot_in_flight->first : int64_t{-1});
+      unneeded.bind(3, c.snapshot_in_flight ? c.snapshot_in_flight->second : int64_t{-1});
+      while (unneeded.executeStep()) outcome.unneeded_snapshots.push_back(unneeded.getColumn(0).getInt64());
     }
     DropUnreferencedDecompositions(*db_, c.run_id);
 
@@ -904,9 +947,8 @@ Result<int64_t> Store::CommitGeneration(const GenerationCommit& c) {
     }
     if (options_.before_commit) options_.before_commit();
     tx.commit();
-    // A snapshot went through the WAL: copy it into the database now and give the WAL's space back.
-    if (c.snapshot || dropped_snapshots) db_->exec("PRAGMA wal_checkpoint(TRUNCATE)");
-    return snapshot_id;
+    outcome.snapshot_id = snapshot_id;
+    return outcome;
   });
 }
 
@@ -1088,6 +1130,29 @@ Status Store::DropIncompleteSnapshots(int64_t run_id) {
   });
 }
 
+Status Store::DropSnapshots(int64_t run_id, const std::vector<int64_t>& ids) {
+  return Guard(path_, "dropping unneeded snapshots", [&]() -> Status {
+    if (!ids.empty()) {
+      SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+      SQLite::Statement q(*db_, "DELETE FROM snapshots WHERE run_id = ? AND id = ? AND complete = 1");
+      for (int64_t id : ids) {
+        q.reset();
+        q.bind(1, run_id);
+        q.bind(2, id);
+        q.exec();
+      }
+      tx.commit();
+    }
+    db_->exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    return Status::Ok();
+  });
+}
+
+Status Store::DropSnapshotsConcurrently(int64_t run_id, const std::vector<int64_t>& ids) const {
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, Store::Open(path_, OpenMode::kExisting));
+  return connection->DropSnapshots(run_id, ids);
+}
+
 Result<int64_t> Store::AddSnapshotConcurrently(int64_t run_id, const NewSnapshot& snapshot) const {
   // SQLite connections are not shared across threads: this one is the caller's alone.
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, Store::Open(path_, OpenMode::kExisting));
@@ -1098,17 +1163,26 @@ Result<int64_t> Store::AddSnapshot(int64_t run_id, const NewSnapshot& snapshot) 
   if (snapshot.state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
   return Guard(path_, "writing a snapshot", [&]() -> Result<int64_t> {
     const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
-    // A part per transaction: another connection's commits wait for a part, not for the whole record.
+    // A part per transaction: another connection's commits wait for a part, not for the whole record. The parts
+    // are committed without fsync (the write lock is held for the copy into the WAL, not for the disk) and the
+    // WAL is synced after each outside any lock, so that another connection's next fsync finds at most one
+    // part's pages to write; the FULL commit that completes the snapshot makes it durable.
     int64_t id = 0;
     {
-      SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-      id = InsertSnapshotRow(*db_, run_id, snapshot, record);
-      tx.commit();
-    }
-    for (std::size_t part = 0; part < SnapshotParts(record); ++part) {
-      SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-      InsertSnapshotPart(*db_, id, record, part);
-      tx.commit();
+      const UnsyncedCommits unsynced(*db_, true);
+      {
+        SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+        id = InsertSnapshotRow(*db_, run_id, snapshot, record);
+        tx.commit();
+      }
+      const int wal = ::open((path_ + "-wal").c_str(), O_RDONLY | O_CLOEXEC);
+      for (std::size_t part = 0; part < SnapshotParts(record); ++part) {
+        SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+        InsertSnapshotPart(*db_, id, record, part);
+        tx.commit();
+        if (wal >= 0) (void)::fdatasync(wal);
+      }
+      if (wal >= 0) ::close(wal);
     }
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     CompleteSnapshot(*db_, id);

@@ -1,5 +1,9 @@
 #include "namm/coordinator/trainer.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -7,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "dense_linalg.h"
 #include "namm/coordinator/checkpoint_codec.h"
 #include "namm/coordinator/prompt_sampler.h"
 
@@ -78,6 +83,18 @@ double MeanCacheSize(const std::vector<EvaluationRecord>& evaluations, bool of_m
   return count > 0 ? sum / static_cast<double>(count) : std::nan("");
 }
 
+// Runs `work` on a thread of its own, at a lower scheduling priority (nice 10) when `yielding`: a decomposition
+// and the covariance updates then leave the cores to the server's thread at a generation's barrier instead of
+// sharing them equally. Not for work the barrier may wait for (the next directions) or that holds the database's
+// write lock (snapshots, compaction): a starved low-priority holder would delay the barrier instead.
+template <typename Work>
+auto InBackground(Work work, bool yielding = false) {
+  return std::async(std::launch::async, [work = std::move(work), yielding]() mutable {
+    if (yielding) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);  // this thread
+    return work();
+  });
+}
+
 // Generations between snapshots when decompositions are not requested (kEveryGeneration): a resume replays at
 // most this many tells, each with its decomposition.
 constexpr int64_t kEveryGenerationSnapshotInterval = 25;
@@ -102,6 +119,7 @@ Trainer::~Trainer() {
   // A prepared snapshot is written before going (a rebuild would write it again otherwise); background work is
   // waited for.
   (void)FinishSnapshotWrite(/*wait=*/true);
+  (void)FinishCompaction(/*run_pending=*/true);
   if (covariance_work_.valid()) covariance_work_.wait();
 }
 
@@ -120,12 +138,12 @@ void Trainer::StartCovarianceWork() {
   if (std::any_of(backlog.begin(), backlog.end(), [&](const CovarianceUpdate& u) { return u.generation == copy_after; })) {
     pending_copy_ = copy.get_future().share();
   }
-  covariance_work_ = std::async(std::launch::async, [params = params_, backlog = std::move(backlog),
+  covariance_work_ = InBackground([params = params_, backlog = std::move(backlog),
                                                      covariance = std::move(state_.covariance), copy_after,
                                                      copy = std::move(copy)]() mutable {
     copy.set_value(apply_covariance_backlog(params, backlog, covariance, copy_after));
     return std::move(covariance);
-  });
+  }, /*yielding=*/true);
   state_.covariance.clear();
 }
 
@@ -188,6 +206,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(TrainingStore& store, const Run
   run.model_fingerprint = spec.model.fingerprint;
   run.stages = StageRecords(spec);
   run.initial_state = &state;
+  run.optimizer_revision = kOptimizerRevision;
   NAMM_ASSIGN_OR_RETURN(int64_t run_id, store.CreateRun(run));
   return Resume(store, run_id, task_rows);
 }
@@ -217,6 +236,13 @@ Result<std::vector<SpecDifference>> Trainer::ReviseSpec(TrainingStore& store, in
 
 Status Trainer::Load() {
   NAMM_ASSIGN_OR_RETURN(RunRecord run, store_.GetRun(run_id_));
+  if (run.optimizer_revision < 1 || run.optimizer_revision > kOptimizerRevision) {
+    return Status::FailedPrecondition("run " + std::to_string(run_id_) + " computes its generations with optimizer "
+                                      "revision " + std::to_string(run.optimizer_revision) + "; this build knows 1 to " +
+                                      std::to_string(kOptimizerRevision) + " (resume it with a newer build)");
+  }
+  whitening_ = run.optimizer_revision >= 2 ? Whitening::kWithDirections : Whitening::kAtTell;
+  linalg::set_blas_threads(run.optimizer_revision >= 2 ? 1 : 0);
   NAMM_ASSIGN_OR_RETURN(CheckpointRecord latest, store_.GetCheckpoint(run_id_, "latest", 0, params_));
   if (latest.generation != run.generation) {
     return Status::Corruption("run " + std::to_string(run_id_) + " is at generation " +
@@ -376,7 +402,7 @@ Result<Trainer::Rebuilt> Trainer::Rebuild(int64_t stage, int64_t generation) con
     std::vector<double> fitness;
     for (const CandidateRecord& c : candidates) fitness.push_back(c.fitness);
     const int64_t pending_before = out.state.pending_generation, eigen_before = out.state.eigen.generation;
-    const Population population = ask(params_, out.state, record->draw);
+    const Population population = ask(params_, out.state, record->draw, whitening_);
     NAMM_RETURN_IF_ERROR(tell(params_, out.state, population, fitness).WithContext("replaying generation " +
                                                                                    std::to_string(t)));
     ++t;
@@ -453,18 +479,21 @@ int64_t Trainer::PlannedPrompts(int64_t generation) const {
 Status Trainer::MakePlan() {
   // A requested decomposition is computed in the background (BeginBackgroundWork) and applied when due: its
   // snapshot must be written by then (its id goes with the applied eigensystem's checksum).
+  std::optional<Population> ahead;  // this generation's directions, computed in the background
   if (eigen_due(params_, state_)) {
     StartEigenJob(/*wait=*/true);
     NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/true));
-    Result<std::pair<Eigensystem, uint32_t>> done = eigen_job_.get();
+    Result<EigenJobResult> done = eigen_job_.get();
     eigen_job_generation_ = -1;
     if (!done.ok()) return done.status().WithContext("the decomposition of generation " +
                                                      std::to_string(state_.pending_generation));
-    NAMM_RETURN_IF_ERROR(apply_eigensystem(state_, std::move(done->first)));
+    NAMM_RETURN_IF_ERROR(apply_eigensystem(state_, std::move(done->eigen)));
     pending_copy_ = {};
-    if (pending_source_ >= 0) eigen_applied_ = std::make_pair(pending_source_, done->second);
+    if (pending_source_ >= 0) eigen_applied_ = std::make_pair(pending_source_, done->checksum);
     eigen_source_ = pending_source_;
     pending_source_ = -1;
+    ahead = std::move(done->directions);
+    if (next_directions_.valid()) next_directions_.get();  // sampled with the old eigensystem
   }
   GenerationPlan p;
   p.generation = generation_;
@@ -492,29 +521,21 @@ Status Trainer::MakePlan() {
     // The draw index is the run-global generation: after a hand-over rewinds the optimizer's g, the noise is
     // still fresh.
     const auto draw = static_cast<uint64_t>(generation_);
-    std::optional<Population> ahead;
     if (next_directions_.valid()) {
       Population directions = next_directions_.get();
-      if (directions.generation == state_.generation && directions.draw == draw &&
-          next_directions_basis_ == state_.eigen.basis) {
-        ahead = std::move(directions);
-      }
+      if (next_directions_basis_ == state_.eigen.basis) ahead = std::move(directions);
     }
+    // A hand-over (or a resume) may sample another generation or draw than the one computed ahead.
+    if (ahead && (ahead->generation != state_.generation || ahead->draw != draw)) ahead.reset();
     if (ahead) {
       place_candidates(state_, &*ahead);
       p.population = std::move(*ahead);
     } else {
-      p.population = ask(params_, state_, draw);
+      p.population = ask(params_, state_, draw, whitening_);
     }
     // The next generation's directions, while this one runs: they need only the eigensystem, which stays unless
     // a decomposition is applied or a hand-over restores another state (then they are computed again).
-    if (LazyFull(params_)) {
-      next_directions_basis_ = state_.eigen.basis;
-      next_directions_ = std::async(std::launch::async, [params = params_, eigen = state_.eigen,
-                                                         generation = state_.generation + 1, next = draw + 1] {
-        return sample_directions(params, eigen, generation, next);
-      });
-    }
+    if (LazyFull(params_)) next_directions_request_ = DirectionsRequest{state_.eigen, state_.generation + 1, draw + 1};
     for (int64_t k = 0; k < p.population.size; ++k) {
       for (const auto& [task, prompts] : p.samples) {
         for (int64_t prompt : prompts) p.units.push_back(WorkUnit{k, task, prompt});
@@ -532,7 +553,7 @@ Status Trainer::MakePlan() {
   return Status::Ok();
 }
 
-Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
+Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results, Durability durability) {
   NAMM_RETURN_IF_ERROR(broken_);
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
   std::vector<EvaluationRecord> kept;
@@ -550,7 +571,7 @@ Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results) {
     }
     if (plan_.dropped.count({r.task, r.prompt}) == 0) kept.push_back(r);
   }
-  return store_.RecordEvaluations(run_id_, kept);
+  return store_.RecordEvaluations(run_id_, kept, durability);
 }
 
 Result<DropCounts> Trainer::Drop(const std::string& task, int64_t prompt, const std::string& error) {
@@ -623,8 +644,36 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   return s;
 }
 
+void Trainer::StartDirections() {
+  if (!next_directions_request_ || next_directions_.valid()) return;
+  next_directions_basis_ = next_directions_request_->eigen.basis;
+  next_directions_ = InBackground([params = params_, request = std::move(*next_directions_request_),
+                                                     whitening = whitening_] {
+    return sample_directions(params, request.eigen, request.generation, request.draw, whitening);
+  });
+  next_directions_request_.reset();
+}
+
+void Trainer::StartCompaction() {
+  if (!compaction_due_ || compaction_.valid()) return;
+  compaction_ = InBackground([store = &store_, run = run_id_, ids = std::move(unneeded_snapshots_)] {
+    return store->DropSnapshotsConcurrently(run, ids);
+  });
+  unneeded_snapshots_.clear();
+  compaction_due_ = false;
+}
+
+Status Trainer::FinishCompaction(bool run_pending) {
+  if (compaction_.valid()) NAMM_RETURN_IF_ERROR(compaction_.get().WithContext("compacting the database"));
+  if (!run_pending || !compaction_due_) return Status::Ok();
+  StartCompaction();
+  return compaction_.get().WithContext("compacting the database");
+}
+
 std::optional<int64_t> Trainer::BeginBackgroundWork() {
   const int64_t running = eigen_job_generation_;
+  StartDirections();
+  StartCompaction();
   StartCovarianceWork();
   StartEigenJob(/*wait=*/false);
   StartSnapshotWrite(/*wait=*/false);
@@ -637,13 +686,18 @@ void Trainer::StartEigenJob(bool wait) {
   const std::optional<SharedCovariance> covariance = PendingCovariance(wait);
   if (!covariance) return;
   eigen_job_generation_ = state_.pending_generation;
-  eigen_job_ = std::async(std::launch::async, [params = params_, generation = state_.pending_generation,
-                                               covariance = *covariance]()
-                                                  -> Result<std::pair<Eigensystem, uint32_t>> {
-    NAMM_ASSIGN_OR_RETURN(Eigensystem eigen, decompose(params, generation, *covariance.get()));
-    const uint32_t checksum = eigensystem_checksum(eigen);
-    return std::make_pair(std::move(eigen), checksum);
-  });
+  // The generation that applies it, and its draw (the run generation then), barring a hand-over meanwhile.
+  const int64_t due = state_.pending_generation + params_.options.eigen_delay;
+  const auto due_draw = static_cast<uint64_t>(generation_ + (due - state_.generation));
+  eigen_job_ = InBackground([params = params_, generation = state_.pending_generation,
+                                               covariance = *covariance, due, due_draw,
+                                               whitening = whitening_]() -> Result<EigenJobResult> {
+    EigenJobResult r;
+    NAMM_ASSIGN_OR_RETURN(r.eigen, decompose(params, generation, *covariance.get()));
+    r.checksum = eigensystem_checksum(r.eigen);
+    r.directions = sample_directions(params, r.eigen, due, due_draw, whitening);
+    return r;
+  }, /*yielding=*/true);
 }
 
 void Trainer::StartSnapshotWrite(bool wait) {
@@ -655,7 +709,7 @@ void Trainer::StartSnapshotWrite(bool wait) {
     if (!pending) return;
     covariance = *pending;
   }
-  snapshot_write_->id = std::async(std::launch::async, [store = &store_, run = run_id_,
+  snapshot_write_->id = InBackground([store = &store_, run = run_id_,
                                                         listed = snapshot_write_->listed,
                                                         state = std::move(snapshot_write_->state),
                                                         covariance]() mutable -> Result<int64_t> {
@@ -700,6 +754,8 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/false));
   // The previous tells' covariance updates, if their background work is done (else they go on meanwhile).
   CollectCovarianceWork(/*wait=*/false);
+  // The last compaction's outcome; without a server's BeginBackgroundWork, the compaction itself.
+  NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/!compaction_.valid()));
   const GenerationPlan& p = plan_;
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
@@ -832,7 +888,9 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   }
 
   const auto commit_start = std::chrono::steady_clock::now();
-  const Result<int64_t> committed = store_.CommitGeneration(c);
+  const Result<CommitOutcome> outcome = store_.CommitGeneration(c);
+  const Result<int64_t> committed =
+      outcome.ok() ? Result<int64_t>(outcome->snapshot_id) : Result<int64_t>(outcome.status());
   if (!committed.ok()) {
     // Nothing changed in the store, but the state did: a new trainer resumes from the store.
     broken_ = committed.status().WithContext("the trainer must be resumed from the store");
@@ -884,6 +942,12 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     snapshot_write_->listed = listed;
     snapshot_write_->state = std::move(light);  // BeginBackgroundWork() writes it
   }
+
+  // Deleting unneeded snapshots and copying the WAL into the database take tens of ms: BeginBackgroundWork.
+  unneeded_snapshots_.insert(unneeded_snapshots_.end(), outcome->unneeded_snapshots.begin(),
+                             outcome->unneeded_snapshots.end());
+  compaction_due_ = compaction_due_ || snapshot || !outcome->unneeded_snapshots.empty();
+  if (c.finished) NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/true));
 
   AdvanceSummary summary;
   summary.generation = generation_;

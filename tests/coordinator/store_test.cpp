@@ -124,6 +124,7 @@ TEST(Store, MigratesAnOlderSchemaForwardKeepingItsData) {
   auto run = (*store)->GetRun(1);
   ASSERT_TRUE(run.ok());
   EXPECT_EQ(run->name, "r");
+  EXPECT_EQ(run->optimizer_revision, 1) << "an older build's run keeps its arithmetic";
   auto latest = (*store)->GetCheckpoint(1, "latest", 0, p);
   ASSERT_TRUE(latest.ok()) << latest.status().ToString();
   EXPECT_TRUE(latest->state == s);
@@ -250,7 +251,9 @@ TEST(Store, RetentionSparesTheSnapshotBeingWrittenElsewhere) {
   c.next_state = &s;
   c.keep_snapshots = std::vector<int64_t>{first};  // what the trainer knew it needed
   c.snapshot_in_flight = std::make_pair(int64_t{0}, int64_t{1});
-  ASSERT_TRUE(store->CommitGeneration(c).ok());
+  auto outcome = store->CommitGeneration(c);
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_TRUE(outcome->unneeded_snapshots.empty());
   const auto ids = [&] {
     const std::vector<SnapshotRecord> listed = store->ListSnapshots(run).value();
     std::set<int64_t> out;
@@ -261,7 +264,11 @@ TEST(Store, RetentionSparesTheSnapshotBeingWrittenElsewhere) {
   // Without the in-flight mark it would have gone, as an unneeded snapshot does.
   c.generation.generation = 1;
   c.snapshot_in_flight.reset();
-  ASSERT_TRUE(store->CommitGeneration(c).ok());
+  outcome = store->CommitGeneration(c);
+  ASSERT_TRUE(outcome.ok());
+  EXPECT_EQ(outcome->unneeded_snapshots, std::vector<int64_t>{written});
+  EXPECT_EQ(ids(), (std::set<int64_t>{first, written})) << "the commit only names it";
+  ASSERT_TRUE(store->DropSnapshotsConcurrently(run, outcome->unneeded_snapshots).ok());
   EXPECT_EQ(ids(), (std::set<int64_t>{first}));
 }
 

@@ -20,7 +20,9 @@
 //    of the state and the draw index (the reference draws from a stateful torch generator).
 //  - tell() whitens a sample with the draw it came from (C^-1/2 y = B z, as y = B D z with the same eigensystem)
 //    instead of multiplying y by B D^-1 B^T as the reference does: the same vector, without a lambda x N x N
-//    product (up to rounding).
+//    product (up to rounding). Sampled with Whitening::kWithDirections, a population also carries B z_k for every
+//    candidate (computed with y_k in one product, off the caller's path), and tell() sums the ranked ones:
+//    the same vector again, with other rounding, and no N x N product left in tell().
 //  - tell() can leave its O(N^2) covariance update to the caller (CovarianceTiming::kDeferred): the update is
 //    kept as data (CovarianceUpdate: the weighted samples, p_c and the decay) and applied later, in order, with
 //    the same BLAS calls, so C comes out bit for bit as if applied at once. Nothing but a decomposition reads C,
@@ -142,6 +144,12 @@ struct CmaesState {
 // first eigendecomposition done.
 Result<CmaesState> initial_cmaes_state(const CmaesParams& params, const std::vector<double>& initial_mean);
 
+// Where tell() gets C^-1/2 y_k = B z_k. Either way is exact up to rounding; a run keeps the one it started with.
+enum class Whitening {
+  kAtTell,          // tell() multiplies the weighted sum of the ranked z_k by B (one N x N product)
+  kWithDirections,  // sampling computes B z_k with y_k (Population::whitened); tell() sums them
+};
+
 // One generation's candidates: x_k = m + sigma y_k with y_k = B D z_k, z_k ~ N(0, I).
 struct Population {
   int64_t generation = 0;         // the state's g when sampled
@@ -150,6 +158,7 @@ struct Population {
   std::vector<double> x;          // [lambda, N] row-major
   std::vector<double> y;          // [lambda, N] row-major
   std::vector<double> z;          // [lambda, N] row-major: the standard normal draws (y = B D z)
+  std::vector<double> whitened;   // [lambda, N] row-major: B z (Whitening::kWithDirections, full covariance), or empty
 
   const double* candidate(int64_t k) const { return x.data() + k * dimension; }
 };
@@ -171,10 +180,13 @@ Status apply_eigensystem(CmaesState& state, Eigensystem eigen);
 // state and draw); a due decomposition must have been applied first. The reference's run keys its draws by
 // generation; a caller that rewinds the state (the stage hand-over restores an earlier checkpoint) passes a fresh
 // draw index so that no noise is reused.
-Population ask(const CmaesParams& params, const CmaesState& state, uint64_t draw);
-// ask() in two steps: the draws and directions (z, y = B D z), which need only the eigensystem and so can be
-// computed ahead (a lambda x N x N product); then the candidates x = m + sigma y.
-Population sample_directions(const CmaesParams& params, const Eigensystem& eigen, int64_t generation, uint64_t draw);
+Population ask(const CmaesParams& params, const CmaesState& state, uint64_t draw,
+               Whitening whitening = Whitening::kAtTell);
+// ask() in two steps: the draws and directions (z, y = B D z, and B z if asked), which need only the
+// eigensystem and so can be computed ahead (a lambda x N x N product, 2 lambda x N x N with B z); then the
+// candidates x = m + sigma y.
+Population sample_directions(const CmaesParams& params, const Eigensystem& eigen, int64_t generation, uint64_t draw,
+                             Whitening whitening = Whitening::kAtTell);
 void place_candidates(const CmaesState& state, Population* population);
 
 enum class CovarianceTiming {

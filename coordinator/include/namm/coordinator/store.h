@@ -34,7 +34,7 @@ namespace namm::coordinator {
 // "NAMM" in ASCII, the value of PRAGMA application_id in every namm database.
 constexpr int32_t kStoreApplicationId = 0x4E414D4D;
 // The schema version this build writes (PRAGMA user_version).
-constexpr int kStoreSchemaVersion = 3;
+constexpr int kStoreSchemaVersion = 4;
 
 enum class OpenMode {
   kCreate,    // create the file if missing, migrate an older schema
@@ -86,7 +86,8 @@ class Store final : public TrainingStore {
 
   // Evaluations are idempotent per (generation, candidate, task, prompt): the first result wins. Returns how
   // many of `records` were new.
-  Result<int64_t> RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records) override;
+  Result<int64_t> RecordEvaluations(int64_t run_id, const std::vector<EvaluationRecord>& records,
+                                    Durability durability = Durability::kSynced) override;
   Result<std::vector<EvaluationRecord>> GetEvaluations(int64_t run_id, int64_t generation) const override;
   // Per (task, prompt) evaluated so far: the tokens a worker ran through the model (prompt + generated; the
   // largest reported), what leases are balanced by once known.
@@ -102,7 +103,7 @@ class Store final : public TrainingStore {
   Result<int64_t> NextLeaseEpoch(int64_t run_id);
 
   // Returns the id of the snapshot written with it (0: none).
-  Result<int64_t> CommitGeneration(const GenerationCommit& commit) override;
+  Result<CommitOutcome> CommitGeneration(const GenerationCommit& commit) override;
   // Summaries, in generation order, without the parameter vectors.
   Result<std::vector<GenerationRecord>> GetGenerations(int64_t run_id) const override;
   Result<GenerationRecord> GetGeneration(int64_t run_id, int64_t generation) const;
@@ -124,6 +125,10 @@ class Store final : public TrainingStore {
   Result<int64_t> AddSnapshotConcurrently(int64_t run_id, const NewSnapshot& snapshot) const override;
   // Removes what an AddSnapshot() cut off by a crash left (call when no snapshot is being written).
   Status DropIncompleteSnapshots(int64_t run_id) override;
+  // Deletes the listed complete snapshots, then wal_checkpoint(TRUNCATE).
+  Status DropSnapshots(int64_t run_id, const std::vector<int64_t>& ids);
+  // Opens the file again (kExisting) and drops them there.
+  Status DropSnapshotsConcurrently(int64_t run_id, const std::vector<int64_t>& ids) const override;
 
   Result<std::map<std::string, double>> GetMetrics(int64_t run_id, int64_t generation) const;
   // Per generation with evaluations, in generation order.

@@ -39,6 +39,14 @@
 
 namespace namm::coordinator {
 
+// How a run computes its generations, stored with the run so that a newer build resumes it bit for bit:
+//  1: BLAS with the library's threads (one per core), and tell() whitens the ranked draws with one N x N
+//     product (Whitening::kAtTell);
+//  2: BLAS single-threaded (results independent of the host's cores; linalg::set_blas_threads), and the whitened
+//     directions sampled with the candidates, off the generation barrier (kWithDirections).
+// New runs take the latest. The BLAS setting is the process's: a coordinator trains one run.
+constexpr int64_t kOptimizerRevision = 2;
+
 struct WorkUnit {
   int64_t candidate = 0;  // or kMeanCandidate
   std::string task;
@@ -111,8 +119,8 @@ class Trainer {
 
   // Stores results of the current phase (the first one for a unit wins). Refuses units outside the plan,
   // another generation, and statistics-phase results without statistics; skips results of dropped prompts.
-  // Returns how many were new.
-  Result<int64_t> Record(const std::vector<EvaluationRecord>& results);
+  // Returns how many were new. `durability`: see TrainingStore::RecordEvaluations.
+  Result<int64_t> Record(const std::vector<EvaluationRecord>& results, Durability durability = Durability::kSynced);
   // Gives up on `prompt` of `task` for the current generation (it failed on too many workers): stored with
   // `error`, then no candidate's unit of it is waited for or scored. Idempotent.
   Result<DropCounts> Drop(const std::string& task, int64_t prompt, const std::string& error);
@@ -182,6 +190,7 @@ class Trainer {
   TrainingStore& store_;
   RunSpec spec_;
   CmaesParams params_;
+  Whitening whitening_ = Whitening::kAtTell;  // from the run's optimizer revision
   StageSchedule schedule_;
   std::map<std::string, int64_t> task_rows_;
   int64_t run_id_ = 0;
@@ -206,14 +215,35 @@ class Trainer {
   std::future<std::vector<double>> covariance_work_;
   // The pending decomposition's copy of C, from that work (valid while state_.pending_covariance is unset).
   SharedCovariance pending_copy_;
-  // The background decomposition of state_'s pending covariance: (eigensystem, its checksum).
-  std::future<Result<std::pair<Eigensystem, uint32_t>>> eigen_job_;
+  // The background decomposition of state_'s pending covariance, and the directions of the generation that
+  // will apply it (sampled with it, so that that generation does not wait for a lambda x N x N product).
+  struct EigenJobResult {
+    Eigensystem eigen;
+    uint32_t checksum = 0;
+    Population directions;
+  };
+  std::future<Result<EigenJobResult>> eigen_job_;
   int64_t eigen_job_generation_ = -1;
   std::optional<std::pair<int64_t, uint32_t>> eigen_applied_;  // recorded with the next commit
-  // The next generation's draws and directions, computed while this one runs, with the eigensystem they used
-  // (taken only if the next generation samples with the same one).
+  // The next generation's draws and directions, computed while this one runs (started by BeginBackgroundWork,
+  // after the phase's work is out), with the eigensystem they used (taken only if the next generation samples
+  // with the same one).
+  struct DirectionsRequest {
+    Eigensystem eigen;
+    int64_t generation = 0;
+    uint64_t draw = 0;
+  };
+  std::optional<DirectionsRequest> next_directions_request_;
+  // Snapshots the commits found unneeded, deleted (and the WAL checkpointed) on a connection of its own.
+  std::vector<int64_t> unneeded_snapshots_;
+  bool compaction_due_ = false;
+  std::future<Status> compaction_;
+  void StartCompaction();
+  // Waits for a running compaction; with `run_pending`, also runs one that is due.
+  Status FinishCompaction(bool run_pending);
   std::future<Population> next_directions_;
   std::shared_ptr<const std::vector<double>> next_directions_basis_;
+  void StartDirections();
   GenerationPlan plan_;
   DropCounts drops_;
   Status broken_;  // set when a commit failed after tell() changed the state
