@@ -12,7 +12,8 @@
 //   barrier        --barrier-generations (300) short generations (4 prompts per task of 10 ms): per generation,
 //                  the time from its last result to the first prompt of the next one (tell, commit, plan, lease
 //                  delivery), including the generations that request or apply a decomposition; bytes the process
-//                  wrote per generation (/proc/self/io) and the database's size at the end
+//                  wrote per generation (/proc/self/io) and the database's size at the end; the mean is evaluated
+//                  every 10 generations (a new stage best keeps its start state, covariance included)
 //   (cmaes.eigen_delay is 500 generations here: a decomposition takes ~9 s at N = 4172 on 2 cores and these
 //   generations ~0.2 s; a real generation takes minutes, and the run spec's default is 8.)
 // For the two timed scenarios, per generation: the makespan (phase start to its last result) against the
@@ -26,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <string>
@@ -70,6 +72,7 @@ struct Scenario {
   double seconds_per_cost = 0;
   int slow_every = 0;  // every slow_every-th worker runs at half speed (0: none)
   bool metrics = false;  // the coordinator serves Prometheus metrics (updated every tick)
+  int eval_interval = 1000;  // generations between evaluations of the mean (a new best is copied for hand-over)
 };
 
 struct GenerationResult {
@@ -85,6 +88,7 @@ struct ScenarioResult {
   // optimizer did at its end (requested a decomposition, or applied one before the next generation).
   std::vector<double> barrier;
   std::vector<bool> requested, applied;
+  std::vector<bool> evaluated, new_best;  // the mean was evaluated; its evaluation was a new stage best
   std::vector<double> tell;  // seconds of its tell(), per generation of `barrier`
   int64_t bytes_written = 0, db_bytes = 0, rss_bytes = 0;
   // CPU seconds (user + system) of the coordinator's process and of the workers' process (--worker-process).
@@ -141,7 +145,7 @@ double Quantile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
 }
 
-std::string SpecYaml(const Flags& f) {
+std::string SpecYaml(const Flags& f, const Scenario& s) {
   std::string tasks;
   for (const std::string& t : kTasks) tasks += (tasks.empty() ? "" : ", ") + t;
   return "name: coordinator-bench\n"
@@ -149,7 +153,7 @@ std::string SpecYaml(const Flags& f) {
          "namm: {scorer: bam, hidden: 32, selection: binary}\n"
          "cmaes: {population: " + std::to_string(f.population) + ", sigma0: 0.065, seed: 1, eigen_delay: 500}\n"
          "prompts_per_task: " + std::to_string(f.prompts) + "\n"
-         "eval_interval: 1000\n"
+         "eval_interval: " + std::to_string(s.eval_interval) + "\n"
          "eval_prompts: 4\n"
          "stages:\n"
          "  - {tasks: [" + tasks + "], generations: " + std::to_string(f.generations + 1) + "}\n";
@@ -182,7 +186,7 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   const std::string db = std::filesystem::temp_directory_path() / ("coordinator_bench_" + std::to_string(::getpid()) + ".db");
   for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(db + suffix);
   auto store = Store::Open(db, OpenMode::kCreate).value();
-  const RunSpec spec = parse_run_spec(SpecYaml(f), "bench").value();
+  const RunSpec spec = parse_run_spec(SpecYaml(f, s), "bench").value();
   tasks::ReferenceScores reference;
   for (const auto& [task, c] : costs) {
     for (std::size_t p = 0; p < c.size(); ++p) (void)reference.Set(task, static_cast<int64_t>(p), sim::sim_reference_score(task, static_cast<int64_t>(p)));
@@ -195,6 +199,8 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
   std::map<int64_t, std::pair<bool, bool>> decomposition;  // generation -> (requested at its end, applied after)
   std::map<int64_t, double> tell_seconds;
   int64_t last_eigen_generation = 0;
+  std::map<int64_t, bool> evaluation;  // generation -> whether its evaluation of the mean was a new best
+  double best_eval = -std::numeric_limits<double>::infinity();
   const int64_t bytes_before = ProcValue("/proc/self/io", "write_bytes:");
   ServeOptions options;
   options.listen = "127.0.0.1:0";
@@ -212,6 +218,11 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
     decomposition[p.record->generation] = {next.pending_generation == next.generation,
                                            next.eigen.generation != last_eigen_generation};
     last_eigen_generation = next.eigen.generation;
+    if (p.record->eval_fitness) {
+      const bool best = *p.record->eval_fitness > best_eval;
+      evaluation[p.record->generation] = best;
+      if (best) best_eval = *p.record->eval_fitness;
+    }
     GenerationResult g;
     g.units = p.units;
     g.makespan = p.seconds;
@@ -287,6 +298,9 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
     result.barrier.push_back(std::chrono::duration<double>(next->second - at).count());
     result.requested.push_back(decomposition[generation].first);
     result.applied.push_back(decomposition[generation].second);
+    const auto evaluated = evaluation.find(generation);
+    result.evaluated.push_back(evaluated != evaluation.end());
+    result.new_best.push_back(evaluated != evaluation.end() && evaluated->second);
     result.tell.push_back(tell_seconds[generation]);
   }
   result.bytes_written = ProcValue("/proc/self/io", "write_bytes:") - bytes_before;
@@ -381,11 +395,14 @@ int main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     // Prompts of 10 ms on average: the simulated workers sleep like real ones compute, and leave the CPU to
     // the coordinator (a decomposition beside workers that never sleep takes minutes on 2 cores).
-    const ScenarioResult r = RunScenario(b, {"barrier", spc * 10 / f.unit_ms, 0, false}, *costs);
+    // The mean evaluated every 10 generations: a new stage best keeps its start state for the hand-over.
+    const ScenarioResult r = RunScenario(b, {"barrier", spc * 10 / f.unit_ms, 0, false, 10}, *costs);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::vector<double> all, requested, applied;
+    std::vector<double> all, requested, applied, evaluated, new_best;
     for (std::size_t i = 0; i < r.barrier.size(); ++i) {
       all.push_back(r.barrier[i] * 1000);
+      if (r.evaluated[i]) evaluated.push_back(r.barrier[i] * 1000);
+      if (r.new_best[i]) new_best.push_back(r.barrier[i] * 1000);
       if (r.requested[i]) requested.push_back(r.barrier[i] * 1000);
       if (r.applied[i]) applied.push_back(r.barrier[i] * 1000);
     }
@@ -400,6 +417,8 @@ int main(int argc, char** argv) {
                 max_of(tell_ms));
     std::printf("  generations requesting a decomposition: %zu, barrier max %.1f ms; applying one: %zu, max %.1f ms\n",
                 requested.size(), max_of(requested), applied.size(), max_of(applied));
+    std::printf("  generations evaluating the mean: %zu, barrier max %.1f ms; with a new stage best: %zu, max %.1f ms\n",
+                evaluated.size(), max_of(evaluated), new_best.size(), max_of(new_best));
     std::vector<std::size_t> order(all.size());
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return all[x] > all[y]; });

@@ -173,21 +173,20 @@ void apply_covariance_update(const CmaesParams& p, const CovarianceUpdate& u, st
   linalg::symmetric_rank_1(n, p.c_1, u.path_c.data(), c);
 }
 
-std::shared_ptr<const std::vector<double>> apply_covariance_backlog(const CmaesParams& p,
-                                                                    const std::vector<CovarianceUpdate>& backlog,
-                                                                    std::vector<double>& covariance,
-                                                                    int64_t copy_after) {
-  std::shared_ptr<const std::vector<double>> copy;
+CovarianceCopies apply_covariance_backlog(const CmaesParams& p, const std::vector<CovarianceUpdate>& backlog,
+                                          std::vector<double>& covariance, int64_t copy_before, int64_t copy_after) {
+  CovarianceCopies copies;
   for (const CovarianceUpdate& u : backlog) {
+    if (u.generation == copy_before) copies.before = std::make_shared<const std::vector<double>>(covariance);
     apply_covariance_update(p, u, covariance);
-    if (u.generation == copy_after) copy = std::make_shared<const std::vector<double>>(covariance);
+    if (u.generation == copy_after) copies.after = std::make_shared<const std::vector<double>>(covariance);
   }
-  return copy;
+  return copies;
 }
 
 void settle_covariance(const CmaesParams& p, CmaesState& s) {
-  auto copy = apply_covariance_backlog(p, s.covariance_backlog, s.covariance,
-                                       s.pending_covariance ? -1 : s.pending_generation);
+  auto copy = apply_covariance_backlog(p, s.covariance_backlog, s.covariance, -1,
+                                       s.pending_covariance ? -1 : s.pending_generation).after;
   if (copy) s.pending_covariance = std::move(copy);
   s.covariance_backlog.clear();
 }

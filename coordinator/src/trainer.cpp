@@ -10,6 +10,7 @@
 #include <functional>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "dense_linalg.h"
 #include "namm/coordinator/checkpoint_codec.h"
@@ -113,6 +114,23 @@ bool SameLight(const CmaesState& a, const CmaesState& b) {
          a.best_fitness == b.best_fitness && a.best_generation == b.best_generation;
 }
 
+// Every field of `s` but the covariance and its backlog (the pending decomposition's copy of C is shared).
+CmaesState LightCopy(const CmaesState& s) {
+  CmaesState light;
+  light.generation = s.generation;
+  light.mean = s.mean;
+  light.sigma = s.sigma;
+  light.path_c = s.path_c;
+  light.path_sigma = s.path_sigma;
+  light.eigen = s.eigen;
+  light.pending_generation = s.pending_generation;
+  light.pending_covariance = s.pending_covariance;
+  light.best_member = s.best_member;
+  light.best_fitness = s.best_fitness;
+  light.best_generation = s.best_generation;
+  return light;
+}
+
 }  // namespace
 
 Trainer::~Trainer() {
@@ -134,14 +152,22 @@ void Trainer::StartCovarianceWork() {
   const int64_t copy_after = state_.pending_covariance ? -1 : state_.pending_generation;
   std::vector<CovarianceUpdate> backlog = std::move(state_.covariance_backlog);
   state_.covariance_backlog.clear();
-  std::promise<std::shared_ptr<const std::vector<double>>> copy;
-  if (std::any_of(backlog.begin(), backlog.end(), [&](const CovarianceUpdate& u) { return u.generation == copy_after; })) {
-    pending_copy_ = copy.get_future().share();
+  const auto holds = [&](int64_t generation) {
+    return std::any_of(backlog.begin(), backlog.end(), [&](const CovarianceUpdate& u) { return u.generation == generation; });
+  };
+  std::promise<std::shared_ptr<const std::vector<double>>> copy, best;
+  if (holds(copy_after)) pending_copy_ = copy.get_future().share();
+  int64_t copy_before = -1;  // the stage's best start state: C before the update of the tell that followed it
+  if (stage_best_copy_ && stage_best_copy_->before >= 0 && holds(stage_best_copy_->before)) {
+    copy_before = std::exchange(stage_best_copy_->before, -1);
+    best = std::move(stage_best_copy_->promise);
   }
   covariance_work_ = InBackground([params = params_, backlog = std::move(backlog),
-                                                     covariance = std::move(state_.covariance), copy_after,
-                                                     copy = std::move(copy)]() mutable {
-    copy.set_value(apply_covariance_backlog(params, backlog, covariance, copy_after));
+                                   covariance = std::move(state_.covariance), copy_before, copy_after,
+                                   copy = std::move(copy), best = std::move(best)]() mutable {
+    CovarianceCopies copies = apply_covariance_backlog(params, backlog, covariance, copy_before, copy_after);
+    copy.set_value(std::move(copies.after));
+    if (copy_before >= 0) best.set_value(std::move(copies.before));
     return std::move(covariance);
   }, /*yielding=*/true);
   state_.covariance.clear();
@@ -163,7 +189,15 @@ void Trainer::CollectCovarianceWork(bool wait) {
 
 void Trainer::SettleCovariance() {
   CollectCovarianceWork(/*wait=*/true);
-  settle_covariance(params_, state_);
+  const int64_t copy_before = stage_best_copy_ ? stage_best_copy_->before : -1;
+  CovarianceCopies copies = apply_covariance_backlog(params_, state_.covariance_backlog, state_.covariance, copy_before,
+                                                     state_.pending_covariance ? -1 : state_.pending_generation);
+  state_.covariance_backlog.clear();
+  if (copies.after) state_.pending_covariance = std::move(copies.after);
+  if (copies.before) {
+    stage_best_copy_->before = -1;
+    stage_best_copy_->promise.set_value(std::move(copies.before));
+  }
 }
 
 std::optional<Trainer::SharedCovariance> Trainer::PendingCovariance(bool wait) {
@@ -255,6 +289,7 @@ Status Trainer::Load() {
   NAMM_RETURN_IF_ERROR(store_.DropIncompleteSnapshots(run_id_));
   NAMM_ASSIGN_OR_RETURN(snapshots_, store_.ListSnapshots(run_id_));
   stage_best_.reset();
+  stage_best_copy_.reset();
   eigen_applied_.reset();
   if (!latest.state.covariance.empty()) {
     // An older build's run: its latest checkpoint is complete. Continue from it with the eigensystem of its own
@@ -752,8 +787,10 @@ Status Trainer::FinishSnapshotWrite(bool wait) {
 Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord>& done) {
   // A snapshot written meanwhile joins the list (retention then counts on it).
   NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/false));
-  // The previous tells' covariance updates, if their background work is done (else they go on meanwhile).
+  // The previous tells' covariance updates, if their background work is done (else they go on meanwhile); an
+  // update no background work took yet (no server calls BeginBackgroundWork, or the work was busy) starts now.
   CollectCovarianceWork(/*wait=*/false);
+  StartCovarianceWork();
   // The last compaction's outcome; without a server's BeginBackgroundWork, the compaction itself.
   NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/!compaction_.valid()));
   const GenerationPlan& p = plan_;
@@ -793,9 +830,21 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
                      (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
   // This generation's start state is the stage's best: keep it (its covariance copied; the rest is shared).
+  // Its covariance is copied by the covariance work, before it applies this generation's update (a copy here
+  // would cost ~50 ms at N = 4172).
   if (c.new_stage_best) {
-    SettleCovariance();
-    stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
+    const bool earlier_copy_due = stage_best_copy_ && stage_best_copy_->before >= 0;
+    if (earlier_copy_due || (state_.pending_generation >= 0 && !state_.pending_covariance)) SettleCovariance();
+    if (LazyFull(params_) && params_.options.eigen_delay > 0) {  // tell() defers its update: copy before it
+      stage_best_ = Rebuilt{LightCopy(state_), eigen_source_, pending_source_};
+      stage_best_copy_.emplace();
+      stage_best_copy_->before = state_.generation + 1;
+      stage_best_copy_->covariance = stage_best_copy_->promise.get_future().share();
+    } else {
+      SettleCovariance();
+      stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
+      stage_best_copy_.reset();
+    }
   }
 
   // tell() in place (a copy of C costs ~50 ms at N = 4172): if the commit below fails, the trainer is unusable.
@@ -852,6 +901,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   if (hand_over) SettleCovariance();
   if (hand_over && !stage_best_) {  // a resumed run: rebuild it
     NAMM_ASSIGN_OR_RETURN(stage_best_, Rebuild(g.stage, c.new_stage_best ? generation_ : *stage.best_eval_generation));
+    stage_best_copy_.reset();
   }
   c.next_state = hand_over ? &stage_best_->state : &state_;
   c.eigen_applied = eigen_applied_;
@@ -925,18 +975,8 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     listed.stage = g.stage;
     listed.generation = generation_ + 1;
     if (eigen_source_ >= 0) listed.eigen_source = eigen_source_;
-    CmaesState light;  // every O(N) vector; the covariance is the pending one, copied on the writing thread
-    light.generation = state_.generation;
-    light.mean = state_.mean;
-    light.sigma = state_.sigma;
-    light.path_c = state_.path_c;
-    light.path_sigma = state_.path_sigma;
-    light.eigen.generation = state_.eigen.generation;
-    light.pending_generation = state_.pending_generation;
-    light.pending_covariance = state_.pending_covariance;
-    light.best_member = state_.best_member;
-    light.best_fitness = state_.best_fitness;
-    light.best_generation = state_.best_generation;
+    CmaesState light = LightCopy(state_);  // the covariance is the pending one, copied on the writing thread
+    light.eigen = Eigensystem{state_.eigen.generation, nullptr, {}};
     pending_source_ = kSnapshotBeingWritten;
     snapshot_write_.emplace();
     snapshot_write_->listed = listed;
@@ -958,10 +998,15 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   ++generation_;
   if (hand_over) {
     state_ = std::move(stage_best_->state);
+    // SettleCovariance() above took the copy of its covariance, if the covariance work had not.
+    if (stage_best_copy_) state_.covariance = *stage_best_copy_->covariance.get();
     eigen_source_ = stage_best_->eigen_source;
     pending_source_ = stage_best_->pending_source;
   }
-  if (c.stage_ends) stage_best_.reset();
+  if (c.stage_ends) {
+    stage_best_.reset();
+    stage_best_copy_.reset();
+  }
   finished_ = c.finished;
   if (!finished_) {
     NAMM_RETURN_IF_ERROR(MakePlan());

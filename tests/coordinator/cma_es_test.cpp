@@ -321,9 +321,15 @@ TEST(Cmaes, DeferredCovarianceUpdatesGiveTheSameRunBitForBit) {
     if (g % 3 == 2) {
       // As a background thread would: the covariance and backlog taken out, applied, put back.
       std::vector<double> detached = std::move(later.covariance);
-      const auto copy = apply_covariance_backlog(*p, later.covariance_backlog, detached,
-                                                 later.pending_covariance ? -1 : later.pending_generation);
-      if (copy) later.pending_covariance = copy;
+      const int64_t first = later.covariance_backlog.empty() ? -1 : later.covariance_backlog.front().generation;
+      const std::vector<double> before = detached;
+      const CovarianceCopies copies = apply_covariance_backlog(*p, later.covariance_backlog, detached, first,
+                                                               later.pending_covariance ? -1 : later.pending_generation);
+      if (first >= 0) {
+        ASSERT_NE(copies.before, nullptr);
+        EXPECT_EQ(*copies.before, before) << "C before the backlog's first update";
+      }
+      if (copies.after) later.pending_covariance = copies.after;
       later.covariance = std::move(detached);
       later.covariance_backlog.clear();
       EXPECT_TRUE(later == *now) << "generation " << g;
@@ -340,6 +346,44 @@ TEST(Cmaes, DeferredCovarianceUpdatesGiveTheSameRunBitForBit) {
   ASSERT_TRUE(tell(*eager, *e, pop, std::vector<double>(static_cast<std::size_t>(pop.size), 1.0),
                    CovarianceTiming::kDeferred).ok());
   EXPECT_TRUE(e->covariance_backlog.empty());
+}
+
+// Sampling with the whitened directions gives the same candidates and B z_k with them; tell() then sums the
+// ranked B z_(r) instead of one N x N product: the same update up to rounding.
+TEST(Cmaes, WhitenedDirectionsGiveTheSameTellUpToRounding) {
+  const int64_t n = 30;
+  CmaesOptions o = DefaultOptions(n, 0.5);
+  o.eigen_schedule = EigenSchedule::kEveryGeneration;  // a non-trivial basis from generation 0
+  auto p = make_cmaes_params(n, o);
+  auto at_tell = initial_cmaes_state(*p, std::vector<double>(n, 1.0));
+  ASSERT_TRUE(at_tell.ok());
+  CmaesState with_directions = *at_tell;
+  for (int g = 0; g < 5; ++g) {
+    const Population plain = ask(*p, *at_tell, static_cast<uint64_t>(g));
+    const Population whitened = ask(*p, with_directions, static_cast<uint64_t>(g), Whitening::kWithDirections);
+    ASSERT_EQ(whitened.whitened.size(), whitened.y.size());
+    EXPECT_TRUE(plain.whitened.empty());
+    for (int64_t k = 0; k < whitened.size; ++k) {
+      for (int64_t i = 0; i < n; ++i) {  // B z_k, row i of B being column i of the basis rows
+        double bz = 0;
+        for (int64_t j = 0; j < n; ++j) bz += (*with_directions.eigen.basis)[static_cast<std::size_t>(j * n + i)] * whitened.z[static_cast<std::size_t>(k * n + j)];
+        EXPECT_NEAR(whitened.whitened[static_cast<std::size_t>(k * n + i)], bz, 1e-12);
+        EXPECT_NEAR(whitened.y[static_cast<std::size_t>(k * n + i)], plain.y[static_cast<std::size_t>(k * n + i)], 1e-12);
+      }
+    }
+    std::vector<double> fit;
+    for (int64_t k = 0; k < plain.size; ++k) fit.push_back(-Ellipsoid(plain.candidate(k), n));
+    ASSERT_TRUE(tell(*p, *at_tell, plain, fit).ok());
+    ASSERT_TRUE(tell(*p, with_directions, whitened, fit).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(with_directions.path_sigma[static_cast<std::size_t>(i)], at_tell->path_sigma[static_cast<std::size_t>(i)], 1e-9);
+    }
+    EXPECT_NEAR(with_directions.sigma, at_tell->sigma, 1e-12);
+  }
+  Population broken = ask(*p, with_directions, 9, Whitening::kWithDirections);
+  broken.whitened.pop_back();
+  EXPECT_EQ(tell(*p, with_directions, broken, std::vector<double>(static_cast<std::size_t>(broken.size), 0.0)).code(),
+            Status::Code::kInvalidArgument);
 }
 
 TEST(Cmaes, RefusesNonFiniteFitnessAndForeignPopulationsWithoutChangingState) {

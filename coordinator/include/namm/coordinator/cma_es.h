@@ -205,11 +205,14 @@ Status tell(const CmaesParams& params, CmaesState& state, const Population& popu
 // Applies the state's covariance backlog, in order, taking the pending decomposition's copy of C when its
 // generation's update is applied.
 void settle_covariance(const CmaesParams& params, CmaesState& state);
-// The same on parts of a state held elsewhere (e.g. by another thread): applies `backlog` to `covariance` and
-// returns a copy of C right after the update of generation `copy_after` (null when none is in the backlog).
-std::shared_ptr<const std::vector<double>> apply_covariance_backlog(const CmaesParams& params,
-                                                                    const std::vector<CovarianceUpdate>& backlog,
-                                                                    std::vector<double>& covariance,
-                                                                    int64_t copy_after);
+// Copies of C taken while applying a backlog (null when the named update was not in it).
+struct CovarianceCopies {
+  std::shared_ptr<const std::vector<double>> before;  // right before the update of generation copy_before
+  std::shared_ptr<const std::vector<double>> after;   // right after the update of generation copy_after
+};
+// The same on parts of a state held elsewhere (e.g. by another thread): applies `backlog` to `covariance`,
+// copying C around the named updates (-1: no copy).
+CovarianceCopies apply_covariance_backlog(const CmaesParams& params, const std::vector<CovarianceUpdate>& backlog,
+                                          std::vector<double>& covariance, int64_t copy_before, int64_t copy_after);
 
 }  // namespace namm::coordinator

@@ -201,6 +201,14 @@ class Trainer {
   int64_t eigen_source_ = -1, pending_source_ = -1;  // snapshots of state_'s eigensystem and pending decomposition
   // The current stage's best start state, for its hand-over (rebuilt when a resumed run reaches the hand-over).
   std::optional<Rebuilt> stage_best_;
+  // That state's covariance when stage_best_ was taken light: copied by whoever applies the update of generation
+  // `before` (-1 once someone has it to copy), right before applying it.
+  struct StageBestCopy {
+    int64_t before = -1;
+    std::promise<std::shared_ptr<const std::vector<double>>> promise;
+    std::shared_future<std::shared_ptr<const std::vector<double>>> covariance;
+  };
+  std::optional<StageBestCopy> stage_best_copy_;
   // The run's, without states (a rebuild adds one it had to write again, hence mutable).
   mutable std::vector<SnapshotRecord> snapshots_;
   // The snapshot of a delayed decomposition request, written on its own connection while the next generation
