@@ -20,6 +20,11 @@
 // rebuilds the complete state from the latest snapshot on the run's lineage (hand-overs included) by replaying
 // the tell log, and checks the result against the stored light checkpoint and eigensystem checksums. A requested
 // decomposition (cmaes.eigen_delay > 0) runs on a background thread and is applied eigen_delay generations later.
+//
+// The generation barrier (last result to the next generation's first lease) holds only O(lambda N) work: with
+// eigen_delay > 0, tell()'s covariance update, the next directions, decompositions, snapshots, the deletion of
+// unneeded snapshots and the WAL checkpoint run on background threads that BeginBackgroundWork() starts once the
+// phase's work is out (docs/coordinator.md, "Off the generation barrier").
 #pragma once
 
 #include <cstdint>
