@@ -315,6 +315,8 @@ Population ask(const CmaesParams& p, const CmaesState& s, uint64_t draw, Whiteni
   return pop;
 }
 
+bool defers_covariance_update(const CmaesParams& p) { return Lazy(p) && p.options.eigen_delay > 0; }
+
 Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const std::vector<double>& fitness,
             CovarianceTiming timing) {
   const int64_t n = p.dimension, lambda = p.population;
@@ -402,8 +404,7 @@ Status tell(const CmaesParams& p, CmaesState& s, const Population& pop, const st
   }
   const double delta = (1 - h_sigma) * p.c_c * (2 - p.c_c);
   const double decay = 1 + p.c_1 * delta - p.c_1 - p.c_mu * weight_sum;
-  // A delayed lazy schedule is the only one whose tell() needs no C: it decomposes a copy later.
-  const bool defer = timing == CovarianceTiming::kDeferred && Lazy(p) && p.options.eigen_delay > 0;
+  const bool defer = timing == CovarianceTiming::kDeferred && defers_covariance_update(p);
   if (Full(p)) {
     // Rows scaled by sqrt(|w|): the positive and the negative parts are two symmetric rank-k updates.
     CovarianceUpdate update;

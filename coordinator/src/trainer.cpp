@@ -180,8 +180,8 @@ void Trainer::CollectCovarianceWork(bool wait) {
   }
   // The work applied the oldest updates: the backlog left (newer) stays after them.
   state_.covariance = covariance_work_.get();
-  if (pending_copy_.valid() && state_.pending_generation >= 0 && !state_.pending_covariance &&
-      pending_copy_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+  // Its copy of C for the pending decomposition, if it made one, was set before it returned.
+  if (pending_copy_.valid() && state_.pending_generation >= 0 && !state_.pending_covariance) {
     state_.pending_covariance = pending_copy_.get();
   }
   pending_copy_ = {};
@@ -683,7 +683,7 @@ void Trainer::StartDirections() {
   if (!next_directions_request_ || next_directions_.valid()) return;
   next_directions_basis_ = next_directions_request_->eigen.basis;
   next_directions_ = InBackground([params = params_, request = std::move(*next_directions_request_),
-                                                     whitening = whitening_] {
+                                   whitening = whitening_] {
     return sample_directions(params, request.eigen, request.generation, request.draw, whitening);
   });
   next_directions_request_.reset();
@@ -724,9 +724,8 @@ void Trainer::StartEigenJob(bool wait) {
   // The generation that applies it, and its draw (the run generation then), barring a hand-over meanwhile.
   const int64_t due = state_.pending_generation + params_.options.eigen_delay;
   const auto due_draw = static_cast<uint64_t>(generation_ + (due - state_.generation));
-  eigen_job_ = InBackground([params = params_, generation = state_.pending_generation,
-                                               covariance = *covariance, due, due_draw,
-                                               whitening = whitening_]() -> Result<EigenJobResult> {
+  eigen_job_ = InBackground([params = params_, generation = state_.pending_generation, covariance = *covariance, due,
+                             due_draw, whitening = whitening_]() -> Result<EigenJobResult> {
     EigenJobResult r;
     NAMM_ASSIGN_OR_RETURN(r.eigen, decompose(params, generation, *covariance.get()));
     r.checksum = eigensystem_checksum(r.eigen);
@@ -744,10 +743,9 @@ void Trainer::StartSnapshotWrite(bool wait) {
     if (!pending) return;
     covariance = *pending;
   }
-  snapshot_write_->id = InBackground([store = &store_, run = run_id_,
-                                                        listed = snapshot_write_->listed,
-                                                        state = std::move(snapshot_write_->state),
-                                                        covariance]() mutable -> Result<int64_t> {
+  snapshot_write_->id = InBackground([store = &store_, run = run_id_, listed = snapshot_write_->listed,
+                                      state = std::move(snapshot_write_->state),
+                                      covariance]() mutable -> Result<int64_t> {
     if (!state.pending_covariance) state.pending_covariance = covariance.get();
     state.covariance = *state.pending_covariance;
     NewSnapshot n;
@@ -789,7 +787,6 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/false));
   // The previous tells' covariance updates, if their background work is done (else they go on meanwhile); an
   // update no background work took yet (no server calls BeginBackgroundWork, or the work was busy) starts now.
-  CollectCovarianceWork(/*wait=*/false);
   StartCovarianceWork();
   // The last compaction's outcome; without a server's BeginBackgroundWork, the compaction itself.
   NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/!compaction_.valid()));
@@ -833,22 +830,24 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   // Its covariance is copied by the covariance work, before it applies this generation's update (a copy here
   // would cost ~50 ms at N = 4172).
   if (c.new_stage_best) {
+    const bool defers = defers_covariance_update(params_);  // else tell() updates C at once: copy it here
     const bool earlier_copy_due = stage_best_copy_ && stage_best_copy_->before >= 0;
-    if (earlier_copy_due || (state_.pending_generation >= 0 && !state_.pending_covariance)) SettleCovariance();
-    if (LazyFull(params_) && params_.options.eigen_delay > 0) {  // tell() defers its update: copy before it
+    if (!defers || earlier_copy_due || (state_.pending_generation >= 0 && !state_.pending_covariance)) {
+      SettleCovariance();
+    }
+    stage_best_copy_.reset();
+    if (defers) {
       stage_best_ = Rebuilt{LightCopy(state_), eigen_source_, pending_source_};
       stage_best_copy_.emplace();
       stage_best_copy_->before = state_.generation + 1;
       stage_best_copy_->covariance = stage_best_copy_->promise.get_future().share();
     } else {
-      SettleCovariance();
       stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
-      stage_best_copy_.reset();
     }
   }
 
   // tell() in place (a copy of C costs ~50 ms at N = 4172): if the commit below fails, the trainer is unusable.
-  // Its O(N^2) covariance update is left to BeginBackgroundWork (or the next tell's SettleCovariance).
+  // Its O(N^2) covariance update is left to background work (BeginBackgroundWork, or the next tell).
   const int64_t pending_before = state_.pending_generation, eigen_before = state_.eigen.generation;
   const auto start = std::chrono::steady_clock::now();
   NAMM_RETURN_IF_ERROR(tell(params_, state_, p.population, fitness, CovarianceTiming::kDeferred));
@@ -939,34 +938,32 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
 
   const auto commit_start = std::chrono::steady_clock::now();
   const Result<CommitOutcome> outcome = store_.CommitGeneration(c);
-  const Result<int64_t> committed =
-      outcome.ok() ? Result<int64_t>(outcome->snapshot_id) : Result<int64_t>(outcome.status());
-  if (!committed.ok()) {
+  if (!outcome.ok()) {
     // Nothing changed in the store, but the state did: a new trainer resumes from the store.
-    broken_ = committed.status().WithContext("the trainer must be resumed from the store");
+    broken_ = outcome.status().WithContext("the trainer must be resumed from the store");
     return broken_;
   }
   eigen_applied_.reset();
   // The store kept the new snapshot (its id now known) and those asked for.
   for (SnapshotRecord& r : snapshots_) {
     if (r.id == 0) {
-      r.id = *committed;
+      r.id = outcome->snapshot_id;
       if (r.eigen_source && *r.eigen_source == 0) r.eigen_source = r.id;
     }
   }
   const std::vector<int64_t>& kept = *c.keep_snapshots;
   snapshots_.erase(std::remove_if(snapshots_.begin(), snapshots_.end(),
                                   [&](const SnapshotRecord& r) {
-                                    return r.id != *committed &&
+                                    return r.id != outcome->snapshot_id &&
                                            std::find(kept.begin(), kept.end(), r.id) == kept.end();
                                   }),
                    snapshots_.end());
   if (snapshot) {
     // The state after tell() refers to the new snapshot for what it requested.
     if (c.snapshot->eigen_from_self) {
-      eigen_source_ = *committed;
+      eigen_source_ = outcome->snapshot_id;
     } else {
-      pending_source_ = *committed;
+      pending_source_ = outcome->snapshot_id;
     }
   }
 

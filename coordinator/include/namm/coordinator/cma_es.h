@@ -195,6 +195,10 @@ enum class CovarianceTiming {
               // otherwise, or when the schedule needs C at once, it updates C itself)
 };
 
+// Whether tell(kDeferred) leaves its covariance update in the backlog under these parameters (full covariance,
+// lazy delayed schedule: the only one whose tell() needs no C).
+bool defers_covariance_update(const CmaesParams& params);
+
 // Updates the state with the fitness of each candidate of `population` (higher is better; ties keep candidate
 // order). Refuses a population sampled from another generation, a wrong number of values, and any non-finite
 // fitness (naming the candidate), leaving the state untouched. Ends with the eigendecomposition the schedule
