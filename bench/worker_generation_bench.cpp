@@ -4,7 +4,8 @@
 // factor 4, alpha 2), a 2016-token prompt and 32 new tokens (2048 in all).
 //
 // Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N] [--repeats R]
-//        [--dtype fp32|bf16]
+//        [--dtype fp32|bf16] [--only TEXT]
+// --only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one).
 //        worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
 // --random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain
 // RoPE, theta 500000, context = prompt + new tokens) and prompts it with seeded random token ids, so that the
@@ -15,6 +16,8 @@
 // instead measures the transient memory of one prefill chunk (128 tokens) run through the model with N tokens
 // already cached (random keys and values, the cache preallocated so that its growth is not counted): the peak
 // resident memory above the start, for the full cache and for a NAMM (which observes the attention).
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,6 +46,8 @@ struct Options {
   int64_t prompt_tokens = 2016, new_tokens = 32, repeats = 5;
   std::vector<int64_t> chunk_memory;  // cached-token counts for --chunk-memory
   at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16 (--random-model only)
+  int64_t threads = 0;                // --threads N: libtorch's intra-op threads (default: libtorch's)
+  std::string only;                   // --only TEXT: the full cache and the rows whose name contains TEXT
 };
 
 // A deterministic random Llama of the shape `spec` names (see the usage above).
@@ -195,6 +200,7 @@ int ChunkMemory(const Options& o, const LlamaModel& model) {
 }
 
 int Run(const Options& o) {
+  if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
   LoadOptions load;
   load.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
   int64_t context = o.prompt_tokens + o.new_tokens;
@@ -237,6 +243,11 @@ int Run(const Options& o) {
       {"H2O budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(H2OPolicy::Create(CacheBudget::Tokens(512).value(), 256)).value()); }, {}, {}, {}, {}},
       {"L2 budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(L2Policy::Create(CacheBudget::Tokens(512).value())).value()); }, {}, {}, {}, {}},
   };
+  if (!o.only.empty()) {
+    rows.erase(std::remove_if(rows.begin() + 1, rows.end(),
+                              [&](const Row& row) { return row.name.find(o.only) == std::string::npos; }),
+               rows.end());
+  }
   for (int64_t r = 0; r < o.repeats + 1; ++r) {  // round robin; the first round warms up
     for (auto& row : rows) {
       auto policy = row.make();
@@ -296,6 +307,8 @@ int main(int argc, char** argv) {
       }
       o.dtype = value == "bf16" ? at::kBFloat16 : at::kFloat;
     }
+    else if (key == "--only") o.only = value;
+    else if (key == "--threads") o.threads = std::stoll(value);
     else if (key == "--chunk-memory") {
       for (std::size_t begin = 0; begin < value.size();) {
         const std::size_t end = std::min(value.find(',', begin), value.size());

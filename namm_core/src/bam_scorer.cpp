@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "aten.h"
+#include "cpu_kernels/tensor_kernels.h"
 #include "scorer_internal.h"
 
 namespace namm {
@@ -40,6 +41,11 @@ at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, c
   TORCH_CHECK(q.dim() == 3 && k.sizes() == q.sizes() && v.dim() == 3 && v.size(1) == q.size(1),
               "backward_masked_attention: q, k must be [H, n, d] and v [H, n, dv]");
   const int64_t heads = q.size(0), n = q.size(1);
+  if (n > 0 && q.device().is_cpu() && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+      v.scalar_type() == at::kFloat && v.size(2) <= 64) {
+    return cpu::backward_masked_attention(q, k, v, scale, cpu::kernels());
+  }
+  // Elsewhere (other devices and dtypes): tensor operations on blocks of query rows.
   at::Tensor out = at::empty({heads, n, v.size(2)}, v.options());
   if (n == 0) return out;
   const int64_t block = std::max<int64_t>(16, std::min<int64_t>(n, max_block_elements / (heads * n)));

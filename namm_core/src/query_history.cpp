@@ -1,10 +1,13 @@
 #include "namm/query_history.h"
 
 #include <cmath>
+#include <limits>
 
 #include "aten.h"
+#include "cpu_kernels/tensor_kernels.h"
 #include "namm/dtype.h"
 #include "namm/kv_cache.h"
+#include "namm/stft_features.h"
 
 namespace namm {
 
@@ -45,7 +48,7 @@ int64_t QueryHistory::bytes() const {
   return queries_.numel() * queries_.element_size() + log_sum_exp_.numel() * log_sum_exp_.element_size();
 }
 
-Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t from, int64_t to) const {
+Result<at::Tensor> QueryHistory::Scores(const LayerKVCache& cache, int64_t from, int64_t to) const {
   if (from < first_query_ || to > first_query_ + size() || from > to) {
     return Status::FailedPrecondition("the attention of queries " + std::to_string(from) + ".." +
                                       std::to_string(to - 1) + " was asked for, but the query history holds " +
@@ -59,17 +62,40 @@ Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t fr
   }
   const int64_t group = heads / kv_heads, hd = cache.head_dim();
   const at::Tensor q = queries_.narrow(1, from - first_query_, rows).reshape({kv_heads, group * rows, hd});
-  at::Tensor scores = at::bmm(q, cache.keys().transpose(1, 2)).view({kv_heads, group, rows, n});
+  at::Tensor scores = at::bmm(q, cache.keys().transpose(1, 2));
   scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
-  at::Tensor probs = scores.to(at::kFloat).view({heads, rows, n});
+  return scores.to(at::kFloat).view({heads, rows, n});
+}
+
+Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t from, int64_t to) const {
+  NAMM_ASSIGN_OR_RETURN(at::Tensor probs, Scores(cache, from, to));
+  const int64_t heads = probs.size(0), rows = to - from, kv_heads = cache.kv_heads(), n = cache.size();
   probs.sub_(log_sum_exp_.narrow(1, from - first_query_, rows).unsqueeze(2)).exp_();
   // Keys after the query, or window or more positions behind it, got nothing.
   const at::Tensor query_positions = at::arange(from, to, cache.positions().options()).view({1, rows, 1});
   const at::Tensor key_positions = cache.positions().unsqueeze(1);  // [kv_heads, 1, n]
   at::Tensor hidden = key_positions.gt(query_positions);            // [kv_heads, rows, n], no int64 temporary
   if (window_ > 0) hidden.logical_or_(key_positions.le(query_positions - window_));
-  probs.view({kv_heads, group, rows, n}).masked_fill_(hidden.unsqueeze(1), 0.0);
+  probs.view({kv_heads, heads / kv_heads, rows, n}).masked_fill_(hidden.unsqueeze(1), 0.0);
   return probs;
+}
+
+Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, int64_t to,
+                                      AttentionPrecision precision, const at::Tensor& out) const {
+  if (!cache.keys().device().is_cpu() || cache.tokens_seen() > std::numeric_limits<int32_t>::max()) {
+    NAMM_ASSIGN_OR_RETURN(at::Tensor probs, Attention(cache, from, to));
+    gqa_mean_into(probs, precision, out);
+    return Status::Ok();
+  }
+  NAMM_ASSIGN_OR_RETURN(at::Tensor scores, Scores(cache, from, to));
+  TORCH_CHECK(out.dim() == 3 && out.size(0) == cache.kv_heads() && out.size(1) == to - from &&
+                  out.size(2) == cache.size() && out.stride(2) == 1 && out.scalar_type() == at::kFloat,
+              "GqaMeanAttention: out ", out.sizes(), " is not [", cache.kv_heads(), ", ", to - from, ", ", cache.size(),
+              "] float32");
+  cpu::scores_gqa_mean_into(scores, log_sum_exp_.narrow(1, from - first_query_, to - from),
+                            cache.positions().to(at::kInt), from, window_, precision == AttentionPrecision::kBf16,
+                            out, cpu::kernels());
+  return Status::Ok();
 }
 
 }  // namespace namm

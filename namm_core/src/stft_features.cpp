@@ -1,7 +1,5 @@
 #include "namm/stft_features.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +7,9 @@
 #include <vector>
 
 #include "aten.h"
+#include "cpu_kernels/task_pool.h"
+#include "cpu_kernels/tensor_kernels.h"
+#include "stft_basis.h"
 
 namespace namm {
 
@@ -55,7 +56,7 @@ at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upp
     }
     basis = it->rotation[previous_hop_in_upper_half ? 1 : 0];
   }
-  return samples.matmul(basis);
+  return samples.matmul(basis.scalar_type() == samples.scalar_type() ? basis : basis.to(samples.scalar_type()));
 }
 
 at::Tensor Magnitudes(const at::Tensor& spectrum) {
@@ -91,7 +92,7 @@ void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t r
   const int64_t head_stride = samples.stride(0), key_stride = samples.stride(1);
   constexpr int64_t kKeyBlock = 1024;
   const int64_t blocks_per_head = (n + kKeyBlock - 1) / kKeyBlock;
-  at::parallel_for(0, kv_heads * blocks_per_head, 1, [&](int64_t begin, int64_t end) {
+  cpu::parallel_tasks(kv_heads * blocks_per_head, [&](int64_t begin, int64_t end) {
     std::vector<float> sum(static_cast<std::size_t>(kStftHop * kKeyBlock));  // [row, key] of one block
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks_per_head, j0 = (task % blocks_per_head) * kKeyBlock;
@@ -126,6 +127,11 @@ void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t r
 }
 
 }  // namespace
+
+const at::Tensor& windowed_dft_basis_cpu() {
+  static const at::Tensor basis = WindowedDftBasis(at::TensorOptions()).contiguous();
+  return basis;
+}
 
 at::Tensor gqa_mean(const at::Tensor& attention, int64_t kv_heads, AttentionPrecision precision) {
   TORCH_CHECK(attention.dim() == 3, "attention must be [q_heads, n_q, n_keys], got ", attention.sizes());
@@ -180,27 +186,31 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
 }
 
 void gqa_mean_into(const at::Tensor& attention, AttentionPrecision precision, const at::Tensor& out) {
-  TORCH_CHECK(attention.dim() == 3 && out.dim() == 3 && out.size(2) == attention.size(1) &&
-                  out.size(1) == attention.size(2) && out.stride(2) == 1 && out.scalar_type() == at::kFloat,
-              "gqa_mean_into: attention ", attention.sizes(), " does not fit [kv_heads, n, rows] ", out.sizes());
+  TORCH_CHECK(attention.dim() == 3 && out.dim() == 3 && out.size(1) == attention.size(1) &&
+                  out.size(2) == attention.size(2) && out.size(0) > 0 && attention.size(0) % out.size(0) == 0 &&
+                  out.stride(2) == 1 && out.scalar_type() == at::kFloat,
+              "gqa_mean_into: attention ", attention.sizes(), " does not fit [kv_heads, rows, n] ", out.sizes());
   if (attention.device().is_cpu() && attention.scalar_type() == at::kFloat && attention.stride(2) == 1) {
-    for (int64_t r0 = 0; r0 < attention.size(1); r0 += kStftHop) {
-      ScatterHopCpu(attention, precision == AttentionPrecision::kBf16, r0,
-                    std::min(kStftHop, attention.size(1) - r0), r0, out);
-    }
+    cpu::gqa_mean_into(attention, precision == AttentionPrecision::kBf16, out, cpu::kernels());
   } else {
-    out.copy_(gqa_mean(attention, out.size(0), precision).transpose(1, 2));
+    out.copy_(gqa_mean(attention, out.size(0), precision));
   }
 }
 
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema) {
-  const int64_t frames = samples.size(2) / kStftHop - 1;
-  TORCH_CHECK(samples.dim() == 3 && samples.size(0) == ema.size(0) && samples.size(1) == ema.size(1) &&
-                  frames >= 1 && samples.size(2) == kStftHop * (frames + 1) && samples.stride(2) == 1,
-              "samples must be [", ema.size(0), ", ", ema.size(1), ", 16 (H + 1)] for an EMA ", ema.sizes(), ", got ",
+  const int64_t frames = samples.size(1) / kStftHop - 1;
+  TORCH_CHECK(samples.dim() == 3 && ema.dim() == 3 && samples.size(0) == ema.size(0) && samples.size(2) == ema.size(1) &&
+                  ema.size(2) == kStftBins && frames >= 1 && samples.size(1) == kStftHop * (frames + 1) &&
+                  samples.stride(2) == 1 && ema.stride(2) == 1,
+              "samples must be [", ema.size(0), ", 16 (H + 1), ", ema.size(1), "] for an EMA ", ema.sizes(), ", got ",
               samples.sizes());
+  const double a = std::pow(kEmaCoefficientPerQuery, static_cast<double>(kStftHop));
+  if (samples.device().is_cpu() && samples.scalar_type() == at::kFloat && ema.scalar_type() == at::kFloat) {
+    cpu::fold_frames(samples, ema, windowed_dft_basis_cpu(), a, cpu::kernels());
+    return;
+  }
   for (int64_t j = 0; j < frames; ++j) {
-    const at::Tensor frame = samples.narrow(2, kStftHop * j, kStftWindow);  // [kv, n, 32], rows W apart
+    const at::Tensor frame = samples.narrow(1, kStftHop * j, kStftWindow).transpose(1, 2);  // [kv, n, 32]
     FoldFrame(frame, /*previous_hop_in_upper_half=*/false, ema);
   }
 }

@@ -7,11 +7,26 @@
 #include <ATen/ATen.h>
 
 #include "namm/kv_cache.h"
+#include "namm/stft_features.h"
 
 namespace namm {
 namespace {
 
 const at::TensorOptions kF32 = at::TensorOptions().dtype(at::kFloat);
+
+// GqaMeanAttention (one fused pass on the CPU) against gqa_mean of Attention, in both precisions.
+void ExpectGqaMeanOfAttention(const QueryHistory& history, const LayerKVCache& cache, int64_t from, int64_t to) {
+  auto probs = history.Attention(cache, from, to);
+  ASSERT_TRUE(probs.ok());
+  for (auto precision : {AttentionPrecision::kF32, AttentionPrecision::kBf16}) {
+    const at::Tensor out = at::full({cache.kv_heads(), to - from, cache.size()}, -1.0f, kF32);
+    ASSERT_TRUE(history.GqaMeanAttention(cache, from, to, precision, out).ok());
+    const at::Tensor expected = gqa_mean(*probs, cache.kv_heads(), precision);
+    // bf16: a last-bit difference in exp may round to the neighbouring bfloat16.
+    EXPECT_TRUE(at::allclose(out, expected, precision == AttentionPrecision::kF32 ? 1e-6 : 8e-3, 1e-7))
+        << (out - expected).abs().max().item<float>();
+  }
+}
 
 // The attention queries paid, computed again after the cache changed, against a softmax over the cache as it was
 // when they ran: equal on the keys still cached, zero on keys that came later or are outside the window.
@@ -39,6 +54,7 @@ TEST(QueryHistory, RecomputesTheAttentionQueriesPaidOverTheCacheAsItIsNow) {
   auto again = history.Attention(cache, 9, 12);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(at::allclose(*again, expected, 1e-5, 1e-6));
+  ExpectGqaMeanOfAttention(history, cache, 9, 12);
 
   // Evict keys 1 and 5 from head 0 and 2 and 7 from head 1, append two new tokens: the survivors keep their
   // probabilities (the normalizer is the one of the time the query ran), the newcomers get nothing.
@@ -54,6 +70,7 @@ TEST(QueryHistory, RecomputesTheAttentionQueriesPaidOverTheCacheAsItIsNow) {
     EXPECT_TRUE(at::allclose((*again)[h].narrow(1, 0, 10), kept, 1e-5, 1e-6)) << "head " << h;
     EXPECT_TRUE((*again)[h].narrow(1, 10, 2).eq(0).all().item<bool>()) << "head " << h;
   }
+  ExpectGqaMeanOfAttention(history, cache, 10, 12);
 }
 
 TEST(QueryHistory, KeepsTheNewestContiguousQueries) {

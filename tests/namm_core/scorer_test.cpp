@@ -104,9 +104,10 @@ TEST(BamScorer, MatchesTheExplicitMaskReferenceAcrossBlockBoundaries) {
   }
 }
 
+// The tensor path's blocks (float64 takes it; float32 on a CPU takes the kernel, tested in cpu_kernels_test).
 TEST(BackwardMaskedAttention, BlockSizeDoesNotChangeTheResult) {
-  at::Tensor q = testing::RandomNormal({3, 257, 8}, 1), k = testing::RandomNormal({3, 257, 8}, 2),
-             v = testing::RandomNormal({3, 257, 5}, 3);
+  at::Tensor q = testing::RandomNormal({3, 257, 8}, 1).to(at::kDouble), k = testing::RandomNormal({3, 257, 8}, 2).to(at::kDouble),
+             v = testing::RandomNormal({3, 257, 5}, 3).to(at::kDouble);
   at::Tensor whole = backward_masked_attention(q, k, v, 0.3, int64_t{1} << 30);
   at::Tensor blocked = backward_masked_attention(q, k, v, 0.3, 3 * 257 * 16);  // 16-row blocks: 17 of them
   EXPECT_TRUE(testing::AllClose(blocked, testing::ToArray(whole), 1e-6, 1e-5));

@@ -155,35 +155,40 @@ TEST(ConsumeAttention, FusedCpuPathEqualsTheTensorPath) {
   }
 }
 
-// gqa_mean_into: the fused CPU path (float32) and the tensor path (float64, what other devices take) write the
-// same token-major rows, into a view of a wider buffer.
-TEST(GqaMeanInto, FusedAndTensorPathsWriteTheSameTokenMajorRows) {
-  const int64_t kv = 2, n_new = 37, n_old = 6;
+// gqa_mean_into: the CPU kernel (float32) and the tensor path (float64, what other devices take) write gqa_mean's
+// rows into a view of a wider buffer (43 keys: whole vectors and a tail).
+TEST(GqaMeanInto, KernelAndTensorPathsWriteGqaMeansRows) {
+  const int64_t kv = 2, n_new = 37, n_old = 6, n = n_old + n_new;
   at::Tensor attention = testing::RandomCausalAttention(8, n_new, n_old, 5);
   for (auto precision : {AttentionPrecision::kBf16, AttentionPrecision::kF32}) {
-    at::Tensor fused = at::zeros({kv, n_old + n_new, n_new + 3}), generic = at::zeros({kv, n_old + n_new, n_new + 3});
-    gqa_mean_into(attention, precision, fused.narrow(2, 3, n_new));
-    gqa_mean_into(attention.to(at::kDouble), precision, generic.narrow(2, 3, n_new));
-    const at::Tensor expected = gqa_mean(attention, kv, precision).transpose(1, 2);
-    EXPECT_TRUE(fused.narrow(2, 3, n_new).equal(expected));
-    EXPECT_TRUE(at::allclose(generic.narrow(2, 3, n_new), expected, 0, precision == AttentionPrecision::kBf16 ? 0 : 1e-7));
-    EXPECT_TRUE(fused.narrow(2, 0, 3).eq(0).all().item<bool>()) << "wrote outside its view";
+    at::Tensor fused = at::zeros({kv, n_new + 3, n + 5}), generic = at::zeros({kv, n_new + 3, n + 5});
+    gqa_mean_into(attention, precision, fused.narrow(1, 3, n_new).narrow(2, 2, n));
+    gqa_mean_into(attention.to(at::kDouble), precision, generic.narrow(1, 3, n_new).narrow(2, 2, n));
+    const at::Tensor expected = gqa_mean(attention, kv, precision);
+    EXPECT_TRUE(fused.narrow(1, 3, n_new).narrow(2, 2, n).equal(expected));
+    EXPECT_TRUE(at::allclose(generic.narrow(1, 3, n_new).narrow(2, 2, n), expected, 0,
+                             precision == AttentionPrecision::kBf16 ? 0 : 1e-7));
+    EXPECT_EQ(fused.sum().item<double>(), fused.narrow(1, 3, n_new).narrow(2, 2, n).sum().item<double>())
+        << "wrote outside its view";
   }
 }
 
-// fold_frames over token-major samples gives the EMA consume_attention's ring gives for the same queries: frames
-// ending at queries 15, 31, 47 and 63 of a fresh sequence (the first with 16 zero queries before it).
+// fold_frames over query-major samples gives the EMA consume_attention's ring gives for the same queries: frames
+// ending at queries 15, 31, 47 and 63 of a fresh sequence (the first with 16 zero queries before it). The CPU
+// kernel (float32) and the tensor path (float64) both.
 TEST(FoldFrames, EqualsTheRingsEmaForTheSameFrames) {
   const int64_t kv = 2, n = 64;
   at::Tensor attention = testing::RandomCausalAttention(8, n, 0, 9);
   SpectrogramState ring{at::zeros({kv, n, 32}), at::zeros({kv, n, 17})};
   consume_attention(attention, AttentionPrecision::kF32, 0, ring);
-  at::Tensor samples = at::zeros({kv, n, 16 + n});  // 16 zero queries, then queries 0..63
-  gqa_mean_into(attention, AttentionPrecision::kF32, samples.narrow(2, 16, n));
-  at::Tensor ema = at::zeros({kv, n, 17});
-  fold_frames(samples.narrow(2, 0, 48), ema);    // frames ending at 15 and 31
-  fold_frames(samples.narrow(2, 32, 48), ema);   // frames ending at 47 and 63, from a view that starts later
-  EXPECT_TRUE(at::allclose(ema, ring.ema, 1e-6, 1e-9));
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    at::Tensor samples = at::zeros({kv, 16 + n, n}, dtype);  // 16 zero queries, then queries 0..63
+    samples.narrow(1, 16, n).copy_(gqa_mean(attention, kv, AttentionPrecision::kF32));
+    at::Tensor ema = at::zeros({kv, n, 17}, dtype);
+    fold_frames(samples.narrow(1, 0, 48), ema);    // frames ending at 15 and 31
+    fold_frames(samples.narrow(1, 32, 48), ema);   // frames ending at 47 and 63, from a view that starts later
+    EXPECT_TRUE(at::allclose(ema.to(at::kFloat), ring.ema, 1e-6, 1e-9)) << dtype;
+  }
 }
 
 }  // namespace

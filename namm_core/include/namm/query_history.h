@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "namm/feature_constants.h"
 #include "namm/status.h"
 
 namespace namm {
@@ -38,7 +39,16 @@ class QueryHistory {
   // then float32), zero for keys after the query or outside its window.
   Result<at::Tensor> Attention(const LayerKVCache& cache, int64_t from, int64_t to) const;
 
+  // gqa_mean_into(Attention(cache, from, to), precision, out): out [kv_heads, to - from, cache.size()] float32,
+  // innermost stride 1. On the CPU the probabilities, their mask and the mean are one pass after the product.
+  Status GqaMeanAttention(const LayerKVCache& cache, int64_t from, int64_t to, AttentionPrecision precision,
+                          const at::Tensor& out) const;
+
  private:
+  // The scores of queries [from, to) over the cache's keys, scaled, as the forward pass computed them, in
+  // float32 [q_heads, to - from, n]; the checks both users need.
+  Result<at::Tensor> Scores(const LayerKVCache& cache, int64_t from, int64_t to) const;
+
   at::Tensor queries_, log_sum_exp_;
   int64_t first_query_ = 0;
   int64_t window_ = 0;

@@ -53,15 +53,15 @@ struct SpectrogramState {
 void consume_attention(const at::Tensor& attention, AttentionPrecision precision, int64_t first_query,
                        const SpectrogramState& state);
 
-// gqa_mean of attention [q_heads, r, n], written token-major into `out` [kv_heads, n, r] float32 (a view whose
-// innermost stride is 1), as the spectrogram samples are laid out. On the CPU with float32 attention, one fused
-// pass (as consume_attention's).
+// gqa_mean of attention [q_heads, r, n], written into `out` [kv_heads, r, n] float32 (a view whose innermost
+// stride is 1). On the CPU with float32 attention, one vectorized pass (cpu_kernels.h), bit for bit gqa_mean's.
 void gqa_mean_into(const at::Tensor& attention, AttentionPrecision precision, const at::Tensor& out);
 
-// Folds H consecutive frames into `ema` [kv_heads, n, 17] float32. `samples` [kv_heads, n, 16 (H + 1)] float32
-// (innermost stride 1) holds the GQA-reduced attention every cached token received from the queries of the first
-// frame's start to the last frame's end, oldest first (zeros for queries before the sequence started or the
-// token arrived): frame j is samples [16 j, 16 j + 32). The same transform and EMA step as consume_attention's.
+// Folds H consecutive frames into `ema` [kv_heads, n, 17] float32. `samples` [kv_heads, 16 (H + 1), n] float32
+// (innermost stride 1) holds, query by query, the GQA-reduced attention every cached token received from the
+// first frame's start to the last frame's end, oldest first (zeros for queries before the sequence started or the
+// token arrived): frame j is samples[:, 16 j .. 16 j + 31]. The same transform and EMA step as consume_attention's;
+// on the CPU in float32 a vectorized kernel (cpu_kernels.h) that sums the DFT in another order (within rounding).
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema);
 
 }  // namespace namm

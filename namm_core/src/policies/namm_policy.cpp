@@ -84,24 +84,24 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   if (!frames_end_here && last_block) return;
   const int64_t start = std::min(first_end - (kStftWindow - 1), first_query);
   const int64_t earlier = frames_end_here ? first_query - start : 0;
-  // Token-major samples [kv, n, earlier + rows]: zeros before the sequence, earlier queries, then these rows.
-  const at::Tensor samples = at::empty({kv_heads, n, earlier + rows}, cache.state(kEmaState).options());
+  // Query-major samples [kv, earlier + rows, n]: zeros before the sequence, earlier queries, then these rows.
+  const at::Tensor samples = at::empty({kv_heads, earlier + rows, n}, cache.state(kEmaState).options());
   if (earlier > 0) {
     const int64_t zeros = std::max<int64_t>(0, -start);
-    if (zeros > 0) samples.narrow(2, 0, zeros).zero_();
-    if (earlier > zeros) samples.narrow(2, zeros, earlier - zeros).copy_(EarlierRows(layer, cache, start + zeros, first_query));
+    if (zeros > 0) samples.narrow(1, 0, zeros).zero_();
+    if (earlier > zeros) samples.narrow(1, zeros, earlier - zeros).copy_(EarlierRows(layer, cache, start + zeros, first_query));
   }
-  const at::Tensor own = samples.narrow(2, earlier, rows);
+  const at::Tensor own = samples.narrow(1, earlier, rows);
   gqa_mean_into(attention, precision, own);
   if (frames_end_here) {
     const int64_t last_end = first_end + (first_query + rows - 1 - first_end) / kStftHop * kStftHop;
-    fold_frames(samples.narrow(2, 0, last_end + 1 - start), cache.state(kEmaState));
+    fold_frames(samples.narrow(1, 0, last_end + 1 - start), cache.state(kEmaState));
   }
   // What later blocks of this forward pass may need: the 31 newest rows of this layer.
   if (last_block) return;
   if (!valid) remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
   const int64_t kept = std::min<int64_t>(rows, kStftWindow - 1);
-  remembered_.blocks.emplace_back(first_query + rows - kept, own.narrow(2, rows - kept, kept).clone());
+  remembered_.blocks.emplace_back(first_query + rows - kept, own.narrow(1, rows - kept, kept).clone());
   while (remembered_.blocks.size() > 1 &&
          remembered_.blocks[1].first <= first_query + rows - (kStftWindow - 1)) {
     remembered_.blocks.erase(remembered_.blocks.begin());
@@ -116,30 +116,30 @@ at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t
   const int64_t remembered_from = valid && !remembered_.blocks.empty() ? remembered_.blocks.front().first : to;
   if (next < remembered_from) {
     const int64_t upto = std::min(to, remembered_from);
-    at::Tensor rows = at::empty({cache.kv_heads(), cache.size(), upto - next}, cache.state(kEmaState).options());
+    at::Tensor rows = at::empty({cache.kv_heads(), upto - next, cache.size()}, cache.state(kEmaState).options());
     // A few queries at a time, so that their probabilities ([q_heads, piece, n]) stay as small as the engine's
     // attention blocks.
     const int64_t heads = cache.query_history().heads();
     const int64_t piece = std::max<int64_t>(1, kAttentionBlockElements / std::max<int64_t>(1, heads * cache.size()));
     for (int64_t q = next; q < upto; q += piece) {
       const int64_t len = std::min(piece, upto - q);
-      Result<at::Tensor> probs = cache.query_history().Attention(cache, q, q + len);
-      TORCH_CHECK(probs.ok(), "NAMM observe: ", probs.status().message(),
+      const Status computed = cache.query_history().GqaMeanAttention(cache, q, q + len, architecture_.attention_precision,
+                                                                      rows.narrow(1, q - next, len));
+      TORCH_CHECK(computed.ok(), "NAMM observe: ", computed.message(),
                   " (the engine must record the queries: MemoryPolicy::query_history())");
-      gqa_mean_into(*probs, architecture_.attention_precision, rows.narrow(2, q - next, len));
     }
     parts.push_back(rows);
     next = upto;
   }
   for (const auto& [first, block] : remembered_.blocks) {
     if (!valid || next >= to) break;
-    const int64_t last = first + block.size(2);
+    const int64_t last = first + block.size(1);
     if (last <= next) continue;
-    parts.push_back(block.narrow(2, next - first, std::min(to, last) - next));
+    parts.push_back(block.narrow(1, next - first, std::min(to, last) - next));
     next = std::min(to, last);
   }
   TORCH_CHECK(next == to, "NAMM observe: rows ", next, "..", to - 1, " are neither remembered nor recorded");
-  return parts.size() == 1 ? parts.front() : at::cat(parts, 2);
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
 }
 
 Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {

@@ -67,7 +67,7 @@ class NammPolicy final : public MemoryPolicy {
   bool FeaturesNeeded() const;
   // Observe() with the query history: folds the frames that end within the given rows.
   void ObserveFromHistory(const at::Tensor& attention, int layer, int64_t first_query, LayerKVCache& cache);
-  // GQA-reduced attention of queries [from, to) before this Observe() call's, token-major [kv_heads, n, to - from]:
+  // GQA-reduced attention of queries [from, to) before this Observe() call's, query-major [kv_heads, to - from, n]:
   // remembered from the same layer's earlier blocks of the same forward pass, else computed from the query
   // history.
   at::Tensor EarlierRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to) const;
@@ -82,7 +82,7 @@ class NammPolicy final : public MemoryPolicy {
   Trace trace_;
   bool from_history_ = false;
   // The reduced rows of the current forward pass's latest blocks of one layer (at most the 31 newest), valid
-  // while the cache neither grows nor changes: (first query, token-major rows [kv_heads, n, r]).
+  // while the cache neither grows nor changes: (first query, query-major rows [kv_heads, r, n]).
   struct RememberedRows {
     int layer = -1;
     int64_t tokens_seen = -1, size = -1;

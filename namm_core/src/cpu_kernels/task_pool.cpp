@@ -1,0 +1,87 @@
+#include "cpu_kernels/task_pool.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace namm::cpu {
+namespace {
+
+class TaskPool {
+ public:
+  TaskPool() {
+    const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency()) - 1;
+    for (int64_t i = 0; i < threads; ++i) threads_.emplace_back([this, i] { Serve(i + 1); });
+  }
+  ~TaskPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Run(int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    const int64_t shares = std::min<int64_t>(count, static_cast<int64_t>(threads_.size()) + 1);
+    if (!busy.owns_lock() || shares <= 1) {
+      if (count > 0) fn(0, count);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      fn_ = &fn;
+      count_ = count;
+      shares_ = shares;
+      pending_ = shares - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    RunShare(0);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  void RunShare(int64_t share) const {
+    const int64_t begin = count_ * share / shares_, end = count_ * (share + 1) / shares_;
+    if (begin < end) (*fn_)(begin, end);
+  }
+
+  void Serve(int64_t share) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      if (share >= shares_) continue;
+      lock.unlock();
+      RunShare(share);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex busy_;   // held by the call in progress
+  std::mutex mutex_;  // guards what follows
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t count_ = 0, shares_ = 0, pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+void parallel_tasks(int64_t count, const std::function<void(int64_t begin, int64_t end)>& fn) {
+  static TaskPool pool;  // process-wide, like libtorch's and OpenBLAS's thread pools
+  pool.Run(count, fn);
+}
+
+}  // namespace namm::cpu

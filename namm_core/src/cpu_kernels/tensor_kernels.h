@@ -1,0 +1,30 @@
+// The CPU kernels (cpu_kernels.h) applied to tensors: layout, padding and threads. Callers check the contract
+// (CPU, float32); tests run every variant the CPU supports.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "cpu_kernels/cpu_kernels.h"
+
+namespace namm::cpu {
+
+// namm::backward_masked_attention (bam_scorer.h) for float32 CPU tensors with v's last size at most 64.
+at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                     const Kernels& kernels);
+
+// namm::gqa_mean_into (stft_features.h) for float32 CPU attention and output with innermost stride 1.
+void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out, const Kernels& kernels);
+
+// out [kv_heads, rows, n] = gqa_mean of exp(scores - lse) with keys after the query or `window` (> 0) or more
+// positions behind it at 0 (QueryHistory::GqaMeanAttention): scores [q_heads, rows, n] and lse [q_heads, rows]
+// float32, key_positions [kv_heads, n] int32, row r is query first_query + r; all innermost strides 1.
+void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const at::Tensor& key_positions,
+                          int64_t first_query, int64_t window, bool round_to_bf16, const at::Tensor& out,
+                          const Kernels& kernels);
+
+// namm::fold_frames (stft_features.h) for float32 CPU samples and EMA with innermost stride 1; basis: the
+// windowed DFT basis, [32, 34] contiguous float32; a: the EMA coefficient per hop.
+void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Tensor& basis, double a,
+                 const Kernels& kernels);
+
+}  // namespace namm::cpu
