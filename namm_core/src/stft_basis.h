@@ -1,4 +1,5 @@
-// The windowed DFT basis the spectrogram features use (stft_features.cpp), for the CPU kernels and their tests.
+// The windowed DFT basis the spectrogram features use (stft_features.cpp), for the CPU kernels and their
+// tests.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,14 +1,12 @@
 // The hand-vectorized CPU kernels, every instruction set this CPU runs, against the tensor operations they
 // replace (run in float64, the path other devices and dtypes take).
-#include "cpu_kernels/tensor_kernels.h"
-
-#include <atomic>
-
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "cpu_kernels/task_pool.h"
+#include "cpu_kernels/tensor_kernels.h"
 #include "namm/bam_scorer.h"
 #include "namm/stft_features.h"
 #include "stft_basis.h"
@@ -37,7 +35,8 @@ TEST(TaskPool, RunsEveryTaskOnceAndNestedCallsInline) {
   // A call from inside a task (the pool is busy) runs its whole range on the calling thread, in one share.
   std::atomic<int> nested_shares{0};
   cpu::parallel_tasks(2, [&](int64_t begin, int64_t) {
-    if (begin == 0) cpu::parallel_tasks(100, [&](int64_t b, int64_t e) { nested_shares += (b == 0 && e == 100); });
+    if (begin == 0)
+      cpu::parallel_tasks(100, [&](int64_t b, int64_t e) { nested_shares += (b == 0 && e == 100); });
   });
   EXPECT_EQ(nested_shares.load(), 1);
 }
@@ -45,8 +44,10 @@ TEST(TaskPool, RunsEveryTaskOnceAndNestedCallsInline) {
 // Each output row is computed by one thread, in a fixed order: the same bits on one thread as on many (a call
 // nested in a task runs on one).
 TEST(CpuKernels, TheSameBitsOnOneThreadAsOnMany) {
-  const at::Tensor q = RandomNormal({4, 600, 32}, 7), k = RandomNormal({4, 600, 32}, 8), v = RandomNormal({4, 600, 32}, 9);
-  const at::Tensor samples = RandomNormal({4, 48, 600}, 10).abs_(), start = RandomNormal({4, 600, 17}, 11).abs_();
+  const at::Tensor q = RandomNormal({4, 600, 32}, 7), k = RandomNormal({4, 600, 32}, 8),
+                   v = RandomNormal({4, 600, 32}, 9);
+  const at::Tensor samples = RandomNormal({4, 48, 600}, 10).abs_(),
+                   start = RandomNormal({4, 600, 17}, 11).abs_();
   const auto run = [&] {
     const at::Tensor ema = start.clone();
     cpu::fold_frames(samples, ema, windowed_dft_basis_cpu(), 0.85, cpu::kernels());
@@ -64,10 +65,14 @@ TEST(CpuKernels, TheSameBitsOnOneThreadAsOnMany) {
 // Sizes around the kernels' tiles (16 keys, 4 or 8 query rows) and value widths that need padding.
 TEST(CpuKernels, BackwardMaskedAttentionMatchesTensorOperations) {
   for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
-    for (auto [heads, n, d, dv] : std::vector<std::array<int64_t, 4>>{
-             {1, 1, 32, 32}, {2, 7, 32, 32}, {3, 16, 8, 16}, {2, 17, 32, 5}, {4, 300, 32, 32}, {1, 1000, 16, 64}}) {
-      const at::Tensor q = RandomNormal({heads, n, d}, 10 + n, 2.0), k = RandomNormal({heads, n, d}, 20 + n, 2.0),
-                       v = RandomNormal({heads, n, dv}, 30 + n);
+    for (auto [heads, n, d, dv] : std::vector<std::array<int64_t, 4>>{{1, 1, 32, 32},
+                                                                      {2, 7, 32, 32},
+                                                                      {3, 16, 8, 16},
+                                                                      {2, 17, 32, 5},
+                                                                      {4, 300, 32, 32},
+                                                                      {1, 1000, 16, 64}}) {
+      const at::Tensor q = RandomNormal({heads, n, d}, 10 + n, 2.0),
+                       k = RandomNormal({heads, n, d}, 20 + n, 2.0), v = RandomNormal({heads, n, dv}, 30 + n);
       const at::Tensor expected =
           backward_masked_attention(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), 0.17);
       const at::Tensor got = cpu::backward_masked_attention(q, k, v, 0.17, *kernels);
@@ -82,8 +87,10 @@ TEST(CpuKernels, BackwardMaskedAttentionSurvivesExtremeScores) {
   for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
     const at::Tensor q = RandomNormal({2, 50, 32}, 1, 30.0), k = RandomNormal({2, 50, 32}, 2, 30.0),
                      v = RandomNormal({2, 50, 32}, 3);
-    const at::Tensor expected = backward_masked_attention(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), 1.0);
-    EXPECT_TRUE(AllClose(cpu::backward_masked_attention(q, k, v, 1.0, *kernels), ToArray(expected), 1e-5, 1e-4))
+    const at::Tensor expected =
+        backward_masked_attention(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), 1.0);
+    EXPECT_TRUE(
+        AllClose(cpu::backward_masked_attention(q, k, v, 1.0, *kernels), ToArray(expected), 1e-5, 1e-4))
         << kernels->isa;
   }
 }
@@ -96,7 +103,8 @@ TEST(CpuKernels, GqaMeanIsTorchsMeanBitForBit) {
       for (bool bf16 : {true, false}) {
         const at::Tensor out = at::zeros({2, 37, 43});
         cpu::gqa_mean_into(attention, bf16, out, *kernels);
-        EXPECT_TRUE(out.equal(gqa_mean(attention, 2, bf16 ? AttentionPrecision::kBf16 : AttentionPrecision::kF32)))
+        EXPECT_TRUE(
+            out.equal(gqa_mean(attention, 2, bf16 ? AttentionPrecision::kBf16 : AttentionPrecision::kF32)))
             << kernels->isa << " q_heads " << q_heads << " bf16 " << bf16;
       }
     }
@@ -109,16 +117,23 @@ TEST(CpuKernels, ScoresGqaMeanMatchesTensorOperations) {
   const int64_t kv = 2, group = 3, rows = 5, n = 45, first_query = 50, window = 20;
   const at::Tensor scores = RandomNormal({kv * group, rows, n}, 6, 3.0);
   const at::Tensor lse = scores.logsumexp(2).add_(0.5);
-  const at::Tensor positions = at::arange(n, at::TensorOptions().dtype(at::kInt)).mul_(2).view({1, n}).repeat({kv, 1});
-  const at::Tensor query = at::arange(first_query, first_query + rows, at::TensorOptions().dtype(at::kInt)).view({1, rows, 1});
-  const at::Tensor hidden = positions.unsqueeze(1).gt(query).logical_or_(positions.unsqueeze(1).le(query - window));
-  const at::Tensor probs = scores.sub(lse.unsqueeze(2)).exp_().view({kv, group, rows, n})
-                               .masked_fill_(hidden.unsqueeze(1), 0.0).view({kv * group, rows, n});
+  const at::Tensor positions =
+      at::arange(n, at::TensorOptions().dtype(at::kInt)).mul_(2).view({1, n}).repeat({kv, 1});
+  const at::Tensor query =
+      at::arange(first_query, first_query + rows, at::TensorOptions().dtype(at::kInt)).view({1, rows, 1});
+  const at::Tensor hidden =
+      positions.unsqueeze(1).gt(query).logical_or_(positions.unsqueeze(1).le(query - window));
+  const at::Tensor probs = scores.sub(lse.unsqueeze(2))
+                               .exp_()
+                               .view({kv, group, rows, n})
+                               .masked_fill_(hidden.unsqueeze(1), 0.0)
+                               .view({kv * group, rows, n});
   for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
     for (bool bf16 : {false, true}) {
       const at::Tensor out = at::empty({kv, rows, n});
       cpu::scores_gqa_mean_into(scores, lse, positions, first_query, window, bf16, out, *kernels);
-      const at::Tensor expected = gqa_mean(probs, kv, bf16 ? AttentionPrecision::kBf16 : AttentionPrecision::kF32);
+      const at::Tensor expected =
+          gqa_mean(probs, kv, bf16 ? AttentionPrecision::kBf16 : AttentionPrecision::kF32);
       EXPECT_TRUE(at::allclose(out, expected, bf16 ? 8e-3 : 1e-6, 1e-8)) << kernels->isa << " bf16 " << bf16;
       EXPECT_TRUE(out.eq(0).equal(expected.eq(0))) << kernels->isa << ": the masked keys";
     }

@@ -1,11 +1,11 @@
 // Hand-vectorized CPU kernels for the two parts of a NAMM update that tensor operations run poorly on a CPU:
 // the BAM scorer's backward-masked attention (head size 32: BLAS packs more than it multiplies, and the n x n
-// scores make several passes through memory) and the EMA fold of spectrogram frames (a 32 x 34 DFT per token and
-// hop, then a magnitude and an EMA step, each a separate pass as tensor operations).
+// scores make several passes through memory) and the EMA fold of spectrogram frames (a 32 x 34 DFT per token
+// and hop, then a magnitude and an EMA step, each a separate pass as tensor operations).
 //
 // The code is written once (kernels.inc, with GCC/Clang vector extensions) and compiled for three instruction
-// sets; kernels() picks the widest the CPU runs. Each output row is computed by one thread in a fixed order, so
-// results do not depend on the thread count. Torch-free: callers pass raw float32 pointers.
+// sets; kernels() picks the widest the CPU runs. Each output row is computed by one thread in a fixed order,
+// so results do not depend on the thread count. Torch-free: callers pass raw float32 pointers.
 #pragma once
 
 #include <cstdint>
@@ -15,16 +15,17 @@ namespace namm::cpu {
 
 // One head of softmax(q k^T + backward mask) v, the mask hiding key j from query i when j < i.
 struct BackwardAttentionHead {
-  const float* q;           // [n, d], already multiplied by the softmax scale
-  const float* key_tiles;   // [n_padded / 16, d, 16]: tiles of 16 keys, each transposed; zero beyond n
-  const float* v;           // [n, 16 * dv_tiles]
-  float* out;               // [n, 16 * dv_tiles]
+  const float* q;          // [n, d], already multiplied by the softmax scale
+  const float* key_tiles;  // [n_padded / 16, d, 16]: tiles of 16 keys, each transposed; zero beyond n
+  const float* v;          // [n, 16 * dv_tiles]
+  float* out;              // [n, 16 * dv_tiles]
   int64_t n, n_padded, d, dv_tiles;  // n_padded: n rounded up to a multiple of 32; dv_tiles: 1 to 4
 };
 
 // Frames of query-major spectrogram samples folded into their EMA (spec §3.4): for each token t and frame f,
 // X = the windowed DFT of the samples of queries 16 f .. 16 f + 31 at t, ema[t] <- a ema[t] + (1 - a) |X|
-// (17 bins). The basis must be symmetric about sample 16 (cosines even, sines odd), as a periodic window's is.
+// (17 bins). The basis must be symmetric about sample 16 (cosines even, sines odd), as a periodic window's
+// is.
 struct FrameFold {
   const float* samples;  // query m's sample at token t: samples[m * time_stride + t]
   float* ema;            // token t's 17 bins start at ema + t * ema_stride
@@ -34,12 +35,13 @@ struct FrameFold {
 };
 
 // Means over the G query heads of each KV group, query-major: out[h][r][t] = mean_g attention[h G + g][r][t],
-// summed in order g = 0 .. G-1 and divided by G (multiplied by 1 / G when that is exact), as torch's mean does.
-// With round_to_bf16 each input and the mean are rounded to bfloat16 first (the reference's bf16 attention).
+// summed in order g = 0 .. G-1 and divided by G (multiplied by 1 / G when that is exact), as torch's mean
+// does. With round_to_bf16 each input and the mean are rounded to bfloat16 first (the reference's bf16
+// attention).
 struct GqaMean {
   const float* attention;  // [q_heads][rows][n], t innermost
   int64_t head_stride, row_stride;
-  float* out;              // [kv_heads][rows][n], t innermost
+  float* out;  // [kv_heads][rows][n], t innermost
   int64_t out_head_stride, out_row_stride;
   int64_t group, rows, n;
   bool round_to_bf16;
@@ -50,12 +52,12 @@ struct GqaMean {
 struct ScoresGqaMean {
   const float* scores;  // [q_heads][rows][n], t innermost
   int64_t head_stride, row_stride;
-  const float* lse;     // row r of query head j: lse[j * lse_head_stride + r]
+  const float* lse;  // row r of query head j: lse[j * lse_head_stride + r]
   int64_t lse_head_stride;
   const int32_t* key_positions;  // [kv_heads][n]
   int64_t positions_stride;
-  int64_t first_query, window;   // row r is query first_query + r
-  float* out;                    // [kv_heads][rows][n], t innermost
+  int64_t first_query, window;  // row r is query first_query + r
+  float* out;                   // [kv_heads][rows][n], t innermost
   int64_t out_head_stride, out_row_stride;
   int64_t group, rows, n;
   bool round_to_bf16;

@@ -8,9 +8,10 @@
 
 namespace namm::cpu {
 
-// The kernel's layout: queries scaled, keys transposed and padded to whole vectors, values padded to whole vectors.
-at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                     const Kernels& kernels) {
+// The kernel's layout: queries scaled, keys transposed and padded to whole vectors, values padded to whole
+// vectors.
+at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     double scale, const Kernels& kernels) {
   const int64_t heads = q.size(0), n = q.size(1), d = q.size(2), dv = v.size(2);
   const int64_t n_padded = (n + 31) / 32 * 32, vectors = (dv + 15) / 16;
   const at::Tensor qs = q.mul(scale).contiguous();
@@ -31,21 +32,33 @@ at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, c
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task % heads, i = task / heads;
       const int64_t block = i % 2 == 0 ? i / 2 : blocks - 1 - i / 2;
-      const BackwardAttentionHead head{qs.data_ptr<float>() + h * n * d, key_tiles.data_ptr<float>() + h * d * n_padded,
-                                            vp.data_ptr<float>() + h * n * 16 * vectors,
-                                            out.data_ptr<float>() + h * n * 16 * vectors, n, n_padded, d, vectors};
+      const BackwardAttentionHead head{qs.data_ptr<float>() + h * n * d,
+                                       key_tiles.data_ptr<float>() + h * d * n_padded,
+                                       vp.data_ptr<float>() + h * n * 16 * vectors,
+                                       out.data_ptr<float>() + h * n * 16 * vectors,
+                                       n,
+                                       n_padded,
+                                       d,
+                                       vectors};
       kernels.backward_attention_rows(head, block * rows, scratch.data());
     }
   });
   return dv == 16 * vectors ? out : out.narrow(2, 0, dv);
 }
 
-
-void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out, const Kernels& kernels) {
+void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out,
+                   const Kernels& kernels) {
   const int64_t kv_heads = out.size(0), rows = out.size(1), n = out.size(2);
-  const GqaMean mean{attention.data_ptr<float>(), attention.stride(0), attention.stride(1),
-                     out.data_ptr<float>(),       out.stride(0),       out.stride(1),
-                     attention.size(0) / kv_heads, rows, n, round_to_bf16};
+  const GqaMean mean{attention.data_ptr<float>(),
+                     attention.stride(0),
+                     attention.stride(1),
+                     out.data_ptr<float>(),
+                     out.stride(0),
+                     out.stride(1),
+                     attention.size(0) / kv_heads,
+                     rows,
+                     n,
+                     round_to_bf16};
   parallel_tasks(kv_heads * rows, [&](int64_t begin, int64_t end) { kernels.gqa_mean(mean, begin, end); });
 }
 
@@ -53,13 +66,24 @@ void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const
                           int64_t first_query, int64_t window, bool round_to_bf16, const at::Tensor& out,
                           const Kernels& kernels) {
   const int64_t kv_heads = out.size(0), rows = out.size(1), n = out.size(2);
-  const ScoresGqaMean mean{scores.data_ptr<float>(),       scores.stride(0),        scores.stride(1),
-                           lse.data_ptr<float>(),          lse.stride(0),           key_positions.data_ptr<int32_t>(),
-                           key_positions.stride(0),        first_query,             window,
-                           out.data_ptr<float>(),          out.stride(0),           out.stride(1),
-                           scores.size(0) / kv_heads,      rows,                    n,
+  const ScoresGqaMean mean{scores.data_ptr<float>(),
+                           scores.stride(0),
+                           scores.stride(1),
+                           lse.data_ptr<float>(),
+                           lse.stride(0),
+                           key_positions.data_ptr<int32_t>(),
+                           key_positions.stride(0),
+                           first_query,
+                           window,
+                           out.data_ptr<float>(),
+                           out.stride(0),
+                           out.stride(1),
+                           scores.size(0) / kv_heads,
+                           rows,
+                           n,
                            round_to_bf16};
-  parallel_tasks(kv_heads * rows, [&](int64_t begin, int64_t end) { kernels.scores_gqa_mean(mean, begin, end); });
+  parallel_tasks(kv_heads * rows,
+                 [&](int64_t begin, int64_t end) { kernels.scores_gqa_mean(mean, begin, end); });
 }
 
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Tensor& basis, double a,
@@ -71,9 +95,14 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
     for (int64_t task = begin; task < end;) {
       // The tasks of one head at a time: tokens [256 g, 256 g_end) of head h.
       const int64_t h = task / groups, g = task % groups, g_end = std::min(groups, g + (end - task));
-      const FrameFold fold{samples.data_ptr<float>() + h * samples.stride(0), ema.data_ptr<float>() + h * ema.stride(0),
-                           frames, samples.stride(1), ema.stride(1), basis.data_ptr<float>(),
-                           static_cast<float>(a), static_cast<float>(1.0 - a)};
+      const FrameFold fold{samples.data_ptr<float>() + h * samples.stride(0),
+                           ema.data_ptr<float>() + h * ema.stride(0),
+                           frames,
+                           samples.stride(1),
+                           ema.stride(1),
+                           basis.data_ptr<float>(),
+                           static_cast<float>(a),
+                           static_cast<float>(1.0 - a)};
       kernels.fold_frames(fold, 256 * g, std::min(n, 256 * g_end));
       task += g_end - g;
     }

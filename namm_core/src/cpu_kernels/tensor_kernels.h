@@ -9,15 +9,16 @@
 namespace namm::cpu {
 
 // namm::backward_masked_attention (bam_scorer.h) for float32 CPU tensors with v's last size at most 64.
-at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                     const Kernels& kernels);
+at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     double scale, const Kernels& kernels);
 
 // namm::gqa_mean_into (stft_features.h) for float32 CPU attention and output with innermost stride 1.
-void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out, const Kernels& kernels);
+void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out,
+                   const Kernels& kernels);
 
 // out [kv_heads, rows, n] = gqa_mean of exp(scores - lse) with keys after the query or `window` (> 0) or more
-// positions behind it at 0 (QueryHistory::GqaMeanAttention): scores [q_heads, rows, n] and lse [q_heads, rows]
-// float32, key_positions [kv_heads, n] int32, row r is query first_query + r; all innermost strides 1.
+// positions behind it at 0 (QueryHistory::GqaMeanAttention): scores [q_heads, rows, n] and lse [q_heads,
+// rows] float32, key_positions [kv_heads, n] int32, row r is query first_query + r; all innermost strides 1.
 void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const at::Tensor& key_positions,
                           int64_t first_query, int64_t window, bool round_to_bf16, const at::Tensor& out,
                           const Kernels& kernels);
