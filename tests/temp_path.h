@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 namespace namm::testing {
@@ -20,7 +20,7 @@ inline std::string TempPath(const std::string& name) {
 // TempPath(name) with no leftover database there (nor its WAL and shared-memory files).
 inline std::string FreshDatabasePath(const std::string& name) {
   const std::string path = TempPath(name);
-  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path + suffix);
+  for (const char* suffix : {"", "-wal", "-shm"}) std::remove((path + suffix).c_str());
   return path;
 }
 

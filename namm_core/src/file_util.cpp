@@ -2,11 +2,15 @@
 
 #include <random>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -33,6 +37,55 @@ std::string parent_directory(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+Status make_directories(const std::string& path) {
+  if (path.empty() || is_directory(path)) return Status::Ok();
+  const std::string parent = parent_directory(path);
+  if (parent != path) NAMM_RETURN_IF_ERROR(make_directories(parent));
+  if (::mkdir(path.c_str(), 0777) != 0 && !(errno == EEXIST && is_directory(path))) {
+    return Status::IOError("cannot create directory " + path + ": " + ErrnoText());
+  }
+  return Status::Ok();
+}
+
+Status remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? Status::Ok() : Status::IOError("cannot remove " + path + ": " + ErrnoText());
+  }
+  // Children before their directory (FTW_DEPTH), links as links (FTW_PHYS).
+  const auto remove_one = [](const char* entry, const struct stat*, int, struct FTW*) { return ::remove(entry); };
+  if (::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    return Status::IOError("cannot remove " + path + ": " + ErrnoText());
+  }
+  return Status::Ok();
+}
+
+Status remove_path(const std::string& path) {
+  if (::remove(path.c_str()) != 0 && errno != ENOENT) {
+    return Status::IOError("cannot remove " + path + ": " + ErrnoText());
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> list_directory(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return Status::IOError("cannot list directory " + path + ": " + ErrnoText());
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(dir);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<int64_t> file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Status::IOError("cannot read the size of " + path + ": " + ErrnoText());
+  return static_cast<int64_t>(st.st_size);
 }
 
 Result<std::string> read_file(const std::string& path) {

@@ -4,7 +4,7 @@
 #include <ATen/ops/cat.h>
 #include <gtest/gtest.h>
 
-#include <filesystem>
+#include <cstdio>
 
 #include "../process_util.h"
 #include "../temp_path.h"
@@ -23,7 +23,7 @@ constexpr float kTolerance = 2e-4f;
 // The case's directory, written by the numpy reference; "" (and the test skipped) without numpy.
 std::string MakeCase(const std::string& name) {
   const std::string dir = testing::TempPath("family_" + name);
-  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(remove_tree(dir).ok());
   const std::string log = dir + ".log";
   testing::Child child = testing::Spawn({NAMM_SYSTEM_PYTHON, NAMM_SOURCE_DIR "/tests/worker/hf_family_reference.py", name, dir}, log);
   const int exit_code = testing::Wait(child, std::chrono::seconds(120));
@@ -166,7 +166,7 @@ TEST(ModelFamilyConfig, Qwen3WithoutItsNormWeightsIsRefused) {
     ASSERT_EQ(kept.size() + 2 * 2, file->tensors().size());  // q_norm and k_norm of 2 layers
     ASSERT_TRUE(write_safetensors(dir + "/pruned.safetensors", kept, {}).ok());
   }
-  std::filesystem::rename(dir + "/pruned.safetensors", dir + "/model.safetensors");
+  ASSERT_EQ(std::rename((dir + "/pruned.safetensors").c_str(), (dir + "/model.safetensors").c_str()), 0);
   auto model = LlamaModel::Load(dir, LoadOptions{});
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find("missing tensors: model.layers.0.self_attn.q_norm.weight, "

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -389,9 +388,7 @@ Result<std::vector<PredictionRecord>> load_predictions(const std::string& path, 
 }
 
 Result<PredictionWriter> PredictionWriter::Open(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  if (ec) return Status::IOError(path + ": cannot create its directory: " + ec.message());
+  NAMM_RETURN_IF_ERROR(make_directories(parent_directory(path)));
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IOError(path + ": cannot open for appending: " + std::strerror(errno));
   return PredictionWriter(path, fd);
@@ -788,17 +785,14 @@ Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& s
       }
     }
   }
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
-  if (ec) return Status::IOError(out + ": cannot create the directory: " + ec.message());
+  NAMM_RETURN_IF_ERROR(make_directories(out));
   for (auto& [key, records] : joined) {
     std::stable_sort(records.begin(), records.end(),
                      [](const PredictionRecord& a, const PredictionRecord& b) { return a.row < b.row; });
     std::string text;
     for (const auto& r : records) text += r.ToJson().dump() + "\n";
     const std::string path = predictions_path(out, key.first, key.second);
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    if (ec) return Status::IOError(path + ": cannot create its directory: " + ec.message());
+    NAMM_RETURN_IF_ERROR(make_directories(parent_directory(path)));
     NAMM_RETURN_IF_ERROR(write_file_atomically(path, {text}));
   }
   NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, compute_results(merged, out));

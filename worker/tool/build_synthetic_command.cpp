@@ -1,5 +1,4 @@
 // namm-worker build-synthetic: write the rows of the CPU-scale story-recall task (tasks/README.md).
-#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
@@ -63,11 +62,7 @@ Status Build(BuildOptions o) {
   std::string text;
   for (const auto& row : rows) text += row.dump() + "\n";
   // The data directory may not exist yet on a fresh checkout.
-  std::error_code ec;
-  if (const auto dir = std::filesystem::path(o.out).parent_path(); !dir.empty()) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return Status::IOError(dir.string() + ": cannot create the directory: " + ec.message());
-  }
+  NAMM_RETURN_IF_ERROR(make_directories(parent_directory(o.out)));
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out, {text}));
   std::cout << "wrote " << rows.size() << " rows to " << o.out << "\n";
   return Status::Ok();

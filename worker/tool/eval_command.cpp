@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -86,9 +85,7 @@ class Progress {
 class DirectoryLock {
  public:
   static Result<DirectoryLock> Acquire(const std::string& dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return Status::IOError(dir + ": cannot create the directory: " + ec.message());
+    NAMM_RETURN_IF_ERROR(make_directories(dir));
     const std::string path = dir + "/.lock";
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
@@ -122,22 +119,18 @@ Status RemoveEvaluation(const std::string& dir) {
         "--overwrite removes only an evaluation's own files, and " + config_path +
         " is not an evaluation configuration this build reads; remove it yourself");
   }
-  std::error_code ec;
-  const auto remove = [&](const std::filesystem::path& file) -> Status {
-    std::filesystem::remove(file, ec);
-    return ec ? Status::IOError(file.string() + ": cannot remove it: " + ec.message()) : Status::Ok();
-  };
   for (const auto& task : old->tasks) {
-    NAMM_RETURN_IF_ERROR(remove(dir + "/plot_" + output_directory_name(task) + ".svg"));
+    NAMM_RETURN_IF_ERROR(remove_path(dir + "/plot_" + output_directory_name(task) + ".svg"));
     for (const auto& policy : old->policies) {
-      const std::filesystem::path file = predictions_path(dir, task, policy);
-      NAMM_RETURN_IF_ERROR(remove(file));
-      std::filesystem::remove(file.parent_path(), ec);  // only if now empty
-      std::filesystem::remove(file.parent_path().parent_path(), ec);
+      const std::string file = predictions_path(dir, task, policy);
+      NAMM_RETURN_IF_ERROR(remove_path(file));
+      // The policy's and the task's directories go only if that left them empty (rmdir refuses otherwise).
+      const std::string policy_dir = parent_directory(file);
+      if (remove_path(policy_dir).ok()) (void)remove_path(parent_directory(policy_dir));
     }
   }
   for (const char* name : {"results.json", "results.csv", "results.html", "config.yaml"}) {
-    NAMM_RETURN_IF_ERROR(remove(dir + "/" + name));
+    NAMM_RETURN_IF_ERROR(remove_path(dir + "/" + name));
   }
   return Status::Ok();
 }
@@ -296,9 +289,7 @@ Status RunEval(const EvalOptions& o) {
   NAMM_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::Acquire(o.out));
   if (o.overwrite) NAMM_RETURN_IF_ERROR(RemoveEvaluation(o.out));
   NAMM_ASSIGN_OR_RETURN(bool resuming, CheckResumable(config, o.out));
-  std::error_code ec;
-  std::filesystem::create_directories(o.out, ec);
-  if (ec) return Status::IOError(o.out + ": cannot create the directory: " + ec.message());
+  NAMM_RETURN_IF_ERROR(make_directories(o.out));
   if (!resuming) NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/config.yaml", {config.ToYaml()}));
 
   // Tasks meant for another RoPE setting run a variant sharing the weights (unless --rope-scaling fixes one).

@@ -1,6 +1,12 @@
-// Whole-file reads and crash-safe writes, and the secrets kept in files.
+// Whole-file reads and crash-safe writes, directories, and the secrets kept in files.
+//
+// POSIX calls rather than std::filesystem: PyTorch's binary libtorch exports its own statically linked copy of
+// libstdc++'s std::filesystem, which takes precedence over the system's in a program linked with it and crashes
+// there (pytorch/pytorch#133437; seen in std::filesystem::remove_all with torch 2.11 on a GPU node). Code that
+// links libtorch uses these instead.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +20,18 @@ bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 // The directory part of `path` ("." when it has none).
 std::string parent_directory(const std::string& path);
+
+// Creates `path` and any missing parents (mkdir -p); a directory already there is fine.
+Status make_directories(const std::string& path);
+// Removes `path` and, if it is a directory, everything under it (rm -rf; symbolic links are removed, not
+// followed). Nothing there is fine.
+Status remove_tree(const std::string& path);
+// Removes a file or an empty directory; nothing there is fine.
+Status remove_path(const std::string& path);
+// The names in directory `path` (not "." and ".."), sorted.
+Result<std::vector<std::string>> list_directory(const std::string& path);
+// The size in bytes of the file at `path`.
+Result<int64_t> file_size(const std::string& path);
 
 // Reads a whole file into memory.
 Result<std::string> read_file(const std::string& path);
