@@ -4,7 +4,7 @@
 // factor 4, alpha 2), a 2016-token prompt and 32 new tokens (2048 in all).
 //
 // Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N] [--repeats R]
-//        [--dtype fp32|bf16] [--only TEXT]
+//        [--dtype fp32|bf16|fp16] [--device cpu|cuda:N] [--only TEXT] [--profile 1] [--parts N1,N2,...]
 // --only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one).
 //        worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
 // --random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain
@@ -15,7 +15,16 @@
 //        worker_generation_bench --chunk-memory 8192,32768 [--random-model ...]
 // instead measures the transient memory of one prefill chunk (128 tokens) run through the model with N tokens
 // already cached (random keys and values, the cache preallocated so that its growth is not counted): the peak
-// resident memory above the start, for the full cache and for a NAMM (which observes the attention).
+// resident memory above the start, for the full cache and for a NAMM (which observes the attention). CPU only.
+//
+// On a CUDA device every timed generation ends with the host reading its last token (a device synchronization),
+// so totals are wall-clock times of finished work.
+//
+// --profile 1 adds, for every row, one more generation with the policy's calls timed (the device waited for
+// before and after each, so the waits cost some time of their own): seconds in Observe(), in Select() (memory
+// updates), and everything else (the model, the cache's gathers). --parts N1,N2,... instead times the NAMM's
+// parts alone on the device at those cache sizes: one 128-row chunk's GQA mean and frame fold, the BAM
+// scorer's backward-masked attention, and a whole memory update's Select().
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -28,11 +37,13 @@
 #include <string>
 #include <vector>
 
+#include "namm/bam_scorer.h"
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/h2o_policy.h"
 #include "namm/policies/l2_policy.h"
 #include "namm/option_spec.h"
 #include "namm/policies/namm_policy.h"
+#include "namm/stft_features.h"
 #include "namm/worker/generator.h"
 #include "peak_memory.h"
 
@@ -45,13 +56,60 @@ struct Options {
   std::string random_model;  // "layers=2,dim=2048,...": a random model of that shape instead of --model
   int64_t prompt_tokens = 2016, new_tokens = 32, repeats = 5;
   std::vector<int64_t> chunk_memory;  // cached-token counts for --chunk-memory
-  at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16 (--random-model only)
+  at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16|fp16
+  at::Device device = at::kCPU;       // --device cpu|cuda:N
   int64_t threads = 0;                // --threads N: libtorch's intra-op threads (default: libtorch's)
   std::string only;                   // --only TEXT: the full cache and the rows whose name contains TEXT
+  bool profile = false;               // --profile: where each row's time goes
+  std::vector<int64_t> parts;         // --parts N1,N2: the NAMM's parts at those cache sizes
+};
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Waits for the work queued on `t`'s device (a one-element copy to the host); nothing to wait for on the CPU.
+void WaitFor(const at::Tensor& t) {
+  if (t.defined() && !t.device().is_cpu()) (void)t.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
+}
+
+// A policy that times the calls of the one it wraps: the device's queued work is waited for before each call
+// (so that the engine's work is not counted) and after it.
+class TimedPolicy final : public MemoryPolicy {
+ public:
+  explicit TimedPolicy(std::unique_ptr<MemoryPolicy> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::vector<TokenStateSpec> token_state() const override { return inner_->token_state(); }
+  bool needs_attention() const override { return inner_->needs_attention(); }
+  int64_t query_history() const override { return inner_->query_history(); }
+  bool may_evict() const override { return inner_->may_evict(); }
+  Status BeginSequence(const SequenceInfo& info) override { return inner_->BeginSequence(info); }
+  Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override {
+    WaitFor(attention);
+    const auto start = Clock::now();
+    Status status = inner_->Observe(layer, attention, first_query, cache);
+    WaitFor(cache.positions());
+    observe_seconds += Since(start);
+    return status;
+  }
+  Result<at::Tensor> Select(int layer, LayerKVCache& cache) override {
+    WaitFor(cache.positions());
+    const auto start = Clock::now();
+    Result<at::Tensor> keep = inner_->Select(layer, cache);
+    if (keep.ok()) WaitFor(*keep);
+    select_seconds += Since(start);
+    return keep;
+  }
+  Result<std::optional<at::Tensor>> EndPrefill(int layer, LayerKVCache& cache) override {
+    return inner_->EndPrefill(layer, cache);
+  }
+  double observe_seconds = 0, select_seconds = 0;
+
+ private:
+  std::unique_ptr<MemoryPolicy> inner_;
 };
 
 // A deterministic random Llama of the shape `spec` names (see the usage above).
-Result<LlamaModel> RandomModel(const std::string& spec, int64_t context, at::ScalarType dtype) {
+Result<LlamaModel> RandomModel(const std::string& spec, int64_t context, at::ScalarType dtype, at::Device device) {
   NAMM_ASSIGN_OR_RETURN(OptionSpec shape, parse_option_spec("random:" + spec));
   NAMM_RETURN_IF_ERROR(shape.CheckKeys({"layers", "dim", "heads", "kv_heads", "ffn", "vocab"}));
   LlamaConfig c;
@@ -88,15 +146,15 @@ Result<LlamaModel> RandomModel(const std::string& spec, int64_t context, at::Sca
   }
   w.final_norm = at::ones({c.dim}, f32);
   w.lm_head = gaussian({c.vocab_size, c.dim});
-  if (dtype != at::kFloat) {  // drawn in float32, so that every dtype runs the same model
-    for (at::Tensor* t : {&w.token_embedding, &w.final_norm, &w.lm_head}) *t = t->to(dtype);
-    for (LlamaLayerWeights& l : w.layers) {
-      for (at::Tensor* t : {&l.attention_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
-        *t = t->to(dtype);
-      }
+  // Drawn in float32 on the CPU, so that every dtype and device runs the same model.
+  const at::TensorOptions options = f32.dtype(dtype).device(device);
+  for (at::Tensor* t : {&w.token_embedding, &w.final_norm, &w.lm_head}) *t = t->to(options);
+  for (LlamaLayerWeights& l : w.layers) {
+    for (at::Tensor* t : {&l.attention_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+      *t = t->to(options);
     }
   }
-  return LlamaModel(LoadedModel{c, std::move(w)}, f32.dtype(dtype));
+  return LlamaModel(LoadedModel{c, std::move(w)}, options);
 }
 
 // Seeded random token ids in [0, vocab).
@@ -199,6 +257,61 @@ int ChunkMemory(const Options& o, const LlamaModel& model) {
   return 0;
 }
 
+// Median seconds of `repeats` calls of fn after a warm-up, each waited for on `on`'s device.
+template <typename Fn>
+double MedianSeconds(int64_t repeats, const at::Tensor& on, Fn fn) {
+  fn();
+  std::vector<double> seconds;
+  for (int64_t r = 0; r < repeats; ++r) {
+    WaitFor(on);
+    const auto start = Clock::now();
+    fn();
+    WaitFor(on);
+    seconds.push_back(Since(start));
+  }
+  return Median(seconds);
+}
+
+// The NAMM's parts on the device at each cache size (8B shape: 16 query heads over 4 KV heads).
+int Parts(const Options& o) {
+  constexpr int64_t kQHeads = 16, kKvHeads = 4, kRows = 128;
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(o.device);
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(3);
+  const auto random = [&](std::vector<int64_t> shape) {
+    return at::normal(0.0, 1.0, shape, generator, f32.device(at::kCPU)).to(f32);
+  };
+  NormStats stats;
+  stats.var.fill(1.0);
+  auto policy = NammPolicy::Create(Bam(0.15, 0.0f, stats), o.device);
+  if (!policy.ok()) return 1;
+  std::printf("The NAMM's parts on %s, %lld KV heads (%lld query heads), medians of %lld, ms\n\n",
+              o.device.str().c_str(), static_cast<long long>(kKvHeads), static_cast<long long>(kQHeads),
+              static_cast<long long>(o.repeats));
+  std::printf("%10s %18s %18s %14s %16s\n", "n cached", "GQA mean (chunk)", "frame fold (8)", "BAM attention",
+              "Select (update)");
+  for (int64_t n : o.parts) {
+    n = (n + kStftHop - 1) / kStftHop * kStftHop;
+    const at::Tensor attention = random({kQHeads, kRows, n}).abs_().div_(static_cast<double>(n));
+    const at::Tensor mean = at::empty({kKvHeads, kRows, n}, f32);
+    const double gqa = MedianSeconds(o.repeats, mean, [&] { gqa_mean_into(attention, AttentionPrecision::kF32, mean); });
+    const at::Tensor samples = random({kKvHeads, kRows + kStftHop, n}).abs_().div_(static_cast<double>(n));
+    const at::Tensor ema = random({kKvHeads, n, kStftBins}).abs_();
+    const double fold = MedianSeconds(o.repeats, ema, [&] { fold_frames(samples, ema); });
+    const at::Tensor q = random({kKvHeads, n, 32}), k = random({kKvHeads, n, 32}), v = random({kKvHeads, n, 32});
+    at::Tensor out;
+    const double bam = MedianSeconds(o.repeats, q, [&] { out = backward_masked_attention(q, k, v, 0.17); });
+    LayerKVCache cache(kKvHeads, 0, f32, (*policy)->token_state());
+    if (!cache.Append(at::Tensor(), at::Tensor(), at::arange(n, f32.dtype(at::kLong))).ok()) return 1;
+    cache.state("namm.ema").copy_(ema);
+    bool selected = true;
+    const double select = MedianSeconds(o.repeats, q, [&] { selected = selected && (*policy)->Select(0, cache).ok(); });
+    if (!selected) return 1;
+    std::printf("%10lld %18.3f %18.3f %14.3f %16.3f\n", static_cast<long long>(n), 1e3 * gqa, 1e3 * fold, 1e3 * bam,
+                1e3 * select);
+  }
+  return 0;
+}
+
 int Run(const Options& o) {
   if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
   LoadOptions load;
@@ -206,13 +319,20 @@ int Run(const Options& o) {
   int64_t context = o.prompt_tokens + o.new_tokens;
   for (int64_t n : o.chunk_memory) context = std::max(context, n + 128);
   load.dtype = o.dtype;
-  auto model = o.random_model.empty() ? LlamaModel::Load(o.model, load) : RandomModel(o.random_model, context, o.dtype);
+  load.device = o.device;
+  if (!o.chunk_memory.empty() && !o.device.is_cpu()) {
+    std::fprintf(stderr, "--chunk-memory measures host memory: run it with --device cpu\n");
+    return 2;
+  }
+  auto model = o.random_model.empty() ? LlamaModel::Load(o.model, load)
+                                      : RandomModel(o.random_model, context, o.dtype, o.device);
   auto tokenizer = load_tokenizer(o.tokenizer);
   if (!model.ok() || !tokenizer.ok()) {
     std::fprintf(stderr, "%s\n", (!model.ok() ? model.status() : tokenizer.status()).ToString().c_str());
     return 1;
   }
   if (!o.chunk_memory.empty()) return ChunkMemory(o, *model);
+  if (!o.parts.empty()) return Parts(o);
   const std::vector<int64_t> prompt = o.random_model.empty() ? Prompt(**tokenizer, o.prompt_tokens)
                                                              : RandomPrompt(model->config().vocab_size, o.prompt_tokens);
   GenerationOptions options;
@@ -222,14 +342,14 @@ int Run(const Options& o) {
   // Normalization statistics as deployed NAMMs carry them: collected once by the all-zero NAMM, then frozen.
   NammModel collecting;
   collecting.params = initial_params(collecting.architecture);
-  auto collector = NammPolicy::Create(collecting);
+  auto collector = NammPolicy::Create(collecting, o.device);
   if (!generator.Generate(prompt, **collector, options).ok()) return 1;
   const NormStats stats = (*collector)->normalizer().stats();
 
   // As the worker runs it (from the query history), or with the per-token sample ring.
   auto namm = [&](NammModel m, bool from_history = true) {
-    return [m, from_history] {
-      std::unique_ptr<NammPolicy> policy = std::move(NammPolicy::Create(m)).value();
+    return [m, from_history, device = o.device] {
+      std::unique_ptr<NammPolicy> policy = std::move(NammPolicy::Create(m, device)).value();
       policy->set_observe_from_query_history(from_history);
       return std::unique_ptr<MemoryPolicy>(std::move(policy));
     };
@@ -266,9 +386,10 @@ int Run(const Options& o) {
     }
   }
   const double base = Median(rows[0].total);
-  std::printf("%s\nprompt %lld tokens + %lld new, %lld repeats (medians), one process\n\n",
+  std::printf("%s\nprompt %lld tokens + %lld new, %lld repeats (medians), one process, %s %s\n\n",
               model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),
-              static_cast<long long>(o.new_tokens), static_cast<long long>(o.repeats));
+              static_cast<long long>(o.new_tokens), static_cast<long long>(o.repeats), o.device.str().c_str(),
+              c10::toString(o.dtype));
   std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s %9s\n", "policy", "prefill s", "decode s", "total s",
               "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB", "state/KV");
   for (const auto& row : rows) {
@@ -284,6 +405,19 @@ int Run(const Options& o) {
                 row.last.mean_kv_tokens / rows[0].last.mean_kv_tokens,
                 static_cast<double>(row.last.peak_kv_bytes) / (1 << 20),
                 100.0 * static_cast<double>(row.last.peak_policy_state_bytes) / static_cast<double>(row.last.peak_kv_bytes));
+  }
+  if (!o.profile) return 0;
+  std::printf("\nWhere the time goes (one generation per row, the device waited for around each policy call)\n\n");
+  std::printf("%-34s %9s %11s %10s %9s\n", "policy", "total s", "Observe s", "Select s", "rest s");
+  for (const auto& row : rows) {
+    TimedPolicy timed(row.make());
+    const auto start = Clock::now();
+    auto result = generator.Generate(prompt, timed, options);
+    const double total = Since(start);
+    if (!result.ok()) return 1;
+    // The gathers after Select() count with the rest (the engine applies them).
+    std::printf("%-34s %9.3f %11.3f %10.3f %9.3f\n", row.name.c_str(), total, timed.observe_seconds,
+                timed.select_seconds, total - timed.observe_seconds - timed.select_seconds);
   }
   return 0;
 }
@@ -301,14 +435,30 @@ int main(int argc, char** argv) {
     else if (key == "--new-tokens") o.new_tokens = std::stoll(value);
     else if (key == "--repeats") o.repeats = std::stoll(value);
     else if (key == "--dtype") {
-      if (value != "fp32" && value != "bf16") {
-        std::fprintf(stderr, "--dtype takes fp32 or bf16, got %s\n", value.c_str());
+      if (value != "fp32" && value != "bf16" && value != "fp16") {
+        std::fprintf(stderr, "--dtype takes fp32, bf16 or fp16, got %s\n", value.c_str());
         return 2;
       }
-      o.dtype = value == "bf16" ? at::kBFloat16 : at::kFloat;
+      o.dtype = value == "bf16" ? at::kBFloat16 : value == "fp16" ? at::kHalf : at::kFloat;
+    }
+    else if (key == "--device") {
+      try {
+        o.device = at::Device(value);
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "--device takes cpu or cuda:N, got %s\n", value.c_str());
+        return 2;
+      }
     }
     else if (key == "--only") o.only = value;
     else if (key == "--threads") o.threads = std::stoll(value);
+    else if (key == "--profile") o.profile = value != "0";
+    else if (key == "--parts") {
+      for (std::size_t begin = 0; begin < value.size();) {
+        const std::size_t end = std::min(value.find(',', begin), value.size());
+        o.parts.push_back(std::stoll(value.substr(begin, end - begin)));
+        begin = end + 1;
+      }
+    }
     else if (key == "--chunk-memory") {
       for (std::size_t begin = 0; begin < value.size();) {
         const std::size_t end = std::min(value.find(',', begin), value.size());

@@ -1,7 +1,10 @@
 # Shared compile settings for targets written by us: warnings are errors here, never in third-party headers
 # (those come in through imported targets as system includes).
 set(NAMM_WARNING_FLAGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
-    -Woverloaded-virtual -Wimplicit-fallthrough -Werror)
+    -Woverloaded-virtual -Wimplicit-fallthrough)
+if(NAMM_WERROR)
+  list(APPEND NAMM_WARNING_FLAGS -Werror)
+endif()
 
 set(NAMM_SANITIZER_FLAGS "")
 if(NAMM_SANITIZE)

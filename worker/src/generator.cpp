@@ -42,6 +42,12 @@ int64_t ChooseToken(const at::Tensor& logits, const GenerationOptions& options, 
 }
 double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// Waits for the work queued before `t` on its device (a one-element copy to the host), so that a GPU's
+// asynchronous kernels are timed where they ran. Nothing to wait for on the CPU.
+void WaitForDevice(const at::Tensor& t) {
+  if (!t.device().is_cpu()) (void)t.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
+}
+
 // Bookkeeping shared by prefill and decoding: memory updates at multiples of n_up, the end-of-prefill hook, and
 // cache sizes.
 class CacheTracker {
@@ -195,6 +201,7 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
     logits = logits.narrow(0, length - 1, 1);
   }
   NAMM_RETURN_IF_ERROR(tracker.EndPrefill());
+  WaitForDevice(logits);
   result.prefill_seconds = Since(prefill_start);
 
   // Teacher-forced tokens (counted as decoding work).
