@@ -81,6 +81,24 @@ TEST(L2Policy, KeepsTheLowestKeyNormsAndTheNewest) {
   EXPECT_EQ(Row(*keep, 1), (std::vector<int64_t>{2, 3}));
 }
 
+// Norms that differ only in their last bits (one token's keys rotated to different positions, rounded by
+// different hardware) are ties, kept newest first, whatever the order of those last bits.
+TEST(L2Policy, NormsEqualButForRoundingAreTiesKeptNewestFirst) {
+  auto policy = L2Policy::Create(CacheBudget::Tokens(3).value());
+  ASSERT_TRUE(policy.ok());
+  for (const float epsilon : {1e-6f, -1e-6f}) {
+    LayerKVCache cache(1, 1, at::TensorOptions().dtype(at::kFloat));
+    // Norms 2, 2 (1 + epsilon), 2, 5, 9: the three twos are one norm; the budget keeps two of them + the newest.
+    const float k[5] = {2.0f, 2.0f * (1.0f + epsilon), -2.0f, 5.0f, 9.0f};
+    at::Tensor keys = at::zeros({1, 5, 1});
+    for (int i = 0; i < 5; ++i) keys[0][i][0] = k[i];
+    ASSERT_TRUE(cache.Append(keys, keys, Positions(5)).ok());
+    auto keep = (*policy)->Select(0, cache);
+    ASSERT_TRUE(keep.ok());
+    EXPECT_EQ(Row(*keep, 0), (std::vector<int64_t>{1, 2, 4})) << "epsilon " << epsilon;
+  }
+}
+
 // A cache of `n` tokens at positions 0..n-1 (keys and values zero), carrying `policy`'s state.
 LayerKVCache CacheOf(const MemoryPolicy& policy, int64_t kv_heads, int64_t n) {
   LayerKVCache cache(kv_heads, 2, at::TensorOptions().dtype(at::kFloat), policy.token_state());

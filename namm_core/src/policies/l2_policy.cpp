@@ -18,7 +18,12 @@ Result<at::Tensor> L2Policy::Select(int /*layer*/, LayerKVCache& cache) {
   if (n <= budget) return all_token_indices(cache);
   if (cache.head_dim() == 0) return Status::FailedPrecondition("the L2 policy needs the cache's keys");
   return internal::catch_torch_errors("L2 select", [&]() -> Result<at::Tensor> {
-    const at::Tensor low_norm_first = cache.keys().to(at::kFloat).norm(2, {2}).neg_();
+    // Norms compared on a log2 grid of 2^-10 (0.07%), a deliberate difference from the L2 paper: the keys of
+    // one token at different positions have the same norm up to RoPE's rounding (a rotation keeps it), so a
+    // repeated text's keys tie up to the last bits, and which of them survived depended on the device's
+    // rounding (a GPU and the CPU kept different tokens). On the grid such near-ties are ties, which the
+    // stable top-k breaks the same way everywhere: the newer is kept.
+    const at::Tensor low_norm_first = cache.keys().to(at::kFloat).norm(2, {2}).log2_().mul_(1024.0).round_().neg_();
     return keep_top_k_per_head(force_keep_newest(low_norm_first), budget);
   });
 }
