@@ -33,7 +33,8 @@ LlamaModel::LlamaModel(LoadedModel loaded, at::TensorOptions options)
     : config_(std::move(loaded.config)),
       weights_(std::move(loaded.weights)),
       options_(options),
-      inv_freq_(rope_inverse_frequencies(config_, options.device())) {}
+      inv_freq_(rope_inverse_frequencies(config_, options.device())),
+      attention_block_elements_(options.device().is_cpu() ? kAttentionBlockElements : kDeviceAttentionBlockElements) {}
 
 std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) const {
   std::vector<LayerKVCache> caches;

@@ -38,6 +38,9 @@ struct SequenceInfo {
 // Engines hand attention to Observe() in blocks of query rows of at most this many probabilities (q_heads x rows x
 // cached keys, float32: 16 MiB), and a policy that computes attention again keeps to the same bound.
 constexpr int64_t kAttentionBlockElements = int64_t{1} << 22;
+// On a GPU, blocks of up to this many (256 MiB): there, each block costs launches, not cache misses (a 128-token
+// chunk over 16k cached tokens in 8 blocks made the NAMM's Observe cost 4x its single-block time on an H200).
+constexpr int64_t kDeviceAttentionBlockElements = int64_t{1} << 26;
 
 class MemoryPolicy {
  public:
