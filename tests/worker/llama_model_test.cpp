@@ -355,8 +355,11 @@ TEST(Stories260K, NammFromTheQueryHistoryMatchesTheSampleRing) {
     EXPECT_EQ(history.result.token_ids, ring.result.token_ids) << "chunk " << chunk << ", block " << block_elements;
     EXPECT_EQ(history.result.final_cache_sizes, ring.result.final_cache_sizes) << "chunk " << chunk;
     ASSERT_EQ(history.features.sizes(), ring.features.sizes());
-    // z-scored features up to ~22: the only difference is exp(s - lse) against the softmax (measured 3e-6 to 7e-5).
-    EXPECT_LT((history.features - ring.features).abs().max().item<float>(), 3e-4f) << "chunk " << chunk;
+    // z-scored features up to ~22, differing by float rounding only: exp(s - lse) against the softmax, and the CPU
+    // kernels' fold (the DFT's symmetry, another summation order) against the ring's product. Measured 3e-6 to
+    // 7e-5 before the CPU kernels; with them, on an AVX2 machine, 2.8e-6, 1.4e-5 and 4.8e-4 (whole chunks of
+    // 128): z-scoring magnifies the rounding of the bins with the smallest spread.
+    EXPECT_LT((history.features - ring.features).abs().max().item<float>(), 1e-3f) << "chunk " << chunk;
     EXPECT_TRUE(history.result.generated_logits.equal(ring.result.generated_logits)) << "chunk " << chunk;
   }
   s.model.set_attention_block_elements(int64_t{1} << 22);
