@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "../namm_core/test_util.h"
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/h2o_policy.h"
 #include "namm/policies/l2_policy.h"
@@ -22,6 +21,7 @@
 #include "namm/worker/generator.h"
 #include "namm/worker/llama_model.h"
 #include "shared_data.h"
+#include "stories_inputs.h"
 
 namespace namm::worker {
 namespace {
@@ -51,26 +51,6 @@ std::unique_ptr<Tokenizer> StoriesTokenizer() {
   return std::move(tokenizer).value();
 }
 
-std::vector<int64_t> LongPrompt(const Tokenizer& tokenizer, int64_t n) {
-  std::string text;
-  while (static_cast<int64_t>(tokenizer.Encode(text).size()) < n) {
-    text += "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ";
-    text += "One day, she saw a big, red ball and a dog named Max. ";
-  }
-  std::vector<int64_t> ids = tokenizer.EncodeForModel(text);
-  ids.resize(static_cast<std::size_t>(n));
-  return ids;
-}
-
-// A NAMM with seeded random parameters that evicts part of the cache at every update.
-NammModel EvictingNamm() {
-  NammModel model;
-  model.params = initial_params(model.architecture);
-  const at::Tensor p = testing::RandomNormal({static_cast<int64_t>(model.params.size())}, 4, 0.15);
-  model.params.assign(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
-  return model;
-}
-
 using PolicyFactory = std::function<std::unique_ptr<MemoryPolicy>(at::Device)>;
 
 template <typename T>
@@ -82,7 +62,7 @@ std::unique_ptr<MemoryPolicy> Take(Result<std::unique_ptr<T>> policy) {
 std::vector<std::pair<std::string, PolicyFactory>> Policies() {
   const auto namm = [](bool from_history) {
     return [from_history](at::Device device) {
-      auto policy = NammPolicy::Create(EvictingNamm(), device);
+      auto policy = NammPolicy::Create(NammWith(0.15, 4), device);
       EXPECT_TRUE(policy.ok()) << policy.status().ToString();
       (*policy)->set_observe_from_query_history(from_history);
       return std::unique_ptr<MemoryPolicy>(std::move(policy).value());
@@ -169,7 +149,7 @@ TEST(EngineOnCuda, HalfPrecisionFollowsFloat32) {
     const double nll = PromptNll(run->prompt_logits, prompt);
     EXPECT_NEAR(nll, reference_nll, 0.02 * reference_nll + 0.01);
     EXPECT_EQ(run->token_ids.front(), reference->token_ids.front());
-    auto namm = NammPolicy::Create(EvictingNamm(), kCuda);
+    auto namm = NammPolicy::Create(NammWith(0.15, 4), kCuda);
     ASSERT_TRUE(namm.ok());
     auto evicting = Generator(model, *tokenizer).Generate(prompt, **namm, options);
     ASSERT_TRUE(evicting.ok()) << evicting.status().ToString();

@@ -16,6 +16,7 @@
 #include "namm/worker/policy_spec.h"
 #include "namm/worker/rope.h"
 #include "shared_data.h"
+#include "stories_inputs.h"
 
 namespace namm::worker {
 namespace {
@@ -127,28 +128,6 @@ TEST(Stories260K, PromptLikelihoodMatchesTheReference) {
   double nll = 0;
   for (std::size_t i = 0; i + 1 < ids.size(); ++i) nll -= log_probs[static_cast<int64_t>(i)][ids[i + 1]].item<double>();
   EXPECT_NEAR(nll / 4.0, 0.0685, 0.0005);
-}
-
-// A prompt of n tokens: the stories prompt repeated, so that the model's attention has structure.
-std::vector<int64_t> LongPrompt(const Tokenizer& tokenizer, int64_t n) {
-  std::string text;
-  while (static_cast<int64_t>(tokenizer.Encode(text).size()) < n) {
-    text += "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ";
-    text += "One day, she saw a big, red ball and a dog named Max. ";
-  }
-  std::vector<int64_t> ids = tokenizer.EncodeForModel(text);
-  ids.resize(static_cast<std::size_t>(n));
-  return ids;
-}
-
-NammModel NammWith(double scale, uint64_t seed) {
-  NammModel model;
-  model.params = initial_params(model.architecture);
-  if (scale > 0) {
-    at::Tensor p = testing::RandomNormal({4172}, seed, scale);
-    model.params.assign(p.data_ptr<float>(), p.data_ptr<float>() + 4172);
-  }
-  return model;
 }
 
 TEST(Stories260K, ZeroParameterNammReproducesTheFullCacheExactly) {
