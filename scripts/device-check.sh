@@ -89,7 +89,8 @@ grep -E "error|Error" "$out/build.log" | head -40
 
 bin=$build/bin
 bench=$bin/worker_generation_bench
-shape=layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000
+shape=layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000       # issue 18's 8B-shaped model
+llama3_8b=layers=2,dim=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000  # Llama 3 8B's layers (fewer, smaller vocabulary)
 # Most telling first: the engine on CUDA, then the benchmark, then the CPU suites (libtorch's version differs).
 TAIL_LINES=30 step cuda_engine_tests timeout 300 "$bin/engine_tests" --gtest_filter='EngineOnCuda.*'
 step cuda_namm_policy timeout 60 "$bin/namm_core_tests" --gtest_filter='*Cuda*'
@@ -100,10 +101,14 @@ TAIL_LINES=24 step bench_8b_bf16_4k timeout 300 "$bench" --device cuda:0 --dtype
 step bench_stories_cuda timeout 300 "$bench" --device cuda:0 --repeats 3
 step bench_8b_fp32_4k timeout 300 "$bench" --device cuda:0 --dtype fp32 --random-model "$shape" \
   --prompt-tokens 4096 --new-tokens 32 --repeats 3
+TAIL_LINES=24 step bench_llama3_8b_layers_bf16_4k timeout 300 "$bench" --device cuda:0 --dtype bf16 \
+  --random-model "$llama3_8b" --prompt-tokens 4096 --new-tokens 32 --repeats 3 --profile 1
 TAIL_LINES=8 step engine_tests timeout 300 "$bin/engine_tests"
 TAIL_LINES=8 step namm_core_tests timeout 300 "$bin/namm_core_tests"
 TAIL_LINES=24 step bench_8b_bf16_16k timeout 300 "$bench" --device cuda:0 --dtype bf16 --random-model "$shape" \
   --prompt-tokens 16384 --new-tokens 32 --repeats 3 --profile 1
+TAIL_LINES=24 step bench_llama3_8b_layers_bf16_16k timeout 300 "$bench" --device cuda:0 --dtype bf16 \
+  --random-model "$llama3_8b" --prompt-tokens 16384 --new-tokens 32 --repeats 3 --profile 1
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "device-check: failed steps: ${failed[*]}"
