@@ -10,7 +10,8 @@
 //
 // The masked attention is computed in blocks of query rows, each against only the keys it may see, so memory
 // stays O(n * h) plus one block of scores: the reference's explicit n x n float mask (4 GiB at n = 32k) is never
-// built.
+// built. On the CPU a kernel of our own does it (cpu_kernels/); on a CUDA device with libtorch 2.x, one fused
+// attention call over the reversed sequence.
 #pragma once
 
 #include <ATen/core/Tensor.h>
