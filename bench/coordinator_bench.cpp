@@ -384,6 +384,14 @@ int main(int argc, char** argv) {
       std::printf("  CPU per 1,000 results: coordinator %.3f s%s (the whole run, setup included)\n",
                   r.coordinator_cpu * 1000 / static_cast<double>(units),
                   f.worker_process ? (", workers' process " + std::to_string(r.workers_cpu * 1000 / static_cast<double>(units)) + " s").c_str() : " (workers in the same process)");
+      // Lease latency as a worker sees it: from one prompt's end to its slot's next prompt's start (the report's
+      // round trip and the next lease's arrival). Timed by the simulated workers, so in this process only.
+      if (!r.gaps.empty()) {
+        std::printf("  lease latency (a worker slot's gap between consecutive prompts): p50 %.2f ms, p99 %.2f ms\n",
+                    Median(r.gaps) * 1000, Quantile(r.gaps, 0.99) * 1000);
+      }
+      std::printf("  peak RSS so far %.0f MB (%s)\n", static_cast<double>(r.rss_bytes) / 1e6,
+                  f.worker_process ? "the coordinator's process" : "the coordinator and the simulated workers");
     }
     std::printf("metrics on / off: %.3f\n\n", median[1] / median[0]);
   }
