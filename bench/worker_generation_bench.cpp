@@ -64,6 +64,17 @@ struct Options {
   std::vector<int64_t> parts;         // --parts N1,N2: the NAMM's parts at those cache sizes
 };
 
+// "8192,32768" -> {8192, 32768}.
+std::vector<int64_t> ParseCounts(const std::string& text) {
+  std::vector<int64_t> counts;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    counts.push_back(std::stoll(text.substr(begin, end - begin)));
+    begin = end + 1;
+  }
+  return counts;
+}
+
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -298,8 +309,7 @@ int Parts(const Options& o) {
     const at::Tensor ema = random({kKvHeads, n, kStftBins}).abs_();
     const double fold = MedianSeconds(o.repeats, ema, [&] { fold_frames(samples, ema); });
     const at::Tensor q = random({kKvHeads, n, 32}), k = random({kKvHeads, n, 32}), v = random({kKvHeads, n, 32});
-    at::Tensor out;
-    const double bam = MedianSeconds(o.repeats, q, [&] { out = backward_masked_attention(q, k, v, 0.17); });
+    const double bam = MedianSeconds(o.repeats, q, [&] { (void)backward_masked_attention(q, k, v, 0.17); });
     LayerKVCache cache(kKvHeads, 0, f32, (*policy)->token_state());
     if (!cache.Append(at::Tensor(), at::Tensor(), at::arange(n, f32.dtype(at::kLong))).ok()) return 1;
     cache.state("namm.ema").copy_(ema);
@@ -314,6 +324,7 @@ int Parts(const Options& o) {
 
 int Run(const Options& o) {
   if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
+  if (!o.parts.empty()) return Parts(o);  // needs no model
   LoadOptions load;
   load.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
   int64_t context = o.prompt_tokens + o.new_tokens;
@@ -332,7 +343,6 @@ int Run(const Options& o) {
     return 1;
   }
   if (!o.chunk_memory.empty()) return ChunkMemory(o, *model);
-  if (!o.parts.empty()) return Parts(o);
   const std::vector<int64_t> prompt = o.random_model.empty() ? Prompt(**tokenizer, o.prompt_tokens)
                                                              : RandomPrompt(model->config().vocab_size, o.prompt_tokens);
   GenerationOptions options;
@@ -371,9 +381,9 @@ int Run(const Options& o) {
   for (int64_t r = 0; r < o.repeats + 1; ++r) {  // round robin; the first round warms up
     for (auto& row : rows) {
       auto policy = row.make();
-      const auto start = std::chrono::steady_clock::now();
+      const auto start = Clock::now();
       auto result = generator.Generate(prompt, *policy, options);
-      const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double total = Since(start);
       if (!result.ok()) {
         std::fprintf(stderr, "%s: %s\n", row.name.c_str(), result.status().ToString().c_str());
         return 1;
@@ -452,20 +462,8 @@ int main(int argc, char** argv) {
     else if (key == "--only") o.only = value;
     else if (key == "--threads") o.threads = std::stoll(value);
     else if (key == "--profile") o.profile = value != "0";
-    else if (key == "--parts") {
-      for (std::size_t begin = 0; begin < value.size();) {
-        const std::size_t end = std::min(value.find(',', begin), value.size());
-        o.parts.push_back(std::stoll(value.substr(begin, end - begin)));
-        begin = end + 1;
-      }
-    }
-    else if (key == "--chunk-memory") {
-      for (std::size_t begin = 0; begin < value.size();) {
-        const std::size_t end = std::min(value.find(',', begin), value.size());
-        o.chunk_memory.push_back(std::stoll(value.substr(begin, end - begin)));
-        begin = end + 1;
-      }
-    }
+    else if (key == "--parts") o.parts = namm::worker::ParseCounts(value);
+    else if (key == "--chunk-memory") o.chunk_memory = namm::worker::ParseCounts(value);
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

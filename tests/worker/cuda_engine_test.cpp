@@ -107,15 +107,15 @@ TEST(EngineOnCuda, GeneratesWhatTheCpuGenerates) {
     EXPECT_EQ(on_gpu->token_ids, on_cpu->token_ids);
     EXPECT_EQ(on_gpu->final_cache_sizes, on_cpu->final_cache_sizes);
     EXPECT_DOUBLE_EQ(on_gpu->mean_kv_tokens, on_cpu->mean_kv_tokens);
-    EXPECT_LT(MaxAbsDifference(on_gpu->prompt_logits, on_cpu->prompt_logits), 2e-3f);
-    EXPECT_LT(MaxAbsDifference(on_gpu->generated_logits, on_cpu->generated_logits), 2e-3f);
+    const float prompt_difference = MaxAbsDifference(on_gpu->prompt_logits, on_cpu->prompt_logits);
+    const float generated_difference = MaxAbsDifference(on_gpu->generated_logits, on_cpu->generated_logits);
+    EXPECT_LT(prompt_difference, 2e-3f);
+    EXPECT_LT(generated_difference, 2e-3f);
     if (name != "full cache") {
       EXPECT_LT(on_gpu->final_cache_sizes.front(), 1100 + 23) << "should have evicted";
     }
     std::printf("[ %s ] final cache %lld, max |logit difference| prompt %.2e generated %.2e\n", name.c_str(),
-                static_cast<long long>(on_gpu->final_cache_sizes.front()),
-                MaxAbsDifference(on_gpu->prompt_logits, on_cpu->prompt_logits),
-                MaxAbsDifference(on_gpu->generated_logits, on_cpu->generated_logits));
+                static_cast<long long>(on_gpu->final_cache_sizes.front()), prompt_difference, generated_difference);
   }
 }
 

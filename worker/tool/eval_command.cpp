@@ -288,8 +288,7 @@ Status RunEval(const EvalOptions& o) {
   // The output directory: a new evaluation, or the same one resumed.
   NAMM_ASSIGN_OR_RETURN(DirectoryLock lock, DirectoryLock::Acquire(o.out));
   if (o.overwrite) NAMM_RETURN_IF_ERROR(RemoveEvaluation(o.out));
-  NAMM_ASSIGN_OR_RETURN(bool resuming, CheckResumable(config, o.out));
-  NAMM_RETURN_IF_ERROR(make_directories(o.out));
+  NAMM_ASSIGN_OR_RETURN(bool resuming, CheckResumable(config, o.out));  // the lock made the directory
   if (!resuming) NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/config.yaml", {config.ToYaml()}));
 
   // Tasks meant for another RoPE setting run a variant sharing the weights (unless --rope-scaling fixes one).

@@ -39,7 +39,7 @@ struct SequenceInfo {
 // cached keys, float32: 16 MiB), and a policy that computes attention again keeps to the same bound.
 constexpr int64_t kAttentionBlockElements = int64_t{1} << 22;
 // On a GPU, blocks of up to this many (256 MiB): there, each block costs launches, not cache misses (a 128-token
-// chunk over 16k cached tokens in 8 blocks made the NAMM's Observe cost 4x its single-block time on an H200).
+// chunk over 16k cached tokens was 8 blocks, so 8 Observe calls and their launches).
 constexpr int64_t kDeviceAttentionBlockElements = int64_t{1} << 26;
 
 class MemoryPolicy {

@@ -62,7 +62,7 @@ class LlamaModel {
   LlamaWeights weights_;
   at::TensorOptions options_;
   at::Tensor inv_freq_;
-  int64_t attention_block_elements_ = kAttentionBlockElements;
+  int64_t attention_block_elements_;  // kAttentionBlockElements on the CPU, kDeviceAttentionBlockElements elsewhere
 };
 
 }  // namespace namm::worker
