@@ -5,7 +5,10 @@
 //
 // Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N] [--repeats R]
 //        [--dtype fp32|bf16|fp16] [--device cpu|cuda:N] [--only TEXT] [--profile 1] [--parts N1,N2,...]
+//        [--chunk 128]
 // --only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one).
+// --chunk sets the prefill chunk of every row (the reference's 128; a divisor of the 512-token memory update
+// interval, so the NAMM's updates and what they see are the same, and fewer, larger chunks cost fewer launches).
 //        worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
 // --random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain
 // RoPE, theta 500000, context = prompt + new tokens) and prompts it with seeded random token ids, so that the
@@ -54,7 +57,7 @@ struct Options {
   std::string model = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
   std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
   std::string random_model;  // "layers=2,dim=2048,...": a random model of that shape instead of --model
-  int64_t prompt_tokens = 2016, new_tokens = 32, repeats = 5;
+  int64_t prompt_tokens = 2016, new_tokens = 32, repeats = 5, chunk = 128;
   std::vector<int64_t> chunk_memory;  // cached-token counts for --chunk-memory
   at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16|fp16
   at::Device device = at::kCPU;       // --device cpu|cuda:N
@@ -347,13 +350,17 @@ int Run(const Options& o) {
                                                              : RandomPrompt(model->config().vocab_size, o.prompt_tokens);
   GenerationOptions options;
   options.max_new_tokens = o.new_tokens;
+  options.chunk_size = o.chunk;
   Generator generator(*model, **tokenizer);
 
   // Normalization statistics as deployed NAMMs carry them: collected once by the all-zero NAMM, then frozen.
   NammModel collecting;
   collecting.params = initial_params(collecting.architecture);
   auto collector = NammPolicy::Create(collecting, o.device);
-  if (!generator.Generate(prompt, **collector, options).ok()) return 1;
+  if (const auto collected = generator.Generate(prompt, **collector, options); !collected.ok()) {
+    std::fprintf(stderr, "%s\n", collected.status().ToString().c_str());
+    return 1;
+  }
   const NormStats stats = (*collector)->normalizer().stats();
 
   // As the worker runs it (from the query history), or with the per-token sample ring.
@@ -396,10 +403,10 @@ int Run(const Options& o) {
     }
   }
   const double base = Median(rows[0].total);
-  std::printf("%s\nprompt %lld tokens + %lld new, %lld repeats (medians), one process, %s %s\n\n",
+  std::printf("%s\nprompt %lld tokens + %lld new, prefill chunks of %lld, %lld repeats (medians), one process, %s %s\n\n",
               model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),
-              static_cast<long long>(o.new_tokens), static_cast<long long>(o.repeats), o.device.str().c_str(),
-              c10::toString(o.dtype));
+              static_cast<long long>(o.new_tokens), static_cast<long long>(o.chunk), static_cast<long long>(o.repeats),
+              o.device.str().c_str(), c10::toString(o.dtype));
   std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s %9s\n", "policy", "prefill s", "decode s", "total s",
               "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB", "state/KV");
   for (const auto& row : rows) {
@@ -444,6 +451,7 @@ int main(int argc, char** argv) {
     else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
     else if (key == "--new-tokens") o.new_tokens = std::stoll(value);
     else if (key == "--repeats") o.repeats = std::stoll(value);
+    else if (key == "--chunk") o.chunk = std::stoll(value);
     else if (key == "--dtype") {
       if (value != "fp32" && value != "bf16" && value != "fp16") {
         std::fprintf(stderr, "--dtype takes fp32, bf16 or fp16, got %s\n", value.c_str());

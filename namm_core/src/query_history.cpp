@@ -5,6 +5,9 @@
 
 #include "aten.h"
 #include "cpu_kernels/tensor_kernels.h"
+#ifdef NAMM_CUDA_KERNELS
+#include "cuda_kernels/tensor_kernels.h"
+#endif
 #include "namm/dtype.h"
 #include "namm/kv_cache.h"
 #include "namm/stft_features.h"
@@ -48,7 +51,7 @@ int64_t QueryHistory::bytes() const {
   return queries_.numel() * queries_.element_size() + log_sum_exp_.numel() * log_sum_exp_.element_size();
 }
 
-Result<at::Tensor> QueryHistory::Scores(const LayerKVCache& cache, int64_t from, int64_t to) const {
+Result<at::Tensor> QueryHistory::Products(const LayerKVCache& cache, int64_t from, int64_t to) const {
   if (from < first_query_ || to > first_query_ + size() || from > to) {
     return Status::FailedPrecondition("the attention of queries " + std::to_string(from) + ".." +
                                       std::to_string(to - 1) + " was asked for, but the query history holds " +
@@ -62,9 +65,16 @@ Result<at::Tensor> QueryHistory::Scores(const LayerKVCache& cache, int64_t from,
   }
   const int64_t group = heads / kv_heads, hd = cache.head_dim();
   const at::Tensor q = queries_.narrow(1, from - first_query_, rows).reshape({kv_heads, group * rows, hd});
-  at::Tensor scores = at::bmm(q, cache.keys().transpose(1, 2));
-  scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
-  return scores.to(at::kFloat).view({heads, rows, n});
+  return at::bmm(q, cache.keys().transpose(1, 2)).view({heads, rows, n});
+}
+
+namespace {
+double ScoreScale(const LayerKVCache& cache) { return 1.0 / std::sqrt(static_cast<double>(cache.head_dim())); }
+}  // namespace
+
+Result<at::Tensor> QueryHistory::Scores(const LayerKVCache& cache, int64_t from, int64_t to) const {
+  NAMM_ASSIGN_OR_RETURN(at::Tensor products, Products(cache, from, to));
+  return products.mul_(ScoreScale(cache)).to(at::kFloat);
 }
 
 Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t from, int64_t to) const {
@@ -82,6 +92,14 @@ Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t fr
 
 Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, int64_t to,
                                       AttentionPrecision precision, const at::Tensor& out) const {
+#ifdef NAMM_CUDA_KERNELS
+  if (cuda::takes(cache.keys()) && cuda::takes(out)) {
+    NAMM_ASSIGN_OR_RETURN(at::Tensor products, Products(cache, from, to));
+    cuda::scores_gqa_mean_into(products, ScoreScale(cache), log_sum_exp_.narrow(1, from - first_query_, to - from),
+                               cache.positions(), from, window_, precision == AttentionPrecision::kBf16, out);
+    return Status::Ok();
+  }
+#endif
   if (!cache.keys().device().is_cpu() || cache.tokens_seen() > std::numeric_limits<int32_t>::max()) {
     NAMM_ASSIGN_OR_RETURN(at::Tensor probs, Attention(cache, from, to));
     gqa_mean_into(probs, precision, out);

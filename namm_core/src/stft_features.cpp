@@ -9,6 +9,9 @@
 #include "aten.h"
 #include "cpu_kernels/task_pool.h"
 #include "cpu_kernels/tensor_kernels.h"
+#ifdef NAMM_CUDA_KERNELS
+#include "cuda_kernels/tensor_kernels.h"
+#endif
 #include "stft_basis.h"
 
 namespace namm {
@@ -33,29 +36,30 @@ at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
 
 at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
 
-// Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in
-// ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
-// basis rows are rotated by 16.
-at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
-  // The two bases, built once per device (a copy per hop would be a pageable host-to-device transfer on a GPU).
+// The windowed DFT basis on `device`, its rows rotated by 16 when `rotated`; built once per device (a copy per
+// hop would be a pageable host-to-device transfer on a GPU).
+at::Tensor WindowedDftBasisOn(at::Device device, bool rotated) {
   struct Bases {
     at::Device device;
     at::Tensor rotation[2];
   };
   static std::mutex mutex;
   static std::vector<Bases> per_device;
-  at::Tensor basis;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = std::find_if(per_device.begin(), per_device.end(),
-                           [&](const Bases& b) { return b.device == samples.device(); });
-    if (it == per_device.end()) {
-      const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(samples.device());
-      per_device.push_back({samples.device(), {built, built.roll(kStftHop, 0)}});
-      it = per_device.end() - 1;
-    }
-    basis = it->rotation[previous_hop_in_upper_half ? 1 : 0];
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = std::find_if(per_device.begin(), per_device.end(), [&](const Bases& b) { return b.device == device; });
+  if (it == per_device.end()) {
+    const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(device).contiguous();
+    per_device.push_back({device, {built, built.roll(kStftHop, 0)}});
+    it = per_device.end() - 1;
   }
+  return it->rotation[rotated ? 1 : 0];
+}
+
+// Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in
+// ring order: with the previous hop in the upper half (columns 16-31) the frame starts at column 16, so the
+// basis rows are rotated by 16.
+at::Tensor RingFrameSpectrum(const at::Tensor& samples, bool previous_hop_in_upper_half) {
+  const at::Tensor basis = WindowedDftBasisOn(samples.device(), previous_hop_in_upper_half);
   return samples.matmul(basis.scalar_type() == samples.scalar_type() ? basis : basis.to(samples.scalar_type()));
 }
 
@@ -192,6 +196,10 @@ void gqa_mean_into(const at::Tensor& attention, AttentionPrecision precision, co
               "gqa_mean_into: attention ", attention.sizes(), " does not fit [kv_heads, rows, n] ", out.sizes());
   if (attention.device().is_cpu() && attention.scalar_type() == at::kFloat && attention.stride(2) == 1) {
     cpu::gqa_mean_into(attention, precision == AttentionPrecision::kBf16, out, cpu::kernels());
+#ifdef NAMM_CUDA_KERNELS
+  } else if (cuda::takes(attention)) {
+    cuda::gqa_mean_into(attention, precision == AttentionPrecision::kBf16, out);
+#endif
   } else {
     out.copy_(gqa_mean(attention, out.size(0), precision));
   }
@@ -209,7 +217,13 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema) {
     cpu::fold_frames(samples, ema, windowed_dft_basis_cpu(), a, cpu::kernels());
     return;
   }
-  // Elsewhere (a GPU): every frame's spectrum in one product and the EMA steps as one weighted sum,
+#ifdef NAMM_CUDA_KERNELS
+  if (samples.is_cuda() && samples.scalar_type() == at::kFloat && ema.scalar_type() == at::kFloat) {
+    cuda::fold_frames(samples, ema, WindowedDftBasisOn(samples.device(), /*rotated=*/false), a);
+    return;
+  }
+#endif
+  // Elsewhere (a GPU without our kernels): every frame's spectrum in one product and the EMA steps as one weighted sum,
   // ema <- a^F ema + sum_j (1 - a) a^(F-1-j) |X_j|, a few launches instead of ~10 per frame (the same value as
   // F steps, rounded differently).
   const at::Tensor magnitudes =

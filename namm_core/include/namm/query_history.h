@@ -40,13 +40,16 @@ class QueryHistory {
   Result<at::Tensor> Attention(const LayerKVCache& cache, int64_t from, int64_t to) const;
 
   // gqa_mean_into(Attention(cache, from, to), precision, out): out [kv_heads, to - from, cache.size()] float32,
-  // innermost stride 1. On the CPU the probabilities, their mask and the mean are one pass after the product.
+  // innermost stride 1. On the CPU (and with NAMM_CUDA_KERNELS on a GPU) the probabilities, their mask and the
+  // mean are one pass after the product.
   Status GqaMeanAttention(const LayerKVCache& cache, int64_t from, int64_t to, AttentionPrecision precision,
                           const at::Tensor& out) const;
 
  private:
-  // The scores of queries [from, to) over the cache's keys, scaled, as the forward pass computed them, in
-  // float32 [q_heads, to - from, n]; the checks both users need.
+  // The products q.k of queries [from, to) with the cache's keys, [q_heads, to - from, n] in the keys' dtype,
+  // unscaled; the checks every user needs.
+  Result<at::Tensor> Products(const LayerKVCache& cache, int64_t from, int64_t to) const;
+  // Products scaled by 1 / sqrt(head_dim) as the forward pass scaled them (in the keys' dtype), then float32.
   Result<at::Tensor> Scores(const LayerKVCache& cache, int64_t from, int64_t to) const;
 
   at::Tensor queries_, log_sum_exp_;
