@@ -403,10 +403,14 @@ int Run(const Options& o) {
     }
   }
   const double base = Median(rows[0].total);
-  std::printf("%s\nprompt %lld tokens + %lld new, prefill chunks of %lld, %lld repeats (medians), one process, %s %s\n\n",
+  const char* observe_path = o.device.is_cpu()                  ? "CPU kernels"
+                             : observe_kernels_run_on(o.device) ? "our CUDA kernels"
+                                                                : "libtorch operators";
+  std::printf("%s\nprompt %lld tokens + %lld new, prefill chunks of %lld, %lld repeats (medians), one process, %s %s, "
+              "the NAMM's observe path on %s\n\n",
               model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),
               static_cast<long long>(o.new_tokens), static_cast<long long>(o.chunk), static_cast<long long>(o.repeats),
-              o.device.str().c_str(), c10::toString(o.dtype));
+              o.device.str().c_str(), c10::toString(o.dtype), observe_path);
   std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s %9s\n", "policy", "prefill s", "decode s", "total s",
               "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB", "state/KV");
   for (const auto& row : rows) {

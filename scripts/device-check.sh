@@ -16,7 +16,8 @@
 #                                          to OUT (machine.txt, build*.log, steps.log), each step's tail to stdout
 #
 # `run` keeps going past a failed step so that one pass reports everything; it exits non-zero if any failed.
-# DEADLINE_S=N skips the steps that would start after N seconds (a node lent for a limited time).
+# DEADLINE_S=N skips the steps that would start after N seconds (a node lent for a limited time); ONLY_STEPS=REGEX
+# runs only the steps whose names match (and the builds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +76,9 @@ step() {  # step NAME COMMAND...: runs COMMAND; its output goes to OUT/NAME.log 
   if [ "$deadline" -gt 0 ] && [ "$SECONDS" -ge "$deadline" ]; then
     skipped+=("$name")
     return 1
+  fi
+  if [ -n "${ONLY_STEPS:-}" ] && ! [[ $name =~ ^(configure|build)$|${ONLY_STEPS} ]]; then
+    return 0  # not asked for
   fi
   local log=$out/$name.log
   [[ $name == build* ]] || log=$(mktemp)

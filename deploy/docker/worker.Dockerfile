@@ -65,7 +65,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3-venv &&
 
 COPY . .
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNAMM_BUILD_TESTS=OFF -DNAMM_BUILD_BENCH=OFF \
-      -DNAMM_WITH_CUDA="${NAMM_WITH_CUDA}" -DNAMM_CUDA_ARCHITECTURES="80;86;89;90" \
+      -DNAMM_WITH_CUDA="${NAMM_WITH_CUDA}" -DNAMM_CUDA_ARCHITECTURES="75;80;86;89;90" \
       -DCMAKE_PREFIX_PATH="$(/opt/torch/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
  && cmake --build build --target namm-worker -j "$(nproc)"
 

@@ -93,7 +93,7 @@ Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t fr
 Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, int64_t to,
                                       AttentionPrecision precision, const at::Tensor& out) const {
 #ifdef NAMM_CUDA_KERNELS
-  if (cuda::takes(cache.keys()) && cuda::takes(out)) {
+  if (cuda::takes(cache.keys()) && cuda::takes(out) && out.device() == cache.keys().device()) {
     NAMM_ASSIGN_OR_RETURN(at::Tensor products, Products(cache, from, to));
     cuda::scores_gqa_mean_into(products, ScoreScale(cache), log_sum_exp_.narrow(1, from - first_query_, to - from),
                                cache.positions(), from, window_, precision == AttentionPrecision::kBf16, out);

@@ -197,12 +197,21 @@ void gqa_mean_into(const at::Tensor& attention, AttentionPrecision precision, co
   if (attention.device().is_cpu() && attention.scalar_type() == at::kFloat && attention.stride(2) == 1) {
     cpu::gqa_mean_into(attention, precision == AttentionPrecision::kBf16, out, cpu::kernels());
 #ifdef NAMM_CUDA_KERNELS
-  } else if (cuda::takes(attention)) {
+  } else if (cuda::takes(attention) && out.device() == attention.device()) {
     cuda::gqa_mean_into(attention, precision == AttentionPrecision::kBf16, out);
 #endif
   } else {
     out.copy_(gqa_mean(attention, out.size(0), precision));
   }
+}
+
+bool observe_kernels_run_on(at::Device device) {
+#ifdef NAMM_CUDA_KERNELS
+  return cuda::runs_on(device);
+#else
+  (void)device;
+  return false;
+#endif
 }
 
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema) {
@@ -218,7 +227,8 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema) {
     return;
   }
 #ifdef NAMM_CUDA_KERNELS
-  if (samples.is_cuda() && samples.scalar_type() == at::kFloat && ema.scalar_type() == at::kFloat) {
+  if (cuda::takes(samples) && samples.scalar_type() == at::kFloat && ema.scalar_type() == at::kFloat &&
+      ema.device() == samples.device()) {
     cuda::fold_frames(samples, ema, WindowedDftBasisOn(samples.device(), /*rotated=*/false), a);
     return;
   }

@@ -54,14 +54,21 @@ void consume_attention(const at::Tensor& attention, AttentionPrecision precision
                        const SpectrogramState& state);
 
 // gqa_mean of attention [q_heads, r, n], written into `out` [kv_heads, r, n] float32 (a view whose innermost
-// stride is 1). On the CPU with float32 attention, one vectorized pass (cpu_kernels.h), bit for bit gqa_mean's.
+// stride is 1). On the CPU with float32 attention, one vectorized pass (cpu_kernels.h), bit for bit gqa_mean's;
+// on a GPU where observe_kernels_run_on(), one CUDA kernel computing the same.
 void gqa_mean_into(const at::Tensor& attention, AttentionPrecision precision, const at::Tensor& out);
 
 // Folds H consecutive frames into `ema` [kv_heads, n, 17] float32. `samples` [kv_heads, 16 (H + 1), n] float32
 // (innermost stride 1) holds, query by query, the GQA-reduced attention every cached token received from the
 // first frame's start to the last frame's end, oldest first (zeros for queries before the sequence started or the
 // token arrived): frame j is samples[:, 16 j .. 16 j + 31]. The same transform and EMA step as consume_attention's;
-// on the CPU in float32 a vectorized kernel (cpu_kernels.h) that sums the DFT in another order (within rounding).
+// on the CPU in float32 a vectorized kernel (cpu_kernels.h) that sums the DFT in another order (within rounding);
+// on a GPU where observe_kernels_run_on(), one CUDA kernel (the same steps, within rounding).
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema);
+
+// Whether gqa_mean_into, fold_frames and QueryHistory::GqaMeanAttention run our CUDA kernels on `device`: a
+// build with NAMM_CUDA_KERNELS, on a CUDA device of an architecture it has code for. Elsewhere (and on the CPU)
+// they run the CPU kernels or libtorch operators.
+bool observe_kernels_run_on(at::Device device);
 
 }  // namespace namm

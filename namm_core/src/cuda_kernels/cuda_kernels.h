@@ -57,6 +57,9 @@ struct FrameFold {
   float a, one_minus_a;
 };
 
+// cudaSuccess when the current device can run these kernels (the build has code for its architecture).
+cudaError_t kernels_run_on_current_device();
+
 // Each enqueues one kernel on `stream` and returns the launch's error (cudaSuccess when enqueued).
 cudaError_t launch_gqa_mean(const GqaMean& mean, cudaStream_t stream);
 cudaError_t launch_scores_gqa_mean(const ScoresGqaMean& mean, cudaStream_t stream);

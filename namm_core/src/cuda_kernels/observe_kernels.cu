@@ -76,7 +76,9 @@ __global__ void ScoresGqaMeanKernel(ScoresGqaMean m) {
     const float mean = GroupMean(m.group, m.round_to_bf16, [&](int64_t g) {
       if (hidden) return 0.0f;
       const int64_t head = h * m.group + g;
-      const float score = RoundTo<T>(ToFloat(products[head * m.head_stride + r * m.row_stride + t]) * m.scale);
+      // __fmul_rn: rounded before the subtraction, as torch's in-place multiplication stores it (no fused
+      // multiply-add).
+      const float score = RoundTo<T>(__fmul_rn(ToFloat(products[head * m.head_stride + r * m.row_stride + t]), m.scale));
       return expf(score - m.lse[head * m.lse_head_stride + r]);
     });
     m.out[h * m.out_head_stride + r * m.out_row_stride + t] = mean;
@@ -143,6 +145,11 @@ cudaError_t launch_scores_gqa_mean(const ScoresGqaMean& mean, cudaStream_t strea
   static void (*const kernels[3])(ScoresGqaMean) = {ScoresGqaMeanKernel<float>, ScoresGqaMeanKernel<__nv_bfloat16>,
                                                     ScoresGqaMeanKernel<__half>};
   return LaunchFor(mean.type, mean, mean.kv_heads * mean.rows * mean.n, stream, kernels);
+}
+
+cudaError_t kernels_run_on_current_device() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, FoldFramesKernel);
 }
 
 cudaError_t launch_fold_frames(const FrameFold& fold, cudaStream_t stream) {

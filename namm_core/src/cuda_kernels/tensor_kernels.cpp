@@ -3,6 +3,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <map>
+#include <mutex>
+
 #include "aten.h"
 #include "cuda_kernels/cuda_kernels.h"
 #include "namm/feature_constants.h"
@@ -35,10 +38,24 @@ void OnDeviceOf(const at::Tensor& t, const char* what, Launch launch) {
 
 }  // namespace
 
+bool runs_on(const at::Device& device) {
+  if (!device.is_cuda()) return false;
+  static std::mutex mutex;
+  static std::map<int, bool> known;  // device index -> whether the build has code for its architecture
+  const std::lock_guard<std::mutex> lock(mutex);
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const auto it = known.find(index);
+  if (it != known.end()) return it->second;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+  const bool runs = kernels_run_on_current_device() == cudaSuccess;
+  if (!runs) (void)cudaGetLastError();  // not a sticky error: cleared, so that later launches do not report it
+  return known.emplace(index, runs).first->second;
+}
+
 bool takes(const at::Tensor& t) {
   const at::ScalarType type = t.scalar_type();
   return t.is_cuda() && t.dim() >= 1 && t.stride(-1) == 1 &&
-         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
+         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) && runs_on(t.device());
 }
 
 void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out) {

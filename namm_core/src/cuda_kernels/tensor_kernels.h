@@ -8,8 +8,12 @@
 
 namespace namm::cuda {
 
+// Whether the kernels run on `device`: a CUDA device whose architecture the build has code for (checked once
+// per device; elsewhere callers use libtorch operators).
+bool runs_on(const at::Device& device);
+
 // Whether the kernels read `t`: a CUDA tensor of float32, bfloat16 or float16 with contiguous rows (stride 1 in
-// its last dimension).
+// its last dimension), on a device they run on.
 bool takes(const at::Tensor& t);
 
 // out [kv_heads, rows, n] (float32, contiguous rows) = the GQA mean of attention [q_heads, rows, n].
