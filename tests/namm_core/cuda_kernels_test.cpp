@@ -130,7 +130,9 @@ TEST(ObserveOnCuda, QueryHistoryMeanMatchesTheCpu) {
         const at::Tensor gpu = PaddedView(kv_heads, to - from, kept, 5, kF32.device(kGpu));
         ASSERT_TRUE(cpu_history.GqaMeanAttention(cpu_cache, from, to, precision, cpu).ok());
         ASSERT_TRUE(gpu_history.GqaMeanAttention(gpu_cache, from, to, precision, gpu).ok());
-        const double rtol = precision == AttentionPrecision::kF32 ? 1e-5 : 8e-3;  // bf16: a rounding may flip
+        // The exponentials differ in their last bits (the CPU's is a polynomial of its own; measured 1.5e-5 with
+        // fp16 keys); a missed rounding of the scaled product would be 4e-4 and more. bf16: a rounding may flip.
+        const double rtol = precision == AttentionPrecision::kF32 ? 1e-4 : 8e-3;
         EXPECT_TRUE(at::allclose(gpu.cpu(), cpu, rtol, 1e-9))
             << c10::toString(type) << ", window " << window << ", bf16 precision "
             << (precision == AttentionPrecision::kBf16) << ": " << MaxDifference(gpu, cpu);
