@@ -14,6 +14,23 @@
 
 namespace namm {
 
+at::Tensor attention_probabilities(const at::Tensor& scores, int64_t lse_from, const at::Tensor& lse_out) {
+  const int64_t rows = scores.size(-2);
+#ifdef NAMM_CUDA_KERNELS
+  if (cuda::takes(scores) && (!lse_out.defined() || lse_out.device() == scores.device())) {
+    const int64_t n = scores.size(-1);
+    const at::Tensor flat = scores.reshape({-1, rows, n});
+    const at::Tensor probs = at::empty(scores.sizes(), scores.options().dtype(at::kFloat));
+    cuda::softmax_rows_into(flat, lse_from, lse_out.defined() ? lse_out.view({flat.size(0), rows - lse_from}) : lse_out,
+                            probs.view({-1, rows, n}));
+    return probs;
+  }
+#endif
+  const at::Tensor scores_f32 = scores.to(at::kFloat);
+  if (lse_out.defined()) lse_out.copy_(scores_f32.narrow(-2, lse_from, rows - lse_from).logsumexp(-1));
+  return scores_f32.softmax(-1);
+}
+
 Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum_exp, int64_t first_query,
                             int64_t window, int64_t keep) {
   if (!queries.defined() || queries.dim() != 3 || !log_sum_exp.defined() || log_sum_exp.dim() != 2 ||

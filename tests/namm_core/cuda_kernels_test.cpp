@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -94,6 +95,35 @@ TEST(ObserveOnCuda, FrameFoldMatchesTheCpu) {
     // The DFT's 32 products are summed in another order: within rounding.
     EXPECT_TRUE(at::allclose(gpu_ema.cpu(), cpu_ema, 1e-5, 1e-9)) << frames << " frames: " << MaxDifference(gpu_ema, cpu_ema);
     EXPECT_FALSE(at::allclose(cpu_ema, ema)) << "the fold changed nothing";
+  }
+}
+
+// Scores with hidden keys (-inf), as the engine's attention blocks hold them: a causal triangle over the last keys.
+at::Tensor MaskedScores(int64_t heads, int64_t rows, int64_t n) {
+  const at::Tensor scores = at::randn({2, heads / 2, rows, n}, kF32).mul_(3.0);
+  const at::Tensor future = at::ones({rows, rows}, kF32.dtype(at::kBool)).triu(1);
+  scores.narrow(3, n - rows, rows).masked_fill_(future, -std::numeric_limits<float>::infinity());
+  return scores;
+}
+
+TEST(ObserveOnCuda, AttentionProbabilitiesMatchTheCpu) {
+  NAMM_SKIP_WITHOUT_CUDA();
+  at::manual_seed(14);
+  const int64_t heads = 8, rows = 24, lse_from = 5;
+  for (const int64_t n : {40, 3000}) {
+    const at::Tensor scores = MaskedScores(heads, rows, n);
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const at::Tensor cpu_lse = at::full({2, heads / 2, rows - lse_from}, -1.0f, kF32);
+      const at::Tensor gpu_lse = at::full({2, heads / 2, rows - lse_from + 3}, -1.0f, kF32.device(kGpu))
+                                     .narrow(2, 3, rows - lse_from);  // a view, as the engine's buffer is
+      const at::Tensor cpu = attention_probabilities(scores.to(type), lse_from, cpu_lse);
+      const at::Tensor gpu = attention_probabilities(scores.to(kGpu).to(type), lse_from, gpu_lse);
+      const std::string what = std::string(c10::toString(type)) + ", n " + std::to_string(n);
+      ASSERT_EQ(gpu.scalar_type(), at::kFloat) << what;
+      EXPECT_TRUE(at::allclose(gpu.cpu(), cpu, 1e-5, 1e-8)) << what << ": " << MaxDifference(gpu, cpu);
+      EXPECT_TRUE(at::allclose(gpu_lse.cpu(), cpu_lse, 1e-6, 1e-6)) << what << ": " << MaxDifference(gpu_lse, cpu_lse);
+      EXPECT_TRUE(gpu.cpu().eq(0).equal(cpu.eq(0))) << what << ": the same keys are hidden";
+    }
   }
 }
 

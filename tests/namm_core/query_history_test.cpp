@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include <ATen/ATen.h>
 
@@ -71,6 +72,22 @@ TEST(QueryHistory, RecomputesTheAttentionQueriesPaidOverTheCacheAsItIsNow) {
     EXPECT_TRUE((*again)[h].narrow(1, 10, 2).eq(0).all().item<bool>()) << "head " << h;
   }
   ExpectGqaMeanOfAttention(history, cache, 10, 12);
+}
+
+// The engine's probabilities: a softmax over the keys in float32 whatever the scores' dtype, and the
+// log-sum-exp of the rows asked for.
+TEST(QueryHistory, AttentionProbabilitiesAreASoftmaxWithTheLogSumExpAskedFor) {
+  at::manual_seed(4);
+  const at::Tensor scores = at::randn({2, 3, 6, 10}, kF32);
+  scores.narrow(3, 7, 3).fill_(-std::numeric_limits<float>::infinity());
+  const at::Tensor lse = at::full({2, 3, 4}, -1.0f, kF32);
+  const at::Tensor probs = attention_probabilities(scores.to(at::kBFloat16), 2, lse);
+  ASSERT_EQ(probs.scalar_type(), at::kFloat);
+  const at::Tensor rounded = scores.to(at::kBFloat16).to(at::kFloat);
+  EXPECT_TRUE(at::allclose(probs, rounded.softmax(-1), 1e-6, 1e-7));
+  EXPECT_TRUE(probs.narrow(3, 7, 3).eq(0).all().item<bool>());
+  EXPECT_TRUE(at::allclose(lse, rounded.narrow(2, 2, 4).logsumexp(-1), 1e-6, 1e-6));
+  EXPECT_TRUE(at::allclose(attention_probabilities(scores, 0, at::Tensor()), scores.softmax(-1)));
 }
 
 TEST(QueryHistory, KeepsTheNewestContiguousQueries) {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "aten.h"
+#include "namm/query_history.h"
 #include "namm/worker/rope.h"
 
 namespace namm::worker {
@@ -99,13 +100,11 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
           positions.narrow(0, b0, rows).view({1, rows, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, rows, n]
       scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
     }
-    at::Tensor scores_f32 = scores.to(at::kFloat);
-    const at::Tensor probs = scores_f32.softmax(-1);
-    if (const int64_t lo = std::max(b0, t - history); lo < b0 + rows) {
-      log_sum_exp.narrow(2, lo - (t - history), b0 + rows - lo)
-          .copy_(scores_f32.narrow(2, lo - b0, b0 + rows - lo).logsumexp(-1));
-    }
-    scores = scores_f32 = at::Tensor();  // freed before the policy and the next product
+    // Probabilities in float32, and the log-sum-exp of the rows the query history keeps.
+    const int64_t lo = std::max(b0, t - history);
+    const at::Tensor probs = attention_probabilities(
+        scores, lo - b0, lo < b0 + rows ? log_sum_exp.narrow(2, lo - (t - history), b0 + rows - lo) : at::Tensor());
+    scores = at::Tensor();  // freed before the policy and the next product
     if (policy.needs_attention()) {
       NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, rows, n}), first_query + b0, cache));
     }

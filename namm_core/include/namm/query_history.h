@@ -19,6 +19,12 @@ namespace namm {
 
 class LayerKVCache;
 
+// The attention probabilities of `scores` [..., rows, n] (-inf where hidden) as float32, softmax over the keys,
+// and with `lse_out` defined ([..., rows - lse_from] float32) the log-sum-exp of rows lse_from .. rows - 1: what
+// the engine hands to policies and to QueryHistory::Record. One CUDA kernel where observe_kernels_run_on()
+// (instead of a conversion, a softmax and a logsumexp of ~6 launches), else libtorch operators.
+at::Tensor attention_probabilities(const at::Tensor& scores, int64_t lse_from, const at::Tensor& lse_out);
+
 class QueryHistory {
  public:
   // Appends queries with absolute indices first_query .. first_query + t - 1 (contiguous with those already held

@@ -57,6 +57,19 @@ struct FrameFold {
   float a, one_minus_a;
 };
 
+// The attention probabilities the engine hands to policies, with the log-sum-exp the query history records:
+// for every row i of scores (heads * rows of them, n keys each, -inf where hidden), probs[i] = softmax in float32
+// (exp(x - max) / sum, as torch's softmax) and, for rows r >= lse_from of each head, lse = max + log(sum).
+struct SoftmaxRows {
+  const void* scores;  // row r of head h starts at scores + h * head_stride + r * row_stride, keys contiguous
+  InputType type;
+  int64_t head_stride, row_stride;
+  float* probs;  // [heads][rows][n], contiguous
+  float* lse;    // row r (>= lse_from) of head h: lse[h * lse_head_stride + (r - lse_from)]; null for none
+  int64_t lse_head_stride, lse_from;
+  int64_t heads, rows, n;
+};
+
 // cudaSuccess when the current device can run these kernels (the build has code for its architecture).
 cudaError_t kernels_run_on_current_device();
 
@@ -64,5 +77,6 @@ cudaError_t kernels_run_on_current_device();
 cudaError_t launch_gqa_mean(const GqaMean& mean, cudaStream_t stream);
 cudaError_t launch_scores_gqa_mean(const ScoresGqaMean& mean, cudaStream_t stream);
 cudaError_t launch_fold_frames(const FrameFold& fold, cudaStream_t stream);
+cudaError_t launch_softmax_rows(const SoftmaxRows& softmax, cudaStream_t stream);
 
 }  // namespace namm::cuda

@@ -118,6 +118,38 @@ __global__ void FoldFramesKernel(FrameFold f) {
   }
 }
 
+// The block's reduction of `value` (every thread's) with `op`; every thread gets the result.
+template <typename Op>
+__device__ float BlockReduce(float value, Op op, float* shared) {
+  for (int offset = 16; offset > 0; offset /= 2) value = op(value, __shfl_down_sync(0xffffffffu, value, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // `shared` may still be read from the previous reduction
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  value = shared[0];
+  for (int w = 1; w < warps; ++w) value = op(value, shared[w]);
+  return value;
+}
+
+// One block per row: its maximum, the sum of exp(x - max), then the probabilities.
+template <typename T>
+__global__ void SoftmaxRowsKernel(SoftmaxRows s) {
+  __shared__ float partial[32];
+  const int64_t head = blockIdx.x / s.rows, row = blockIdx.x % s.rows;
+  const T* x = static_cast<const T*>(s.scores) + head * s.head_stride + row * s.row_stride;
+  float* p = s.probs + static_cast<int64_t>(blockIdx.x) * s.n;
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) max = fmaxf(max, ToFloat(x[j]));
+  max = BlockReduce(max, [](float a, float b) { return fmaxf(a, b); }, partial);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) sum += expf(ToFloat(x[j]) - max);
+  sum = BlockReduce(sum, [](float a, float b) { return a + b; }, partial);
+  for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) p[j] = expf(ToFloat(x[j]) - max) / sum;
+  if (s.lse != nullptr && row >= s.lse_from && threadIdx.x == 0) {
+    s.lse[head * s.lse_head_stride + (row - s.lse_from)] = max + logf(sum);
+  }
+}
+
 int Blocks(int64_t total) {
   const int64_t blocks = (total + kThreads - 1) / kThreads;
   return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);  // the rest by grid stride
@@ -150,6 +182,17 @@ cudaError_t launch_scores_gqa_mean(const ScoresGqaMean& mean, cudaStream_t strea
 cudaError_t kernels_run_on_current_device() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, FoldFramesKernel);
+}
+
+cudaError_t launch_softmax_rows(const SoftmaxRows& softmax, cudaStream_t stream) {
+  const int64_t rows = softmax.heads * softmax.rows;
+  if (rows == 0 || softmax.n == 0) return cudaSuccess;
+  static void (*const kernels[3])(SoftmaxRows) = {SoftmaxRowsKernel<float>, SoftmaxRowsKernel<__nv_bfloat16>,
+                                                  SoftmaxRowsKernel<__half>};
+  const auto kernel = kernels[softmax.type == InputType::kFloat32 ? 0 : softmax.type == InputType::kBFloat16 ? 1 : 2];
+  // One block per row (a chunk's rows times the heads: thousands; the grid's x limit is 2^31 - 1).
+  kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(softmax);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_fold_frames(const FrameFold& fold, cudaStream_t stream) {

@@ -94,6 +94,23 @@ void scores_gqa_mean_into(const at::Tensor& products, double scale, const at::Te
              [&](cudaStream_t stream) { return launch_scores_gqa_mean(mean, stream); });
 }
 
+void softmax_rows_into(const at::Tensor& scores, int64_t lse_from, const at::Tensor& lse, const at::Tensor& probs) {
+  TORCH_CHECK(takes(scores) && scores.dim() == 3, "softmax_rows_into (CUDA): scores ", scores.sizes());
+  const int64_t heads = scores.size(0), rows = scores.size(1), n = scores.size(2);
+  TORCH_CHECK(probs.device() == scores.device() && probs.scalar_type() == at::kFloat && probs.is_contiguous() &&
+                  probs.sizes() == scores.sizes(),
+              "softmax_rows_into (CUDA): probs ", probs.sizes(), " must be contiguous float32 like ", scores.sizes());
+  TORCH_CHECK(!lse.defined() || (lse.device() == scores.device() && lse.scalar_type() == at::kFloat &&
+                                 lse.dim() == 2 && lse.size(0) == heads && lse_from >= 0 &&
+                                 lse.size(1) == rows - lse_from && lse.stride(1) == 1),
+              "softmax_rows_into (CUDA): lse must be [", heads, ", ", rows - lse_from, "] float32");
+  const SoftmaxRows softmax{scores.data_ptr(), TypeOf(scores), scores.stride(0), scores.stride(1),
+                            probs.data_ptr<float>(), lse.defined() ? lse.data_ptr<float>() : nullptr,
+                            lse.defined() ? lse.stride(0) : 0, lse_from, heads, rows, n};
+  OnDeviceOf(scores, "softmax_rows_into (CUDA)",
+             [&](cudaStream_t stream) { return launch_softmax_rows(softmax, stream); });
+}
+
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Tensor& basis, double a) {
   TORCH_CHECK(samples.is_cuda() && samples.scalar_type() == at::kFloat && samples.dim() == 3 &&
                   samples.stride(2) == 1 && ema.device() == samples.device() && ema.scalar_type() == at::kFloat &&

@@ -25,6 +25,10 @@ void scores_gqa_mean_into(const at::Tensor& products, double scale, const at::Te
                           const at::Tensor& key_positions, int64_t first_query, int64_t window, bool round_to_bf16,
                           const at::Tensor& out);
 
+// probs [heads, rows, n] float32 (contiguous) = softmax of scores [heads, rows, n] (keys contiguous) over the
+// keys; with lse [heads, rows - lse_from] float32 defined, the log-sum-exp of rows lse_from .. rows - 1.
+void softmax_rows_into(const at::Tensor& scores, int64_t lse_from, const at::Tensor& lse, const at::Tensor& probs);
+
 // Folds the frames of samples [kv_heads, 16 (frames + 1), n] into ema [kv_heads, n, 17] (both float32,
 // contiguous rows), with `basis` [32, 34] float32 on the same device.
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Tensor& basis, double a);
