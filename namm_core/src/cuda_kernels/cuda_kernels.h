@@ -1,5 +1,6 @@
-// The NAMM's observe path as CUDA kernels: the GQA mean of a block's attention rows, the same mean recomputed from
-// the query history's scores, and the fold of complete frames into the spectrogram EMA. Each replaces a chain of
+// The NAMM's observe path as CUDA kernels: the attention probabilities with the log-sum-exp the query history
+// records, the GQA mean of a block's attention rows, the same mean recomputed from the query history's scores,
+// and the fold of complete frames into the spectrogram EMA. Each replaces a chain of
 // libtorch operators (5 to 12 launches each, ~0.5 ms per chunk and layer whatever the cache size: a GPU generation
 // at 4k tokens is launch-bound) with one launch, computing what the CPU kernels (cpu_kernels/cpu_kernels.h)
 // compute. Torch-free: plain pointers and strides, so that this header and observe_kernels.cu build with nvcc
