@@ -1,15 +1,14 @@
-// The NAMM's observe path on a GPU (our CUDA kernels where the build has them, NAMM_CUDA_KERNELS, else libtorch
-// operators) against the same calls on the CPU: GQA means of attention rows, the means recomputed from the query
-// history, and the fold of frames into the spectrogram EMA. Inputs and outputs are strided views, as the engine
-// passes them. Skipped without a CUDA device.
+// The NAMM's observe path on a GPU (our CUDA kernels where the build has them, NAMM_CUDA_KERNELS, else
+// libtorch operators) against the same calls on the CPU: GQA means of attention rows, the means recomputed
+// from the query history, and the fold of frames into the spectrogram EMA. Inputs and outputs are strided
+// views, as the engine passes them. Skipped without a CUDA device.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <tuple>
-
-#include <ATen/ATen.h>
 
 #include "namm/kv_cache.h"
 #include "namm/query_history.h"
@@ -25,10 +24,12 @@ const at::Device kGpu(at::kCUDA, 0);
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build or machine"
 
 // Largest absolute difference, for failure messages.
-float MaxDifference(const at::Tensor& a, const at::Tensor& b) { return (a.cpu() - b.cpu()).abs().max().item<float>(); }
+float MaxDifference(const at::Tensor& a, const at::Tensor& b) {
+  return (a.cpu() - b.cpu()).abs().max().item<float>();
+}
 
-// A [d0, rows, d2] view into a tensor with `pad` more rows in dimension 1 (so its head stride is not rows * d2),
-// filled with -1.
+// A [d0, rows, d2] view into a tensor with `pad` more rows in dimension 1 (so its head stride is not rows *
+// d2), filled with -1.
 at::Tensor PaddedView(int64_t d0, int64_t rows, int64_t d2, int64_t pad, const at::TensorOptions& options) {
   return at::full({d0, rows + pad, d2}, -1.0f, options).narrow(1, pad, rows);
 }
@@ -58,14 +59,16 @@ TEST(ObserveOnCuda, GqaMeanMatchesTheCpu) {
         const at::Tensor gpu = PaddedView(kv_heads, rows, n, 3, kF32.device(kGpu));
         gqa_mean_into(cpu_input, precision, cpu);
         gqa_mean_into(gpu_input, precision, gpu);
-        const std::string what = std::string(c10::toString(type)) + ", kv " + std::to_string(kv_heads) + " x " +
-                                 std::to_string(group) + ", bf16 precision " +
+        const std::string what = std::string(c10::toString(type)) + ", kv " + std::to_string(kv_heads) +
+                                 " x " + std::to_string(group) + ", bf16 precision " +
                                  std::to_string(precision == AttentionPrecision::kBf16);
         if (type == at::kFloat) {
-          // The engine's attention is float32: summed in the same order and divided the same way, bit for bit.
+          // The engine's attention is float32: summed in the same order and divided the same way, bit for
+          // bit.
           EXPECT_TRUE(at::equal(gpu.cpu(), cpu)) << what << ": " << MaxDifference(gpu, cpu);
         } else {
-          const double rtol = precision == AttentionPrecision::kF32 ? 1e-6 : 8e-3;  // bf16: a rounding may flip
+          const double rtol =
+              precision == AttentionPrecision::kF32 ? 1e-6 : 8e-3;  // bf16: a rounding may flip
           EXPECT_TRUE(at::allclose(gpu.cpu(), cpu, rtol, 1e-8)) << what << ": " << MaxDifference(gpu, cpu);
         }
       }
@@ -81,7 +84,8 @@ TEST(ObserveOnCuda, FrameFoldMatchesTheCpu) {
     const int64_t rows = kStftHop * (frames + 1);
     const at::Tensor samples = at::rand({kv_heads, rows, n}, kF32).mul_(0.01);
     const at::Tensor ema = at::rand({kv_heads, n, kStftBins}, kF32).mul_(0.01);
-    // As the engine passes them: samples a narrowed buffer, the EMA the live part of a preallocated cache state.
+    // As the engine passes them: samples a narrowed buffer, the EMA the live part of a preallocated cache
+    // state.
     const at::Tensor cpu_samples = PaddedView(kv_heads, rows, n, 16, kF32);
     const at::Tensor gpu_samples = PaddedView(kv_heads, rows, n, 16, kF32.device(kGpu));
     cpu_samples.copy_(samples);
@@ -93,12 +97,14 @@ TEST(ObserveOnCuda, FrameFoldMatchesTheCpu) {
     fold_frames(cpu_samples, cpu_ema);
     fold_frames(gpu_samples, gpu_ema);
     // The DFT's 32 products are summed in another order: within rounding.
-    EXPECT_TRUE(at::allclose(gpu_ema.cpu(), cpu_ema, 1e-5, 1e-9)) << frames << " frames: " << MaxDifference(gpu_ema, cpu_ema);
+    EXPECT_TRUE(at::allclose(gpu_ema.cpu(), cpu_ema, 1e-5, 1e-9))
+        << frames << " frames: " << MaxDifference(gpu_ema, cpu_ema);
     EXPECT_FALSE(at::allclose(cpu_ema, ema)) << "the fold changed nothing";
   }
 }
 
-// Scores with hidden keys (-inf), as the engine's attention blocks hold them: a causal triangle over the last keys.
+// Scores with hidden keys (-inf), as the engine's attention blocks hold them: a causal triangle over the last
+// keys.
 at::Tensor MaskedScores(int64_t heads, int64_t rows, int64_t n) {
   const at::Tensor scores = at::randn({2, heads / 2, rows, n}, kF32).mul_(3.0);
   const at::Tensor future = at::ones({rows, rows}, kF32.dtype(at::kBool)).triu(1);
@@ -121,15 +127,16 @@ TEST(ObserveOnCuda, AttentionProbabilitiesMatchTheCpu) {
       const std::string what = std::string(c10::toString(type)) + ", n " + std::to_string(n);
       ASSERT_EQ(gpu.scalar_type(), at::kFloat) << what;
       EXPECT_TRUE(at::allclose(gpu.cpu(), cpu, 1e-5, 1e-8)) << what << ": " << MaxDifference(gpu, cpu);
-      EXPECT_TRUE(at::allclose(gpu_lse.cpu(), cpu_lse, 1e-6, 1e-6)) << what << ": " << MaxDifference(gpu_lse, cpu_lse);
+      EXPECT_TRUE(at::allclose(gpu_lse.cpu(), cpu_lse, 1e-6, 1e-6))
+          << what << ": " << MaxDifference(gpu_lse, cpu_lse);
       EXPECT_TRUE(gpu.cpu().eq(0).equal(cpu.eq(0))) << what << ": the same keys are hidden";
     }
   }
 }
 
-// The query history's recomputed means on a cache that has evicted tokens, with and without a window. Keys and
-// queries are small integers, so that every product is exact in every dtype and the devices differ only in the
-// exponential's last bits: a missed rounding (of the scaled product to the keys' dtype) would show.
+// The query history's recomputed means on a cache that has evicted tokens, with and without a window. Keys
+// and queries are small integers, so that every product is exact in every dtype and the devices differ only
+// in the exponential's last bits: a missed rounding (of the scaled product to the keys' dtype) would show.
 TEST(ObserveOnCuda, QueryHistoryMeanMatchesTheCpu) {
   NAMM_SKIP_WITHOUT_CUDA();
   at::manual_seed(13);
@@ -140,16 +147,18 @@ TEST(ObserveOnCuda, QueryHistoryMeanMatchesTheCpu) {
       const at::TensorOptions options = kF32.dtype(type);
       LayerKVCache cpu_cache(kv_heads, hd, options);
       LayerKVCache gpu_cache(kv_heads, hd, options.device(kGpu));
-      const at::Tensor keys = small_integers({kv_heads, n, hd}).to(type), values = at::randn({kv_heads, n, hd}, options);
+      const at::Tensor keys = small_integers({kv_heads, n, hd}).to(type),
+                       values = at::randn({kv_heads, n, hd}, options);
       const at::Tensor positions = at::arange(n, kF32.dtype(at::kLong));
       ASSERT_TRUE(cpu_cache.Append(keys, values, positions).ok());
       ASSERT_TRUE(gpu_cache.Append(keys.to(kGpu), values.to(kGpu), positions.to(kGpu)).ok());
       // Every head keeps its own 150 of the 200 tokens.
-      const at::Tensor keep =
-          std::get<0>(at::rand({kv_heads, n}, kF32).argsort(/*dim=*/1, /*descending=*/false).narrow(1, 0, kept).sort(1));
+      const at::Tensor keep = std::get<0>(
+          at::rand({kv_heads, n}, kF32).argsort(/*dim=*/1, /*descending=*/false).narrow(1, 0, kept).sort(1));
       ASSERT_TRUE(cpu_cache.Gather(keep).ok());
       ASSERT_TRUE(gpu_cache.Gather(keep.to(kGpu)).ok());
-      // Queries n - rows .. n - 1 with log-sum-exps of their own (only their consistency across devices matters).
+      // Queries n - rows .. n - 1 with log-sum-exps of their own (only their consistency across devices
+      // matters).
       const at::Tensor queries = small_integers({heads, rows, hd}).to(type);
       const at::Tensor lse = at::rand({heads, rows}, kF32).add_(3.0);
       QueryHistory cpu_history, gpu_history;
@@ -166,17 +175,19 @@ TEST(ObserveOnCuda, QueryHistoryMeanMatchesTheCpu) {
         ASSERT_TRUE(gpu_probs.ok());
         const at::Tensor gpu_ops = gqa_mean(*gpu_probs, kv_heads, precision).cpu();
         const std::string what = std::string(c10::toString(type)) + ", window " + std::to_string(window) +
-                                 ", bf16 precision " + std::to_string(precision == AttentionPrecision::kBf16) +
+                                 ", bf16 precision " +
+                                 std::to_string(precision == AttentionPrecision::kBf16) +
                                  ": kernel vs operators " + std::to_string(MaxDifference(gpu, gpu_ops)) +
                                  ", kernel vs CPU " + std::to_string(MaxDifference(gpu, cpu)) +
                                  ", operators vs CPU " + std::to_string(MaxDifference(gpu_ops, cpu));
         std::printf("[ %s ]\n", what.c_str());
-        // The exponentials differ in their last bits; a missed rounding of the scaled product would be 4e-4 and
-        // more. bf16 precision: a rounding of the mean may flip.
+        // The exponentials differ in their last bits; a missed rounding of the scaled product would be 4e-4
+        // and more. bf16 precision: a rounding of the mean may flip.
         const double rtol = precision == AttentionPrecision::kF32 ? 1e-4 : 8e-3;
         EXPECT_TRUE(at::allclose(gpu.cpu(), gpu_ops, rtol, 1e-9)) << what;
-        // fp16: libtorch's operators on the CPU and on the GPU differ (up to 1e-3 on the H200, where the kernel
-        // matched the GPU's operators to the last printed digit), so fp16 is held to the device's operators only.
+        // fp16: libtorch's operators on the CPU and on the GPU differ (up to 1e-3 on the H200, where the
+        // kernel matched the GPU's operators to the last printed digit), so fp16 is held to the device's
+        // operators only.
         if (type != at::kHalf) {
           EXPECT_TRUE(at::allclose(gpu.cpu(), cpu, rtol, 1e-9)) << what;
         }

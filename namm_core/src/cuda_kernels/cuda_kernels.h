@@ -1,8 +1,8 @@
 // The NAMM's observe path as CUDA kernels: the attention probabilities with the log-sum-exp the query history
-// records, the GQA mean of a block's attention rows, the same mean recomputed from the query history's scores,
-// and the fold of complete frames into the spectrogram EMA. Each replaces a chain of
-// libtorch operators (5 to 12 launches each, ~0.5 ms per chunk and layer whatever the cache size: a GPU generation
-// at 4k tokens is launch-bound) with one launch, computing what the CPU kernels (cpu_kernels/cpu_kernels.h)
+// records, the GQA mean of a block's attention rows, the same mean recomputed from the query history's
+// scores, and the fold of complete frames into the spectrogram EMA. Each replaces a chain of libtorch
+// operators (5 to 12 launches each, ~0.5 ms per chunk and layer whatever the cache size: a GPU generation at
+// 4k tokens is launch-bound) with one launch, computing what the CPU kernels (cpu_kernels/cpu_kernels.h)
 // compute. Torch-free: plain pointers and strides, so that this header and observe_kernels.cu build with nvcc
 // alone; cuda_kernels/tensor_kernels.h is the tensor-level entry.
 #pragma once
@@ -28,8 +28,8 @@ struct GqaMean {
 };
 
 // GqaMean of probabilities recomputed from the query history: x = exp(s - lse) where s is the product q.k
-// (of `type`) times `scale`, rounded to `type` as torch's in-place multiplication rounds it; 0 for keys after the
-// query or `window` (> 0) or more positions behind it.
+// (of `type`) times `scale`, rounded to `type` as torch's in-place multiplication rounds it; 0 for keys after
+// the query or `window` (> 0) or more positions behind it.
 struct ScoresGqaMean {
   const void* products;  // [q_heads][rows][n], t innermost, of `type`
   InputType type;
@@ -49,7 +49,8 @@ struct ScoresGqaMean {
 // For every token t of every head and each frame f = 0 .. frames-1 in turn (the samples of queries 16 f ..
 // 16 f + 31): ema[t] <- a ema[t] + (1 - a) |DFT of the frame|, 17 bins, the Hann window in the basis.
 struct FrameFold {
-  const float* samples;  // query m's sample at token t of head h: samples[h * head_stride + m * time_stride + t]
+  const float*
+      samples;  // query m's sample at token t of head h: samples[h * head_stride + m * time_stride + t]
   int64_t head_stride, time_stride;
   float* ema;  // token t's 17 bins of head h start at ema + h * ema_head_stride + t * ema_stride
   int64_t ema_head_stride, ema_stride;
@@ -59,8 +60,9 @@ struct FrameFold {
 };
 
 // The attention probabilities the engine hands to policies, with the log-sum-exp the query history records:
-// for every row i of scores (heads * rows of them, n keys each, -inf where hidden), probs[i] = softmax in float32
-// (exp(x - max) / sum, as torch's softmax) and, for rows r >= lse_from of each head, lse = max + log(sum).
+// for every row i of scores (heads * rows of them, n keys each, -inf where hidden), probs[i] = softmax in
+// float32 (exp(x - max) / sum, as torch's softmax) and, for rows r >= lse_from of each head, lse = max +
+// log(sum).
 struct SoftmaxRows {
   const void* scores;  // row r of head h starts at scores + h * head_stride + r * row_stride, keys contiguous
   InputType type;

@@ -1,6 +1,6 @@
 // CUDA kernels of the NAMM's observe path (cuda_kernels.h). One thread per output element (GQA means) or per
 // cached token and head (the fold), consecutive threads on consecutive tokens so that every row is read and
-// written coalesced.
+// written coalesced; the softmax takes one block of threads per row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -20,21 +20,33 @@ __device__ inline float RoundToBf16(float x) { return __bfloat162float(__float2b
 template <typename T>
 __device__ inline float ToFloat(T x);
 template <>
-__device__ inline float ToFloat<float>(float x) { return x; }
+__device__ inline float ToFloat<float>(float x) {
+  return x;
+}
 template <>
-__device__ inline float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 template <>
-__device__ inline float ToFloat<__half>(__half x) { return __half2float(x); }
+__device__ inline float ToFloat<__half>(__half x) {
+  return __half2float(x);
+}
 
 // x rounded to T, as a T tensor's in-place arithmetic (computed in float) stores it.
 template <typename T>
 __device__ inline float RoundTo(float x);
 template <>
-__device__ inline float RoundTo<float>(float x) { return x; }
+__device__ inline float RoundTo<float>(float x) {
+  return x;
+}
 template <>
-__device__ inline float RoundTo<__nv_bfloat16>(float x) { return RoundToBf16(x); }
+__device__ inline float RoundTo<__nv_bfloat16>(float x) {
+  return RoundToBf16(x);
+}
 template <>
-__device__ inline float RoundTo<__half>(float x) { return __half2float(__float2half_rn(x)); }
+__device__ inline float RoundTo<__half>(float x) {
+  return __half2float(__float2half_rn(x));
+}
 
 // A grid-stride loop over every element [h][r][t] of an output of kv_heads * rows * n.
 template <typename Body>
@@ -78,7 +90,8 @@ __global__ void ScoresGqaMeanKernel(ScoresGqaMean m) {
       const int64_t head = h * m.group + g;
       // __fmul_rn: rounded before the subtraction, as torch's in-place multiplication stores it (no fused
       // multiply-add).
-      const float score = RoundTo<T>(__fmul_rn(ToFloat(products[head * m.head_stride + r * m.row_stride + t]), m.scale));
+      const float score =
+          RoundTo<T>(__fmul_rn(ToFloat(products[head * m.head_stride + r * m.row_stride + t]), m.scale));
       return expf(score - m.lse[head * m.lse_head_stride + r]);
     });
     m.out[h * m.out_head_stride + r * m.out_row_stride + t] = mean;
@@ -121,7 +134,8 @@ __global__ void FoldFramesKernel(FrameFold f) {
 // The block's reduction of `value` (every thread's) with `op`; every thread gets the result.
 template <typename Op>
 __device__ float BlockReduce(float value, Op op, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) value = op(value, __shfl_down_sync(0xffffffffu, value, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    value = op(value, __shfl_down_sync(0xffffffffu, value, offset));
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   __syncthreads();  // `shared` may still be read from the previous reduction
   if (lane == 0) shared[warp] = value;
@@ -140,10 +154,12 @@ __global__ void SoftmaxRowsKernel(SoftmaxRows s) {
   float* p = s.probs + static_cast<int64_t>(blockIdx.x) * s.n;
   float max = -INFINITY;
   for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) max = fmaxf(max, ToFloat(x[j]));
-  max = BlockReduce(max, [](float a, float b) { return fmaxf(a, b); }, partial);
+  max = BlockReduce(
+      max, [](float a, float b) { return fmaxf(a, b); }, partial);
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) sum += expf(ToFloat(x[j]) - max);
-  sum = BlockReduce(sum, [](float a, float b) { return a + b; }, partial);
+  sum = BlockReduce(
+      sum, [](float a, float b) { return a + b; }, partial);
   for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) p[j] = expf(ToFloat(x[j]) - max) / sum;
   if (s.lse != nullptr && row >= s.lse_from && threadIdx.x == 0) {
     s.lse[head * s.lse_head_stride + (row - s.lse_from)] = max + logf(sum);
@@ -174,8 +190,8 @@ cudaError_t launch_gqa_mean(const GqaMean& mean, cudaStream_t stream) {
 }
 
 cudaError_t launch_scores_gqa_mean(const ScoresGqaMean& mean, cudaStream_t stream) {
-  static void (*const kernels[3])(ScoresGqaMean) = {ScoresGqaMeanKernel<float>, ScoresGqaMeanKernel<__nv_bfloat16>,
-                                                    ScoresGqaMeanKernel<__half>};
+  static void (*const kernels[3])(ScoresGqaMean) = {
+      ScoresGqaMeanKernel<float>, ScoresGqaMeanKernel<__nv_bfloat16>, ScoresGqaMeanKernel<__half>};
   return LaunchFor(mean.type, mean, mean.kv_heads * mean.rows * mean.n, stream, kernels);
 }
 
@@ -189,7 +205,9 @@ cudaError_t launch_softmax_rows(const SoftmaxRows& softmax, cudaStream_t stream)
   if (rows == 0 || softmax.n == 0) return cudaSuccess;
   static void (*const kernels[3])(SoftmaxRows) = {SoftmaxRowsKernel<float>, SoftmaxRowsKernel<__nv_bfloat16>,
                                                   SoftmaxRowsKernel<__half>};
-  const auto kernel = kernels[softmax.type == InputType::kFloat32 ? 0 : softmax.type == InputType::kBFloat16 ? 1 : 2];
+  const auto kernel = kernels[softmax.type == InputType::kFloat32    ? 0
+                              : softmax.type == InputType::kBFloat16 ? 1
+                                                                     : 2];
   // One block per row (a chunk's rows times the heads: thousands; the grid's x limit is 2^31 - 1).
   kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(softmax);
   return cudaGetLastError();
