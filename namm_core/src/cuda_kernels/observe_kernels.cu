@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "cuda_kernels/cuda_kernels.h"
 #include "namm/feature_constants.h"
 
@@ -48,15 +50,22 @@ __device__ inline float RoundTo<__half>(float x) {
   return __half2float(__float2half_rn(x));
 }
 
-// A grid-stride loop over every element [h][r][t] of an output of kv_heads * rows * n.
+// A grid-stride loop over indices 0 .. total-1.
 template <typename Body>
-__device__ inline void ForEachOutput(int64_t kv_heads, int64_t rows, int64_t n, Body body) {
-  const int64_t total = kv_heads * rows * n;
+__device__ inline void ForEachIndex(int64_t total, Body body) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    body(i);
+  }
+}
+
+// Every element [h][r][t] of an output of kv_heads * rows * n.
+template <typename Body>
+__device__ inline void ForEachOutput(int64_t kv_heads, int64_t rows, int64_t n, Body body) {
+  ForEachIndex(kv_heads * rows * n, [&](int64_t i) {
     const int64_t t = i % n, hr = i / n;
     body(hr / rows, hr % rows, t);
-  }
+  });
 }
 
 // The mean over a group of values x(g), g = 0 .. group-1, summed and rounded as GqaMean says.
@@ -102,9 +111,7 @@ __global__ void FoldFramesKernel(FrameFold f) {
   __shared__ float basis[kWindow * 2 * kBins];
   for (int i = threadIdx.x; i < kWindow * 2 * kBins; i += blockDim.x) basis[i] = f.basis[i];
   __syncthreads();
-  const int64_t total = f.kv_heads * f.n;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  ForEachIndex(f.kv_heads * f.n, [&](int64_t i) {
     const int64_t h = i / f.n, t = i % f.n;
     const float* samples = f.samples + h * f.head_stride + t;
     float* ema = f.ema + h * f.ema_head_stride + t * f.ema_stride;
@@ -128,7 +135,7 @@ __global__ void FoldFramesKernel(FrameFold f) {
     }
 #pragma unroll
     for (int k = 0; k < kBins; ++k) ema[k] = state[k];
-  }
+  });
 }
 
 // The block's reduction of `value` (every thread's) with `op`; every thread gets the result.
@@ -166,19 +173,23 @@ __global__ void SoftmaxRowsKernel(SoftmaxRows s) {
   }
 }
 
-int Blocks(int64_t total) {
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);  // the rest by grid stride
+// The variant of a kernel template for an input type, from its {float32, bfloat16, float16} instances.
+template <typename Args>
+void (*ForType(InputType type, void (*const (&kernels)[3])(Args)))(Args) {
+  return kernels[type == InputType::kFloat32 ? 0 : type == InputType::kBFloat16 ? 1 : 2];
 }
 
-// One kernel of `kernels` ({float32, bfloat16, float16} inputs) for `type`, over `total` outputs.
+// Enqueues `kernel` over `blocks` blocks; nothing for none.
 template <typename Args>
-cudaError_t LaunchFor(InputType type, const Args& args, int64_t total, cudaStream_t stream,
-                      void (*const (&kernels)[3])(Args)) {
-  if (total == 0) return cudaSuccess;
-  const auto kernel = kernels[type == InputType::kFloat32 ? 0 : type == InputType::kBFloat16 ? 1 : 2];
-  kernel<<<Blocks(total), kThreads, 0, stream>>>(args);
+cudaError_t Launch(void (*kernel)(Args), const Args& args, int64_t blocks, cudaStream_t stream) {
+  if (blocks == 0) return cudaSuccess;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
+}
+
+// Blocks for a grid-stride kernel over `total` elements (none for none).
+int64_t GridStrideBlocks(int64_t total) {
+  return std::min<int64_t>((total + kThreads - 1) / kThreads, 65535);  // the rest by grid stride
 }
 
 }  // namespace
@@ -186,13 +197,15 @@ cudaError_t LaunchFor(InputType type, const Args& args, int64_t total, cudaStrea
 cudaError_t launch_gqa_mean(const GqaMean& mean, cudaStream_t stream) {
   static void (*const kernels[3])(GqaMean) = {GqaMeanKernel<float>, GqaMeanKernel<__nv_bfloat16>,
                                               GqaMeanKernel<__half>};
-  return LaunchFor(mean.type, mean, mean.kv_heads * mean.rows * mean.n, stream, kernels);
+  return Launch(ForType(mean.type, kernels), mean, GridStrideBlocks(mean.kv_heads * mean.rows * mean.n),
+                stream);
 }
 
 cudaError_t launch_scores_gqa_mean(const ScoresGqaMean& mean, cudaStream_t stream) {
   static void (*const kernels[3])(ScoresGqaMean) = {
       ScoresGqaMeanKernel<float>, ScoresGqaMeanKernel<__nv_bfloat16>, ScoresGqaMeanKernel<__half>};
-  return LaunchFor(mean.type, mean, mean.kv_heads * mean.rows * mean.n, stream, kernels);
+  return Launch(ForType(mean.type, kernels), mean, GridStrideBlocks(mean.kv_heads * mean.rows * mean.n),
+                stream);
 }
 
 cudaError_t kernels_run_on_current_device() {
@@ -201,23 +214,16 @@ cudaError_t kernels_run_on_current_device() {
 }
 
 cudaError_t launch_softmax_rows(const SoftmaxRows& softmax, cudaStream_t stream) {
-  const int64_t rows = softmax.heads * softmax.rows;
-  if (rows == 0 || softmax.n == 0) return cudaSuccess;
   static void (*const kernels[3])(SoftmaxRows) = {SoftmaxRowsKernel<float>, SoftmaxRowsKernel<__nv_bfloat16>,
                                                   SoftmaxRowsKernel<__half>};
-  const auto kernel = kernels[softmax.type == InputType::kFloat32    ? 0
-                              : softmax.type == InputType::kBFloat16 ? 1
-                                                                     : 2];
   // One block per row (a chunk's rows times the heads: thousands; the grid's x limit is 2^31 - 1).
-  kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(softmax);
-  return cudaGetLastError();
+  return Launch(ForType(softmax.type, kernels), softmax, softmax.n == 0 ? 0 : softmax.heads * softmax.rows,
+                stream);
 }
 
 cudaError_t launch_fold_frames(const FrameFold& fold, cudaStream_t stream) {
-  const int64_t total = fold.kv_heads * fold.n;
-  if (total == 0 || fold.frames == 0) return cudaSuccess;
-  FoldFramesKernel<<<Blocks(total), kThreads, 0, stream>>>(fold);
-  return cudaGetLastError();
+  return Launch(FoldFramesKernel, fold, fold.frames == 0 ? 0 : GridStrideBlocks(fold.kv_heads * fold.n),
+                stream);
 }
 
 }  // namespace namm::cuda

@@ -36,6 +36,13 @@ void OnDeviceOf(const at::Tensor& t, const char* what, Launch launch) {
   TORCH_CHECK(error == cudaSuccess, what, ": ", cudaGetErrorString(error));
 }
 
+// A CUDA tensor of a type the kernels read, with contiguous rows (the callers checked the device, takes()).
+bool Readable(const at::Tensor& t) {
+  const at::ScalarType type = t.scalar_type();
+  return t.is_cuda() && t.dim() >= 1 && t.stride(-1) == 1 &&
+         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
+}
+
 }  // namespace
 
 bool runs_on(const at::Device& device) {
@@ -53,14 +60,10 @@ bool runs_on(const at::Device& device) {
   return known.emplace(index, runs).first->second;
 }
 
-bool takes(const at::Tensor& t) {
-  const at::ScalarType type = t.scalar_type();
-  return t.is_cuda() && t.dim() >= 1 && t.stride(-1) == 1 &&
-         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) && runs_on(t.device());
-}
+bool takes(const at::Tensor& t) { return Readable(t) && runs_on(t.device()); }
 
 void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Tensor& out) {
-  TORCH_CHECK(takes(attention) && attention.dim() == 3, "gqa_mean_into (CUDA): attention ",
+  TORCH_CHECK(Readable(attention) && attention.dim() == 3, "gqa_mean_into (CUDA): attention ",
               attention.sizes());
   CheckOut(out, attention, "gqa_mean_into (CUDA)");
   const int64_t kv_heads = out.size(0);
@@ -77,7 +80,7 @@ void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Te
 void scores_gqa_mean_into(const at::Tensor& products, double scale, const at::Tensor& lse,
                           const at::Tensor& key_positions, int64_t first_query, int64_t window,
                           bool round_to_bf16, const at::Tensor& out) {
-  TORCH_CHECK(takes(products) && products.dim() == 3, "scores_gqa_mean_into (CUDA): products ",
+  TORCH_CHECK(Readable(products) && products.dim() == 3, "scores_gqa_mean_into (CUDA): products ",
               products.sizes());
   CheckOut(out, products, "scores_gqa_mean_into (CUDA)");
   const int64_t kv_heads = out.size(0), heads = products.size(0), rows = out.size(1), n = out.size(2);
@@ -115,7 +118,7 @@ void scores_gqa_mean_into(const at::Tensor& products, double scale, const at::Te
 
 void softmax_rows_into(const at::Tensor& scores, int64_t lse_from, const at::Tensor& lse,
                        const at::Tensor& probs) {
-  TORCH_CHECK(takes(scores) && scores.dim() == 3, "softmax_rows_into (CUDA): scores ", scores.sizes());
+  TORCH_CHECK(Readable(scores) && scores.dim() == 3, "softmax_rows_into (CUDA): scores ", scores.sizes());
   const int64_t heads = scores.size(0), rows = scores.size(1), n = scores.size(2);
   TORCH_CHECK(probs.device() == scores.device() && probs.scalar_type() == at::kFloat &&
                   probs.is_contiguous() && probs.sizes() == scores.sizes(),
