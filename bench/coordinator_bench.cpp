@@ -237,7 +237,12 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
     g.static_split = StaticSplit(f, s, costs, p.record->samples);
     result.generations.push_back(g);
   };
-  auto server = RunServer::Start(*store, *trainer, costs, options);
+  auto log = ProgressLog::Open(progress_log_path(store->path(), trainer->run_id()));
+  if (!log.ok()) {
+    std::fprintf(stderr, "%s\n", log.status().ToString().c_str());
+    std::exit(1);
+  }
+  auto server = RunServer::Start(*store, *trainer, **log, costs, options);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
     std::exit(1);

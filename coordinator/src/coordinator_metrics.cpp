@@ -102,6 +102,9 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, const Run
                                  "Leases kept for a worker that registered again after its connection broke")),
       leases_reserved_(Counter("namm_leases_reserved_total",
                                "Leases of a previous coordinator kept for their workers after a restart")),
+      results_refused_(Counter("namm_results_refused_total",
+                               "Results and failures in worker reports that the coordinator did not take (a prompt "
+                               "the lease does not hold, a lease the worker does not hold); the rest was taken")),
       rejected_(BuildCounter()
                     .Name("namm_requests_rejected_total")
                     .Help("Worker calls refused, by gRPC status code")
@@ -176,6 +179,7 @@ void CoordinatorMetrics::Observe(const ServiceCounters& c, int64_t references_ou
   Advance(leases_returned_, s.leases_returned, last_.leases_returned);
   Advance(leases_reattached_, s.leases_reattached, last_.leases_reattached);
   Advance(leases_reserved_, s.leases_reserved, last_.leases_reserved);
+  Advance(results_refused_, c.results_refused, last_results_refused_);
   for (const auto& [code, n] : c.refused_by_code) Advance(rejected_.Add({{"code", code}}), n, last_rejected_[code]);
   phase_units_.Set(static_cast<double>(c.units_total));
   phase_units_done_.Set(static_cast<double>(c.units_done));

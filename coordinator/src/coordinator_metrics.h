@@ -61,6 +61,7 @@ class CoordinatorMetrics {
   prometheus::Counter &units_lost_, &units_dropped_;
   prometheus::Counter &leases_issued_, &leases_duplicated_, &leases_expired_, &leases_returned_;
   prometheus::Counter &leases_reattached_, &leases_reserved_;
+  prometheus::Counter& results_refused_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Gauge &phase_units_, &phase_units_done_, &queue_units_, &leases_active_;
   prometheus::Family<prometheus::Gauge>& workers_;
@@ -70,6 +71,7 @@ class CoordinatorMetrics {
 
   SchedulerCounters last_;  // what Observe() saw last
   std::map<std::string, int64_t> last_rejected_;
+  int64_t last_results_refused_ = 0;
 };
 
 }  // namespace namm::coordinator

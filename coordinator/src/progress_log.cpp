@@ -1,10 +1,13 @@
-#include "progress_log.h"
+#include "namm/coordinator/progress_log.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <type_traits>
 
@@ -15,8 +18,10 @@ namespace namm::coordinator {
 namespace {
 
 constexpr char kMagic[8] = {'N', 'A', 'M', 'M', 'P', 'L', 'O', 'G'};
-constexpr uint32_t kVersion = 1;
-constexpr std::size_t kHeaderBytes = sizeof kMagic + sizeof kVersion;
+constexpr uint32_t kVersion = 2;
+constexpr std::size_t kVersionedBytes = sizeof kMagic + sizeof kVersion;  // version 1's whole header
+constexpr std::size_t kHolderBytes = 128;
+constexpr std::size_t kHeaderBytes = kVersionedBytes + kHolderBytes;
 constexpr uint8_t kLeaseIssued = 1, kLeaseEnded = 2, kEvaluation = 3, kReference = 4;
 constexpr uint32_t kMaxRecordBytes = 1 << 20;
 
@@ -175,32 +180,80 @@ bool Decode(std::string_view payload, std::map<uint64_t, LeaseRecord>* issued, P
   return r.done();
 }
 
-std::string Header() {
+// "pid P on HOST since TIME": who holds the log's lock.
+std::string Holder() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char since[32];
+  std::strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::string holder = "pid " + std::to_string(::getpid()) + " on " + host + " since " + since;
+  holder.resize(kHolderBytes, '\0');
+  return holder;
+}
+
+std::string Header(const std::string& holder) {
   std::string h(kMagic, sizeof kMagic);
   h.append(reinterpret_cast<const char*>(&kVersion), sizeof kVersion);
-  return h;
+  return h + holder;
+}
+
+// The records' offset in `bytes` (a version 1 or 2 log), or 0 when it is not a progress log this build reads.
+std::size_t RecordsAt(const std::string& bytes) {
+  uint32_t version = 0;
+  if (bytes.size() < kVersionedBytes || bytes.compare(0, sizeof kMagic, kMagic, sizeof kMagic) != 0) return 0;
+  std::memcpy(&version, bytes.data() + sizeof kMagic, sizeof version);
+  if (version == 1) return kVersionedBytes;
+  if (version == 2 && bytes.size() >= kHeaderBytes) return kHeaderBytes;
+  return 0;
+}
+
+// The holder a version 2 header names ("" when unknown).
+std::string HolderOf(int fd) {
+  std::string header(kHeaderBytes, '\0');
+  if (::pread(fd, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size()) ||
+      RecordsAt(header) != kHeaderBytes) {
+    return "";
+  }
+  const std::string holder = header.substr(kVersionedBytes);
+  return holder.substr(0, holder.find('\0'));
 }
 
 }  // namespace
 
+std::string progress_log_path(const std::string& db, int64_t run_id) {
+  return db + ".run" + std::to_string(run_id) + ".progress";
+}
+
 Result<std::unique_ptr<ProgressLog>> ProgressLog::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Status::IOError("cannot open the progress log " + path + ": " + std::strerror(errno));
   std::unique_ptr<ProgressLog> log(new ProgressLog(path, fd));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return Status::IOError("cannot lock the progress log " + path + ": " + std::strerror(errno));
+    const std::string holder = HolderOf(fd);
+    return Status::FailedPrecondition("another coordinator serves this run (" +
+                                      (holder.empty() ? std::string("its pid and host unknown") : holder) +
+                                      "; it holds the lock on " + path + "): stop it first, or let it finish");
+  }
   std::string bytes;
   char buffer[1 << 16];
   for (ssize_t n; (n = ::pread(fd, buffer, sizeof buffer, static_cast<off_t>(bytes.size()))) > 0;) {
     bytes.append(buffer, static_cast<std::size_t>(n));
   }
+  log->holder_ = Holder();
   if (bytes.empty()) {
-    NAMM_RETURN_IF_ERROR(log->Write(Header()));
+    NAMM_RETURN_IF_ERROR(log->Rewrite(Header(log->holder_)));
     return log;
   }
-  if (bytes.size() < kHeaderBytes || bytes.compare(0, kHeaderBytes, Header()) != 0) {
+  const std::size_t records = RecordsAt(bytes);
+  if (records == 0) {
     return Status::InvalidArgument(path + " is not a namm progress log (or of a newer version); refusing to use it");
   }
   std::map<uint64_t, LeaseRecord> issued;
-  std::size_t at = kHeaderBytes;
+  std::size_t at = records;
   while (at + 8 <= bytes.size()) {
     uint32_t length = 0, crc = 0;
     std::memcpy(&length, bytes.data() + at, 4);
@@ -215,6 +268,12 @@ Result<std::unique_ptr<ProgressLog>> ProgressLog::Open(const std::string& path) 
   if (log->ignored_bytes_ > 0 && ::ftruncate(fd, static_cast<off_t>(at)) != 0) {
     return Status::IOError("cannot cut the torn tail of " + path + ": " + std::strerror(errno));
   }
+  log->end_ = at;
+  // This process's name in place (an older build's version 1 header has no room: Reset() writes a new one).
+  if (records == kHeaderBytes &&
+      ::pwrite(fd, log->holder_.data(), kHolderBytes, kVersionedBytes) != static_cast<ssize_t>(kHolderBytes)) {
+    return Status::IOError("cannot write to the progress log " + path + ": " + std::strerror(errno));
+  }
   return log;
 }
 
@@ -222,12 +281,21 @@ ProgressLog::~ProgressLog() { ::close(fd_); }
 
 Status ProgressLog::Write(const std::string& bytes) {
   for (std::size_t at = 0; at < bytes.size();) {
-    const ssize_t n = ::write(fd_, bytes.data() + at, bytes.size() - at);
+    const ssize_t n = ::pwrite(fd_, bytes.data() + at, bytes.size() - at, static_cast<off_t>(end_));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status::IOError("cannot append to the progress log " + path_ + ": " + std::strerror(errno));
     at += static_cast<std::size_t>(n);
+    end_ += static_cast<uint64_t>(n);
   }
   return Status::Ok();
+}
+
+Status ProgressLog::Rewrite(const std::string& bytes) {
+  if (::ftruncate(fd_, 0) != 0) {
+    return Status::IOError("cannot truncate the progress log " + path_ + ": " + std::strerror(errno));
+  }
+  end_ = 0;
+  return Write(bytes);
 }
 
 Status ProgressLog::Append(const ProgressEntries& entries) {
@@ -239,15 +307,12 @@ Status ProgressLog::Append(const ProgressEntries& entries) {
 }
 
 Status ProgressLog::Reset(const std::vector<LeaseRecord>& keep) {
-  std::string bytes = Header();
+  std::string bytes = Header(holder_);
   ProgressEntries leases;
   leases.leases_issued = keep;
   Encode(leases, &bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  if (::ftruncate(fd_, 0) != 0) {
-    return Status::IOError("cannot truncate the progress log " + path_ + ": " + std::strerror(errno));
-  }
-  return Write(bytes);
+  return Rewrite(bytes);
 }
 
 }  // namespace namm::coordinator

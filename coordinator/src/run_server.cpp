@@ -14,7 +14,7 @@
 #include "coordinator_metrics.h"
 #include "namm/file_util.h"
 #include "namm/metrics_endpoint.h"
-#include "progress_log.h"
+#include "namm/coordinator/progress_log.h"
 #include "worker_service.h"
 
 namespace namm::coordinator {
@@ -52,13 +52,14 @@ std::string Duration(double seconds) {
 }  // namespace
 
 struct RunServer::Impl {
-  Impl(Store& s, Trainer& t, PromptCosts c, ServeOptions o) : store(s), trainer(t), costs(std::move(c)), options(std::move(o)) {}
+  Impl(Store& s, Trainer& t, ProgressLog& l, PromptCosts c, ServeOptions o)
+      : store(s), trainer(t), progress_log(l), costs(std::move(c)), options(std::move(o)) {}
 
   Store& store;
   Trainer& trainer;
+  ProgressLog& progress_log;
   PromptCosts costs;
   ServeOptions options;
-  std::unique_ptr<ProgressLog> progress_log;
   std::vector<LeaseRecord> recovered_leases;  // of the current generation, for the first phase to keep
   Clock::time_point last_stored;
   std::unique_ptr<WorkerService> service;
@@ -127,8 +128,8 @@ Status check_serveable(const RunSpec& spec) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& trainer, PromptCosts costs,
-                                                    ServeOptions options) {
+Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& trainer, ProgressLog& log,
+                                                    PromptCosts costs, ServeOptions options) {
   if (options.token.empty()) return Status::InvalidArgument("serving a run needs a shared secret for its workers");
   if (options.scheduler.lease_timeout < 3 * std::chrono::milliseconds(options.heartbeat_interval_ms)) {
     return Status::InvalidArgument("the lease timeout (" + std::to_string(options.scheduler.lease_timeout.count()) +
@@ -136,7 +137,7 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
                                    std::to_string(options.heartbeat_interval_ms) + " ms each)");
   }
   NAMM_RETURN_IF_ERROR(check_serveable(trainer.spec()));
-  auto impl = std::make_unique<Impl>(store, trainer, std::move(costs), std::move(options));
+  auto impl = std::make_unique<Impl>(store, trainer, log, std::move(costs), std::move(options));
   const RunSpec& spec = trainer.spec();
   ServiceConfig config;
   config.token = impl->options.token;
@@ -158,9 +159,7 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
       if (!m->stopping) m->Tick();
     });
   };
-  NAMM_ASSIGN_OR_RETURN(impl->progress_log,
-                         ProgressLog::Open(store.path() + ".run" + std::to_string(trainer.run_id()) + ".progress"));
-  hooks.log = [m](const ProgressEntries& entries) { return m->progress_log->Append(entries); };
+  hooks.log = [m](const ProgressEntries& entries) { return m->progress_log.Append(entries); };
   impl->service = std::make_unique<WorkerService>(config, impl->options.scheduler, std::move(hooks));
 
   NAMM_RETURN_IF_ERROR(impl->StartMetrics());
@@ -187,6 +186,7 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
 RunServer::RunServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 RunServer::~RunServer() {
+  if (impl_->options.store_waits != nullptr) impl_->options.store_waits->Detach();  // the registry goes with us
   if (impl_->server) {
     impl_->service->End(v1::WorkBatch::END_SHUTDOWN);
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -201,6 +201,7 @@ Status RunServer::Impl::StartMetrics() {
   if (options.metrics_listen.empty()) return Status::Ok();
   NAMM_ASSIGN_OR_RETURN(endpoint, MetricsEndpoint::Start(options.metrics_listen));
   metrics = std::make_unique<CoordinatorMetrics>(endpoint->registry(), trainer.spec());
+  if (options.store_waits != nullptr) options.store_waits->Attach(endpoint->registry(), trainer.spec().name);
   metrics->SetPosition(trainer.plan().schedule.stage, trainer.plan().generation, trainer.finished());
   NAMM_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.GetGenerations(trainer.run_id()));
   const auto show = [&](const GenerationRecord& g) -> Status {
@@ -392,10 +393,10 @@ Status RunServer::Impl::Flush(Durability durability) {
 Status RunServer::Impl::Recover() {
   NAMM_ASSIGN_OR_RETURN(const auto tokens, store.GetPromptTokens(trainer.run_id()));
   for (const auto& [key, n] : tokens) LearnCost(key.first, key.second, n);
-  const ProgressEntries& log = progress_log->recovered();
-  if (progress_log->ignored_bytes() > 0) {
-    spdlog::warn("{}: ignored a torn tail of {} bytes (a crash in the middle of an append)", progress_log->path(),
-                 progress_log->ignored_bytes());
+  const ProgressEntries& log = progress_log.recovered();
+  if (progress_log.ignored_bytes() > 0) {
+    spdlog::warn("{}: ignored a torn tail of {} bytes (a crash in the middle of an append)", progress_log.path(),
+                 progress_log.ignored_bytes());
   }
   const GenerationPlan& plan = trainer.plan();
   std::vector<EvaluationRecord> evaluations;
@@ -418,9 +419,9 @@ Status RunServer::Impl::Recover() {
     if (l.generation == plan.generation) recovered_leases.push_back(l);
   }
   if (stored > 0 || !recovered_leases.empty()) {
-    spdlog::info("{}: {} results stored, {} leases still open", progress_log->path(), stored, recovered_leases.size());
+    spdlog::info("{}: {} results stored, {} leases still open", progress_log.path(), stored, recovered_leases.size());
   }
-  return progress_log->Reset(recovered_leases);
+  return progress_log.Reset(recovered_leases);
 }
 
 void RunServer::Impl::Tick() {
@@ -440,7 +441,7 @@ void RunServer::Impl::Tick() {
     Result<AdvanceSummary> summary = trainer.Advance();
     if (!summary.ok()) return Fail(summary.status());
     // The committed generation's progress is in the store: the log starts over for the next one.
-    if (Status s = progress_log->Reset(); !s.ok()) return Fail(s);
+    if (Status s = progress_log.Reset(); !s.ok()) return Fail(s);
     ReportProgress(*summary);
     if (summary->finished) {
       service->End(v1::WorkBatch::END_RUN_FINISHED);

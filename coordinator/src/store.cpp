@@ -213,8 +213,10 @@ class UnsyncedCommits {
   UnsyncedCommits(SQLite::Database& db, bool active) : db_(db), active_(active) {
     if (active_) db_.exec("PRAGMA synchronous = NORMAL");
   }
+  // Not through SQLiteCpp, which throws: a destructor must not. Outside a transaction (it is destroyed after
+  // the caller's) the pragma only sets a flag of the connection and does not fail.
   ~UnsyncedCommits() {
-    if (active_) db_.exec("PRAGMA synchronous = FULL");
+    if (active_) (void)sqlite3_exec(db_.getHandle(), "PRAGMA synchronous = FULL", nullptr, nullptr, nullptr);
   }
   UnsyncedCommits(const UnsyncedCommits&) = delete;
   UnsyncedCommits& operator=(const UnsyncedCommits&) = delete;
@@ -224,12 +226,76 @@ class UnsyncedCommits {
   bool active_;
 };
 
-// SQLite busy handler: 1 to retry, 0 to give up (SQLITE_BUSY). 20,000 retries of 0.5 ms: at least 10 s.
+// SQLite busy handler, for short waits inside one attempt (a snapshot part being written by another connection):
+// 1 to retry, 0 to give up (SQLITE_BUSY, which Guard() then retries with backoff). 2,000 retries of 0.5 ms: at
+// least 1 s.
 int RetryLockedDatabase(int attempts) {
-  if (attempts >= 20000) return 0;
+  if (attempts >= 2000) return 0;
   std::this_thread::sleep_for(std::chrono::microseconds(500));
   return 1;
 }
+
+// Whether SQLite's error goes away by itself: a lock another connection holds (SQLITE_BUSY, SQLITE_LOCKED) or a
+// race on the WAL's index (SQLITE_PROTOCOL). Disk full, I/O errors, corruption, a foreign file, a constraint: not.
+bool Transient(const SQLite::Exception& e) {
+  const int code = e.getErrorCode() & 0xff;
+  return code == SQLITE_BUSY || code == SQLITE_LOCKED || code == SQLITE_PROTOCOL;
+}
+
+// SQLite's message with the name of its code, e.g. "database or disk is full (SQLITE_FULL)".
+std::string Described(const SQLite::Exception& e) {
+  static const std::map<int, const char*> kNames = {
+      {SQLITE_ERROR, "SQLITE_ERROR"},       {SQLITE_PERM, "SQLITE_PERM"},       {SQLITE_BUSY, "SQLITE_BUSY"},
+      {SQLITE_LOCKED, "SQLITE_LOCKED"},     {SQLITE_NOMEM, "SQLITE_NOMEM"},     {SQLITE_READONLY, "SQLITE_READONLY"},
+      {SQLITE_IOERR, "SQLITE_IOERR"},       {SQLITE_CORRUPT, "SQLITE_CORRUPT"}, {SQLITE_FULL, "SQLITE_FULL"},
+      {SQLITE_CANTOPEN, "SQLITE_CANTOPEN"}, {SQLITE_PROTOCOL, "SQLITE_PROTOCOL"},
+      {SQLITE_CONSTRAINT, "SQLITE_CONSTRAINT"}, {SQLITE_NOTADB, "SQLITE_NOTADB"}};
+  const auto name = kNames.find(e.getErrorCode() & 0xff);
+  return name == kNames.end() ? std::string(e.what()) : std::string(e.what()) + " (" + name->second + ")";
+}
+
+// One call's wait for the database: from its first transient error until it goes through. Tells
+// StoreOptions::on_wait after each failed attempt and when it ends.
+class Wait {
+ public:
+  Wait(const std::string& what, const StoreOptions& options) : what_(what), options_(options) {}
+  ~Wait() { End(); }
+  Wait(const Wait&) = delete;
+  Wait& operator=(const Wait&) = delete;
+
+  // After a transient error: sleeps for the backoff, then the caller tries again.
+  void Retry(const std::string& error) {
+    if (retries_++ == 0) start_ = std::chrono::steady_clock::now();
+    error_ = error;
+    Tell(false);
+    std::this_thread::sleep_for(backoff_);
+    backoff_ = std::min(backoff_ * 2, options_.backoff_max);
+  }
+  void End() {
+    if (retries_ > 0 && !ended_) Tell(true);
+    ended_ = true;
+  }
+
+ private:
+  void Tell(bool ended) const {
+    if (!options_.on_wait) return;
+    StoreWait w;
+    w.what = what_;
+    w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    w.retries = retries_;
+    w.error = error_;
+    w.ended = ended;
+    options_.on_wait(w);
+  }
+
+  const std::string& what_;
+  const StoreOptions& options_;
+  std::chrono::milliseconds backoff_ = std::max(options_.backoff_initial, std::chrono::milliseconds(1));
+  std::chrono::steady_clock::time_point start_;
+  int64_t retries_ = 0;
+  std::string error_;
+  bool ended_ = false;
+};
 
 std::string NowUtc() {
   const std::time_t now = std::time(nullptr);
@@ -296,15 +362,22 @@ Result<std::optional<NormStats>> NormStatsOf(const SQLite::Column& c, const std:
   return std::optional<NormStats>(stats);
 }
 
-// Runs `body` and turns SQLite's exceptions into a Status naming `what` and the file.
+// Runs `body`, again after a transient error (its transaction rolled back) for as long as it takes, and turns
+// SQLite's other exceptions into a Status naming `what`, the file and the error. `body` must be one transaction
+// (or reads): what a failed attempt did is gone when it runs again.
 template <typename F>
-auto Guard(const std::string& path, const std::string& what, F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const SQLite::Exception& e) {
-    return Status::IOError(what + " failed on " + path + ": " + e.what());
-  } catch (const json::exception& e) {
-    return Status::Corruption(what + ": malformed JSON in " + path + ": " + e.what());
+auto GuardCall(const std::string& path, const StoreOptions& options, const std::string& what, F&& body)
+    -> decltype(body()) {
+  Wait wait(what, options);
+  while (true) {
+    try {
+      return body();
+    } catch (const SQLite::Exception& e) {
+      if (!Transient(e)) return Status::IOError(what + " failed on " + path + ": " + Described(e));
+      wait.Retry(Described(e));
+    } catch (const json::exception& e) {
+      return Status::Corruption(what + ": malformed JSON in " + path + ": " + e.what());
+    }
   }
 }
 
@@ -453,6 +526,11 @@ Store::Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOption
 
 Store::~Store() = default;
 
+template <typename F>
+auto Store::Guard(const std::string& what, F&& body) const -> decltype(body()) {
+  return GuardCall(path_, options_, what, std::forward<F>(body));
+}
+
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mode, StoreOptions options) {
   if (options.target_schema_version < 1 || options.target_schema_version > kStoreSchemaVersion) {
     return Status::InvalidArgument("schema version " + std::to_string(options.target_schema_version) +
@@ -481,7 +559,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
   } else if (mode == OpenMode::kReadOnly) {
     return Status::NotFound(path + " is empty, not a namm database");
   }
-  return Guard(path, "opening the database", [&]() -> Result<std::unique_ptr<Store>> {
+  return GuardCall(path, options, "opening the database", [&]() -> Result<std::unique_ptr<Store>> {
     const int flags = mode == OpenMode::kReadOnly ? SQLite::OPEN_READONLY
                                                   : SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE;
     auto db = std::make_unique<SQLite::Database>(path, flags);
@@ -499,6 +577,7 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
       // Debian's SQLite zeroes freed pages: deleting a 70 MB snapshot would write 70 MB more. They only ever hold
       // this file's own data.
       db->exec("PRAGMA secure_delete = OFF");
+      if (options.checkpoint_elsewhere) db->exec("PRAGMA wal_autocheckpoint = 0");
       int version = db->execAndGet("PRAGMA user_version").getInt();
       for (; version < options.target_schema_version; ++version) {
         SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);
@@ -531,8 +610,16 @@ Result<int64_t> Store::CreateRun(const NewRun& run) {
   if (run.initial_state == nullptr) return Status::InvalidArgument("a new run needs an initial optimizer state");
   if (run.stages.empty()) return Status::InvalidArgument("a run needs at least one stage");
   if (run.optimizer_revision < 1) return Status::InvalidArgument("a run needs an optimizer revision >= 1");
-  return Guard(path_, "creating run '" + run.name + "'", [&]() -> Result<int64_t> {
+  return Guard("creating run '" + run.name + "'", [&]() -> Result<int64_t> {
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+    // Runs are found by name (serve resumes the one it names): two of one name would be one too many.
+    SQLite::Statement same(*db_, "SELECT id FROM runs WHERE name = ?");
+    same.bind(1, run.name);
+    if (same.executeStep()) {
+      return Status::FailedPrecondition(path_ + " already holds a run named '" + run.name + "' (run " +
+                                        std::to_string(same.getColumn(0).getInt64()) + ")");
+    }
+    same.reset();
     SQLite::Statement insert(*db_,
                              "INSERT INTO runs(name, created_at, spec_yaml, dimension, model_fingerprint, status, "
                              "stage, generation, optimizer_revision) VALUES(?, ?, ?, ?, ?, 'running', 0, 0, ?)");
@@ -563,7 +650,7 @@ Result<RunRecord> Store::GetRun(int64_t run_id) const {
 Result<std::vector<RunRecord>> Store::ListRuns() const { return ReadRuns(std::nullopt); }
 
 Result<std::vector<RunRecord>> Store::ReadRuns(std::optional<int64_t> run_id) const {
-  return Guard(path_, "reading runs", [&]() -> Result<std::vector<RunRecord>> {
+  return Guard("reading runs", [&]() -> Result<std::vector<RunRecord>> {
     SQLite::Statement q(*db_,
                         std::string("SELECT id, name, created_at, spec_yaml, dimension, model_fingerprint, status, "
                                     "stage, generation, norm_stats, optimizer_revision FROM runs") +
@@ -591,7 +678,7 @@ Result<std::vector<RunRecord>> Store::ReadRuns(std::optional<int64_t> run_id) co
 }
 
 Status Store::ReviseRunSpec(int64_t run_id, const std::string& spec_yaml, const std::vector<StageRecord>& stages) {
-  return Guard(path_, "revising the spec of run " + std::to_string(run_id), [&]() -> Status {
+  return Guard("revising the spec of run " + std::to_string(run_id), [&]() -> Status {
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     NAMM_ASSIGN_OR_RETURN(RunRecord run, GetRun(run_id));
     if (run.status != "running") return Status::FailedPrecondition("run " + std::to_string(run_id) + " is finished");
@@ -619,7 +706,7 @@ Status Store::ReviseRunSpec(int64_t run_id, const std::string& spec_yaml, const 
 }
 
 Result<std::vector<StageRecord>> Store::GetStages(int64_t run_id) const {
-  return Guard(path_, "reading stages", [&]() -> Result<std::vector<StageRecord>> {
+  return Guard("reading stages", [&]() -> Result<std::vector<StageRecord>> {
     SQLite::Statement q(*db_,
                         "SELECT stage, tasks, generations, start_generation, end_generation, best_eval_fitness, "
                         "best_eval_generation FROM stages WHERE run_id = ? ORDER BY stage");
@@ -649,7 +736,7 @@ Status Store::FreezeNormStats(int64_t run_id, const NormStats& stats) {
     return Status::FailedPrecondition("run " + std::to_string(run_id) +
                                       " already has frozen normalization statistics; they never change");
   }
-  return Guard(path_, "freezing normalization statistics", [&]() -> Status {
+  return Guard("freezing normalization statistics", [&]() -> Status {
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement q(*db_, "UPDATE runs SET norm_stats = ? WHERE id = ? AND norm_stats IS NULL");
     BindBlob(q, 1, record);
@@ -677,7 +764,7 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
       return Status::InvalidArgument(what + ": bad candidate, prompt or task");
     }
   }
-  return Guard(path_, "recording evaluations", [&]() -> Result<int64_t> {
+  return Guard("recording evaluations", [&]() -> Result<int64_t> {
     const UnsyncedCommits unsynced(*db_, durability == Durability::kWithNextCommit);
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement q(*db_,
@@ -715,7 +802,7 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
 }
 
 Result<std::vector<EvaluationRecord>> Store::GetEvaluations(int64_t run_id, int64_t generation) const {
-  return Guard(path_, "reading evaluations", [&]() -> Result<std::vector<EvaluationRecord>> {
+  return Guard("reading evaluations", [&]() -> Result<std::vector<EvaluationRecord>> {
     SQLite::Statement q(*db_,
                         "SELECT candidate, task, prompt, score, cache_size_mean, cache_size_final, prompt_tokens, "
                         "generated_tokens, worker, duration_seconds, norm_stats FROM evaluations "
@@ -744,7 +831,7 @@ Result<std::vector<EvaluationRecord>> Store::GetEvaluations(int64_t run_id, int6
 }
 
 Result<std::map<std::pair<std::string, int64_t>, int64_t>> Store::GetPromptTokens(int64_t run_id) const {
-  return Guard(path_, "reading prompt token counts", [&]() -> Result<std::map<std::pair<std::string, int64_t>, int64_t>> {
+  return Guard("reading prompt token counts", [&]() -> Result<std::map<std::pair<std::string, int64_t>, int64_t>> {
     SQLite::Statement q(*db_, "SELECT task, prompt, MAX(prompt_tokens + generated_tokens) FROM evaluations "
                               "WHERE run_id = ? GROUP BY task, prompt");
     q.bind(1, run_id);
@@ -763,7 +850,7 @@ Status Store::RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& d) {
                                       "; refusing to drop a prompt of generation " + std::to_string(d.generation));
   }
   if (d.task.empty() || d.prompt < 0) return Status::InvalidArgument("a dropped prompt needs a task and a row >= 0");
-  return Guard(path_, "recording a dropped prompt", [&]() -> Status {
+  return Guard("recording a dropped prompt", [&]() -> Status {
     SQLite::Statement q(*db_,
                         "INSERT OR IGNORE INTO dropped_prompts(run_id, generation, task, prompt, error, dropped_at) "
                         "VALUES(?, ?, ?, ?, ?, ?)");
@@ -779,7 +866,7 @@ Status Store::RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& d) {
 }
 
 Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) const {
-  return Guard(path_, "reading dropped prompts", [&]() -> Result<std::vector<DroppedPrompt>> {
+  return Guard("reading dropped prompts", [&]() -> Result<std::vector<DroppedPrompt>> {
     SQLite::Statement q(*db_,
                         "SELECT generation, task, prompt, error, dropped_at FROM dropped_prompts WHERE run_id = ? "
                         "ORDER BY generation, task, prompt");
@@ -794,7 +881,7 @@ Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) cons
 }
 
 Result<int64_t> Store::NextLeaseEpoch(int64_t run_id) {
-  return Guard(path_, "numbering leases", [&]() -> Result<int64_t> {
+  return Guard("numbering leases", [&]() -> Result<int64_t> {
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement bump(*db_, "UPDATE runs SET lease_epoch = lease_epoch + 1 WHERE id = ?");
     bump.bind(1, run_id);
@@ -820,7 +907,7 @@ Result<CommitOutcome> Store::CommitGeneration(const GenerationCommit& c) {
                                       "; refusing a commit of generation " + std::to_string(g.generation) +
                                       " of stage " + std::to_string(g.stage));
   }
-  return Guard(path_, "committing generation " + std::to_string(g.generation), [&]() -> Result<CommitOutcome> {
+  return Guard("committing generation " + std::to_string(g.generation), [&]() -> Result<CommitOutcome> {
     int64_t snapshot_id = 0;
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement gen(*db_,
@@ -983,7 +1070,7 @@ constexpr const char* kGenerationColumns =
 }  // namespace
 
 Result<std::vector<GenerationRecord>> Store::GetGenerations(int64_t run_id) const {
-  return Guard(path_, "reading generations", [&]() -> Result<std::vector<GenerationRecord>> {
+  return Guard("reading generations", [&]() -> Result<std::vector<GenerationRecord>> {
     SQLite::Statement q(*db_, std::string("SELECT ") + kGenerationColumns +
                                   " FROM generations WHERE run_id = ? ORDER BY generation");
     q.bind(1, run_id);
@@ -994,7 +1081,7 @@ Result<std::vector<GenerationRecord>> Store::GetGenerations(int64_t run_id) cons
 }
 
 Result<GenerationRecord> Store::GetGeneration(int64_t run_id, int64_t generation) const {
-  return Guard(path_, "reading generation " + std::to_string(generation), [&]() -> Result<GenerationRecord> {
+  return Guard("reading generation " + std::to_string(generation), [&]() -> Result<GenerationRecord> {
     SQLite::Statement q(*db_, std::string("SELECT ") + kGenerationColumns +
                                   ", mean, best_params FROM generations WHERE run_id = ? AND generation = ?");
     q.bind(1, run_id);
@@ -1011,7 +1098,7 @@ Result<GenerationRecord> Store::GetGeneration(int64_t run_id, int64_t generation
 }
 
 Result<std::vector<CandidateRecord>> Store::GetCandidates(int64_t run_id, int64_t generation) const {
-  return Guard(path_, "reading candidates", [&]() -> Result<std::vector<CandidateRecord>> {
+  return Guard("reading candidates", [&]() -> Result<std::vector<CandidateRecord>> {
     SQLite::Statement q(*db_, "SELECT candidate, fitness, tasks FROM candidates WHERE run_id = ? AND generation = ? "
                               "ORDER BY candidate");
     q.bind(1, run_id);
@@ -1029,7 +1116,7 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
                                               const CmaesParams& params) const {
   const std::string what = "the " + role + " checkpoint of run " + std::to_string(run_id) +
                            (role == "latest" ? "" : " stage " + std::to_string(stage));
-  return Guard(path_, "reading " + what, [&]() -> Result<CheckpointRecord> {
+  return Guard("reading " + what, [&]() -> Result<CheckpointRecord> {
     SQLite::Statement q(*db_,
                         "SELECT c.stage, c.generation, c.eval_fitness, c.state, c.checksum, c.norm_stats, "
                         "c.created_at, d.record FROM checkpoints c LEFT JOIN decompositions d ON d.id = "
@@ -1065,7 +1152,7 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
 }
 
 Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) const {
-  return Guard(path_, "listing checkpoints", [&]() -> Result<std::vector<CheckpointRecord>> {
+  return Guard("listing checkpoints", [&]() -> Result<std::vector<CheckpointRecord>> {
     SQLite::Statement q(*db_, "SELECT role, stage, generation, eval_fitness, checksum, created_at FROM checkpoints "
                               "WHERE run_id = ? ORDER BY role, stage");
     q.bind(1, run_id);
@@ -1085,7 +1172,7 @@ Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) con
 }
 
 Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
-  return Guard(path_, "listing snapshots", [&]() -> Result<std::vector<SnapshotRecord>> {
+  return Guard("listing snapshots", [&]() -> Result<std::vector<SnapshotRecord>> {
     SQLite::Statement q(*db_, std::string(kSnapshotColumns) +
                                   " FROM snapshots WHERE run_id = ? AND complete = 1 ORDER BY stage, generation, id");
     q.bind(1, run_id);
@@ -1097,7 +1184,7 @@ Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
 
 Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const {
   const std::string what = "snapshot " + std::to_string(id) + " of run " + std::to_string(run_id);
-  return Guard(path_, "reading " + what, [&]() -> Result<SnapshotRecord> {
+  return Guard("reading " + what, [&]() -> Result<SnapshotRecord> {
     SQLite::Statement q(*db_, std::string(kSnapshotColumns) +
                                   ", checksum FROM snapshots WHERE run_id = ? AND id = ? AND complete = 1");
     q.bind(1, run_id);
@@ -1105,6 +1192,14 @@ Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const Cmae
     if (!q.executeStep()) return Status::NotFound(what + " does not exist");
     SnapshotRecord r = SnapshotOf(q);
     const auto checksum = static_cast<uint32_t>(q.getColumn(6).getInt64());
+    // The stored length is checked against the parts before it sizes anything.
+    SQLite::Statement size(*db_, "SELECT TOTAL(length(bytes)) FROM snapshot_parts WHERE snapshot_id = ?");
+    size.bind(1, id);
+    size.executeStep();
+    if (static_cast<double>(r.bytes) != size.getColumn(0).getDouble()) {
+      return Status::Corruption(what + " says it holds " + std::to_string(r.bytes) + " bytes but its parts hold " +
+                                std::to_string(static_cast<int64_t>(size.getColumn(0).getDouble())));
+    }
     std::string record;
     record.reserve(static_cast<std::size_t>(r.bytes));
     SQLite::Statement parts(*db_, "SELECT bytes FROM snapshot_parts WHERE snapshot_id = ? ORDER BY part");
@@ -1122,7 +1217,7 @@ Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const Cmae
 }
 
 Status Store::DropIncompleteSnapshots(int64_t run_id) {
-  return Guard(path_, "removing incomplete snapshots", [&]() -> Status {
+  return Guard("removing incomplete snapshots", [&]() -> Status {
     SQLite::Statement q(*db_, "DELETE FROM snapshots WHERE run_id = ? AND complete = 0");
     q.bind(1, run_id);
     q.exec();
@@ -1131,8 +1226,8 @@ Status Store::DropIncompleteSnapshots(int64_t run_id) {
 }
 
 Status Store::DropSnapshots(int64_t run_id, const std::vector<int64_t>& ids) {
-  return Guard(path_, "dropping unneeded snapshots", [&]() -> Status {
-    if (!ids.empty()) {
+  if (!ids.empty()) {
+    NAMM_RETURN_IF_ERROR(Guard("dropping unneeded snapshots", [&]() -> Status {
       SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
       SQLite::Statement q(*db_, "DELETE FROM snapshots WHERE run_id = ? AND id = ? AND complete = 1");
       for (int64_t id : ids) {
@@ -1142,57 +1237,77 @@ Status Store::DropSnapshots(int64_t run_id, const std::vector<int64_t>& ids) {
         q.exec();
       }
       tx.commit();
-    }
-    db_->exec("PRAGMA wal_checkpoint(TRUNCATE)");
+      return Status::Ok();
+    }));
+  }
+  return Checkpoint();
+}
+
+Status Store::Checkpoint() {
+  // PASSIVE: TRUNCATE (what this did before) holds the write lock while it waits for every reader and while it
+  // copies and syncs the whole WAL, so that under a loaded disk the trainer's commits waited past SQLite's busy
+  // timeout and the run stopped ("database is locked").
+  return Guard("checkpointing the write-ahead log", [&]() -> Status {
+    db_->exec("PRAGMA wal_checkpoint(PASSIVE)");
     return Status::Ok();
   });
 }
 
+// A connection of its own for background work, with this one's options (the trainer's is not thread-safe).
+Result<std::unique_ptr<Store>> Store::OpenAnother() const {
+  StoreOptions options = options_;
+  options.before_commit = nullptr;
+  options.checkpoint_elsewhere = true;  // the trainer's compaction checkpoints
+  return Store::Open(path_, OpenMode::kExisting, std::move(options));
+}
+
 Status Store::DropSnapshotsConcurrently(int64_t run_id, const std::vector<int64_t>& ids) const {
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, Store::Open(path_, OpenMode::kExisting));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, OpenAnother());
   return connection->DropSnapshots(run_id, ids);
 }
 
 Result<int64_t> Store::AddSnapshotConcurrently(int64_t run_id, const NewSnapshot& snapshot) const {
-  // SQLite connections are not shared across threads: this one is the caller's alone.
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, Store::Open(path_, OpenMode::kExisting));
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> connection, OpenAnother());
   return connection->AddSnapshot(run_id, snapshot);
 }
 
 Result<int64_t> Store::AddSnapshot(int64_t run_id, const NewSnapshot& snapshot) {
   if (snapshot.state == nullptr) return Status::InvalidArgument("a snapshot needs its state");
-  return Guard(path_, "writing a snapshot", [&]() -> Result<int64_t> {
-    const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
-    // A part per transaction: another connection's commits wait for a part, not for the whole record. The parts
-    // are committed without fsync (the write lock is held for the copy into the WAL, not for the disk) and the
-    // WAL is synced after each outside any lock, so that another connection's next fsync finds at most one
-    // part's pages to write; the FULL commit that completes the snapshot makes it durable.
-    int64_t id = 0;
-    {
-      const UnsyncedCommits unsynced(*db_, true);
-      {
-        SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-        id = InsertSnapshotRow(*db_, run_id, snapshot, record);
-        tx.commit();
-      }
-      const int wal = ::open((path_ + "-wal").c_str(), O_RDONLY | O_CLOEXEC);
-      for (std::size_t part = 0; part < SnapshotParts(record); ++part) {
-        SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-        InsertSnapshotPart(*db_, id, record, part);
-        tx.commit();
-        if (wal >= 0) (void)::fdatasync(wal);
-      }
-      if (wal >= 0) ::close(wal);
+  const std::string record = encode_cmaes_state(*snapshot.state, /*with_covariance=*/true);
+  // A part per transaction: another connection's commits wait for a part, not for the whole record. The parts
+  // are committed without fsync (the write lock is held for the copy into the WAL, not for the disk) and the
+  // WAL is synced after each outside any lock, so that another connection's next fsync finds at most one
+  // part's pages to write; the FULL commit that completes the snapshot makes it durable. Each transaction is
+  // retried on its own after a transient error.
+  const std::string what = "writing a snapshot";
+  const auto transaction = [&](bool synced, const std::function<void()>& body) -> Status {
+    return Guard(what, [&]() -> Status {
+      const UnsyncedCommits unsynced(*db_, !synced);
+      SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
+      body();
+      tx.commit();
+      return Status::Ok();
+    });
+  };
+  int64_t id = 0;
+  NAMM_RETURN_IF_ERROR(transaction(false, [&] { id = InsertSnapshotRow(*db_, run_id, snapshot, record); }));
+  const int wal = ::open((path_ + "-wal").c_str(), O_RDONLY | O_CLOEXEC);
+  const struct CloseOnExit {
+    int fd;
+    ~CloseOnExit() {
+      if (fd >= 0) ::close(fd);
     }
-    SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
-    CompleteSnapshot(*db_, id);
-    tx.commit();
-    return id;
-  });
+  } close_wal{wal};
+  for (std::size_t part = 0; part < SnapshotParts(record); ++part) {
+    NAMM_RETURN_IF_ERROR(transaction(false, [&] { InsertSnapshotPart(*db_, id, record, part); }));
+    if (wal >= 0) (void)::fdatasync(wal);
+  }
+  NAMM_RETURN_IF_ERROR(transaction(true, [&] { CompleteSnapshot(*db_, id); }));
+  return id;
 }
 
 Result<std::map<std::string, double>> Store::GetMetrics(int64_t run_id, int64_t generation) const {
-  return Guard(path_, "reading metrics", [&]() -> Result<std::map<std::string, double>> {
+  return Guard("reading metrics", [&]() -> Result<std::map<std::string, double>> {
     SQLite::Statement q(*db_, "SELECT name, value FROM metrics WHERE run_id = ? AND generation = ?");
     q.bind(1, run_id);
     q.bind(2, generation);
@@ -1203,7 +1318,7 @@ Result<std::map<std::string, double>> Store::GetMetrics(int64_t run_id, int64_t 
 }
 
 Result<std::vector<GenerationActivity>> Store::GetGenerationActivity(int64_t run_id) const {
-  return Guard(path_, "reading generation activity", [&]() -> Result<std::vector<GenerationActivity>> {
+  return Guard("reading generation activity", [&]() -> Result<std::vector<GenerationActivity>> {
     SQLite::Statement q(*db_, "SELECT generation, COUNT(*), COUNT(DISTINCT worker), TOTAL(duration_seconds) "
                               "FROM evaluations WHERE run_id = ? GROUP BY generation ORDER BY generation");
     q.bind(1, run_id);
@@ -1220,7 +1335,7 @@ Result<ReferenceImport> Store::ImportReferenceScores(const std::string& fingerpr
                                                      const tasks::ReferenceScores& scores, const std::string& source,
                                                      bool replace) {
   if (fingerprint.empty()) return Status::InvalidArgument("reference scores need a model fingerprint");
-  return Guard(path_, "importing reference scores", [&]() -> Result<ReferenceImport> {
+  return Guard("importing reference scores", [&]() -> Result<ReferenceImport> {
     SQLite::Transaction tx(*db_, SQLite::TransactionBehavior::IMMEDIATE);
     SQLite::Statement get(*db_, "SELECT score FROM reference_scores WHERE model_fingerprint = ? AND task = ? AND "
                                 "prompt = ?");
@@ -1267,7 +1382,7 @@ Result<ReferenceImport> Store::ImportReferenceScores(const std::string& fingerpr
 }
 
 Result<tasks::ReferenceScores> Store::GetReferenceScores(const std::string& fingerprint) const {
-  return Guard(path_, "reading reference scores", [&]() -> Result<tasks::ReferenceScores> {
+  return Guard("reading reference scores", [&]() -> Result<tasks::ReferenceScores> {
     SQLite::Statement q(*db_, "SELECT task, prompt, score FROM reference_scores WHERE model_fingerprint = ?");
     q.bind(1, fingerprint);
     tasks::ReferenceScores out;

@@ -230,6 +230,11 @@ Trainer::Trainer(TrainingStore& store, RunSpec spec, CmaesParams params, std::ma
 Result<std::unique_ptr<Trainer>> Trainer::Create(TrainingStore& store, const RunSpec& spec,
                                                  const std::map<std::string, int64_t>& task_rows) {
   NAMM_RETURN_IF_ERROR(CheckTaskRows(spec, task_rows));
+  NAMM_ASSIGN_OR_RETURN(const int64_t run_id, WriteNewRun(store, spec));
+  return Resume(store, run_id, task_rows);
+}
+
+Result<int64_t> Trainer::WriteNewRun(TrainingStore& store, const RunSpec& spec) {
   NAMM_ASSIGN_OR_RETURN(CmaesParams params, make_cmaes_params(spec.architecture.param_count(), spec.cmaes));
   const std::vector<float> initial = initial_params(spec.architecture);
   NAMM_ASSIGN_OR_RETURN(CmaesState state,
@@ -241,8 +246,7 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(TrainingStore& store, const Run
   run.stages = StageRecords(spec);
   run.initial_state = &state;
   run.optimizer_revision = kOptimizerRevision;
-  NAMM_ASSIGN_OR_RETURN(int64_t run_id, store.CreateRun(run));
-  return Resume(store, run_id, task_rows);
+  return store.CreateRun(run);
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Resume(TrainingStore& store, int64_t run_id,
@@ -788,8 +792,11 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   // The previous tells' covariance updates, if their background work is done (else they go on meanwhile); an
   // update no background work took yet (no server calls BeginBackgroundWork, or the work was busy) starts now.
   StartCovarianceWork();
-  // The last compaction's outcome; without a server's BeginBackgroundWork, the compaction itself.
-  NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/!compaction_.valid()));
+  // The last compaction's outcome once it is done: a checkpoint under a loaded disk may outlast a generation, and
+  // the barrier does not wait for it. Without a server's BeginBackgroundWork, the compaction itself.
+  if (!compaction_.valid() || compaction_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/!compaction_.valid()));
+  }
   const GenerationPlan& p = plan_;
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
@@ -980,10 +987,11 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     snapshot_write_->state = std::move(light);  // BeginBackgroundWork() writes it
   }
 
-  // Deleting unneeded snapshots and copying the WAL into the database take tens of ms: BeginBackgroundWork.
+  // Deleting unneeded snapshots and copying the WAL into the database take tens of ms: BeginBackgroundWork. After
+  // every commit, so that the WAL stays small while the trainer's connection never checkpoints itself.
   unneeded_snapshots_.insert(unneeded_snapshots_.end(), outcome->unneeded_snapshots.begin(),
                              outcome->unneeded_snapshots.end());
-  compaction_due_ = compaction_due_ || snapshot || !outcome->unneeded_snapshots.empty();
+  compaction_due_ = true;
   if (c.finished) NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/true));
 
   AdvanceSummary summary;

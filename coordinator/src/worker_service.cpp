@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "message_checks.h"
@@ -288,6 +289,7 @@ ServiceCounters WorkerService::counters() const {
     c.workers_draining += !quarantined && scheduler_.IsDraining(id) ? 1 : 0;
   }
   c.refused = refused_;
+  c.results_refused = results_refused_;
   for (std::size_t code = 0; code < refused_by_code_.size(); ++code) {
     if (const int64_t n = refused_by_code_[code]; n > 0) {
       c.refused_by_code[StatusCodeName(static_cast<StatusCode>(code))] = n;
@@ -464,100 +466,114 @@ grpc::Status WorkerService::Report(grpc::ServerContext* context, const v1::Repor
   if (const std::string bad = CheckReport(*request, &prompts); !bad.empty()) {
     return Refuse(StatusCode::INVALID_ARGUMENT, bad);
   }
-  const std::string where = "lease " + std::to_string(request->lease_id()) + ", prompt ";
-
   std::lock_guard<std::mutex> lock(mu_);
   if (end_) return {StatusCode::UNAVAILABLE, "the coordinator is shutting down: send the results again"};
   std::shared_ptr<Session> session;
   if (grpc::Status s = FindSession(request->worker_id(), &session, /*departed=*/true); !s.ok()) return s;
-  const std::string& worker = request->worker_id();
+  const Triage t = TriageReport(*request, session->name);
+  // Acknowledged only once the accepted results are in the progress log (the worker forgets them then): if they
+  // cannot be, nothing of the report is taken and the worker sends it again.
+  if (!Log(t.accepted)) {
+    return {StatusCode::UNAVAILABLE, "the coordinator could not write the results to its progress log (its error "
+                                     "is logged there): nothing of this report was taken; send it again"};
+  }
   const uint64_t lease = request->lease_id();
-  // Check everything before recording anything: a report is taken whole or not at all.
-  std::vector<UnitKey> keys;
-  bool stale = false;
-  for (int64_t prompt : prompts) {
-    Result<UnitKey> key = scheduler_.Check(worker, lease, prompt, &stale);
-    if (stale) break;
-    if (!key.ok()) {
-      return Refuse(key.status().code() == Status::Code::kNotFound ? StatusCode::NOT_FOUND : StatusCode::INVALID_ARGUMENT,
-                    key.status().message());
-    }
+  for (const auto& [prompt, seconds] : t.complete) (void)scheduler_.Complete(lease, prompt, seconds);
+  for (const v1::PromptFailure* f : t.failures) {
+    spdlog::warn("worker '{}' could not run {} prompt {} (lease {}): {}", session->name, t.task, f->prompt(), lease,
+                 f->error());
+    scheduler_.Fail(lease, f->prompt(), session->name + ": " + f->error());
   }
-  if (stale) {  // a lease of an earlier phase: every unit of it has its result already
-    for (int i = 0; i < request->results_size(); ++i) scheduler_.CountStale();
-    response->set_duplicates(request->results_size());
-    return grpc::Status::OK;
+  for (int64_t i = 0; i < t.stale; ++i) scheduler_.CountStale();
+  // What it did not run goes back now, not at the lease's deadline, and any idle worker may take it.
+  const bool requeued = request->lease_done() && scheduler_.Release(request->worker_id(), lease);
+  const int accepted = static_cast<int>(t.accepted.evaluations.size() + t.accepted.references.size());
+  const int duplicates = static_cast<int>(t.complete.size()) - accepted + static_cast<int>(t.stale);
+  if (duplicates > 0) {
+    spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, lease);
   }
-  for (const v1::PromptResult& r : request->results()) {
-    UnitKey key = scheduler_.Check(worker, lease, r.prompt()).value();
-    const bool collecting = key.kind == UnitKind::kCandidate && phase_->collect_norm_stats;
-    if (collecting != r.has_norm_stats()) {
-      return Refuse(StatusCode::INVALID_ARGUMENT,
-                    where + std::to_string(r.prompt()) + ": norm_stats " +
-                        (collecting ? "are required (this lease collects statistics)" : "must be absent (statistics are frozen)"));
-    }
-    keys.push_back(std::move(key));
+  if (!t.refused.empty()) {
+    results_refused_ += static_cast<int64_t>(t.refused.size());
+    spdlog::warn("worker '{}': {} result(s) or failure(s) on lease {} refused, the rest taken (first: prompt {}: {})",
+                 session->name, t.refused.size(), lease, t.refused.front().first, t.refused.front().second);
   }
+  response->set_accepted(accepted);
+  response->set_duplicates(duplicates);
+  for (const auto& [prompt, reason] : t.refused) {
+    v1::RefusedPrompt* r = response->add_refused();
+    r->set_prompt(prompt);
+    r->set_reason(reason);
+  }
+  evaluations_.insert(evaluations_.end(), t.accepted.evaluations.begin(), t.accepted.evaluations.end());
+  references_.insert(references_.end(), t.accepted.references.begin(), t.accepted.references.end());
+  if (accepted > 0 && scheduler_.Done()) {
+    phase_done_at_ = Clock::now();
+    if (hooks_.phase_done) hooks_.phase_done();
+  }
+  if (!t.failures.empty() || requeued) {
+    WakeAll();  // prompts are back in the queue
+  } else {
+    // The reporter may have a free slot; copies elsewhere may have been cancelled. Waking only those keeps a
+    // report O(1) in the number of workers.
+    Wake(request->worker_id());
+    for (const std::string& id : scheduler_.TakeCancelNotices()) Wake(id);
+  }
+  return grpc::Status::OK;
+}
 
-  int accepted = 0, duplicates = 0;
-  ProgressEntries accepted_now;
-  for (int i = 0; i < request->results_size(); ++i) {
-    const v1::PromptResult& r = request->results(i);
-    const UnitKey& key = keys[static_cast<std::size_t>(i)];
-    if (scheduler_.Complete(lease, r.prompt(), r.seconds()) == ResultOutcome::kDuplicate) {
-      ++duplicates;
+WorkerService::Triage WorkerService::TriageReport(const v1::ReportRequest& request, const std::string& name) const {
+  Triage t;
+  const std::string& worker = request.worker_id();
+  const uint64_t lease = request.lease_id();
+  // The unit a prompt of this lease is, or why the coordinator does not expect it from this worker.
+  const auto unit = [&](int64_t prompt) -> std::optional<UnitKey> {
+    bool stale = false;
+    Result<UnitKey> key = scheduler_.Check(worker, lease, prompt, &stale);
+    if (stale) {
+      ++t.stale;  // a lease of an earlier phase: every unit of it has its result already
+      return std::nullopt;
+    }
+    if (!key.ok()) {
+      t.refused.emplace_back(prompt, key.status().message());
+      return std::nullopt;
+    }
+    t.task = key->task;
+    return *key;
+  };
+  for (const v1::PromptResult& r : request.results()) {
+    const std::optional<UnitKey> key = unit(r.prompt());
+    if (!key) continue;
+    const bool collecting = key->kind == UnitKind::kCandidate && phase_->collect_norm_stats;
+    if (collecting != r.has_norm_stats()) {
+      t.refused.emplace_back(r.prompt(), collecting ? "norm_stats are required (this lease collects statistics)"
+                                                    : "norm_stats must be absent (statistics are frozen)");
       continue;
     }
-    ++accepted;
-    if (key.kind == UnitKind::kReference) {
-      accepted_now.references.push_back({key.task, key.prompt, r.score()});
+    t.complete.emplace_back(r.prompt(), r.seconds());
+    if (scheduler_.HasResult(lease, r.prompt())) continue;  // a duplicate
+    if (key->kind == UnitKind::kReference) {
+      t.accepted.references.push_back({key->task, key->prompt, r.score()});
       continue;
     }
     EvaluationRecord e;
     e.generation = phase_->generation;
-    e.candidate = key.candidate;
-    e.task = key.task;
-    e.prompt = key.prompt;
+    e.candidate = key->candidate;
+    e.task = key->task;
+    e.prompt = key->prompt;
     e.score = r.score();
     e.cache_size_mean = r.cache_size_mean();
     e.cache_size_final = r.cache_size_final();
     e.prompt_tokens = r.prompt_tokens();
     e.generated_tokens = r.generated_tokens();
-    e.worker = session->name;
+    e.worker = name;
     e.duration_seconds = r.seconds();
     if (r.has_norm_stats()) e.norm_stats = v1::norm_stats_from_proto(r.norm_stats());
-    accepted_now.evaluations.push_back(std::move(e));
+    t.accepted.evaluations.push_back(std::move(e));
   }
-  for (const v1::PromptFailure& f : request->failures()) {
-    const UnitKey key = scheduler_.Check(worker, lease, f.prompt()).value();
-    spdlog::warn("worker '{}' could not run {} prompt {} (lease {}): {}", session->name, key.task, key.prompt, lease,
-                 f.error());
-    scheduler_.Fail(lease, f.prompt(), session->name + ": " + f.error());
+  for (const v1::PromptFailure& f : request.failures()) {
+    if (unit(f.prompt())) t.failures.push_back(&f);
   }
-  // What it did not run goes back now, not at the lease's deadline, and any idle worker may take it.
-  const bool requeued = request->lease_done() && scheduler_.Release(worker, lease);
-  if (duplicates > 0) {
-    spdlog::info("worker '{}': {} duplicate result(s) on lease {} ignored", session->name, duplicates, lease);
-  }
-  response->set_accepted(accepted);
-  response->set_duplicates(duplicates);
-  // Logged before the report is answered (the worker forgets results once answered), and kept for the store.
-  Log(accepted_now);
-  evaluations_.insert(evaluations_.end(), accepted_now.evaluations.begin(), accepted_now.evaluations.end());
-  references_.insert(references_.end(), accepted_now.references.begin(), accepted_now.references.end());
-  if (accepted > 0 && scheduler_.Done()) {
-    phase_done_at_ = Clock::now();
-    if (hooks_.phase_done) hooks_.phase_done();
-  }
-  if (request->failures_size() > 0 || requeued) {
-    WakeAll();  // prompts are back in the queue
-  } else {
-    // The reporter may have a free slot; copies elsewhere may have been cancelled. Waking only those keeps a
-    // report O(1) in the number of workers.
-    Wake(worker);
-    for (const std::string& id : scheduler_.TakeCancelNotices()) Wake(id);
-  }
-  return grpc::Status::OK;
+  return t;
 }
 
 grpc::Status WorkerService::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,

@@ -23,7 +23,7 @@
 #include "namm/coordinator/lease_scheduler.h"
 #include "namm/coordinator/store.h"
 #include "namm/v1/coordinator.grpc.pb.h"
-#include "progress_log.h"
+#include "namm/coordinator/progress_log.h"
 
 namespace namm::coordinator {
 
@@ -55,6 +55,7 @@ struct ServiceCounters {
   int64_t workers = 0;             // registered now
   int64_t workers_draining = 0, workers_quarantined = 0;  // among them
   int64_t refused = 0;             // calls refused (authentication, validation, fingerprint)
+  int64_t results_refused = 0;     // results and failures of reports that the coordinator did not take
   std::map<std::string, int64_t> refused_by_code;  // gRPC status code name -> calls
   int64_t units_total = 0, units_done = 0, units_queued = 0, leases_active = 0;
   std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run drops them
@@ -117,6 +118,18 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
 
   // The secret, and the peer's standing: too many recent failures from its address refuse it for a while.
   grpc::Status Authenticate(const grpc::ServerContextBase& context);
+  // What a report holds, prompt by prompt (mu_ held): accepted results (new ones, for the progress log), results
+  // to record (new or duplicate: prompt and seconds), failures to record, results of a lease of an ended phase,
+  // and what is refused with the reason. Changes nothing.
+  struct Triage {
+    ProgressEntries accepted;
+    std::vector<std::pair<int64_t, double>> complete;
+    std::vector<const v1::PromptFailure*> failures;
+    int64_t stale = 0;
+    std::vector<std::pair<int64_t, std::string>> refused;
+    std::string task;  // of the lease
+  };
+  Triage TriageReport(const v1::ReportRequest& request, const std::string& worker_name) const;
   // Counts and logs a refused call; needs no lock.
   grpc::Status Refuse(grpc::StatusCode code, const std::string& message);
   // The session of `worker_id` (mu_ held), or NOT_FOUND. With `departed`, also a session whose stream ended
@@ -156,6 +169,7 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   std::mutex peers_mu_;
   std::map<std::string, PeerRecord> peers_;  // by address, without the port
   std::atomic<int64_t> refused_{0};
+  int64_t results_refused_ = 0;  // prompts of reports not taken (mu_)
   std::array<std::atomic<int64_t>, 17> refused_by_code_{};  // by grpc::StatusCode (0..16)
 };
 

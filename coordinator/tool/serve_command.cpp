@@ -18,6 +18,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "commands.h"
@@ -65,27 +66,52 @@ bool IsDeviceName(const std::string& d) {
          std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The run of `spec` in `store`: resumed when the database holds it (the spec edited only where the trajectory
-// stays the same), else created.
-Result<std::unique_ptr<Trainer>> OpenTrainer(Store& store, const RunSpec& spec, const std::string& config,
-                                             const std::map<std::string, int64_t>& rows) {
+// The run of `spec` in `store`, resumed when the database holds it (the spec edited only where the trajectory
+// stays the same), else created; and its progress log, whose lock this process holds from before the trainer
+// touches the store: a second coordinator of the run stops here, naming the first.
+struct OpenedRun {
+  std::unique_ptr<ProgressLog> log;
+  std::unique_ptr<Trainer> trainer;  // goes first (background work included), then the lock
+};
+
+Result<OpenedRun> OpenRun(Store& store, const RunSpec& spec, const std::string& config,
+                          const std::map<std::string, int64_t>& rows) {
+  std::optional<RunRecord> stored;
   NAMM_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store.ListRuns());
-  for (const RunRecord& run : runs) {
-    if (run.name != spec.name) continue;
-    Result<std::vector<SpecDifference>> revised = Trainer::ReviseSpec(store, run.id, spec);
-    if (!revised.ok()) {
-      return revised.status().WithContext("run '" + spec.name + "' in " + store.path() + " cannot resume from " +
-                                          config + " (namm-coordinator status shows the stored spec; rename the "
-                                          "run or use another database to start afresh)");
-    }
-    for (const SpecDifference& d : *revised) {
-      spdlog::info("run '{}': {} changed from {} to {}", run.name, d.key, d.stored, d.given);
-    }
-    spdlog::info("resuming run '{}' (run {}) at generation {}", run.name, run.id, run.generation);
-    return Trainer::Resume(store, run.id, rows);
+  for (RunRecord& run : runs) {
+    if (run.name == spec.name) stored = std::move(run);
   }
-  spdlog::info("starting run '{}' in {}", spec.name, store.path());
-  return Trainer::Create(store, spec, rows);
+  OpenedRun opened;
+  if (!stored) {
+    spdlog::info("starting run '{}' in {}", spec.name, store.path());
+    Result<int64_t> created = Trainer::WriteNewRun(store, spec);
+    if (!created.ok()) {
+      // Another coordinator may have created it meanwhile: then its lock decides.
+      NAMM_ASSIGN_OR_RETURN(runs, store.ListRuns());
+      const auto it = std::find_if(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.name == spec.name; });
+      if (it == runs.end()) return created.status();
+      stored = *it;
+    } else {
+      NAMM_ASSIGN_OR_RETURN(opened.log, ProgressLog::Open(progress_log_path(store.path(), *created)));
+      NAMM_ASSIGN_OR_RETURN(opened.trainer, Trainer::Resume(store, *created, rows));
+      return opened;
+    }
+  }
+  Result<std::unique_ptr<ProgressLog>> log = ProgressLog::Open(progress_log_path(store.path(), stored->id));
+  if (!log.ok()) return log.status().WithContext("run '" + spec.name + "' in " + store.path());
+  opened.log = std::move(*log);
+  Result<std::vector<SpecDifference>> revised = Trainer::ReviseSpec(store, stored->id, spec);
+  if (!revised.ok()) {
+    return revised.status().WithContext("run '" + spec.name + "' in " + store.path() + " cannot resume from " +
+                                        config + " (namm-coordinator status shows the stored spec; rename the "
+                                        "run or use another database to start afresh)");
+  }
+  for (const SpecDifference& d : *revised) {
+    spdlog::info("run '{}': {} changed from {} to {}", spec.name, d.key, d.stored, d.given);
+  }
+  spdlog::info("resuming run '{}' (run {}) at generation {}", spec.name, stored->id, stored->generation);
+  NAMM_ASSIGN_OR_RETURN(opened.trainer, Trainer::Resume(store, stored->id, rows));
+  return opened;
 }
 
 Status ApplyLogLevel(const std::string& level) {
@@ -291,8 +317,15 @@ Status Serve(const ServeFlags& f) {
   }
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(f.paths));
   NAMM_ASSIGN_OR_RETURN(PromptCosts costs, load_prompt_costs(spec.all_tasks(), paths));
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(f.db, OpenMode::kCreate));
-  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, OpenTrainer(*store, spec, f.config, row_counts(costs)));
+  // Waits for the database (another process holding its lock, a slow disk) are retried for as long as they
+  // last, logged and counted; only a permanent error stops the run.
+  StoreWaits store_waits;
+  StoreOptions store_options;
+  store_options.on_wait = store_waits.Observer();
+  store_options.checkpoint_elsewhere = true;  // the trainer's background compaction checkpoints
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(f.db, OpenMode::kCreate, store_options));
+  NAMM_ASSIGN_OR_RETURN(OpenedRun run, OpenRun(*store, spec, f.config, row_counts(costs)));
+  Trainer& trainer = *run.trainer;
 
   ServeOptions options;
   options.listen = f.local_workers > 0 ? "127.0.0.1:0" : f.listen;
@@ -310,6 +343,7 @@ Status Serve(const ServeFlags& f) {
   options.max_message_bytes = f.max_message_bytes;
   options.metrics_listen = f.metrics_listen;
   options.linger = std::chrono::duration<double>(f.linger_s);
+  options.store_waits = &store_waits;
 
   // Local workers get a fresh secret in a private directory, removed at the end.
   std::string scratch;
@@ -332,7 +366,7 @@ Status Serve(const ServeFlags& f) {
   NAMM_ASSIGN_OR_RETURN(options.token, read_secret_file(token_file));
 
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<RunServer> server,
-                        RunServer::Start(*store, *trainer, std::move(costs), std::move(options)));
+                        RunServer::Start(*store, trainer, *run.log, std::move(costs), std::move(options)));
   spdlog::info("serving run '{}' on port {}", spec.name, server->port());
   if (!server->metrics_url().empty()) {
     spdlog::info("metrics of run '{}' at {}", spec.name, server->metrics_url());
@@ -363,7 +397,11 @@ Status Serve(const ServeFlags& f) {
   if (watcher.joinable()) watcher.join();
   // Finished: workers leave on their own; interrupted: they drain.
   workers.Stop(outcome.ok() && outcome->finished ? std::chrono::seconds(10) : std::chrono::seconds(0));
-  if (!outcome.ok()) return outcome.status();
+  if (!outcome.ok()) {
+    return outcome.status().WithNote("what the run stored so far is kept: once the cause is fixed, the same "
+                                     "namm-coordinator " + std::string(f.local_workers > 0 ? "run" : "serve") +
+                                     " command resumes it");
+  }
   if (!workers_gone.empty() && !outcome->finished) {
     return Status::FailedPrecondition(workers_gone + "; the run stopped at generation " +
                                       std::to_string(outcome->next_generation) + " and resumes with the same command");

@@ -28,4 +28,9 @@ Status Status::WithContext(const std::string& context) const {
   return Status(code_, context + ": " + message_);
 }
 
+Status Status::WithNote(const std::string& note) const {
+  if (ok()) return *this;
+  return Status(code_, message_ + "; " + note);
+}
+
 }  // namespace namm

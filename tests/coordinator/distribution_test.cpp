@@ -751,6 +751,18 @@ v1::PromptResult GoodResult(int64_t prompt) {
                                        << "', wanted code " << code << " with '" << words << "'";
 }
 
+// Whether a report was answered OK with nothing taken but `prompt` refused for a reason containing `words`.
+::testing::AssertionResult PromptRefused(const grpc::Status& status, const v1::ReportResponse& response,
+                                         int64_t prompt, const std::string& words) {
+  if (!status.ok()) return ::testing::AssertionFailure() << "the report failed: " << status.error_message();
+  if (response.accepted() != 0 || response.refused_size() != 1 || response.refused(0).prompt() != prompt ||
+      response.refused(0).reason().find(words) == std::string::npos) {
+    return ::testing::AssertionFailure() << "wanted prompt " << prompt << " refused with '" << words << "', got "
+                                         << response.ShortDebugString();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // The run's stored state, to show that refused calls leave it alone.
 std::string StoredState(const std::string& db) {
   SQLite::Database raw(db, SQLite::OPEN_READONLY);
@@ -826,13 +838,15 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   EXPECT_EQ(batch.parameters(0).values_size(), 676);
   const int64_t prompt = lease.prompts(0);
 
+  v1::ReportResponse response;
   auto report = [&](const std::function<void(v1::PromptResult&)>& edit) {
     v1::ReportRequest request;
     request.set_worker_id(reg.worker_id());
     request.set_lease_id(lease.lease_id());
     *request.add_results() = GoodResult(prompt);
     edit(*request.mutable_results(0));
-    return client.Report(request);
+    response.Clear();
+    return client.Report(request, &response);
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
   EXPECT_TRUE(Refused(report([&](auto& x) { x.set_score(nan); }), grpc::StatusCode::INVALID_ARGUMENT, "score"));
@@ -840,21 +854,23 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   EXPECT_TRUE(Refused(report([](auto& x) { x.set_cache_size_mean(std::numeric_limits<double>::infinity()); }),
                       grpc::StatusCode::INVALID_ARGUMENT, "cache_size_mean"));
   EXPECT_TRUE(Refused(report([](auto& x) { x.set_seconds(-1); }), grpc::StatusCode::INVALID_ARGUMENT, "seconds"));
-  EXPECT_TRUE(Refused(report([](auto& x) { x.clear_norm_stats(); }), grpc::StatusCode::INVALID_ARGUMENT,
-                      "norm_stats are required"));
+  // A result the coordinator cannot take is refused on its own (the rest of a report would be taken).
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.clear_norm_stats(); }), response, prompt, "norm_stats are required"));
   EXPECT_TRUE(Refused(report([](auto& x) { x.mutable_norm_stats()->mutable_mean()->RemoveLast(); }),
                       grpc::StatusCode::INVALID_ARGUMENT, "17 values"));
   EXPECT_TRUE(Refused(report([&](auto& x) { x.mutable_norm_stats()->set_var(3, nan); }),
                       grpc::StatusCode::INVALID_ARGUMENT, "bin 3"));
-  EXPECT_TRUE(Refused(report([](auto& x) { x.set_prompt(kSimRows + 5); }), grpc::StatusCode::INVALID_ARGUMENT,
-                      "not part of lease"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_prompt(kSimRows + 5); }), response, kSimRows + 5,
+                            "not part of lease"));
   {
     v1::ReportRequest request;
     request.set_worker_id(reg.worker_id());
     const uint64_t unknown = lease.lease_id() + 987654;  // above every lease handed out
     request.set_lease_id(unknown);
     *request.add_results() = GoodResult(prompt);
-    EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::NOT_FOUND, "unknown lease " + std::to_string(unknown)));
+    // An unknown lease is refused per prompt (NOT_FOUND means an unknown worker, who registers again).
+    EXPECT_TRUE(PromptRefused(client.Report(request, &response), response, prompt,
+                              "unknown lease " + std::to_string(unknown)));
     request.set_lease_id(lease.lease_id());
     *request.add_results() = GoodResult(prompt);
     EXPECT_TRUE(Refused(client.Report(request), grpc::StatusCode::INVALID_ARGUMENT, "reported twice"));
@@ -870,18 +886,25 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   }
   EXPECT_EQ(StoredState(r.db), before) << "refused calls changed the stored run";
 
-  // A well-formed result is taken once; its copy is a counted duplicate.
-  v1::ReportResponse response;
+  // A report with a prompt the coordinator does not expect takes the rest and names that one; a copy of a taken
+  // result is a counted duplicate.
   {
     v1::ReportRequest request;
     request.set_worker_id(reg.worker_id());
     request.set_lease_id(lease.lease_id());
+    *request.add_results() = GoodResult(kSimRows + 7);
     *request.add_results() = GoodResult(prompt);
     ASSERT_TRUE(client.Report(request, &response).ok());
     EXPECT_EQ(response.accepted(), 1);
+    ASSERT_EQ(response.refused_size(), 1) << response.ShortDebugString();
+    EXPECT_EQ(response.refused(0).prompt(), kSimRows + 7);
+    EXPECT_NE(response.refused(0).reason().find("is not part of lease " + std::to_string(lease.lease_id())),
+              std::string::npos);
+    request.mutable_results()->DeleteSubrange(0, 1);
     ASSERT_TRUE(client.Report(request, &response).ok());
     EXPECT_EQ(response.accepted(), 0);
     EXPECT_EQ(response.duplicates(), 1);
+    EXPECT_EQ(response.refused_size(), 0);
   }
 
   // Real namm-worker daemons with a wrong secret or another model are refused and say why.

@@ -1,4 +1,4 @@
-#include "progress_log.h"
+#include "namm/coordinator/progress_log.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -23,8 +23,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kCallTimeout = std::chrono::seconds(10);
-// A lease's results are sent as they come, at most this often, and when the lease is done.
+// A lease's results are sent as they come, at most this often, and when the lease is done; a report that failed
+// goes again after this, doubling up to kReportBackoffMax.
 constexpr auto kReportInterval = std::chrono::milliseconds(500);
+constexpr auto kReportBackoffMax = std::chrono::milliseconds(8000);
 
 Result<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientTls& tls) {
   if (tls.ca.empty()) {
@@ -80,6 +82,7 @@ struct WorkerClient::Impl {
   std::map<uint64_t, Held> held;
   std::map<uint64_t, v1::ReportRequest> outbox;               // results and failures not yet acknowledged
   std::map<uint64_t, Clock::time_point> last_report, retry_after;
+  std::map<uint64_t, int> report_failures;  // reports of the lease that failed in a row (the retry's backoff)
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const std::vector<float>>> params;
   bool stopping = false;  // Run() is returning: executors and the sender stop
   bool draining = false, drain_now = false;
@@ -90,12 +93,19 @@ struct WorkerClient::Impl {
   void Metrics(F&& f) const {
     if (options.metrics != nullptr) f(*options.metrics);
   }
+  // The lease, or null once forgotten (mu held). Every use after the lock was released (a call, a prompt) looks
+  // again: a drain, a reconnection or another report may have forgotten it meanwhile.
+  Held* Find(uint64_t id) {
+    const auto h = held.find(id);
+    return h == held.end() ? nullptr : &h->second;
+  }
   // Drops a lease entirely: not run further, not reported, not named again (mu held).
   void Forget(uint64_t id) {
     if (held.erase(id) > 0) Metrics([](WorkerMetrics& w) { w.LeasesInFlight(-1); });
     outbox.erase(id);
     last_report.erase(id);
     retry_after.erase(id);
+    report_failures.erase(id);
     queue.erase(std::remove_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; }), queue.end());
   }
   // The coordinator no longer wants the lease (a copy finished first, it expired, or its phase ended) (mu held):
@@ -490,7 +500,9 @@ void WorkerClient::Impl::SenderLoop() {
     }
     for (uint64_t id : done) {
       if (!connected) break;
-      if (held.at(id).open.empty() || held.at(id).cancelled) {
+      const Held* h = Find(id);
+      if (h == nullptr) continue;  // forgotten while an earlier report was out
+      if (h->open.empty() || h->cancelled) {
         Forget(id);
         continue;
       }
@@ -507,7 +519,6 @@ void WorkerClient::Impl::SenderLoop() {
 void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lease) {
   v1::ReportRequest request = std::move(outbox[lease]);
   outbox.erase(lease);
-  const bool lease_done = request.lease_done();
   request.set_worker_id(worker_id);
   request.set_lease_id(lease);
   last_report[lease] = Clock::now();
@@ -517,34 +528,44 @@ void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lea
   Authorize(context, true);
   const grpc::Status s = stub->Report(&context, request, &response);
   lock.lock();
-  // Results are idempotent, so sending them again after a lost answer is harmless.
-  const bool again = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                     s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                     s.error_code() == grpc::StatusCode::NOT_FOUND;
-  const auto h = held.find(lease);
-  if (!s.ok() && again) {
+  Held* h = Find(lease);
+  // A report the coordinator did not answer with OK took nothing: results are idempotent, so they are kept and
+  // sent again until it has them, or the lease is known gone (forgotten: not kept at a registration, a drain, the
+  // run's end). Only a report refused as malformed can never be taken.
+  if (!s.ok() && s.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) Reconnect(s.error_message());
-    if (h == held.end()) return;  // dropped meanwhile
-    retry_after[lease] = Clock::now() + kReportInterval;
+    if (h == nullptr) return;
+    const int failures = ++report_failures[lease];
+    retry_after[lease] = Clock::now() + std::min(kReportInterval * (1 << std::min(failures - 1, 4)), kReportBackoffMax);
+    if (failures == 1 || failures % 10 == 0) {
+      spdlog::warn("report for lease {} not taken ({}); its {} results are kept and sent again", lease,
+                   s.error_message(), request.results_size());
+    }
     v1::ReportRequest& unsent = outbox[lease];  // keep them, with whatever finished meanwhile
     for (const v1::PromptResult& r : request.results()) *unsent.add_results() = r;
     for (const v1::PromptFailure& f : request.failures()) *unsent.add_failures() = f;
-    if (lease_done) unsent.set_lease_done(true);
+    if (request.lease_done()) unsent.set_lease_done(true);
     return;
   }
   retry_after.erase(lease);
+  report_failures.erase(lease);
   stats.prompts += request.results_size();
   if (s.ok()) {
     stats.accepted += response.accepted();
     stats.duplicates += response.duplicates();
+    for (const v1::RefusedPrompt& r : response.refused()) {
+      spdlog::warn("lease {} prompt {}: the coordinator did not take it ({})", lease, r.prompt(), r.reason());
+      ++stats.refused;
+    }
   } else {
-    spdlog::warn("report for lease {} not taken: {}", lease, s.error_message());
+    spdlog::error("the coordinator refused the report for lease {} as malformed ({}): its {} results are dropped",
+                  lease, s.error_message(), request.results_size());
     Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kReport); });
   }
-  if (h == held.end()) return;
-  for (const v1::PromptResult& r : request.results()) h->second.open.erase(r.prompt());
-  for (const v1::PromptFailure& f : request.failures()) h->second.open.erase(f.prompt());
-  if (lease_done) h->second.open.clear();  // the coordinator has what it did not run back in its queue
+  if (h == nullptr) return;
+  for (const v1::PromptResult& r : request.results()) h->open.erase(r.prompt());
+  for (const v1::PromptFailure& f : request.failures()) h->open.erase(f.prompt());
+  if (request.lease_done()) h->open.clear();  // the coordinator has what it did not run back in its queue
 }
 
 void WorkerClient::Impl::Heartbeat(std::unique_lock<std::mutex>& lock) {

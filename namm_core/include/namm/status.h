@@ -47,6 +47,8 @@ class Status {
 
   // Returns a copy whose message is "<context>: <message>" (same code); OK stays OK.
   Status WithContext(const std::string& context) const;
+  // Returns a copy whose message is "<message>; <note>" (same code); OK stays OK.
+  Status WithNote(const std::string& note) const;
 
  private:
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}

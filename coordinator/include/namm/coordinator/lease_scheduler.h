@@ -164,6 +164,8 @@ class LeaseScheduler {
   // (or one of an earlier phase: `stale` is then set and the result counts as a duplicate), InvalidArgument
   // for a lease of another worker or a prompt the lease does not hold.
   Result<UnitKey> Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale = nullptr) const;
+  // Whether the unit of `prompt` on `lease` (which Check() accepted) has its result already.
+  bool HasResult(uint64_t lease, int64_t prompt) const { return units_[static_cast<std::size_t>(UnitOf(lease, prompt))].done; }
   // Records a result that Check() accepted; `seconds` > 0, the time the worker took for it, teaches the
   // scheduler the worker's speed.
   ResultOutcome Complete(uint64_t lease, int64_t prompt, double seconds = 0);

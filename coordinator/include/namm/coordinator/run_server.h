@@ -16,8 +16,10 @@
 #include <string>
 
 #include "namm/coordinator/lease_scheduler.h"
+#include "namm/coordinator/progress_log.h"
 #include "namm/coordinator/prompt_costs.h"
 #include "namm/coordinator/store.h"
+#include "namm/coordinator/store_waits.h"
 #include "namm/coordinator/trainer.h"
 #include "namm/status.h"
 
@@ -60,6 +62,9 @@ struct ServeOptions {
   // this often (and when the phase ends): longer writes less, shorter shows them sooner in the database.
   std::chrono::milliseconds store_interval{2000};
   bool handle_signals = true;              // SIGTERM / SIGINT stop the loop cleanly
+  // Where the store reports its waits (the caller opened it with store_waits->Observer()): counted on the
+  // metrics endpoint while the server is up. Optional; outlives the server.
+  StoreWaits* store_waits = nullptr;
   // Called on the loop's thread after every phase.
   std::function<void(const PhaseProgress&)> progress;
 };
@@ -76,9 +81,12 @@ Status check_serveable(const RunSpec& spec);
 
 class RunServer {
  public:
-  // Binds the listening address and starts gRPC's threads; nothing is leased before Run().
-  static Result<std::unique_ptr<RunServer>> Start(Store& store, Trainer& trainer, PromptCosts costs,
-                                                  ServeOptions options);
+  // Binds the listening address and starts gRPC's threads; nothing is leased before Run(). `log`: the run's
+  // progress log (ProgressLog::Open(progress_log_path(store.path(), trainer.run_id()))), opened before the trainer
+  // and closed after it, so that its lock keeps a second coordinator of the run away from the store while this
+  // one's trainer (background work included) uses it.
+  static Result<std::unique_ptr<RunServer>> Start(Store& store, Trainer& trainer, ProgressLog& log,
+                                                  PromptCosts costs, ServeOptions options);
   ~RunServer();
   RunServer(const RunServer&) = delete;
   RunServer& operator=(const RunServer&) = delete;

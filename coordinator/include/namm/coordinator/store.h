@@ -9,8 +9,16 @@
 // Durability: every public call that writes is one transaction, so a crash at any instant leaves either all or
 // none of it. In particular CommitGeneration() writes everything a generation's tell() changes (the generation,
 // its candidates, the new optimizer state, stage progress, metrics) at once. Every transaction is synced to disk.
+//
+// Contention: a call that meets a transient error (another connection holds a lock it needs: SQLITE_BUSY,
+// SQLITE_LOCKED, or a WAL race, SQLITE_PROTOCOL) rolls its transaction back and tries again, with backoff, for as
+// long as it takes; StoreOptions::on_wait hears of each such wait. Only a permanent error (disk full, an I/O
+// error, corruption, a foreign file, a constraint) is returned, its SQLite error named. The database's write lock
+// is never held while waiting for another of this process's connections, and checkpoints never wait for readers
+// (docs/coordinator.md, "The store under contention").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -42,12 +50,28 @@ enum class OpenMode {
   kReadOnly,  // the file must exist at the current schema version; nothing is written
 };
 
+// A wait for the database: a call that met a transient error and is trying again.
+struct StoreWait {
+  std::string what;     // the call ("recording evaluations")
+  double seconds = 0;   // since its first failed attempt
+  int64_t retries = 0;  // failed attempts so far
+  std::string error;    // the last transient error, e.g. "database is locked (SQLITE_BUSY)"
+  bool ended = false;   // the call went through (or failed for good); else it is still waiting
+};
+
 struct StoreOptions {
   // Migrate no further than this version (tests build old databases with it).
   int target_schema_version = kStoreSchemaVersion;
   // Called inside CommitGeneration()'s transaction just before COMMIT. Crash tests kill the process there.
   std::function<void()> before_commit;
-
+  // Hears of waits for the database, on the waiting thread: after each failed attempt while one lasts (at most
+  // every backoff_max), and once when it ends. Connections this store opens for background work use it too.
+  std::function<void(const StoreWait&)> on_wait;
+  // Sleep between attempts after a transient error: doubling from backoff_initial up to backoff_max.
+  std::chrono::milliseconds backoff_initial{10}, backoff_max{1000};
+  // The trainer's connection leaves checkpoints (copying the WAL into the database) to Checkpoint() on another
+  // connection, so that its commits never pay for them (SQLite's automatic checkpoint runs in the committing call).
+  bool checkpoint_elsewhere = false;
 };
 
 // The work recorded for one generation, from its evaluations.
@@ -125,10 +149,14 @@ class Store final : public TrainingStore {
   Result<int64_t> AddSnapshotConcurrently(int64_t run_id, const NewSnapshot& snapshot) const override;
   // Removes what an AddSnapshot() cut off by a crash left (call when no snapshot is being written).
   Status DropIncompleteSnapshots(int64_t run_id) override;
-  // Deletes the listed complete snapshots, then wal_checkpoint(TRUNCATE).
+  // Deletes the listed complete snapshots, then Checkpoint().
   Status DropSnapshots(int64_t run_id, const std::vector<int64_t>& ids);
   // Opens the file again (kExisting) and drops them there.
   Status DropSnapshotsConcurrently(int64_t run_id, const std::vector<int64_t>& ids) const override;
+  // Copies what the WAL holds into the database as far as no reader still needs it (a passive checkpoint: it
+  // never takes the write lock and never waits for a reader). The WAL is then reused from its start by the next
+  // commit and cut back to 64 MB (journal_size_limit).
+  Status Checkpoint();
 
   Result<std::map<std::string, double>> GetMetrics(int64_t run_id, int64_t generation) const;
   // Per generation with evaluations, in generation order.
@@ -145,6 +173,11 @@ class Store final : public TrainingStore {
   Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOptions options);
   // One run, or every run in id order.
   Result<std::vector<RunRecord>> ReadRuns(std::optional<int64_t> run_id) const;
+  // Runs `body` (one transaction, or reads) again after each transient error until it goes through (store.cpp).
+  template <typename F>
+  auto Guard(const std::string& what, F&& body) const -> decltype(body());
+  // Another connection to the file, for a background thread.
+  Result<std::unique_ptr<Store>> OpenAnother() const;
   std::string path_;
   std::unique_ptr<SQLite::Database> db_;
   StoreOptions options_;

@@ -104,6 +104,8 @@ class Trainer {
   // Starts a new run of `spec` in `store`. `task_rows`: the number of prompts (rows) of every task of the spec.
   static Result<std::unique_ptr<Trainer>> Create(TrainingStore& store, const RunSpec& spec,
                                                  const std::map<std::string, int64_t>& task_rows);
+  // Only writes a new run of `spec` to `store` (its stages and initial state); Resume() continues it.
+  static Result<int64_t> WriteNewRun(TrainingStore& store, const RunSpec& spec);
   // Continues run `run_id` from its latest checkpoint.
   static Result<std::unique_ptr<Trainer>> Resume(TrainingStore& store, int64_t run_id,
                                                  const std::map<std::string, int64_t>& task_rows);

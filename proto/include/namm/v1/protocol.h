@@ -1,12 +1,13 @@
 // The version of the coordinator protocol that worker and coordinator exchange at registration: a mismatch is
 // refused with a message naming both, rather than failing later in ways that are hard to read. Bump it with every
-// change of meaning (2: held leases and lease_done, results acknowledged once logged).
+// change of meaning (2: held leases and lease_done, results acknowledged once logged; 3: a report is refused per
+// prompt, never whole for one prompt, and NOT_FOUND means an unknown worker only).
 #pragma once
 
 #include <cstdint>
 
 namespace namm::v1 {
 
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 
 }  // namespace namm::v1

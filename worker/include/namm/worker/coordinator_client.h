@@ -85,6 +85,7 @@ class LeaseExecutor {
 
 struct WorkerClientStats {
   int64_t sessions = 0, leases = 0, prompts = 0, accepted = 0, duplicates = 0, cancelled = 0, failed = 0;
+  int64_t refused = 0;  // results and failures the coordinator did not take (ReportResponse.refused)
 };
 
 class WorkerClient {

@@ -5,8 +5,13 @@
 // run loop stores results in the database in batches; a restarted coordinator reads the log back, stores the
 // results it holds and keeps the leases still open for their workers. Truncated once a generation is committed.
 //
-// File: "NAMMPLOG", a version, then records of (payload length, CRC-32 of the payload, payload). Reading stops at
-// the first torn or damaged record (what a crash in the middle of an append leaves).
+// One coordinator per run: Open() takes an exclusive lock on the file (flock; the kernel releases it when the
+// process ends, however it ends) and writes who holds it into the header, so that a second coordinator of the
+// same run is refused at once with the first one's pid and host instead of truncating its log.
+//
+// File: "NAMMPLOG", a version (2), the holder (128 bytes: "pid P on HOST since TIME", zero-padded; version 1,
+// written by older builds, has none), then records of (payload length, CRC-32 of the payload, payload). Reading
+// stops at the first torn or damaged record (what a crash in the middle of an append leaves).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +54,13 @@ struct ProgressEntries {
   }
 };
 
+// The progress log of run `run_id` of the database at `db`.
+std::string progress_log_path(const std::string& db, int64_t run_id);
+
 class ProgressLog {
  public:
-  // Opens (creating it if missing) and reads the log at `path`.
+  // Takes the lock on the log at `path` (creating it if missing) and reads it. FailedPrecondition, naming the
+  // holder, when another process holds it.
   static Result<std::unique_ptr<ProgressLog>> Open(const std::string& path);
   ~ProgressLog();
   ProgressLog(const ProgressLog&) = delete;
@@ -70,11 +79,16 @@ class ProgressLog {
 
  private:
   ProgressLog(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  // Writes `bytes` at end_ (mu_ held, or before the log is shared).
   Status Write(const std::string& bytes);
+  // Replaces the whole file by `bytes` (mu_ held, or before the log is shared).
+  Status Rewrite(const std::string& bytes);
 
   const std::string path_;
   const int fd_;
   std::mutex mu_;
+  uint64_t end_ = 0;    // where the next record goes (no O_APPEND: the header's holder is written in place)
+  std::string holder_;  // this process, as the header names it (kHolderBytes, zero-padded)
   ProgressEntries recovered_;
   int64_t ignored_bytes_ = 0;
 };
