@@ -184,11 +184,11 @@ std::vector<int64_t> RandomPrompt(int64_t vocab, int64_t n) {
 
 std::vector<int64_t> Prompt(const Tokenizer& tokenizer, int64_t n) {
   std::string text;
-  while (static_cast<int64_t>(tokenizer.Encode(text).size()) < n) {
+  while (static_cast<int64_t>(tokenizer.Encode(text).value().size()) < n) {
     text += "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ";
     text += "One day, she saw a big, red ball and a dog named Max. They played until the sun went down. ";
   }
-  std::vector<int64_t> ids = tokenizer.EncodeForModel(text);
+  std::vector<int64_t> ids = tokenizer.EncodeForModel(text).value();
   ids.resize(static_cast<std::size_t>(n));
   return ids;
 }

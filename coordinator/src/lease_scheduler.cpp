@@ -361,7 +361,7 @@ void LeaseScheduler::Activate(uint64_t id, const std::string& worker, std::vecto
   retired_.erase(id);
   workers_[worker].leases.insert(id);
   workers_[worker].ran.insert({first.kind, first.candidate});
-  active_[id] = Active{worker, std::move(units), now, now + options_.lease_timeout};
+  active_[id] = Active{worker, workers_[worker].name, std::move(units), now, now + options_.lease_timeout};
 }
 
 std::vector<int64_t> LeaseScheduler::OpenUnits(const HeldLease& lease, std::optional<uint64_t> holder) const {
@@ -392,6 +392,23 @@ bool LeaseScheduler::Reserve(const std::string& worker_name, const HeldLease& le
   return true;
 }
 
+Status LeaseScheduler::CheckHeld(const std::string& worker_name, const std::vector<HeldLease>& held) const {
+  for (const HeldLease& h : held) {
+    const std::string id = std::to_string(h.id);
+    // Earlier coordinators of the run numbered theirs below first_lease_id; this one has issued up to next_lease_.
+    if (h.id == 0 || h.id >= next_lease_) {
+      return Status::InvalidArgument("held lease " + id + " was never issued by this coordinator");
+    }
+    const Active* a = nullptr;
+    if (const auto it = active_.find(h.id); it != active_.end()) a = &it->second;
+    if (const auto it = retired_.find(h.id); it != retired_.end()) a = &it->second;
+    if (a != nullptr && a->name != worker_name) {
+      return Status::InvalidArgument("held lease " + id + " was issued to another worker, not to '" + worker_name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
 std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const std::vector<HeldLease>& held,
                                                 Clock::time_point now) {
   std::vector<HeldLease> kept;
@@ -403,8 +420,8 @@ std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const
     if (const auto a = active_.find(h.id); a != active_.end()) {
       // Kept for its name (a restarted coordinator's reservation), or still held by its previous session (whose
       // broken stream the coordinator has not noticed yet): it moves to the new session. Else it is another's.
+      if (a->second.name != name) continue;
       const std::string owner = a->second.worker;
-      if (workers_[owner].name != name) continue;
       // The named units it still has stay; units of the lease it no longer has go back to the queue.
       units = OpenUnits(h, h.id);
       if (units.empty()) {
@@ -421,12 +438,20 @@ std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const
         }
       }
       if (!back.units.empty()) PushFront(std::move(back));
-      workers_[owner].leases.erase(h.id);
-      if (IsReserved(owner) && workers_[owner].leases.empty()) workers_.erase(owner);
+      if (const auto o = workers_.find(owner); o != workers_.end()) {
+        o->second.leases.erase(h.id);
+        if (IsReserved(owner) && o->second.leases.empty()) workers_.erase(o);
+      }
       active_.erase(a);
-    } else {
-      units = OpenUnits(h);  // re-adopt what nobody took since its connection broke
+    } else if (const auto r = retired_.find(h.id); r != retired_.end() && r->second.name == name) {
+      // Ended since its connection broke (returned to the queue): it takes back what nobody took meanwhile, of
+      // the units the lease had.
+      for (int64_t u : OpenUnits(h)) {
+        if (std::find(r->second.units.begin(), r->second.units.end(), u) != r->second.units.end()) units.push_back(u);
+      }
     }
+    // Any other id (an earlier phase's or coordinator's, or one never issued) is not kept: adopting it could
+    // collide with a lease this coordinator issues later.
     if (units.empty()) continue;
     HeldLease k = h;
     k.prompts.clear();

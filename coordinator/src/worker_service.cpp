@@ -40,8 +40,16 @@ std::string StatusCodeName(StatusCode code) {
 
 }  // namespace
 
+namespace {
+AuthLockout::Options LockoutOptions(const ServiceConfig& config) {
+  AuthLockout::Options o;
+  o.max_failures = config.max_auth_failures_per_peer;
+  return o;
+}
+}  // namespace
+
 WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, ServiceHooks hooks)
-    : config_(std::move(config)), hooks_(std::move(hooks)), scheduler_(scheduler) {}
+    : config_(std::move(config)), hooks_(std::move(hooks)), scheduler_(scheduler), lockout_(LockoutOptions(config_)) {}
 
 bool WorkerService::Log(const ProgressEntries& entries) {
   if (!hooks_.log || entries.empty()) return true;
@@ -71,15 +79,6 @@ grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) 
 }
 
 grpc::Status WorkerService::Authenticate(const grpc::ServerContextBase& context) {
-  const std::string peer = PeerAddress(context);
-  const Clock::time_point now = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    if (const auto p = peers_.find(peer); p != peers_.end() && p->second.blocked_until > now) {
-      return Refuse(StatusCode::RESOURCE_EXHAUSTED,
-                    "too many authentication failures from " + peer + ": refused for a minute");
-    }
-  }
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("x-namm-token");
   std::string failure;
@@ -88,21 +87,23 @@ grpc::Status WorkerService::Authenticate(const grpc::ServerContextBase& context)
   } else if (!SameSecret(std::string(it->second.data(), it->second.size()), config_.token)) {
     failure = "wrong shared secret (x-namm-token)";
   }
-  if (failure.empty()) return grpc::Status::OK;
-  if (config_.max_auth_failures_per_peer > 0) {
-    std::lock_guard<std::mutex> lock(peers_mu_);
-    PeerRecord& p = peers_[peer];
-    if (now - p.window_start > std::chrono::minutes(1)) {
-      p.window_start = now;
-      p.auth_failures = 0;
-    }
-    if (++p.auth_failures >= config_.max_auth_failures_per_peer) {
-      p.blocked_until = now + std::chrono::minutes(1);
-      spdlog::warn("{} failed authentication {} times within a minute: its calls are refused for a minute", peer,
-                   p.auth_failures);
-    }
+  if (failure.empty()) return grpc::Status::OK;  // whatever others at its address did
+  const std::string peer = PeerAddress(context);
+  const AuthLockout::Verdict v = lockout_.Failed(peer, failure, Clock::now());
+  if (!v.warning.empty()) spdlog::warn("{}", v.warning);
+  const StatusCode code = v.locked_out ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::UNAUTHENTICATED;
+  ++refused_;
+  ++refused_by_code_[static_cast<std::size_t>(code) % refused_by_code_.size()];
+  if (v.locked_out) {
+    return {code, "too many authentication failures from " + peer + ": calls without the right secret are refused "
+                  "for a minute (" + failure + ")"};
   }
-  return Refuse(StatusCode::UNAUTHENTICATED, failure);
+  return {code, failure};
+}
+
+void WorkerService::ReleaseStream(const std::string& peer) {
+  const auto it = streams_by_peer_.find(peer);
+  if (it != streams_by_peer_.end() && --it->second <= 0) streams_by_peer_.erase(it);
 }
 
 grpc::Status WorkerService::FindSession(const std::string& worker_id, std::shared_ptr<Session>* session,
@@ -170,7 +171,7 @@ class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::Wor
     }
     {
       std::lock_guard<std::mutex> lock(service_.peers_mu_);
-      --service_.peers_[peer_].streams;
+      service_.ReleaseStream(peer_);
     }
     delete this;
   }
@@ -323,6 +324,14 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
                       config_.run_name + "' needs '" + config_.model_fingerprint + "'");
   }
   std::lock_guard<std::mutex> lock(mu_);
+  {
+    std::vector<HeldLease> named;
+    for (const v1::HeldLease& h : request->held_leases()) named.push_back({h.lease_id(), UnitKind::kCandidate, 0, "", {}});
+    // A lease id it cannot hold (forged, or another worker's) would be activated and later collide.
+    if (const Status s = scheduler_.CheckHeld(name, named); !s.ok()) {
+      return Refuse(StatusCode::INVALID_ARGUMENT, "worker '" + name + "': " + s.message());
+    }
+  }
   const std::string id = NewWorkerId();
   auto session = std::make_shared<Session>();
   session->name = name;
@@ -405,13 +414,12 @@ grpc::ServerWriteReactor<v1::WorkBatch>* WorkerService::Leases(grpc::CallbackSer
   const std::string peer = PeerAddress(*context);
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    PeerRecord& p = peers_[peer];
-    if (config_.max_streams_per_peer > 0 && p.streams >= config_.max_streams_per_peer) {
-      return new RefusedStream(Refuse(StatusCode::RESOURCE_EXHAUSTED,
-                                      peer + " has " + std::to_string(p.streams) +
-                                          " lease streams open already (--max-streams-per-peer)"));
+    int& streams = streams_by_peer_[peer];
+    if (config_.max_streams_per_peer > 0 && streams >= config_.max_streams_per_peer) {
+      return new RefusedStream(Refuse(StatusCode::RESOURCE_EXHAUSTED, peer + " has " + std::to_string(streams) +
+                                                                          " lease streams open already (--max-streams-per-peer)"));
     }
-    ++p.streams;  // released by the stream's OnDone
+    ++streams;  // released by the stream's OnDone
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::shared_ptr<Session> session;
@@ -421,7 +429,7 @@ grpc::ServerWriteReactor<v1::WorkBatch>* WorkerService::Leases(grpc::CallbackSer
   }
   if (!refused.ok()) {
     std::lock_guard<std::mutex> peers(peers_mu_);
-    --peers_[peer].streams;
+    ReleaseStream(peer);
     return new RefusedStream(refused);
   }
   session->streaming = true;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "namm/coordinator/auth_lockout.h"
 #include "namm/coordinator/lease_scheduler.h"
 #include "namm/coordinator/store.h"
 #include "namm/v1/coordinator.grpc.pb.h"
@@ -37,7 +38,7 @@ struct ServiceConfig {
   std::string rope_scaling;
   int heartbeat_interval_ms = 2000;
   // Per peer address: lease streams open at once (0: no limit), and authentication failures within a minute
-  // before its calls are refused for a minute (0: no limit).
+  // before its calls without the right secret are refused for a minute (0: no limit; AuthLockout).
   int max_streams_per_peer = 256;
   int max_auth_failures_per_peer = 20;
 };
@@ -116,7 +117,7 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
     LeaseStream* stream = nullptr;  // while streaming
   };
 
-  // The secret, and the peer's standing: too many recent failures from its address refuse it for a while.
+  // The secret; a peer address with too many recent failures is refused at once without it (AuthLockout).
   grpc::Status Authenticate(const grpc::ServerContextBase& context);
   // What a report holds, prompt by prompt (mu_ held): accepted results (new ones, for the progress log), results
   // to record (new or duplicate: prompt and seconds), failures to record, results of a lease of an ended phase,
@@ -161,13 +162,11 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   std::chrono::steady_clock::time_point last_wake_all_;  // ExpireLeases' once-a-second look at every stream
   std::vector<EvaluationRecord> evaluations_;  // accepted, not yet taken for the store
   std::vector<ReferenceResult> references_;
-  struct PeerRecord {
-    int auth_failures = 0;
-    std::chrono::steady_clock::time_point window_start, blocked_until;
-    int streams = 0;
-  };
+  AuthLockout lockout_;
   std::mutex peers_mu_;
-  std::map<std::string, PeerRecord> peers_;  // by address, without the port
+  std::map<std::string, int> streams_by_peer_;  // open lease streams by address (without the port); none: absent
+  // Releases one of `peer`'s streams (peers_mu_ held).
+  void ReleaseStream(const std::string& peer);
   std::atomic<int64_t> refused_{0};
   int64_t results_refused_ = 0;  // prompts of reports not taken (mu_)
   std::array<std::atomic<int64_t>, 17> refused_by_code_{};  // by grpc::StatusCode (0..16)

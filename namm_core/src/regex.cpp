@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <memory>
+
 namespace namm {
 
 struct Regex::Code {
@@ -28,17 +30,29 @@ Result<Regex> Regex::Compile(const std::string& pattern) {
   return regex;
 }
 
-std::vector<std::pair<std::size_t, std::size_t>> Regex::FindAll(const std::string& text) const {
+Result<std::vector<std::pair<std::size_t, std::size_t>>> Regex::FindAll(const std::string& text) const {
   std::vector<std::pair<std::size_t, std::size_t>> matches;
-  pcre2_match_data* data = pcre2_match_data_create_from_pattern(code_->code, nullptr);
+  const std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> data(
+      pcre2_match_data_create_from_pattern(code_->code, nullptr), pcre2_match_data_free);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t start = 0;
   while (start <= text.size()) {
     // The text is valid UTF-8 (callers sanitize it); without this flag PCRE2 re-validates the rest of the
     // subject on every call, which makes a long text quadratic.
-    const int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
-    if (rc < 0) break;
-    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
+    int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
+    // The JIT's stack is small (32 KB); the interpreter keeps its backtracking on the heap.
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+      rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data.get(), nullptr);
+    }
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      return Status::FailedPrecondition("a regex match from byte " + std::to_string(start) + " of a " +
+                                        std::to_string(text.size()) + "-byte text failed: " +
+                                        reinterpret_cast<const char*>(message));
+    }
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
     const std::size_t begin = ovector[0], end = ovector[1];
     if (end == begin) {  // an empty match: step over one character
       if (begin >= text.size()) break;
@@ -49,7 +63,6 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::FindAll(const std::strin
     matches.emplace_back(begin, end);
     start = end;
   }
-  pcre2_match_data_free(data);
   return matches;
 }
 

@@ -1,5 +1,8 @@
 #include "namm/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace namm {
 
 namespace {
@@ -32,5 +35,14 @@ Status Status::WithNote(const std::string& note) const {
   if (ok()) return *this;
   return Status(code_, message_ + "; " + note);
 }
+
+namespace internal {
+
+void DieOnValueOfError(const Status& status) {
+  std::fprintf(stderr, "namm: the value of an error was taken (a bug: check ok() first): %s\n", status.ToString().c_str());
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace namm

@@ -32,10 +32,11 @@ const Regex& CompiledRegex(const char* pattern) {
 }
 
 // re.findall(pattern, text); for patterns "<literal prefix>(\d+)" pass the prefix's byte length to get the group.
-std::vector<std::string> FindAll(const char* pattern, const std::string& text, std::size_t group_prefix = 0) {
+Result<std::vector<std::string>> FindAll(const char* pattern, const std::string& text, std::size_t group_prefix = 0) {
   std::vector<std::string> out;
   const std::string clean = to_utf8(to_u32(text));  // PCRE2 needs valid UTF-8
-  for (const auto& [begin, end] : CompiledRegex(pattern).FindAll(clean)) {
+  NAMM_ASSIGN_OR_RETURN(const auto matches, CompiledRegex(pattern).FindAll(clean));
+  for (const auto& [begin, end] : matches) {
     out.push_back(clean.substr(begin + group_prefix, end - begin - group_prefix));
   }
   return out;
@@ -48,7 +49,7 @@ std::string JoinWhitespaceSplit(const std::u32string& text, const char* separato
 }
 
 // LongBench's normalize_answer.
-std::string NormalizeAnswer(const std::string& s) {
+Result<std::string> NormalizeAnswer(const std::string& s) {
   std::u32string no_punct;
   for (char32_t c : to_u32(py_lower(s))) {
     if (!is_ascii_punctuation(c)) no_punct.push_back(c);
@@ -56,7 +57,8 @@ std::string NormalizeAnswer(const std::string& s) {
   const std::string text = to_utf8(no_punct);
   std::string no_articles;
   std::size_t cursor = 0;
-  for (const auto& [begin, end] : CompiledRegex(R"(\b(a|an|the)\b)").FindAll(text)) {
+  NAMM_ASSIGN_OR_RETURN(const auto articles, CompiledRegex(R"(\b(a|an|the)\b)").FindAll(text));
+  for (const auto& [begin, end] : articles) {
     no_articles += text.substr(cursor, begin - cursor) + " ";
     cursor = end;
   }
@@ -99,6 +101,13 @@ Tokens SplitWords(const std::string& text) {
   return out;
 }
 
+// LongBench's qa_f1_score: token F1 of the normalized answers.
+Result<double> QaF1(const std::string& prediction, const std::string& answer) {
+  NAMM_ASSIGN_OR_RETURN(const std::string p, NormalizeAnswer(prediction));
+  NAMM_ASSIGN_OR_RETURN(const std::string a, NormalizeAnswer(answer));
+  return TokenF1(SplitWords(p), SplitWords(a));
+}
+
 Tokens NormalizedCjkTokens(const Tokens& raw) {
   Tokens out;
   for (const auto& t : raw) {
@@ -124,8 +133,8 @@ std::string Join(const Tokens& tokens, const std::string& separator) {
   return out;
 }
 
-double NumberMatchShare(const std::string& prediction, const std::string& target) {
-  const Tokens numbers = FindAll(R"(\d+)", prediction);
+Result<double> NumberMatchShare(const std::string& prediction, const std::string& target) {
+  NAMM_ASSIGN_OR_RETURN(const Tokens numbers, FindAll(R"(\d+)", prediction));
   if (numbers.empty()) return 0.0;
   const auto right = std::count(numbers.begin(), numbers.end(), target);
   return static_cast<double>(right) / static_cast<double>(numbers.size());
@@ -223,9 +232,9 @@ double IbCodeDebug(const std::string& prediction, const Json& label) {
   return StartsWith(*match.rest, to_u32(letter)) || StartsWith(*match.rest, to_u32(fn_name)) ? 1.0 : 0.0;
 }
 
-double IbMathFind(const std::string& prediction, const Json& label_in) {
+Result<double> IbMathFind(const std::string& prediction, const Json& label_in) {
   const Json label = Scalar(label_in);
-  const Tokens first = FindAll(R"(\d+\.\d+|\d+)", prediction);
+  NAMM_ASSIGN_OR_RETURN(const Tokens first, FindAll(R"(\d+\.\d+|\d+)", prediction));
   if (first.empty()) return 0.0;
   if (label.is_number_integer()) {
     // int() of a decimal match raises in the reference's scorer; a number that is not an integer scores 0.
@@ -298,7 +307,7 @@ const std::map<std::string, AnswerMetric>& AnswerMetrics() {
   static const std::map<std::string, AnswerMetric> metrics = {
       {"qa_f1",
        [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
-         return TokenF1(SplitWords(NormalizeAnswer(p)), SplitWords(NormalizeAnswer(a)));
+         return QaF1(p, a);
        }},
       {"qa_f1_zh",
        [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
@@ -345,13 +354,13 @@ const std::map<std::string, AnswerMetric>& AnswerMetrics() {
        }},
       {"retrieval",
        [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
-         const Tokens ids = FindAll(R"(Paragraph (\d+))", a, std::string("Paragraph ").size());
+         NAMM_ASSIGN_OR_RETURN(const Tokens ids, FindAll(R"(Paragraph (\d+))", a, std::string("Paragraph ").size()));
          if (ids.empty()) return Status::InvalidArgument("retrieval: the answer '" + a + "' names no 'Paragraph N'");
          return NumberMatchShare(p, ids[0]);
        }},
       {"retrieval_zh",
        [](const std::string& p, const std::string& a, const auto&, const auto&) -> Result<double> {
-         const Tokens ids = FindAll(R"(段落(\d+))", a, std::string("段落").size());
+         NAMM_ASSIGN_OR_RETURN(const Tokens ids, FindAll(R"(段落(\d+))", a, std::string("段落").size()));
          if (ids.empty()) return Status::InvalidArgument("retrieval_zh: the answer '" + a + "' names no '段落N'");
          return NumberMatchShare(p, ids[0]);
        }},
@@ -382,9 +391,12 @@ const std::map<std::string, AnswerMetric>& AnswerMetrics() {
 }
 
 // Metrics that want the best score over several answer strings.
-Result<double> BestOverAnswers(const Json& answers, const std::function<double(const std::string&)>& score) {
+Result<double> BestOverAnswers(const Json& answers, const std::function<Result<double>(const std::string&)>& score) {
   double best = 0;
-  for (const auto& a : answers.is_array() ? answers : Json::array({answers})) best = std::max(best, score(py_str(a)));
+  for (const auto& a : answers.is_array() ? answers : Json::array({answers})) {
+    NAMM_ASSIGN_OR_RETURN(const double s, score(py_str(a)));
+    best = std::max(best, s);
+  }
   return best;
 }
 
@@ -401,13 +413,11 @@ const std::map<std::string, LabelMetric>& LabelMetrics() {
       {"ib_choice", [](const std::string& p, const Json& l, const auto&) -> Result<double> { return IbChoice(p, l); }},
       {"ib_qa_eng",
        [](const std::string& p, const Json& l, const auto&) -> Result<double> {
-         return BestOverAnswers(l, [&](const std::string& a) {
-           return TokenF1(SplitWords(NormalizeAnswer(p)), SplitWords(NormalizeAnswer(a)));
-         });
+         return BestOverAnswers(l, [&](const std::string& a) { return QaF1(p, a); });
        }},
       {"ib_qa_chn",
        [](const std::string& p, const Json& l, const auto&) -> Result<double> {
-         return BestOverAnswers(l, [&](const std::string& a) { return CharF1Zh(p, a); });
+         return BestOverAnswers(l, [&](const std::string& a) -> Result<double> { return CharF1Zh(p, a); });
        }},
       {"ib_sum",
        [](const std::string& p, const Json& l, const auto&) -> Result<double> {

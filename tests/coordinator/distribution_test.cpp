@@ -49,8 +49,14 @@ using namm::testing::RunProcess;
 using namm::testing::Spawn;
 using namm::testing::Wait;
 
-const std::string kCoordinator = NAMM_COORDINATOR_PATH;
-const std::string kSimWorker = NAMM_SIM_WORKER_PATH;
+// NAMM_TEST_COORDINATOR / NAMM_TEST_SIM_WORKER run the tests against another build's programs (an earlier
+// commit's, to see a test fail where the fix is missing).
+std::string ProgramPath(const char* variable, const char* built) {
+  const char* other = std::getenv(variable);
+  return other != nullptr && *other != '\0' ? other : built;
+}
+const std::string kCoordinator = ProgramPath("NAMM_TEST_COORDINATOR", NAMM_COORDINATOR_PATH);
+const std::string kSimWorker = ProgramPath("NAMM_TEST_SIM_WORKER", NAMM_SIM_WORKER_PATH);
 const std::string kWorker = NAMM_WORKER_PATH;
 const std::string kSimFingerprint = "sha256:" + std::string(64, 'a');
 const std::string kSimTasks = "syn/story_recall,syn/story_recall_accuracy";
@@ -428,6 +434,71 @@ TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
   EXPECT_NE(again.find("namm_population_fitness_mean{run=\"dist_linger\"}"), std::string::npos) << again;
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+}
+
+// The database's write lock held elsewhere (another process, or a sync on a loaded disk) for longer than SQLite's
+// busy timeout (10 s: earlier builds stopped the run then, "recording evaluations failed ...: database is locked")
+// is waited out: the coordinator retries, warns while it waits, logs the wait once with its duration, counts it
+// on /metrics, and the run ends as an uninterrupted one.
+TEST(Distribution, ADatabaseLockedLongerThanTheBusyTimeoutIsWaitedOut) {
+  SimRun r("dist_store_wait", 4, 2);
+  const int metrics = FreePort();
+  Child coordinator = r.Serve({"--metrics-listen", "127.0.0.1:" + std::to_string(metrics), "--linger", "600"});
+  Child worker = r.SimWorker("sim-a");
+  ASSERT_TRUE(r.WaitMidGeneration(1)) << ReadText(r.log("coordinator"));
+  const auto held = std::chrono::seconds(15);
+  {
+    SQLite::Database other(r.db, SQLite::OPEN_READWRITE);
+    other.exec("BEGIN IMMEDIATE");
+    std::this_thread::sleep_for(held);
+    other.exec("COMMIT");
+  }
+  EXPECT_EQ(Wait(worker), 0) << ReadText(r.log("sim-a"));
+  ASSERT_TRUE(WaitUntil([&] { return ReadText(r.log("coordinator")).find("serving http") != std::string::npos; },
+                        std::chrono::seconds(60)))
+      << ReadText(r.log("coordinator"));
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_NE(log.find("still waiting for the database after 1"), std::string::npos) << log;  // 10 to 12 s
+  const std::size_t waited = log.find("s for the database (recording evaluations: database is locked (SQLITE_BUSY)");
+  ASSERT_NE(waited, std::string::npos) << log;
+  const double seconds = std::stod(log.substr(log.rfind("waited ", waited) + 7));
+  EXPECT_GT(seconds, 10);
+  EXPECT_LT(seconds, 16);
+  const std::string exposition = namm::testing::HttpGet(metrics, "/metrics");
+  EXPECT_NE(exposition.find("namm_store_waits_total{run=\"dist_store_wait\"} 1"), std::string::npos) << exposition;
+  EXPECT_NE(exposition.find("namm_store_waiting_seconds{run=\"dist_store_wait\"} 0"), std::string::npos);
+  EXPECT_NE(exposition.find("namm_store_wait_longest_seconds{run=\"dist_store_wait\"} 1"), std::string::npos);
+  ::kill(coordinator.pid, SIGTERM);
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// One coordinator per run: a second `serve` or `run` of it stops at once, naming the first (pid and host), and
+// leaves the first one's progress log and run alone.
+TEST(Distribution, ASecondCoordinatorOfARunIsRefusedNamingTheFirst) {
+  SimRun r("dist_second_coordinator", 3, 2);
+  Child first = r.Serve();
+  ASSERT_EQ(::waitpid(first.pid, nullptr, WNOHANG), 0) << ReadText(r.log("coordinator"));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string holder = "pid " + std::to_string(first.pid) + " on " + host;
+  for (const std::string& command : {"serve --listen 127.0.0.1:" + std::to_string(FreePort()) + " --token-file " +
+                                        r.token + " --insecure-plaintext",
+                                    std::string("run --local-workers 1")}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto second = RunProcess(kCoordinator + " " + command + " --config " + r.spec + " --db " + r.db +
+                                   " --data-dir synthetic=" + r.dir);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << command;
+    EXPECT_EQ(second.exit_code, 1) << second.output;
+    EXPECT_NE(second.output.find("run 'dist_second_coordinator' in " + r.db + ": another coordinator serves this "
+                                 "run (" + holder),
+              std::string::npos)
+        << second.output;
+  }
+  Child worker = r.SimWorker("sim-a");
+  EXPECT_EQ(Wait(first), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(worker), 0);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
 TEST(Distribution, ServingWithoutTlsNeedsToBeAskedFor) {
@@ -934,6 +1005,40 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   EXPECT_EQ(evaluations[0].prompt, prompt);
   EXPECT_EQ(evaluations[0].score, 0.25);
   EXPECT_EQ(evaluations[0].worker, "raw");
+}
+
+// Lease ids are the coordinator's: a registration naming one it never issued is refused, so that the lease can
+// never be activated under an id that a later lease takes (its prompts were then stranded), and the run goes on.
+TEST(Distribution, ARegistrationNamingALeaseNeverIssuedIsRefused) {
+  SimRun r("dist_forged_lease", 1, 1);
+  Child coordinator = r.Serve();
+  RawClient forger(r.address());
+  v1::RegisterResponse reg;
+  ASSERT_TRUE(WaitUntil([&] { return forger.Register("honest", kSimFingerprint, "cpu", 1, &reg).ok(); },
+                        std::chrono::seconds(30)));
+  grpc::ClientContext c;
+  forger.Authorize(c);
+  v1::RegisterRequest request;
+  request.set_worker_name("forger");
+  request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
+  request.mutable_capabilities()->set_device("cpu");
+  request.mutable_capabilities()->set_max_concurrent_leases(1);
+  request.set_protocol_version(v1::kProtocolVersion);
+  // The first lease a fresh run's coordinator issues (epoch 1): nothing has been leased yet.
+  const uint64_t next = (uint64_t{1} << 32) + 1;
+  v1::HeldLease* held = request.add_held_leases();
+  held->set_lease_id(next);
+  held->set_kind(v1::Lease::KIND_CANDIDATE);
+  held->set_generation(0);
+  held->set_candidate(-1);
+  held->set_task("syn/story_recall");
+  for (int64_t p = 0; p < kSimRows; ++p) held->add_prompts(p);
+  EXPECT_TRUE(Refused(forger.stub().Register(&c, request, &reg), grpc::StatusCode::INVALID_ARGUMENT,
+                      "lease " + std::to_string(next) + " was never issued by this coordinator"));
+  Child worker = r.SimWorker("sim-0");
+  EXPECT_EQ(Wait(coordinator, std::chrono::seconds(120)), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(worker), 0);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
 TEST(Distribution, APeerGuessingTheSecretOrOpeningTooManyStreamsIsRefused) {

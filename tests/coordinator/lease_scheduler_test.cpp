@@ -374,6 +374,42 @@ TEST(LeaseScheduler, AWorkerWhoseConnectionBrokeReadoptsWhatNobodyTookAndRelease
   EXPECT_EQ(s.counters().units_lost, 4) << "the broken stream; the release is not a loss";
 }
 
+// A registration naming a lease id this coordinator never issued (or another worker's) must not activate it:
+// the next lease issued would take the same id, and the units of the forged one would stay held forever.
+TEST(LeaseScheduler, AForgedOrForeignHeldLeaseIsRefusedAndNeverStrandsTheGeneration) {
+  SchedulerOptions o = Options(2, 1000);
+  o.first_lease_id = (uint64_t{3} << 32) + 1;
+  LeaseScheduler s(o);
+  s.StartPhase(Units(1, 4));
+  const Clock::time_point t0;
+  s.AddWorker("w-a", 1, "host-a");
+  auto first = s.Acquire("w-a", t0);
+  ASSERT_TRUE(first);
+  const uint64_t next = first->id + 1;  // the id the next lease will get
+  const HeldLease forged{next, UnitKind::kCandidate, 0, "t", {0, 1, 2, 3}};
+  const Status refused = s.CheckHeld("host-m", {forged});
+  EXPECT_EQ(refused.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(refused.message().find("lease " + std::to_string(next) + " was never issued"), std::string::npos);
+  EXPECT_FALSE(s.CheckHeld("host-m", {HeldLease{0, UnitKind::kCandidate, 0, "t", {0}}}).ok());
+  const Status foreign = s.CheckHeld("host-m", {HeldLease{first->id, UnitKind::kCandidate, 0, "t", first->prompts}});
+  EXPECT_NE(foreign.message().find("issued to another worker"), std::string::npos) << foreign.ToString();
+  EXPECT_TRUE(s.CheckHeld("host-a", {HeldLease{first->id, UnitKind::kCandidate, 0, "t", first->prompts}}).ok());
+  EXPECT_TRUE(s.CheckHeld("host-m", {HeldLease{12, UnitKind::kCandidate, 0, "t", {0}}}).ok())
+      << "an earlier coordinator's id is not refused (it is not kept either)";
+  // Even past the check, Reattach() adopts neither (what the service did before this check existed).
+  s.AddWorker("w-m", 1, "host-m");
+  EXPECT_TRUE(s.Reattach("w-m", {forged, HeldLease{first->id, UnitKind::kCandidate, 0, "t", first->prompts},
+                                 HeldLease{12, UnitKind::kCandidate, 0, "t", {2, 3}}}, t0).empty());
+  EXPECT_TRUE(s.LeasesOf("w-m").empty());
+  // host-a's lease is retired for it when its stream breaks: host-m still cannot take it.
+  s.RemoveWorker("w-a");
+  EXPECT_FALSE(s.CheckHeld("host-m", {HeldLease{first->id, UnitKind::kCandidate, 0, "t", first->prompts}}).ok());
+  EXPECT_TRUE(s.Reattach("w-m", {HeldLease{first->id, UnitKind::kCandidate, 0, "t", first->prompts}}, t0).empty());
+  // Every unit is leased and completed: nothing is stranded.
+  while (auto l = s.Acquire("w-m", t0)) CompleteAll(s, "w-m", *l);
+  EXPECT_TRUE(s.Done());
+}
+
 TEST(LeaseScheduler, AWorkerFailingPromptsInARowGetsNoMoreLeases) {
   LeaseScheduler s(Options(1));
   s.StartPhase(Units(1, 6));

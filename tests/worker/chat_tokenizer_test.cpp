@@ -48,12 +48,12 @@ TEST(ChatTokenizer, FormatsAUserTurnAndWritesBosOnce) {
   const std::string dir = TokenizerWithTemplate("chat_turn", kTurnTemplate);
   const auto chat = ChatTokenizerIn(dir);
   const auto plain = load_tokenizer(dir).value();
-  const std::vector<int64_t> ids = chat->EncodeForModel("  Where is the key?  ");
-  EXPECT_EQ(ids, plain->Encode("<|endoftext|><|user|>\nWhere is the key?\n<|assistant|>\n"));
+  const std::vector<int64_t> ids = chat->EncodeForModel("  Where is the key?  ").value();
+  EXPECT_EQ(ids, plain->Encode("<|endoftext|><|user|>\nWhere is the key?\n<|assistant|>\n").value());
   EXPECT_EQ(ids.front(), kEndOfText);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), kEndOfText), 1);  // the template's BOS, no second one
   // Everything but the prompt's formatting is the base tokenizer's.
-  EXPECT_EQ(chat->Encode("Where"), plain->Encode("Where"));
+  EXPECT_EQ(chat->Encode("Where").value(), plain->Encode("Where").value());
   EXPECT_EQ(chat->Decode(ids, true), plain->Decode(ids, true));
   EXPECT_EQ(chat->eos_ids(), plain->eos_ids());
 }

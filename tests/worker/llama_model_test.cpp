@@ -104,7 +104,7 @@ TEST(Stories260K, GreedyContinuationIsTheKnownStory) {
   GenerationOptions options;
   options.max_new_tokens = 64;
   options.eos_ids = {2};
-  auto result = Generator(s.model, *s.tokenizer).Generate(s.tokenizer->EncodeForModel("Once upon a time"), full, options);
+  auto result = Generator(s.model, *s.tokenizer).Generate(s.tokenizer->EncodeForModel("Once upon a time").value(), full, options);
   ASSERT_TRUE(result.ok()) << result.status().ToString();
   const std::string expected =
       ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red "
@@ -121,7 +121,7 @@ TEST(Stories260K, PromptLikelihoodMatchesTheReference) {
   GenerationOptions options;
   options.max_new_tokens = 0;
   options.record_logits = true;
-  const std::vector<int64_t> ids = s.tokenizer->EncodeForModel("Once upon a time");
+  const std::vector<int64_t> ids = s.tokenizer->EncodeForModel("Once upon a time").value();
   auto result = Generator(s.model, *s.tokenizer).Generate(ids, full, options);
   ASSERT_TRUE(result.ok());
   const at::Tensor log_probs = at::log_softmax(result->prompt_logits, -1);

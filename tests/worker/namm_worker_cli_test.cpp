@@ -58,9 +58,9 @@ TEST(NammWorkerCli, ChatFormatsThePromptWithTheModelsTemplate) {
   ASSERT_TRUE(tokenizer.ok());
   // The rendered turn, encoded as the template wrote it (no BOS of the tokenizer's own); plain: BOS + the text.
   EXPECT_EQ(nlohmann::json::parse(chat.output)["prompt_tokens"].get<std::size_t>(),
-            (*tokenizer)->Encode("Once upon a time, said the user.").size());
+            (*tokenizer)->Encode("Once upon a time, said the user.").value().size());
   EXPECT_EQ(nlohmann::json::parse(plain.output)["prompt_tokens"].get<std::size_t>(),
-            (*tokenizer)->EncodeForModel("Once upon a time").size());
+            (*tokenizer)->EncodeForModel("Once upon a time").value().size());
 
   // No template beside the tokenizer: refused, naming what is missing.
   auto missing = Worker(StoriesArgs() + " --prompt 'Once upon a time' --chat");
@@ -150,7 +150,7 @@ TEST(NammWorkerCli, BadInputGetsAClearError) {
   ASSERT_TRUE(tokenizer.ok());
   auto text = read_file(long_prompt);
   ASSERT_TRUE(text.ok());
-  const auto expected = encode_truncated_middle(**tokenizer, *text, 384);
+  const auto expected = encode_truncated_middle(**tokenizer, *text, 384).value();
   EXPECT_EQ(nlohmann::json::parse(fits.output)["prompt_tokens"].get<int64_t>(), static_cast<int64_t>(expected.size()));
 }
 

@@ -14,11 +14,11 @@ namespace namm::worker {
 // A prompt of n tokens: the stories prompt repeated, so that the model's attention has structure.
 inline std::vector<int64_t> LongPrompt(const Tokenizer& tokenizer, int64_t n) {
   std::string text;
-  while (static_cast<int64_t>(tokenizer.Encode(text).size()) < n) {
+  while (static_cast<int64_t>(tokenizer.Encode(text).value().size()) < n) {
     text += "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. ";
     text += "One day, she saw a big, red ball and a dog named Max. ";
   }
-  std::vector<int64_t> ids = tokenizer.EncodeForModel(text);
+  std::vector<int64_t> ids = tokenizer.EncodeForModel(text).value();
   ids.resize(static_cast<std::size_t>(n));
   return ids;
 }

@@ -170,7 +170,7 @@ TEST(TaskRunner, GptTwoTokenLengthsOfTheSharedLongBenchSubsets) {
     auto rows = tasks::load_rows(*task);
     ASSERT_TRUE(rows.ok());
     std::vector<int64_t> lengths;
-    for (const auto& row : *rows) lengths.push_back(static_cast<int64_t>((*gpt2)->Encode(*tasks::build_prompt(*task, row)).size()));
+    for (const auto& row : *rows) lengths.push_back(static_cast<int64_t>((*gpt2)->Encode(*tasks::build_prompt(*task, row)).value().size()));
     std::sort(lengths.begin(), lengths.end());
     std::printf("%-24s gpt2 tokens: min %6lld  p25 %6lld  median %6lld  p75 %6lld  max %6lld\n", name,
                 static_cast<long long>(lengths.front()), static_cast<long long>(lengths[lengths.size() / 4]),
@@ -181,7 +181,7 @@ TEST(TaskRunner, GptTwoTokenLengthsOfTheSharedLongBenchSubsets) {
     const auto& longest = *std::max_element(rows->begin(), rows->end(), [&](const auto& a, const auto& b) {
       return (*tasks::build_prompt(*task, a)).size() < (*tasks::build_prompt(*task, b)).size();
     });
-    const auto truncated = encode_truncated_middle(**gpt2, *tasks::build_prompt(*task, longest), 4096);
+    const auto truncated = encode_truncated_middle(**gpt2, *tasks::build_prompt(*task, longest), 4096).value();
     EXPECT_LE(std::abs(static_cast<int64_t>(truncated.size()) - 4096), 8) << name;
   }
 }
@@ -210,7 +210,7 @@ TEST(NammWorkerRunTask, LongBenchRowsEndToEndOnStories260K) {
     const auto text = tasks::build_prompt(*task, (*rows)[static_cast<std::size_t>(row["row"].get<int64_t>())]);
     ASSERT_TRUE(text.ok());
     EXPECT_EQ(row["prompt_tokens"].get<int64_t>(),
-              static_cast<int64_t>(encode_truncated_middle(**tokenizer, *text, 2048 - 32).size()));
+              static_cast<int64_t>(encode_truncated_middle(**tokenizer, *text, 2048 - 32).value().size()));
     EXPECT_GE(row["score"].get<double>(), 0.0);
     EXPECT_EQ(row["final_cache_sizes"].size(), 5u);
     EXPECT_LE(row["final_cache_sizes"][0].get<int64_t>(), 256 + 512);

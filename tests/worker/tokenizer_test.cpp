@@ -24,18 +24,18 @@ std::unique_ptr<Tokenizer> Load(const std::string& relative) {
 TEST(Llama2cTokenizer, EncodesTheKnownStoriesPrompt) {
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
   auto tokenizer = Load(testing::kStoriesTokenizer);
-  EXPECT_EQ(tokenizer->EncodeForModel("Once upon a time"), (Ids{1, 403, 407, 261, 378}));
+  EXPECT_EQ(tokenizer->EncodeForModel("Once upon a time").value(), (Ids{1, 403, 407, 261, 378}));
   EXPECT_EQ(tokenizer->Decode({1, 403, 407, 261, 378}), "Once upon a time");
   EXPECT_EQ(tokenizer->vocab_size(), 512);
   EXPECT_EQ(tokenizer->eos_ids(), (Ids{2}));
-  EXPECT_TRUE(tokenizer->Encode("").empty());
+  EXPECT_TRUE(tokenizer->Encode("").value().empty());
 }
 
 TEST(Llama2cTokenizer, FallsBackToBytesForUnknownCharacters) {
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
   auto tokenizer = Load(testing::kStoriesTokenizer);
   // "中" (E4 B8 AD) has no token in this 512-piece vocabulary: three byte tokens 3 + byte.
-  const Ids ids = tokenizer->Encode("\xE4\xB8\xAD");
+  const Ids ids = tokenizer->Encode("\xE4\xB8\xAD").value();
   ASSERT_GE(ids.size(), 3u);
   EXPECT_EQ(Ids(ids.end() - 3, ids.end()), (Ids{3 + 0xE4, 3 + 0xB8, 3 + 0xAD}));
   EXPECT_EQ(tokenizer->Decode(ids), "\xE4\xB8\xAD");
@@ -44,15 +44,15 @@ TEST(Llama2cTokenizer, FallsBackToBytesForUnknownCharacters) {
 TEST(Gpt2Tokenizer, KnownEncodings) {
   NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
   auto tokenizer = Load(testing::kGpt2Tokenizer);
-  EXPECT_EQ(tokenizer->Encode("Hello world"), (Ids{15496, 995}));
-  EXPECT_EQ(tokenizer->Encode(" Hello"), (Ids{18435}));
-  EXPECT_EQ(tokenizer->Encode("Hello, world!"), (Ids{15496, 11, 995, 0}));
+  EXPECT_EQ(tokenizer->Encode("Hello world").value(), (Ids{15496, 995}));
+  EXPECT_EQ(tokenizer->Encode(" Hello").value(), (Ids{18435}));
+  EXPECT_EQ(tokenizer->Encode("Hello, world!").value(), (Ids{15496, 11, 995, 0}));
   // The special token is recognized inside text, kept on request and skipped by default when decoding.
-  const Ids with_special = tokenizer->Encode("Hello<|endoftext|> world");
+  const Ids with_special = tokenizer->Encode("Hello<|endoftext|> world").value();
   EXPECT_EQ(with_special, (Ids{15496, 50256, 995}));
   EXPECT_EQ(tokenizer->Decode(with_special), "Hello world");
   EXPECT_EQ(tokenizer->Decode(with_special, /*skip_special_tokens=*/false), "Hello<|endoftext|> world");
-  EXPECT_EQ(tokenizer->EncodeForModel("Hello world"), (Ids{15496, 995}));  // GPT-2's template adds nothing
+  EXPECT_EQ(tokenizer->EncodeForModel("Hello world").value(), (Ids{15496, 995}));  // GPT-2's template adds nothing
   EXPECT_EQ(tokenizer->eos_ids(), (Ids{50256}));
 }
 
@@ -80,7 +80,7 @@ TEST(Gpt2Tokenizer, DecodeInvertsEncodeOnUnicodeText) {
   std::mt19937_64 gen(2024);
   for (int trial = 0; trial < 300; ++trial) {
     const std::string text = RandomUnicodeText(gen);
-    const Ids ids = tokenizer->Encode(text);
+    const Ids ids = tokenizer->Encode(text).value();
     EXPECT_EQ(tokenizer->Decode(ids), text) << "trial " << trial;
     for (int64_t id : ids) ASSERT_TRUE(id >= 0 && id < tokenizer->vocab_size());
   }
@@ -89,7 +89,7 @@ TEST(Gpt2Tokenizer, DecodeInvertsEncodeOnUnicodeText) {
 TEST(Gpt2Tokenizer, TransformersCleansUpSpacesWhenTheConfigSaysSo) {
   NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
   auto tokenizer = Load(testing::kGpt2Tokenizer);  // tokenizer_config.json: clean_up_tokenization_spaces true
-  EXPECT_EQ(tokenizer->Decode(tokenizer->Encode("Hello , world ! It 's done .")), "Hello, world! It's done.");
+  EXPECT_EQ(tokenizer->Decode(tokenizer->Encode("Hello , world ! It 's done .").value()), "Hello, world! It's done.");
 }
 
 TEST(Utf8, InvalidBytesBecomeOneReplacementPerMaximalSubpart) {
@@ -124,12 +124,12 @@ TEST(HfTokenizer, SentencePieceStyleBpeWithByteFallback) {
   auto tokenizer = HfTokenizer::FromJson(kSentencePieceJson, "", "inline");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   // "ab ab": normalized "▁ab▁ab"; merges (by rank) "▁ a" -> "▁a", then "▁a b" -> "▁ab".
-  EXPECT_EQ((*tokenizer)->Encode("ab ab"), (Ids{11, 11}));
+  EXPECT_EQ((*tokenizer)->Encode("ab ab").value(), (Ids{11, 11}));
   // "ba": "▁" "b" "a": no merge applies to "▁ b" or "b a".
-  EXPECT_EQ((*tokenizer)->Encode("ba"), (Ids{6, 8, 7}));
+  EXPECT_EQ((*tokenizer)->Encode("ba").value(), (Ids{6, 8, 7}));
   // "€" has no token: its three bytes.
-  EXPECT_EQ((*tokenizer)->Encode("a€"), (Ids{9, 3, 4, 5}));
-  EXPECT_EQ((*tokenizer)->EncodeForModel("ab"), (Ids{1, 11}));
+  EXPECT_EQ((*tokenizer)->Encode("a€").value(), (Ids{9, 3, 4, 5}));
+  EXPECT_EQ((*tokenizer)->EncodeForModel("ab").value(), (Ids{1, 11}));
   EXPECT_EQ((*tokenizer)->Decode({1, 11, 11, 3, 4, 5}), "ab ab€");
   // A lone continuation byte decodes to U+FFFD.
   EXPECT_EQ((*tokenizer)->Decode({9, 4}), "a\xEF\xBF\xBD");
@@ -154,9 +154,24 @@ TEST(HfTokenizer, LlamaThreeRegexSplitsBeforeByteLevelMerges) {
   auto tokenizer = HfTokenizer::FromJson(json, "", "inline");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   // "123123" -> "123" "123"; " ab" -> "Ġab" (whole word in vocab: ignore_merges); "1212" -> "121" "2" -> "12" "1", "2".
-  EXPECT_EQ((*tokenizer)->Encode("123123 ab"), (Ids{302, 302, 304}));
-  EXPECT_EQ((*tokenizer)->Encode("1212"), (Ids{301, '1', '2'}));
+  EXPECT_EQ((*tokenizer)->Encode("123123 ab").value(), (Ids{302, 302, 304}));
+  EXPECT_EQ((*tokenizer)->Encode("1212").value(), (Ids{301, '1', '2'}));
   EXPECT_EQ((*tokenizer)->Decode({302, 304}), "123 ab");
+}
+
+// A text its pre-tokenizer's regex cannot match within PCRE2's limits is an error: tokenizing it whole or not at
+// all (earlier, the limit counted as "no more matches" and the rest of the text was silently left out).
+TEST(HfTokenizer, ARegexLimitIsAnErrorNotATruncatedText) {
+  const std::string json = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, " ": 2}, "merges": []},
+      "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": false}})";
+  auto tokenizer = HfTokenizer::FromJson(json, "", "inline");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ((*tokenizer)->Encode("ab aa").value(), (Ids{0, 1, 2, 0, 0}));
+  const auto ids = (*tokenizer)->Encode("b " + std::string(40, 'a') + "b");
+  ASSERT_FALSE(ids.ok());
+  EXPECT_NE(ids.status().message().find("tokenizing a text of 43 bytes: a regex match"), std::string::npos)
+      << ids.status().ToString();
+  EXPECT_NE(ids.status().message().find("match limit exceeded"), std::string::npos);
 }
 
 TEST(HfTokenizer, AddedTokenAttributesAndMetaspace) {
@@ -170,10 +185,10 @@ TEST(HfTokenizer, AddedTokenAttributesAndMetaspace) {
   auto tokenizer = HfTokenizer::FromJson(json, "", "inline");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   // "c <eot>": lstrip swallows the space before <eot>; "c" is the first word, so it gets the prefix "▁c".
-  EXPECT_EQ((*tokenizer)->Encode("c <eot>"), (Ids{6, 0}));
+  EXPECT_EQ((*tokenizer)->Encode("c <eot>").value(), (Ids{6, 0}));
   // "ab" alone is a word: the added token; inside "cab" it is not.
-  EXPECT_EQ((*tokenizer)->Encode("ab"), (Ids{1}));
-  EXPECT_EQ((*tokenizer)->Encode("cab"), (Ids{6, 3, 4}));
+  EXPECT_EQ((*tokenizer)->Encode("ab").value(), (Ids{1}));
+  EXPECT_EQ((*tokenizer)->Encode("cab").value(), (Ids{6, 3, 4}));
   // The first token's "▁" is dropped, later ones become spaces.
   EXPECT_EQ((*tokenizer)->Decode({6, 6, 3}), "c ca");
 }
@@ -262,9 +277,9 @@ TEST(Llama2cTokenizer, MergesExactlyAsRunC) {
   for (int trial = 0; trial < 200; ++trial) {
     std::string text;
     for (std::size_t i = 0, n = length(gen); i < n; ++i) text += alphabet[pick(gen)];
-    EXPECT_EQ(tokenizer->Encode(text), RunCEncode(text)) << "'" << text << "'";
+    EXPECT_EQ(tokenizer->Encode(text).value(), RunCEncode(text)) << "'" << text << "'";
   }
-  EXPECT_EQ(tokenizer->Encode("Once upon a time, there was a little girl."), RunCEncode("Once upon a time, there was a little girl."));
+  EXPECT_EQ(tokenizer->Encode("Once upon a time, there was a little girl.").value(), RunCEncode("Once upon a time, there was a little girl."));
 }
 
 TEST(Llama2cTokenizer, LongTextsRoundTrip) {
@@ -272,7 +287,7 @@ TEST(Llama2cTokenizer, LongTextsRoundTrip) {
   auto tokenizer = Load(testing::kStoriesTokenizer);
   std::string text;
   for (int i = 0; i < 2000; ++i) text += "Once upon a time, there was a little girl named Lily. ";
-  const Ids ids = tokenizer->Encode(text);  // ~110k characters in one merge pass
+  const Ids ids = tokenizer->Encode(text).value();  // ~110k characters in one merge pass
   EXPECT_EQ(tokenizer->Decode(ids), text);
 }
 
@@ -282,14 +297,14 @@ TEST(MiddleTruncation, KeepsTheHeadAndTheTail) {
   std::string text = "BEGIN ";
   for (int i = 0; i < 300; ++i) text += "word" + std::to_string(i) + " ";
   text += "END";
-  const Ids ids = encode_truncated_middle(*tokenizer, text, 100);
+  const Ids ids = encode_truncated_middle(*tokenizer, text, 100).value();
   EXPECT_LE(std::abs(static_cast<int64_t>(ids.size()) - 100), 3);
   const std::string kept = tokenizer->Decode(ids);
   EXPECT_EQ(kept.rfind("BEGIN", 0), 0u);
   EXPECT_EQ(kept.substr(kept.size() - 3), "END");
   EXPECT_EQ(kept.find("word150 "), std::string::npos);
   // Short texts are untouched.
-  EXPECT_EQ(encode_truncated_middle(*tokenizer, "Hello world", 100), (Ids{15496, 995}));
+  EXPECT_EQ(encode_truncated_middle(*tokenizer, "Hello world", 100).value(), (Ids{15496, 995}));
 }
 
 }  // namespace

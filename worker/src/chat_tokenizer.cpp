@@ -16,10 +16,10 @@ class ChatTokenizer final : public Tokenizer {
     return chat_.chat_template.Render({{"user", text}}, /*add_generation_prompt=*/true, chat_.variables);
   }
 
-  std::vector<int64_t> Encode(const std::string& text) const override { return base_->Encode(text); }
+  Result<std::vector<int64_t>> Encode(const std::string& text) const override { return base_->Encode(text); }
   // As apply_chat_template(tokenize=True): the rendered prompt without the tokenizer's template tokens (the chat
   // template writes BOS itself where the model wants it).
-  std::vector<int64_t> EncodeForModel(const std::string& text) const override {
+  Result<std::vector<int64_t>> EncodeForModel(const std::string& text) const override {
     Result<std::string> prompt = Format(text);
     if (!prompt.ok()) {
       // with_chat_template() rendered a user turn already; a template that fails on some text only (it inspects

@@ -113,11 +113,11 @@ Status ParsePattern(const Json& j, std::string* literal, std::optional<Regex>* r
 }
 
 // Splits `s` around the regex or literal matches: matches and gaps in order (Isolated), or gaps only (Removed).
-std::vector<std::string> SplitAround(const std::string& s, const std::optional<Regex>& regex, const std::string& literal,
-                                     bool remove_matches) {
+Result<std::vector<std::string>> SplitAround(const std::string& s, const std::optional<Regex>& regex,
+                                             const std::string& literal, bool remove_matches) {
   std::vector<std::pair<std::size_t, std::size_t>> matches;
   if (regex) {
-    matches = regex->FindAll(s);
+    NAMM_ASSIGN_OR_RETURN(matches, regex->FindAll(s));
   } else if (!literal.empty()) {
     for (std::size_t pos = s.find(literal); pos != std::string::npos; pos = s.find(literal, pos + literal.size())) {
       matches.emplace_back(pos, pos + literal.size());
@@ -359,14 +359,15 @@ struct HfTokenizer::Impl {
     return Status::Ok();
   }
 
-  std::string Normalize(std::string s) const {
+  Result<std::string> Normalize(std::string s) const {
     for (const auto& step : normalizer) {
       if (step.kind == NormalizerStep::Kind::kPrepend) {
         if (!s.empty()) s = step.text + s;
       } else if (step.regex) {
         std::string out;
         std::size_t cursor = 0;
-        for (const auto& [begin, end] : step.regex->FindAll(s)) {
+        NAMM_ASSIGN_OR_RETURN(const auto matches, step.regex->FindAll(s));
+        for (const auto& [begin, end] : matches) {
           out += s.substr(cursor, begin - cursor) + step.content;
           cursor = end;
         }
@@ -379,7 +380,7 @@ struct HfTokenizer::Impl {
   }
 
   // Words of a normalized segment; at_input_start: the segment begins the whole input (Metaspace "first").
-  std::vector<std::string> PreTokenize(const std::string& text, bool at_input_start) const {
+  Result<std::vector<std::string>> PreTokenize(const std::string& text, bool at_input_start) const {
     std::vector<std::string> splits = {text};
     const ByteMap& bytes = GetByteMap();
     for (const auto& step : pre_tokenizer) {
@@ -389,17 +390,23 @@ struct HfTokenizer::Impl {
         switch (step.kind) {
           case PreTokenizerStep::Kind::kByteLevel: {
             if (step.add_prefix_space && !StartsWith(s, " ")) s = " " + s;
-            for (const std::string& piece : step.regex ? SplitAround(s, step.regex, "", false)
-                                                       : std::vector<std::string>{s}) {
+            std::vector<std::string> pieces = {s};
+            if (step.regex) {
+              NAMM_ASSIGN_OR_RETURN(pieces, SplitAround(s, step.regex, "", false));
+            }
+            for (const std::string& piece : pieces) {
               std::string mapped;
               for (unsigned char b : piece) mapped += bytes.to_char[b];
               next.push_back(std::move(mapped));
             }
             break;
           }
-          case PreTokenizerStep::Kind::kSplit:
-            for (auto& piece : SplitAround(s, step.regex, step.literal, step.remove_matches)) next.push_back(piece);
+          case PreTokenizerStep::Kind::kSplit: {
+            NAMM_ASSIGN_OR_RETURN(std::vector<std::string> pieces,
+                                  SplitAround(s, step.regex, step.literal, step.remove_matches));
+            for (auto& piece : pieces) next.push_back(std::move(piece));
             break;
+          }
           case PreTokenizerStep::Kind::kMetaspace: {
             s = ReplaceAll(std::move(s), " ", step.replacement);
             const bool prepend = step.prepend == PreTokenizerStep::Prepend::kAlways ||
@@ -616,7 +623,11 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& token
     if (added.content.empty() || added.id < 0 || added.id > kMaxTokenId) {
       return Status::Corruption(source + ": malformed added token " + token.dump());
     }
-    added.match = added.normalized ? impl->Normalize(added.content) : added.content;
+    if (added.normalized) {
+      NAMM_ASSIGN_OR_RETURN(added.match, impl->Normalize(added.content));
+    } else {
+      added.match = added.content;
+    }
     impl->vocab[added.content] = added.id;
     if (added.special) impl->special_ids.insert(added.id);
     impl->added_first_byte[static_cast<unsigned char>(added.match[0])] = true;
@@ -648,28 +659,37 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& token
   return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(impl)));
 }
 
-std::vector<int64_t> HfTokenizer::Encode(const std::string& raw) const {
+Result<std::vector<int64_t>> HfTokenizer::Encode(const std::string& raw) const {
   const std::string text = sanitize_utf8(raw);
   std::vector<int64_t> ids;
+  Status failed;  // the first segment that could not be tokenized; the rest is skipped
   auto push_token = [&](int64_t id) { ids.push_back(id); };
   // As tokenizers does: split at raw (non-normalized) added tokens, normalize each piece, split that at the
   // normalized added tokens, then pre-tokenize and run BPE.
   impl_->SplitAtAddedTokens(text, /*normalized_tokens=*/false, [&](std::size_t begin, std::size_t end) {
-    if (end <= begin) return;
-    const std::string normalized = impl_->Normalize(text.substr(begin, end - begin));
-    impl_->SplitAtAddedTokens(normalized, /*normalized_tokens=*/true, [&](std::size_t b, std::size_t e) {
-      if (e <= b) return;
-      for (const std::string& word : impl_->PreTokenize(normalized.substr(b, e - b), begin == 0 && b == 0)) {
-        impl_->Bpe(word, &ids);
+    if (end <= begin || !failed.ok()) return;
+    Result<std::string> normalized = impl_->Normalize(text.substr(begin, end - begin));
+    if (!normalized.ok()) {
+      failed = normalized.status();
+      return;
+    }
+    impl_->SplitAtAddedTokens(*normalized, /*normalized_tokens=*/true, [&](std::size_t b, std::size_t e) {
+      if (e <= b || !failed.ok()) return;
+      Result<std::vector<std::string>> words = impl_->PreTokenize(normalized->substr(b, e - b), begin == 0 && b == 0);
+      if (!words.ok()) {
+        failed = words.status();
+        return;
       }
+      for (const std::string& word : *words) impl_->Bpe(word, &ids);
     }, push_token);
   }, push_token);
+  if (!failed.ok()) return failed.WithContext("tokenizing a text of " + std::to_string(text.size()) + " bytes");
   return ids;
 }
 
-std::vector<int64_t> HfTokenizer::EncodeForModel(const std::string& text) const {
+Result<std::vector<int64_t>> HfTokenizer::EncodeForModel(const std::string& text) const {
   std::vector<int64_t> ids = impl_->prefix;
-  const std::vector<int64_t> body = Encode(text);
+  NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> body, Encode(text));
   ids.insert(ids.end(), body.begin(), body.end());
   ids.insert(ids.end(), impl_->suffix.begin(), impl_->suffix.end());
   return ids;

@@ -36,7 +36,7 @@ Result<std::unique_ptr<Llama2cTokenizer>> Llama2cTokenizer::Load(const std::stri
   return tokenizer;
 }
 
-std::vector<int64_t> Llama2cTokenizer::Encode(const std::string& raw) const {
+Result<std::vector<int64_t>> Llama2cTokenizer::Encode(const std::string& raw) const {
   const std::string text = sanitize_utf8(raw);
   std::vector<int64_t> tokens;
   if (text.empty()) return tokens;
@@ -60,9 +60,9 @@ std::vector<int64_t> Llama2cTokenizer::Encode(const std::string& raw) const {
   return tokens;
 }
 
-std::vector<int64_t> Llama2cTokenizer::EncodeForModel(const std::string& text) const {
+Result<std::vector<int64_t>> Llama2cTokenizer::EncodeForModel(const std::string& text) const {
   std::vector<int64_t> ids = {kBos};
-  const std::vector<int64_t> body = Encode(text);
+  NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> body, Encode(text));
   ids.insert(ids.end(), body.begin(), body.end());
   return ids;
 }

@@ -32,10 +32,10 @@ Result<StoryPool> SampleStories(const LlamaModel& model, const Tokenizer& tokeni
                                 int64_t story_tokens, double temperature,
                                 const std::function<void(int64_t, int64_t)>& progress) {
   StoryPool out;
-  out.bos = tokenizer.EncodeForModel("");
+  NAMM_ASSIGN_OR_RETURN(out.bos, tokenizer.EncodeForModel(""));
   if (out.bos.empty()) return Status::FailedPrecondition("the tokenizer adds no BOS token to start stories from");
   // The newline token that separates stories (SentencePiece-style encoders prepend a space token: drop it).
-  out.newline = tokenizer.Encode("\n");
+  NAMM_ASSIGN_OR_RETURN(out.newline, tokenizer.Encode("\n"));
   if (out.newline.size() > 1) out.newline.erase(out.newline.begin(), out.newline.end() - 1);
   Generator generator(model, tokenizer);
   FullCachePolicy full;

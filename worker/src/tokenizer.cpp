@@ -19,8 +19,9 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 
-std::vector<int64_t> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text, int64_t max_tokens) {
-  const std::vector<int64_t> ids = tokenizer.Encode(text);
+Result<std::vector<int64_t>> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text,
+                                                     int64_t max_tokens) {
+  NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, tokenizer.Encode(text));
   if (static_cast<int64_t>(ids.size()) <= max_tokens) return tokenizer.EncodeForModel(text);
   const auto half = static_cast<std::ptrdiff_t>(max_tokens / 2);
   const std::string head = tokenizer.Decode(std::vector<int64_t>(ids.begin(), ids.begin() + half));
@@ -36,7 +37,7 @@ Result<ContextPrompt> truncate_to_context(const Tokenizer& tokenizer, const std:
                                    std::to_string(context));
   }
   ContextPrompt out;
-  out.ids = encode_truncated_middle(tokenizer, text, budget);
+  NAMM_ASSIGN_OR_RETURN(out.ids, encode_truncated_middle(tokenizer, text, budget));
   out.context = context + std::max<int64_t>(0, static_cast<int64_t>(out.ids.size()) - budget);
   return out;
 }

@@ -68,7 +68,7 @@ Status RunGenerate(const GenerateOptions& o) {
     ids = std::move(fitted.ids);
     generation_context = fitted.context;
   } else {
-    ids = tokenizer->EncodeForModel(prompt);
+    NAMM_ASSIGN_OR_RETURN(ids, tokenizer->EncodeForModel(prompt));
     if (static_cast<int64_t>(ids.size()) + o.max_new_tokens > context) {
       return Status::InvalidArgument("the prompt has " + std::to_string(ids.size()) + " tokens, which with " +
                                      std::to_string(o.max_new_tokens) + " new tokens exceed the context of " +

@@ -56,7 +56,13 @@ class Status {
   std::string message_;
 };
 
-// Either a value or a non-OK Status.
+namespace internal {
+// Reached by taking the value of an error: a bug of the caller, which must check ok() first. Prints the error
+// and aborts (instead of undefined behaviour).
+[[noreturn]] void DieOnValueOfError(const Status& status);
+}  // namespace internal
+
+// Either a value or a non-OK Status. Taking the value of an error aborts with the error printed.
 template <typename T>
 class Result {
  public:
@@ -67,15 +73,23 @@ class Result {
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
+  T& value() & { return Checked(); }
+  const T& value() const& { return Checked(); }
+  T&& value() && { return std::move(Checked()); }
+  T* operator->() { return &Checked(); }
+  const T* operator->() const { return &Checked(); }
+  T& operator*() & { return Checked(); }
+  const T& operator*() const& { return Checked(); }
 
  private:
+  T& Checked() {
+    if (!value_) internal::DieOnValueOfError(status_);
+    return *value_;
+  }
+  const T& Checked() const {
+    if (!value_) internal::DieOnValueOfError(status_);
+    return *value_;
+  }
   std::optional<T> value_;
   Status status_;
 };

@@ -144,9 +144,14 @@ class LeaseScheduler {
   // Keeps `lease`'s open units that no lease holds (a lease the store had when the coordinator restarted) under
   // the same id for the worker named `worker_name`, until one lease timeout from `now`. Returns whether any was.
   bool Reserve(const std::string& worker_name, const HeldLease& lease, Clock::time_point now);
-  // `worker` (just registered) held `held` before: it keeps a lease that is reserved for its name, that it still
-  // holds, or whose named units are open and unheld, with the prompts of it that are still open; units of a kept
-  // lease it no longer has go back to the queue. Returns the kept leases with their prompts.
+  // Whether a worker named `worker_name` can hold `held`: InvalidArgument for a lease id this coordinator never
+  // issued (its own range, from first_lease_id, beyond the last one issued) or a lease of this phase issued to
+  // another name. Ids of earlier coordinators and phases pass (Reattach() keeps none of them).
+  Status CheckHeld(const std::string& worker_name, const std::vector<HeldLease>& held) const;
+  // `worker` (just registered) held `held` before: it keeps a lease of this phase issued to its name (reserved for
+  // it after a restart, still held by its previous session, or ended since), with the prompts of it that are
+  // still open and unheld; units of a kept lease it no longer has go back to the queue. Returns the kept leases
+  // with their prompts.
   std::vector<HeldLease> Reattach(const std::string& worker, const std::vector<HeldLease>& held,
                                   Clock::time_point now);
   // `worker` is done with its `lease`: the lease's units without a result go back to the queue (no attempt
@@ -215,6 +220,7 @@ class LeaseScheduler {
   };
   struct Active {
     std::string worker;
+    std::string name;  // the worker's name (its id may be gone: leases are re-attached by name)
     std::vector<int64_t> units;
     Clock::time_point started, deadline;
   };

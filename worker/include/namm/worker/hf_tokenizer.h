@@ -29,8 +29,8 @@ class HfTokenizer final : public Tokenizer {
                                                        const std::string& config_json, const std::string& source);
   ~HfTokenizer() override;
 
-  std::vector<int64_t> Encode(const std::string& text) const override;
-  std::vector<int64_t> EncodeForModel(const std::string& text) const override;
+  Result<std::vector<int64_t>> Encode(const std::string& text) const override;
+  Result<std::vector<int64_t>> EncodeForModel(const std::string& text) const override;
   std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const override;
   int64_t vocab_size() const override;
   std::vector<int64_t> eos_ids() const override;

@@ -18,8 +18,8 @@ class Llama2cTokenizer final : public Tokenizer {
  public:
   static Result<std::unique_ptr<Llama2cTokenizer>> Load(const std::string& path);
 
-  std::vector<int64_t> Encode(const std::string& text) const override;
-  std::vector<int64_t> EncodeForModel(const std::string& text) const override;  // BOS + Encode
+  Result<std::vector<int64_t>> Encode(const std::string& text) const override;
+  Result<std::vector<int64_t>> EncodeForModel(const std::string& text) const override;  // BOS + Encode
   // Concatenated pieces (<0xXX> pieces as bytes); the dummy-prefix space of the first piece is removed, as
   // SentencePiece does.
   std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const override;

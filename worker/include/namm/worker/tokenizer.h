@@ -16,10 +16,11 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Ids of `text` without any template tokens (BOS/EOS); special tokens written literally in the text are
-  // recognized. Invalid UTF-8 is replaced by U+FFFD first.
-  virtual std::vector<int64_t> Encode(const std::string& text) const = 0;
+  // recognized. Invalid UTF-8 is replaced by U+FFFD first. An error only when a regex of the tokenizer cannot
+  // match the text within PCRE2's limits (Regex::FindAll): a text is tokenized whole or not at all.
+  virtual Result<std::vector<int64_t>> Encode(const std::string& text) const = 0;
   // Ids with the tokenizer's template applied (e.g. BOS prepended): Hugging Face's add_special_tokens=True.
-  virtual std::vector<int64_t> EncodeForModel(const std::string& text) const = 0;
+  virtual Result<std::vector<int64_t>> EncodeForModel(const std::string& text) const = 0;
   // Text of `ids`; special tokens are dropped when skip_special_tokens. Invalid UTF-8 becomes U+FFFD.
   virtual std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const = 0;
 
@@ -36,7 +37,8 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
 // (spec §1.5): encode without template tokens; if longer than max_tokens, decode the first and the last
 // max_tokens / 2 tokens separately (special tokens skipped), join the two strings and encode again (so the
 // result can differ from max_tokens by a few tokens); then apply the template.
-std::vector<int64_t> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text, int64_t max_tokens);
+Result<std::vector<int64_t>> encode_truncated_middle(const Tokenizer& tokenizer, const std::string& text,
+                                                     int64_t max_tokens);
 
 // A prompt cut to fit a context as the reference does it: encode_truncated_middle to context - max_new_tokens,
 // nothing more. BOS and re-encoding can leave the prompt a few tokens over that budget; the reference then runs
