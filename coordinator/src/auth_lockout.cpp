@@ -31,8 +31,7 @@ AuthLockout::Verdict AuthLockout::Failed(const std::string& address, const std::
   if (++e.failures >= options_.max_failures) {
     e.locked_until = now + options_.lockout;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.lockout).count();
-    v.locked_out = true;
-    // Always logged: once per lockout.
+    // This call is an ordinary failure; the lockout starts with the next. Always logged: once per lockout.
     v.warning = address + " failed authentication " + std::to_string(e.failures) + " times: its calls without "
                 "the right secret are refused for " + std::to_string(seconds) + " s (workers presenting it are "
                 "not affected)";

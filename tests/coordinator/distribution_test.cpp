@@ -1063,13 +1063,20 @@ TEST(Distribution, APeerGuessingTheSecretOrOpeningTooManyStreamsIsRefused) {
   EXPECT_FALSE(stream_b->Read(&batch));
   EXPECT_TRUE(Refused(stream_b->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED, "lease streams open already"));
   first.TryCancel();
-  // Three wrong secrets from this address: then even the right one is refused for a minute.
+  // Three wrong secrets from this address lock it out: its calls without the secret are refused at once for a
+  // minute, while workers presenting the secret from the same address (behind NAT, on one host) are not.
   RawClient guesser(r.address(), "not-the-secret-at-all");
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(guesser.Register("g", kSimFingerprint, "cpu", 1, &reg).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
-  EXPECT_TRUE(Refused(client.Register("c", kSimFingerprint, "cpu", 1, &reg), grpc::StatusCode::RESOURCE_EXHAUSTED,
+  EXPECT_TRUE(Refused(guesser.Register("g", kSimFingerprint, "cpu", 1, &reg), grpc::StatusCode::RESOURCE_EXHAUSTED,
                       "too many authentication failures"));
+  EXPECT_TRUE(Refused(RawClient(r.address(), "").Register("g", kSimFingerprint, "cpu", 1, &reg),
+                      grpc::StatusCode::RESOURCE_EXHAUSTED, "no x-namm-token"));
+  EXPECT_TRUE(client.Register("c", kSimFingerprint, "cpu", 1, &reg).ok()) << "a worker with the secret at that address";
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_NE(log.find("failed authentication 3 times: its calls without the right secret are refused for 60 s"),
+            std::string::npos) << log;
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0);
 }

@@ -101,3 +101,62 @@ TEST(ProgressLog, RefusesAFileThatIsNotOne) {
 
 }  // namespace
 }  // namespace namm::coordinator
+
+namespace namm::coordinator {
+namespace {
+
+// One coordinator per run: the log's lock is held while it is open, and whoever else opens it (another process,
+// or here another opening) is told who holds it; it is free again once the holder closes it (or dies).
+TEST(ProgressLog, OnlyOneHolderAtATimeAndTheOthersAreToldWho) {
+  const std::string path = namm::testing::TempPath("progress_log_lock");
+  std::filesystem::remove(path);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  {
+    auto first = ProgressLog::Open(path);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ProgressEntries a;
+    a.leases_issued = {Lease(3, {1})};
+    ASSERT_TRUE((*first)->Append(a).ok());
+    auto second = ProgressLog::Open(path);
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), Status::Code::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find("another coordinator serves this run (pid " +
+                                             std::to_string(::getpid()) + " on " + host + " since 20"),
+              std::string::npos)
+        << second.status().ToString();
+    ASSERT_TRUE((*first)->Append(a).ok()) << "the holder's log is untouched";
+  }
+  auto again = ProgressLog::Open(path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->recovered().leases_issued.size(), 1u);
+}
+
+// A log an older build wrote (version 1: no holder in its header) is read, and rewritten as version 2.
+TEST(ProgressLog, ReadsAnOlderBuildsLog) {
+  const std::string path = namm::testing::TempPath("progress_log_v1");
+  std::filesystem::remove(path);
+  {
+    auto log = ProgressLog::Open(path);
+    ASSERT_TRUE(log.ok());
+    ProgressEntries e;
+    e.evaluations = {Result(4, false)};
+    ASSERT_TRUE((*log)->Append(e).ok());
+  }
+  // The same records behind a version 1 header.
+  const std::string v2 = *read_file(path);
+  std::string v1 = v2.substr(0, 8);
+  const uint32_t one = 1;
+  v1.append(reinterpret_cast<const char*>(&one), sizeof one);
+  v1 += v2.substr(8 + 4 + 128);
+  ASSERT_TRUE(write_file_atomically(path, {v1}).ok());
+  auto log = ProgressLog::Open(path);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  ASSERT_EQ((*log)->recovered().evaluations.size(), 1u);
+  EXPECT_EQ((*log)->recovered().evaluations[0].prompt, 4);
+  ASSERT_TRUE((*log)->Reset().ok());
+  EXPECT_EQ(read_file(path)->size(), 8u + 4 + 128) << "version 2, holder, no records";
+}
+
+}  // namespace
+}  // namespace namm::coordinator
