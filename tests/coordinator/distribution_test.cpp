@@ -473,6 +473,36 @@ TEST(Distribution, ADatabaseLockedLongerThanTheBusyTimeoutIsWaitedOut) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
+// A report the coordinator cannot take as sent (here: larger than its --max-message-bytes, the statistics of 40
+// prompts at once) is not lost by the worker: it keeps the results and sends them in smaller reports. Earlier
+// workers dropped results on any status but UNAVAILABLE, DEADLINE_EXCEEDED and NOT_FOUND, and the prompts ran
+// again once their lease expired.
+TEST(Distribution, AWorkerKeepsResultsTheCoordinatorDidNotTakeUntilItHasThem) {
+  SimRun r("dist_report_kept", 1, 1);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"prompts_per_task: 6", "prompts_per_task: 40"}, {"eval_prompts: 4", "eval_prompts: 40"}}) {
+    ASSERT_NE(r.yaml.find(from), std::string::npos);
+    r.yaml.replace(r.yaml.find(from), from.size(), to);
+  }
+  WriteText(r.spec, r.yaml);
+  r.seconds_per_token = "0";  // a lease's 40 prompts finish before its first report goes
+  Child coordinator = r.Serve({"--max-message-bytes", "4096", "--prompts-per-lease", "40"});
+  Child worker = r.SimWorker("sim-a", {"--record", r.dir + "/ran", "--log-level", "info"});
+  EXPECT_EQ(Wait(coordinator, std::chrono::seconds(120)), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(worker), 0);
+  const std::string log = ReadText(r.log("sim-a"));
+  EXPECT_NE(log.find("too large for the coordinator"), std::string::npos) << log;
+  std::map<std::string, int> runs;
+  std::istringstream lines(ReadText(r.dir + "/ran"));
+  for (std::string line; std::getline(lines, line);) ++runs[line];
+  std::string twice;
+  for (const auto& [unit, n] : runs) {
+    if (n > 1) twice += unit + " (" + std::to_string(n) + " times)\n";
+  }
+  EXPECT_EQ(twice, "") << "results the worker dropped were computed again";
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
 // One coordinator per run: a second `serve` or `run` of it stops at once, naming the first (pid and host), and
 // leaves the first one's progress log and run alone.
 TEST(Distribution, ASecondCoordinatorOfARunIsRefusedNamingTheFirst) {

@@ -83,6 +83,7 @@ struct WorkerClient::Impl {
   std::map<uint64_t, v1::ReportRequest> outbox;               // results and failures not yet acknowledged
   std::map<uint64_t, Clock::time_point> last_report, retry_after;
   std::map<uint64_t, int> report_failures;  // reports of the lease that failed in a row (the retry's backoff)
+  std::map<uint64_t, int> report_limit;     // results a report, once one was too large for the coordinator
   std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const std::vector<float>>> params;
   bool stopping = false;  // Run() is returning: executors and the sender stop
   bool draining = false, drain_now = false;
@@ -106,6 +107,7 @@ struct WorkerClient::Impl {
     last_report.erase(id);
     retry_after.erase(id);
     report_failures.erase(id);
+    report_limit.erase(id);
     queue.erase(std::remove_if(queue.begin(), queue.end(), [&](const auto& l) { return l->id == id; }), queue.end());
   }
   // The coordinator no longer wants the lease (a copy finished first, it expired, or its phase ended) (mu held):
@@ -139,6 +141,8 @@ struct WorkerClient::Impl {
   // Reports results as they come (at most every kReportInterval per lease, and when a lease is done) and sends
   // heartbeats, while connected.
   void SenderLoop();
+  // What is due for `lease` (mu held; released during a call): its results, or that it is done with.
+  void Send(std::unique_lock<std::mutex>& lock, uint64_t lease);
   // Sends what the outbox holds for `lease` (mu held; released during the call). Unacknowledged entries stay.
   void Report(std::unique_lock<std::mutex>& lock, uint64_t lease);
   void Heartbeat(std::unique_lock<std::mutex>& lock);
@@ -454,71 +458,71 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
 void WorkerClient::Impl::SenderLoop() {
   std::unique_lock<std::mutex> lock(mu);
   Clock::time_point next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+  // One call per pass, and every pass looks at the leases afresh: a call releases the lock, and a drain, a
+  // reconnection or the run's end may forget any lease meanwhile, so nothing decided before a call is used after.
   while (!stopping) {
-    // A lease's results go when it is done, else at most every kReportInterval; after a failed attempt, again
-    // kReportInterval later.
-    const auto due_at = [&](uint64_t id) {
-      const auto h = held.find(id);
-      const auto last = last_report.find(id);
-      Clock::time_point at = (h != held.end() && h->second.finished) || last == last_report.end()
-                                 ? Clock::time_point()
-                                 : last->second + kReportInterval;
-      if (const auto r = retry_after.find(id); r != retry_after.end()) at = std::max(at, r->second);
-      return at;
-    };
-    const auto due = [&](uint64_t id) { return due_at(id) <= Clock::now(); };
+    if (connected && Clock::now() >= next_heartbeat) {
+      Heartbeat(lock);
+      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+      continue;
+    }
+    // A lease's results go when it is done, else at most every kReportInterval; after a failed attempt, when its
+    // backoff says.
+    const Clock::time_point now = Clock::now();
+    std::optional<uint64_t> due;
     std::optional<Clock::time_point> next_report;
     for (const auto& [id, h] : held) {
       const auto o = outbox.find(id);
       const bool pending = o != outbox.end() && o->second.results_size() + o->second.failures_size() > 0;
       if (!pending && !h.finished) continue;
-      const Clock::time_point at = std::max(due_at(id), Clock::now());
+      const auto last = last_report.find(id);
+      Clock::time_point at = h.finished || last == last_report.end() ? Clock::time_point() : last->second + kReportInterval;
+      if (const auto r = retry_after.find(id); r != retry_after.end()) at = std::max(at, r->second);
+      if (at <= now) {
+        due = id;
+        break;
+      }
       if (!next_report || at < *next_report) next_report = at;
     }
-    const Clock::time_point until = connected && next_report ? std::min(*next_report, next_heartbeat) : next_heartbeat;
-    wake.wait_until(lock, until);
-    if (stopping) break;
-    if (!connected) {
-      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+    if (connected && due) {
+      Send(lock, *due);
       continue;
     }
-    std::vector<uint64_t> ready;
-    for (const auto& [id, request] : outbox) {
-      if (request.results_size() + request.failures_size() > 0 && due(id)) ready.push_back(id);
-    }
-    for (uint64_t id : ready) {
-      if (connected && outbox.count(id) > 0) Report(lock, id);
-    }
-    // A finished lease that skipped prompts tells the coordinator, so that they run elsewhere at once; then it
-    // is done with.
-    std::vector<uint64_t> done;
-    for (const auto& [id, h] : held) {
-      const auto o = outbox.find(id);
-      if (h.finished && due(id) && (o == outbox.end() || o->second.results_size() + o->second.failures_size() == 0)) {
-        done.push_back(id);
-      }
-    }
-    for (uint64_t id : done) {
-      if (!connected) break;
-      const Held* h = Find(id);
-      if (h == nullptr) continue;  // forgotten while an earlier report was out
-      if (h->open.empty() || h->cancelled) {
-        Forget(id);
-        continue;
-      }
-      outbox[id].set_lease_done(true);
-      Report(lock, id);
-    }
-    if (connected && Clock::now() >= next_heartbeat) {
-      Heartbeat(lock);
-      next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
-    }
+    wake.wait_until(lock, connected && next_report ? std::min(*next_report, next_heartbeat) : next_heartbeat);
+    if (!connected) next_heartbeat = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
   }
+}
+
+void WorkerClient::Impl::Send(std::unique_lock<std::mutex>& lock, uint64_t lease) {
+  Held* h = Find(lease);
+  const auto o = outbox.find(lease);
+  if (h == nullptr) return;
+  if (o != outbox.end() && o->second.results_size() + o->second.failures_size() > 0) return Report(lock, lease);
+  // A finished lease that skipped prompts tells the coordinator, so that they run elsewhere at once; then it is
+  // done with.
+  if (h->open.empty() || h->cancelled) return Forget(lease);
+  outbox[lease].set_lease_done(true);
+  Report(lock, lease);
 }
 
 void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lease) {
   v1::ReportRequest request = std::move(outbox[lease]);
   outbox.erase(lease);
+  // After a report too large for the coordinator, fewer results a report (what is left waits for the next).
+  if (const auto limit = report_limit.find(lease); limit != report_limit.end()) {
+    v1::ReportRequest& rest = outbox[lease];
+    while (request.results_size() > limit->second) {
+      *rest.add_results() = request.results(request.results_size() - 1);
+      request.mutable_results()->RemoveLast();
+    }
+    if (rest.results_size() > 0) {
+      std::reverse(rest.mutable_results()->begin(), rest.mutable_results()->end());
+      rest.set_lease_done(request.lease_done());
+      request.set_lease_done(false);
+    } else {
+      outbox.erase(lease);
+    }
+  }
   request.set_worker_id(worker_id);
   request.set_lease_id(lease);
   last_report[lease] = Clock::now();
@@ -531,20 +535,34 @@ void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lea
   Held* h = Find(lease);
   // A report the coordinator did not answer with OK took nothing: results are idempotent, so they are kept and
   // sent again until it has them, or the lease is known gone (forgotten: not kept at a registration, a drain, the
-  // run's end). Only a report refused as malformed can never be taken.
-  if (!s.ok() && s.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
+  // run's end). What can never be taken is dropped: a report refused as malformed, or one result alone larger
+  // than the coordinator accepts.
+  const int sent = request.results_size();
+  const bool too_large = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && sent > 1;
+  if (!s.ok() && s.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+      !(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && !too_large)) {
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) Reconnect(s.error_message());
     if (h == nullptr) return;
+    v1::ReportRequest& unsent = outbox[lease];  // keep them, before whatever finished meanwhile
+    v1::ReportRequest again = std::move(request);
+    again.clear_worker_id();
+    again.clear_lease_id();
+    for (const v1::PromptResult& r : unsent.results()) *again.add_results() = r;
+    for (const v1::PromptFailure& f : unsent.failures()) *again.add_failures() = f;
+    again.set_lease_done(again.lease_done() || unsent.lease_done());
+    unsent = std::move(again);
+    if (too_large) {
+      report_limit[lease] = std::max(1, sent / 2);
+      spdlog::warn("report for lease {} too large for the coordinator ({}): sent again {} results at a time", lease,
+                   s.error_message(), report_limit[lease]);
+      return;
+    }
     const int failures = ++report_failures[lease];
     retry_after[lease] = Clock::now() + std::min(kReportInterval * (1 << std::min(failures - 1, 4)), kReportBackoffMax);
     if (failures == 1 || failures % 10 == 0) {
       spdlog::warn("report for lease {} not taken ({}); its {} results are kept and sent again", lease,
-                   s.error_message(), request.results_size());
+                   s.error_message(), unsent.results_size());
     }
-    v1::ReportRequest& unsent = outbox[lease];  // keep them, with whatever finished meanwhile
-    for (const v1::PromptResult& r : request.results()) *unsent.add_results() = r;
-    for (const v1::PromptFailure& f : request.failures()) *unsent.add_failures() = f;
-    if (request.lease_done()) unsent.set_lease_done(true);
     return;
   }
   retry_after.erase(lease);
@@ -558,8 +576,8 @@ void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lea
       ++stats.refused;
     }
   } else {
-    spdlog::error("the coordinator refused the report for lease {} as malformed ({}): its {} results are dropped",
-                  lease, s.error_message(), request.results_size());
+    spdlog::error("the coordinator cannot take the report for lease {} ({}): its {} results are dropped", lease,
+                  s.error_message(), request.results_size());
     Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kReport); });
   }
   if (h == nullptr) return;
