@@ -409,6 +409,44 @@ Status LeaseScheduler::CheckHeld(const std::string& worker_name, const std::vect
   return Status::Ok();
 }
 
+std::vector<int64_t> LeaseScheduler::TakeOver(const HeldLease& h, const std::string& name) {
+  const auto a = active_.find(h.id);
+  if (a == active_.end() || a->second.name != name) return {};  // another's
+  const std::string owner = a->second.worker;
+  // The named units it still has stay; units of the lease it no longer has go back to the queue.
+  std::vector<int64_t> units = OpenUnits(h, h.id);
+  if (units.empty()) {
+    Requeue(h.id, /*lost=*/false);
+    return {};
+  }
+  Pending back;
+  for (int64_t u : a->second.units) {
+    if (std::find(units.begin(), units.end(), u) != units.end()) continue;
+    units_[u].holders.erase(h.id);
+    if (!units_[u].done && units_[u].holders.empty()) {
+      back.units.push_back(u);
+      back.cost += units_[u].scheduled.cost;
+    }
+  }
+  if (!back.units.empty()) PushFront(std::move(back));
+  if (const auto o = workers_.find(owner); o != workers_.end()) {
+    o->second.leases.erase(h.id);
+    if (IsReserved(owner) && o->second.leases.empty()) workers_.erase(o);
+  }
+  active_.erase(a);
+  return units;
+}
+
+std::vector<int64_t> LeaseScheduler::Readopt(const HeldLease& h, const std::string& name) const {
+  const auto r = retired_.find(h.id);
+  if (r == retired_.end() || r->second.name != name) return {};
+  std::vector<int64_t> units;
+  for (int64_t u : OpenUnits(h)) {
+    if (std::find(r->second.units.begin(), r->second.units.end(), u) != r->second.units.end()) units.push_back(u);
+  }
+  return units;
+}
+
 std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const std::vector<HeldLease>& held,
                                                 Clock::time_point now) {
   std::vector<HeldLease> kept;
@@ -416,42 +454,9 @@ std::vector<HeldLease> LeaseScheduler::Reattach(const std::string& worker, const
   if (self == workers_.end()) return kept;
   const std::string name = self->second.name;
   for (const HeldLease& h : held) {
-    std::vector<int64_t> units;
-    if (const auto a = active_.find(h.id); a != active_.end()) {
-      // Kept for its name (a restarted coordinator's reservation), or still held by its previous session (whose
-      // broken stream the coordinator has not noticed yet): it moves to the new session. Else it is another's.
-      if (a->second.name != name) continue;
-      const std::string owner = a->second.worker;
-      // The named units it still has stay; units of the lease it no longer has go back to the queue.
-      units = OpenUnits(h, h.id);
-      if (units.empty()) {
-        Requeue(h.id, /*lost=*/false);
-        continue;
-      }
-      Pending back;
-      for (int64_t u : a->second.units) {
-        if (std::find(units.begin(), units.end(), u) != units.end()) continue;
-        units_[u].holders.erase(h.id);
-        if (!units_[u].done && units_[u].holders.empty()) {
-          back.units.push_back(u);
-          back.cost += units_[u].scheduled.cost;
-        }
-      }
-      if (!back.units.empty()) PushFront(std::move(back));
-      if (const auto o = workers_.find(owner); o != workers_.end()) {
-        o->second.leases.erase(h.id);
-        if (IsReserved(owner) && o->second.leases.empty()) workers_.erase(o);
-      }
-      active_.erase(a);
-    } else if (const auto r = retired_.find(h.id); r != retired_.end() && r->second.name == name) {
-      // Ended since its connection broke (returned to the queue): it takes back what nobody took meanwhile, of
-      // the units the lease had.
-      for (int64_t u : OpenUnits(h)) {
-        if (std::find(r->second.units.begin(), r->second.units.end(), u) != r->second.units.end()) units.push_back(u);
-      }
-    }
     // Any other id (an earlier phase's or coordinator's, or one never issued) is not kept: adopting it could
     // collide with a lease this coordinator issues later.
+    std::vector<int64_t> units = active_.count(h.id) > 0 ? TakeOver(h, name) : Readopt(h, name);
     if (units.empty()) continue;
     HeldLease k = h;
     k.prompts.clear();

@@ -787,6 +787,23 @@ Status Trainer::FinishSnapshotWrite(bool wait) {
 }
 
 Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord>& done) {
+  NAMM_RETURN_IF_ERROR(CollectBackgroundWork());
+  NAMM_ASSIGN_OR_RETURN(Scored scored, Score(done));
+  if (scored.commit.new_stage_best) KeepStageBest();
+  // tell() in place (a copy of C costs ~50 ms at N = 4172); a tell() that refuses changes nothing. Its O(N^2)
+  // covariance update is left to background work (BeginBackgroundWork, or the next tell).
+  const int64_t pending_before = state_.pending_generation, eigen_before = state_.eigen.generation;
+  const auto start = std::chrono::steady_clock::now();
+  NAMM_RETURN_IF_ERROR(tell(params_, state_, plan_.population, scored.fitness, CovarianceTiming::kDeferred));
+  scored.commit.generation.tell_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The state has moved on: whatever fails from here leaves the trainer refusing to advance, and a new one
+  // resumes from the store, which still holds the generation before.
+  Result<AdvanceSummary> summary = CommitTold(scored, done, pending_before, eigen_before);
+  if (!summary.ok()) broken_ = summary.status().WithContext("the trainer must be resumed from the store");
+  return summary.ok() ? summary : Result<AdvanceSummary>(broken_);
+}
+
+Status Trainer::CollectBackgroundWork() {
   // A snapshot written meanwhile joins the list (retention then counts on it).
   NAMM_RETURN_IF_ERROR(FinishSnapshotWrite(/*wait=*/false));
   // The previous tells' covariance updates, if their background work is done (else they go on meanwhile); an
@@ -797,10 +814,15 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   if (!compaction_.valid() || compaction_.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
     NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/!compaction_.valid()));
   }
+  return Status::Ok();
+}
+
+Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done) {
   const GenerationPlan& p = plan_;
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
 
-  GenerationCommit c;
+  Scored scored;
+  GenerationCommit& c = scored.commit;
   c.run_id = run_id_;
   GenerationRecord& g = c.generation;
   g.generation = generation_;
@@ -815,7 +837,7 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   }
   const PromptSample eval_prompts = Without(p.eval_prompts, p.dropped);
 
-  std::vector<double> fitness;
+  std::vector<double>& fitness = scored.fitness;
   for (int64_t k = 0; k < p.population.size; ++k) {
     auto f = tasks::normalized_fitness(ScoresOf(done, k, g.samples), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("fitness of candidate " + std::to_string(k));
@@ -829,37 +851,40 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
     g.eval_tasks = TaskScores(*f);
   }
 
-  NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store_.GetStages(run_id_));
-  const StageRecord& stage = stages[static_cast<std::size_t>(g.stage)];
+  NAMM_ASSIGN_OR_RETURN(scored.stages, store_.GetStages(run_id_));
+  const StageRecord& stage = scored.stages[static_cast<std::size_t>(g.stage)];
   c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
                      (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
+  return scored;
+}
+
+void Trainer::KeepStageBest() {
   // This generation's start state is the stage's best: keep it (its covariance copied; the rest is shared).
   // Its covariance is copied by the covariance work, before it applies this generation's update (a copy here
   // would cost ~50 ms at N = 4172).
-  if (c.new_stage_best) {
-    const bool defers = defers_covariance_update(params_);  // else tell() updates C at once: copy it here
-    const bool earlier_copy_due = stage_best_copy_ && stage_best_copy_->before >= 0;
-    if (!defers || earlier_copy_due || (state_.pending_generation >= 0 && !state_.pending_covariance)) {
-      SettleCovariance();
-    }
-    stage_best_copy_.reset();
-    if (defers) {
-      stage_best_ = Rebuilt{LightCopy(state_), eigen_source_, pending_source_};
-      stage_best_copy_.emplace();
-      stage_best_copy_->before = state_.generation + 1;
-      stage_best_copy_->covariance = stage_best_copy_->promise.get_future().share();
-    } else {
-      stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
-    }
+  const bool defers = defers_covariance_update(params_);  // else tell() updates C at once: copy it here
+  const bool earlier_copy_due = stage_best_copy_ && stage_best_copy_->before >= 0;
+  if (!defers || earlier_copy_due || (state_.pending_generation >= 0 && !state_.pending_covariance)) {
+    SettleCovariance();
   }
+  stage_best_copy_.reset();
+  if (defers) {
+    stage_best_ = Rebuilt{LightCopy(state_), eigen_source_, pending_source_};
+    stage_best_copy_.emplace();
+    stage_best_copy_->before = state_.generation + 1;
+    stage_best_copy_->covariance = stage_best_copy_->promise.get_future().share();
+  } else {
+    stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
+  }
+}
 
-  // tell() in place (a copy of C costs ~50 ms at N = 4172): if the commit below fails, the trainer is unusable.
-  // Its O(N^2) covariance update is left to background work (BeginBackgroundWork, or the next tell).
-  const int64_t pending_before = state_.pending_generation, eigen_before = state_.eigen.generation;
-  const auto start = std::chrono::steady_clock::now();
-  NAMM_RETURN_IF_ERROR(tell(params_, state_, p.population, fitness, CovarianceTiming::kDeferred));
-  g.tell_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
+Result<AdvanceSummary> Trainer::CommitTold(Scored& scored, const std::vector<EvaluationRecord>& done,
+                                          int64_t pending_before, int64_t eigen_before) {
+  GenerationCommit& c = scored.commit;
+  GenerationRecord& g = c.generation;
+  const GenerationPlan& p = plan_;
+  const std::vector<double>& fitness = scored.fitness;
+  const StageRecord& stage = scored.stages[static_cast<std::size_t>(g.stage)];
   const auto best = std::max_element(fitness.begin(), fitness.end()) - fitness.begin();
   const auto worst = std::min_element(fitness.begin(), fitness.end()) - fitness.begin();
   double sum = 0, sum2 = 0;
@@ -944,33 +969,28 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
   }
 
   const auto commit_start = std::chrono::steady_clock::now();
-  const Result<CommitOutcome> outcome = store_.CommitGeneration(c);
-  if (!outcome.ok()) {
-    // Nothing changed in the store, but the state did: a new trainer resumes from the store.
-    broken_ = outcome.status().WithContext("the trainer must be resumed from the store");
-    return broken_;
-  }
+  NAMM_ASSIGN_OR_RETURN(const CommitOutcome outcome, store_.CommitGeneration(c));
   eigen_applied_.reset();
   // The store kept the new snapshot (its id now known) and those asked for.
   for (SnapshotRecord& r : snapshots_) {
     if (r.id == 0) {
-      r.id = outcome->snapshot_id;
+      r.id = outcome.snapshot_id;
       if (r.eigen_source && *r.eigen_source == 0) r.eigen_source = r.id;
     }
   }
   const std::vector<int64_t>& kept = *c.keep_snapshots;
   snapshots_.erase(std::remove_if(snapshots_.begin(), snapshots_.end(),
                                   [&](const SnapshotRecord& r) {
-                                    return r.id != outcome->snapshot_id &&
+                                    return r.id != outcome.snapshot_id &&
                                            std::find(kept.begin(), kept.end(), r.id) == kept.end();
                                   }),
                    snapshots_.end());
   if (snapshot) {
     // The state after tell() refers to the new snapshot for what it requested.
     if (c.snapshot->eigen_from_self) {
-      eigen_source_ = outcome->snapshot_id;
+      eigen_source_ = outcome.snapshot_id;
     } else {
-      pending_source_ = outcome->snapshot_id;
+      pending_source_ = outcome.snapshot_id;
     }
   }
 
@@ -989,8 +1009,8 @@ Result<AdvanceSummary> Trainer::TellAndCommit(const std::vector<EvaluationRecord
 
   // Deleting unneeded snapshots and copying the WAL into the database take tens of ms: BeginBackgroundWork. After
   // every commit, so that the WAL stays small while the trainer's connection never checkpoints itself.
-  unneeded_snapshots_.insert(unneeded_snapshots_.end(), outcome->unneeded_snapshots.begin(),
-                             outcome->unneeded_snapshots.end());
+  unneeded_snapshots_.insert(unneeded_snapshots_.end(), outcome.unneeded_snapshots.begin(),
+                             outcome.unneeded_snapshots.end());
   compaction_due_ = true;
   if (c.finished) NAMM_RETURN_IF_ERROR(FinishCompaction(/*run_pending=*/true));
 

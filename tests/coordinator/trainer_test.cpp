@@ -348,6 +348,100 @@ TEST(Trainer, AResumedRunEqualsAnUninterruptedOne) {
   }
 }
 
+// A store that fails GetSnapshot() while `failing` is set, and otherwise is the real one.
+class SnapshotReadsFail final : public TrainingStore {
+ public:
+  explicit SnapshotReadsFail(Store& real) : real_(real) {}
+  bool failing = false;
+  int failed = 0;
+
+  Result<int64_t> CreateRun(const NewRun& run) override { return real_.CreateRun(run); }
+  Result<RunRecord> GetRun(int64_t id) const override { return real_.GetRun(id); }
+  Result<std::vector<StageRecord>> GetStages(int64_t id) const override { return real_.GetStages(id); }
+  Status ReviseRunSpec(int64_t id, const std::string& yaml, const std::vector<StageRecord>& stages) override {
+    return real_.ReviseRunSpec(id, yaml, stages);
+  }
+  Status FreezeNormStats(int64_t id, const NormStats& stats) override { return real_.FreezeNormStats(id, stats); }
+  Result<int64_t> RecordEvaluations(int64_t id, const std::vector<EvaluationRecord>& records,
+                                    Durability durability) override {
+    return real_.RecordEvaluations(id, records, durability);
+  }
+  Result<std::vector<EvaluationRecord>> GetEvaluations(int64_t id, int64_t g) const override {
+    return real_.GetEvaluations(id, g);
+  }
+  Status RecordDroppedPrompt(int64_t id, const DroppedPrompt& d) override { return real_.RecordDroppedPrompt(id, d); }
+  Result<std::vector<DroppedPrompt>> GetDroppedPrompts(int64_t id) const override { return real_.GetDroppedPrompts(id); }
+  Result<CommitOutcome> CommitGeneration(const GenerationCommit& c) override { return real_.CommitGeneration(c); }
+  Result<std::vector<GenerationRecord>> GetGenerations(int64_t id) const override { return real_.GetGenerations(id); }
+  Result<std::vector<CandidateRecord>> GetCandidates(int64_t id, int64_t g) const override {
+    return real_.GetCandidates(id, g);
+  }
+  Result<CheckpointRecord> GetCheckpoint(int64_t id, const std::string& role, int64_t stage,
+                                         const CmaesParams& p) const override {
+    return real_.GetCheckpoint(id, role, stage, p);
+  }
+  Result<std::vector<SnapshotRecord>> ListSnapshots(int64_t id) const override { return real_.ListSnapshots(id); }
+  Result<SnapshotRecord> GetSnapshot(int64_t id, int64_t snapshot, const CmaesParams& p) const override {
+    if (failing) {
+      ++const_cast<SnapshotReadsFail*>(this)->failed;
+      return Status::IOError("reading snapshot " + std::to_string(snapshot) + " failed (injected)");
+    }
+    return real_.GetSnapshot(id, snapshot, p);
+  }
+  Result<int64_t> AddSnapshot(int64_t id, const NewSnapshot& n) override { return real_.AddSnapshot(id, n); }
+  Result<int64_t> AddSnapshotConcurrently(int64_t id, const NewSnapshot& n) const override {
+    return real_.AddSnapshotConcurrently(id, n);
+  }
+  Status DropIncompleteSnapshots(int64_t id) override { return real_.DropIncompleteSnapshots(id); }
+  Status DropSnapshotsConcurrently(int64_t id, const std::vector<int64_t>& ids) const override {
+    return real_.DropSnapshotsConcurrently(id, ids);
+  }
+  Result<tasks::ReferenceScores> GetReferenceScores(const std::string& f) const override {
+    return real_.GetReferenceScores(f);
+  }
+
+ private:
+  Store& real_;
+};
+
+// Whatever fails after tell() moved the state on (here: rebuilding the stage's best start state for the hand-over
+// of a resumed run, not only the commit) leaves the trainer refusing to advance; a trainer resumed from the store
+// then ends the run as an uninterrupted one.
+TEST(Trainer, AnErrorAfterTellLeavesTheTrainerRefusingToAdvance) {
+  // Stage 0: generations 0 to 3, its mean evaluated at 0 (not eligible: the stage's start) and 2.
+  const std::string yaml = SyntheticSpecYaml("synthetic", 4, 2);
+  SyntheticRun straight = StartSyntheticRun(FreshDatabasePath("straight_broken.db"), yaml);
+  ASSERT_TRUE(DriveRun(*straight.trainer).ok());
+  const CmaesParams p = straight.trainer->params();
+  const CheckpointRecord expected = *straight.store->GetCheckpoint(1, "latest", 0, p);
+
+  const std::string db = FreshDatabasePath("broken.db");
+  { ASSERT_TRUE(DriveRun(*StartSyntheticRun(db, yaml).trainer, 4).ok()); }  // statistics, generations 0 to 2
+  auto store = Store::Open(db, OpenMode::kExisting).value();
+  SnapshotReadsFail flaky(*store);
+  auto resumed = Trainer::Resume(flaky, 1, SyntheticTaskRows());
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  Trainer& t = **resumed;
+  ASSERT_EQ(t.plan().generation, 3);
+  ASSERT_TRUE(t.plan().schedule.stage_end) << "generation 3 ends stage 0: its hand-over rebuilds the stage's best";
+  ASSERT_TRUE(t.Record(EvaluateUnits(t, *t.Missing())).ok());
+  flaky.failing = true;
+  const auto first = t.Advance();
+  ASSERT_FALSE(first.ok());
+  EXPECT_GT(flaky.failed, 0) << "the failure came from the rebuild, after tell()";
+  EXPECT_NE(first.status().message().find("failed (injected)"), std::string::npos) << first.status().ToString();
+  flaky.failing = false;
+  const auto again = t.Advance();
+  ASSERT_FALSE(again.ok()) << "a trainer whose state moved on must not advance again";
+  EXPECT_NE(again.status().message().find("the trainer must be resumed from the store"), std::string::npos)
+      << again.status().ToString();
+  EXPECT_EQ(store->GetRun(1)->generation, 3) << "nothing was committed";
+  auto fresh = Trainer::Resume(*store, 1, SyntheticTaskRows());
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_TRUE(DriveRun(**fresh).ok());
+  EXPECT_TRUE(store->GetCheckpoint(1, "latest", 0, p)->state == expected.state);
+}
+
 // The ETA's weights: every remaining generation at its stage's tasks and mean prompt costs, evaluations of
 // the mean (at stage starts here) included.
 TEST(PromptCosts, RemainingCostWeighsEachGenerationByItsStage) {

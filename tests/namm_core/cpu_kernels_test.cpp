@@ -2,8 +2,12 @@
 // replace (run in float64, the path other devices and dtypes take).
 #include <gtest/gtest.h>
 
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <limits>
+#include <thread>
 
 #include "cpu_kernels/task_pool.h"
 #include "cpu_kernels/tensor_kernels.h"
@@ -39,6 +43,31 @@ TEST(TaskPool, RunsEveryTaskOnceAndNestedCallsInline) {
       cpu::parallel_tasks(100, [&](int64_t b, int64_t e) { nested_shares += (b == 0 && e == 100); });
   });
   EXPECT_EQ(nested_shares.load(), 1);
+}
+
+// A share that throws (here an allocation that fails) reaches the caller after every other share finished; the
+// pool's threads survive it and serve the next call. Earlier, a throw on a pool thread terminated the process,
+// and one on the calling thread returned while the others still ran its callback.
+TEST(TaskPool, AThrowingShareReachesTheCallerAfterTheOthersFinish) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: no pool thread";
+  for (int64_t thrower : {0, 1}) {
+    std::atomic<int> finished{0};
+    const auto call = [&] {
+      cpu::parallel_tasks(2, [&](int64_t begin, int64_t) {
+        if (begin == thrower) {
+          std::vector<char> huge;
+          huge.reserve(std::numeric_limits<std::size_t>::max() / 2);  // std::bad_alloc (or length_error)
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // still running when the other throws
+        ++finished;
+      });
+    };
+    EXPECT_ANY_THROW(call()) << "share " << thrower;
+    EXPECT_EQ(finished.load(), 1) << "the other share finished first";
+  }
+  std::atomic<int> runs{0};
+  cpu::parallel_tasks(100, [&](int64_t begin, int64_t end) { runs += static_cast<int>(end - begin); });
+  EXPECT_EQ(runs.load(), 100);
 }
 
 // Each output row is computed by one thread, in a fixed order: the same bits on one thread as on many (a call

@@ -88,6 +88,16 @@ TEST(EvalPolicies, MatchedCacheComparisonInterpolatesEachFamily) {
   EXPECT_EQ(matched[1].family, "tova");
   EXPECT_TRUE(std::isnan(matched[1].family_score));
   EXPECT_NE(matched[1].note.find("below its smallest cache"), std::string::npos) << matched[1].note;
+  // A family none of whose settings has a finite relative cache (the full cache's size unknown) is named as such;
+  // it indexed an empty list before.
+  std::vector<PolicyResult> unknown = results;
+  unknown.push_back(result("snapkv:budget=8", "snapkv", "budget=8", std::nan(""), 0.1));
+  unknown.push_back(result("snapkv:budget=16", "snapkv", "budget=16", std::nan(""), 0.2));
+  const auto with_unknown = matched_cache_comparison(unknown);
+  ASSERT_EQ(with_unknown.size(), 3u);
+  EXPECT_EQ(with_unknown[2].family, "snapkv");
+  EXPECT_TRUE(std::isnan(with_unknown[2].family_score));
+  EXPECT_EQ(with_unknown[2].note, "no cache setting of it has a known relative cache");
 }
 
 TEST(EvalPredictions, ATornLastLineIsCutAndACompleteOneKept) {
@@ -344,6 +354,11 @@ TEST_F(Eval, RefusesBadInputWithAClearMessage) {
       {"tova:budget=8,ratio=0.5", "", "exactly one of budget=N"},
       {"snapkv:ratio=2", "", "ratio must be in (0, 1]"},
       {"h2o:budget=8", "--shard 2/2", "needs 0 <= I < N"},
+      {"h2o:budget=8", "--shard 1/", "--shard expects I/N"},
+      {"h2o:budget=8", "--shard \" 1/2\"", "--shard expects I/N"},
+      {"h2o:budget=8", "--shard +1/2", "--shard expects I/N"},
+      {"h2o:budget=8", "--shard 1/2x", "--shard expects I/N"},
+      {"h2o:budget=8", "--shard 0/99999999999999999999", "--shard expects I/N"},
       {"h2o:budget=8", "--rows 4:99", "outside the task's 6 rows"},
       {"h2o:budget=8,h2o:budget=8", "", "listed twice"},
   };

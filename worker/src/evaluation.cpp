@@ -574,11 +574,13 @@ std::string TaskChart(const std::string& task, const std::vector<PolicyResult>& 
   for (const auto& r : results) {
     if (r.task != task) continue;
     if (!families.count(r.family)) order.push_back(r.family);
-    families[r.family].emplace_back(r.relative_cache, r.score);
+    // Points without a finite cache or score are not drawn (a NaN would also break the sort below).
+    if (std::isfinite(r.relative_cache) && std::isfinite(r.score)) families[r.family].emplace_back(r.relative_cache, r.score);
   }
   std::vector<ChartSeries> series;
   for (const auto& family : order) {
     auto points = families[family];
+    if (points.empty()) continue;
     std::sort(points.begin(), points.end());
     series.push_back({family, points, family == "full"});
   }
@@ -689,6 +691,11 @@ std::vector<MatchedComparison> matched_cache_comparison(const std::vector<Policy
         return a->relative_cache < b->relative_cache;
       });
       MatchedComparison m{p.task, p.policy, family, p.relative_cache, p.score, std::nan(""), ""};
+      if (points.empty()) {  // e.g. the full cache's size is unknown, so no relative one is either
+        m.note = "no cache setting of it has a known relative cache";
+        out.push_back(m);
+        continue;
+      }
       const auto describe = [](const PolicyResult* r) {
         return r->cache_setting + " at " + format_number(r->relative_cache, 3) + ": " +
                format_number(r->score, 4);

@@ -1,6 +1,7 @@
 // namm-worker eval: memory policies compared on task rows (docs/evaluation.md). Resumable (rows already in a
 // predictions file are skipped), shardable (--shard I/N, joined by eval --merge), and its results are
 // computed from the predictions files alone.
+#include <algorithm>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -170,21 +171,20 @@ Result<bool> CheckResumable(const EvalConfig& config, const std::string& dir) {
   return true;
 }
 
+// "I/N": digits only (no sign, space or suffix), 0 <= I < N <= 100,000.
 Status ParseShard(const std::string& text, EvalConfig* config) {
   if (text.empty()) return Status::Ok();
+  const auto digits = [](const std::string& s) {
+    return !s.empty() && s.size() <= 6 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
   const auto slash = text.find('/');
-  try {
-    if (slash == std::string::npos) throw std::invalid_argument(text);
-    std::size_t used = 0;
-    config->shard_index = std::stoll(text.substr(0, slash), &used);
-    if (used != slash) throw std::invalid_argument(text);
-    config->shard_count = std::stoll(text.substr(slash + 1), &used);
-    if (used != text.size() - slash - 1) throw std::invalid_argument(text);
-  } catch (const std::exception&) {
-    return Status::InvalidArgument("--shard expects I/N, got '" + text + "'");
+  if (slash == std::string::npos || !digits(text.substr(0, slash)) || !digits(text.substr(slash + 1))) {
+    return Status::InvalidArgument("--shard expects I/N (two whole numbers, e.g. 0/4), got '" + text + "'");
   }
-  if (config->shard_count < 1 || config->shard_index < 0 || config->shard_index >= config->shard_count) {
-    return Status::InvalidArgument("--shard " + text + ": needs 0 <= I < N");
+  config->shard_index = std::stoll(text.substr(0, slash));
+  config->shard_count = std::stoll(text.substr(slash + 1));
+  if (config->shard_count < 1 || config->shard_count > 100000 || config->shard_index >= config->shard_count) {
+    return Status::InvalidArgument("--shard " + text + ": needs 0 <= I < N <= 100000");
   }
   return Status::Ok();
 }

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace namm::cpu {
@@ -42,14 +44,23 @@ class TaskPool {
     wake_.notify_all();
     RunShare(0);
     std::unique_lock<std::mutex> lock(mutex_);
+    // Every share is waited for, thrown or not: fn lives in the caller's frame.
     done_.wait(lock, [this] { return pending_ == 0; });
     fn_ = nullptr;
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
 
  private:
-  void RunShare(int64_t share) const {
+  // Runs one share; what it throws is kept (the first of the call's) for the caller.
+  void RunShare(int64_t share) {
     const int64_t begin = count_ * share / shares_, end = count_ * (share + 1) / shares_;
-    if (begin < end) (*fn_)(begin, end);
+    if (begin >= end) return;
+    try {
+      (*fn_)(begin, end);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_) failure_ = std::current_exception();
+    }
   }
 
   void Serve(int64_t share) {
@@ -74,6 +85,7 @@ class TaskPool {
   int64_t count_ = 0, shares_ = 0, pending_ = 0;
   uint64_t generation_ = 0;
   bool stopping_ = false;
+  std::exception_ptr failure_;  // the first exception of the call in progress
   std::vector<std::thread> threads_;
 };
 

@@ -13,8 +13,10 @@
 namespace namm::cpu {
 
 // Calls fn(begin, end) on contiguous shares of [0, count), one share per core, the calling thread taking the
-// first, and returns when all are done. fn must not throw. A call made while the pool is busy (another
-// thread's call, or a call from inside fn) runs the whole range on the calling thread.
+// first, and returns when all are done. If shares throw (an allocation that fails, say), every share still
+// finishes or fails before the call returns (fn is never left running), and the first exception is rethrown to
+// the caller; the pool's threads never let one escape. A call made while the pool is busy (another thread's
+// call, or a call from inside fn) runs the whole range on the calling thread.
 void parallel_tasks(int64_t count, const std::function<void(int64_t begin, int64_t end)>& fn);
 
 }  // namespace namm::cpu

@@ -192,7 +192,25 @@ class Trainer {
   std::vector<WorkUnit> MissingFrom(const std::vector<EvaluationRecord>& done) const;
   // `done`: the generation's recorded evaluations.
   Result<AdvanceSummary> FreezeNormStats(const std::vector<EvaluationRecord>& done);
+  // tell() and the commit of the generation; its steps below, each with what it may change.
   Result<AdvanceSummary> TellAndCommit(const std::vector<EvaluationRecord>& done);
+  // Joins the background work that is done (a written snapshot, the covariance updates, the compaction), and
+  // starts what is due; the barrier waits for none of it.
+  Status CollectBackgroundWork();
+  // What the generation's results make of it, before tell(): the commit's records (the candidates' fitness, the
+  // mean's evaluation) and whether its start state is the stage's best. Changes nothing.
+  struct Scored {
+    GenerationCommit commit;
+    std::vector<double> fitness;
+    std::vector<StageRecord> stages;
+  };
+  Result<Scored> Score(const std::vector<EvaluationRecord>& done);
+  // Keeps the generation's start state as the stage's best (before tell() moves it on).
+  void KeepStageBest();
+  // After tell(): the snapshot and retention decisions, the hand-over, the commit, the next plan. Any error
+  // leaves the trainer broken (TellAndCommit).
+  Result<AdvanceSummary> CommitTold(Scored& scored, const std::vector<EvaluationRecord>& done, int64_t pending_before,
+                                    int64_t eigen_before);
 
   TrainingStore& store_;
   RunSpec spec_;
