@@ -3,25 +3,32 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/streambuf.hpp>
-#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <list>
+#include <memory>
 #include <thread>
 
 namespace namm {
 
 namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
 using asio::ip::tcp;
 
 namespace {
 
 constexpr std::size_t kMaxRequestBytes = 8192;
-constexpr auto kRequestTimeout = std::chrono::seconds(10);
-// Connections at once; more are closed at once, so idle clients cannot use up the process's descriptors.
-constexpr int kMaxConnections = 64;
+// A scraper sends its request at once: a connection that has not within this is idle, and closed.
+constexpr auto kIdleTimeout = std::chrono::seconds(2);
+constexpr auto kWriteTimeout = std::chrono::seconds(10);
+// Connections at once. At the cap a new connection closes the oldest one still waiting for its request, so idle
+// sockets cannot keep scrapers out (nor use up the process's descriptors).
+constexpr std::size_t kMaxConnections = 64;
 constexpr auto kAcceptRetry = std::chrono::milliseconds(200);
 
 // HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 address; PORT 0..65535) into its parts.
@@ -42,71 +49,78 @@ bool SplitAddress(const std::string& address, std::string* host, std::string* po
   return host->find_first_of(":[] \t") == std::string::npos;
 }
 
-std::string Response(const std::string& status, const std::string& content_type, const std::string& body) {
-  return "HTTP/1.1 " + status + "\r\nContent-Type: " + content_type + "\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-}
-
-// One request: read the head, answer, close. The timer closes connections that never finish their request.
+// One request (HTTP parsed by Boost.Beast): read it, answer, close. The stream's deadline closes connections that
+// stay idle or stall.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  // `open` counts live connections (on the endpoint's one thread).
-  Connection(tcp::socket socket, prometheus::Registry& registry, int& open)
-      : socket_(std::move(socket)), timer_(socket_.get_executor()), buffer_(kMaxRequestBytes), registry_(registry),
-        open_(open) {
-    ++open_;
+  Connection(tcp::socket socket, prometheus::Registry& registry) : stream_(std::move(socket)), registry_(registry) {
+    parser_.header_limit(kMaxRequestBytes);
+    parser_.body_limit(kMaxRequestBytes);
   }
-  ~Connection() { --open_; }
 
   void Start() {
-    auto self = shared_from_this();
-    timer_.expires_after(kRequestTimeout);
-    timer_.async_wait([self](const boost::system::error_code& ec) {
-      boost::system::error_code ignored;
-      if (!ec) self->socket_.close(ignored);
-    });
-    asio::async_read_until(socket_, buffer_, "\r\n\r\n", [self](const boost::system::error_code& ec, std::size_t) {
+    stream_.expires_after(kIdleTimeout);
+    http::async_read(stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
       self->Answer(ec);
     });
   }
-
- private:
-  void Answer(const boost::system::error_code& ec) {
-    if (ec) {
-      timer_.cancel();
-      return;  // closed, timed out, or a request head over kMaxRequestBytes
-    }
-    std::istream head(&buffer_);
-    std::string method, target;
-    head >> method >> target;
-    const std::string path = target.substr(0, target.find('?'));
-    if (method != "GET" && method != "HEAD") {
-      reply_ = Response("405 Method Not Allowed", "text/plain", "only GET\n");
-    } else if (path == "/metrics") {
-      try {
-        reply_ = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8",
-                          prometheus::TextSerializer().Serialize(registry_.Collect()));
-      } catch (const std::exception& e) {
-        reply_ = Response("500 Internal Server Error", "text/plain", std::string(e.what()) + "\n");
-      }
-      if (method == "HEAD") reply_.resize(reply_.find("\r\n\r\n") + 4);
-    } else {
-      reply_ = Response("404 Not Found", "text/plain", "metrics are at /metrics\n");
-    }
-    auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(reply_), [self](const boost::system::error_code&, std::size_t) {
-      boost::system::error_code ignored;
-      self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
-      self->timer_.cancel();
-    });
+  bool waiting() const { return waiting_; }
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
   }
 
-  tcp::socket socket_;
-  asio::steady_timer timer_;
-  asio::streambuf buffer_;
+ private:
+  void Answer(beast::error_code ec) {
+    waiting_ = false;
+    if (ec) return Close();  // closed, idle too long, or not an HTTP request within the limits
+    const http::request<http::empty_body>& request = parser_.get();
+    const beast::string_view target = request.target();
+    const beast::string_view path = target.substr(0, target.find('?'));
+    response_.version(11);
+    response_.keep_alive(false);
+    response_.set(http::field::content_type, "text/plain");
+    if (request.method() != http::verb::get && request.method() != http::verb::head) {
+      response_.result(http::status::method_not_allowed);
+      response_.body() = "only GET\n";
+    } else if (path == "/metrics") {
+      try {
+        response_.result(http::status::ok);
+        response_.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+        response_.body() = prometheus::TextSerializer().Serialize(registry_.Collect());
+      } catch (const std::exception& e) {
+        response_.result(http::status::internal_server_error);
+        response_.body() = std::string(e.what()) + "\n";
+      }
+    } else {
+      response_.result(http::status::not_found);
+      response_.body() = "metrics are at /metrics\n";
+    }
+    response_.prepare_payload();
+    if (request.method() == http::verb::head) response_.body().clear();  // keeps the GET's Content-Length
+    stream_.expires_after(kWriteTimeout);
+    if (request.method() == http::verb::head) {
+      head_serializer_ = std::make_unique<http::response_serializer<http::string_body>>(response_);
+      http::async_write_header(stream_, *head_serializer_, [self = shared_from_this()](beast::error_code, std::size_t) {
+        self->Finish();
+      });
+      return;
+    }
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, std::size_t) { self->Finish(); });
+  }
+  void Finish() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_{kMaxRequestBytes};
+  http::request_parser<http::empty_body> parser_;
+  http::response<http::string_body> response_;
+  std::unique_ptr<http::response_serializer<http::string_body>> head_serializer_;
   prometheus::Registry& registry_;
-  int& open_;
-  std::string reply_;
+  bool waiting_ = true;  // for its request
 };
 
 }  // namespace
@@ -114,7 +128,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 struct MetricsEndpoint::Impl {
   // Declared before io: connections still queued in io when it is destroyed refer to them.
   prometheus::Registry registry;
-  int open = 0;
+  std::list<std::weak_ptr<Connection>> connections;  // in the order they came (the endpoint's one thread)
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer retry{io};
@@ -132,8 +146,22 @@ struct MetricsEndpoint::Impl {
         });
         return;
       }
-      if (open < kMaxConnections) {
-        std::make_shared<Connection>(std::move(socket), registry, open)->Start();
+      connections.remove_if([](const std::weak_ptr<Connection>& c) { return c.expired(); });
+      if (connections.size() >= kMaxConnections) {
+        // Room for the newcomer: the oldest connection still waiting for its request goes.
+        const auto idle = std::find_if(connections.begin(), connections.end(), [](const std::weak_ptr<Connection>& c) {
+          const auto live = c.lock();
+          return live && live->waiting();
+        });
+        if (idle != connections.end()) {
+          if (const auto live = idle->lock()) live->Close();
+          connections.erase(idle);
+        }
+      }
+      if (connections.size() < kMaxConnections) {
+        auto connection = std::make_shared<Connection>(std::move(socket), registry);
+        connections.push_back(connection);
+        connection->Start();
       } else {
         boost::system::error_code ignored;
         socket.close(ignored);

@@ -5,7 +5,14 @@
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "../process_util.h"
 
@@ -51,6 +58,42 @@ TEST(MetricsEndpoint, AnswersOtherRequestsWithoutMetrics) {
   // A request head larger than the endpoint reads is dropped without an answer, and the endpoint lives on.
   EXPECT_EQ(HttpExchange(port, std::string(20000, 'a')).find("HTTP/1.1 200"), std::string::npos);
   EXPECT_EQ(HttpExchange(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200 OK\r\n", 0), 0u);
+}
+
+// A connection opened to 127.0.0.1:port that sends nothing (-1 when none could be made).
+int IdleConnection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Idle sockets can neither keep scrapes out (at the connection cap the oldest idle one goes) nor stay open long
+// (2 s without a request). Earlier, 64 idle sockets held every slot for 10 s.
+TEST(MetricsEndpoint, IdleConnectionsNeitherKeepScrapesOutNorStay) {
+  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0");
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status().ToString();
+  const int port = (*endpoint)->port();
+  prometheus::BuildCounter().Name("namm_test_total").Help("A test counter").Register((*endpoint)->registry()).Add({});
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) idle.push_back(IdleConnection(port));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(testing::HttpGet(port, "/metrics").find("namm_test_total 0"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1)) << "no wait for an idle slot";
+  // The newest idle socket is closed by the endpoint within its idle timeout.
+  timeval timeout{5, 0};
+  ::setsockopt(idle.back(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  char byte = 0;
+  const auto read_start = std::chrono::steady_clock::now();
+  EXPECT_EQ(::recv(idle.back(), &byte, 1, 0), 0) << "closed by the endpoint";
+  EXPECT_LT(std::chrono::steady_clock::now() - read_start, std::chrono::seconds(4));
+  for (int fd : idle) ::close(fd);
 }
 
 TEST(MetricsEndpoint, APortAloneBindsLoopbackOnly) {
