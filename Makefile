@@ -4,12 +4,15 @@
 #   make test       build + the default test suite (ctest, without the `long` label)
 #   make test-long  build + the long soak/scale tests (ctest -L long)
 #   make bench      build + every benchmark
-#   make sanitize   ASan/UBSan build of namm_core and its tests in build-asan/, then run them
+#   make sanitize   ASan/UBSan build of everything in build-asan/, then the default test suite (fuzz replays included)
+#   make tsan       ThreadSanitizer build in build-tsan/: the coordinator, worker client and distribution tests,
+#                   default and long labels (not in CI: see docs/coordinator.md, "Sanitizers")
 #   make fuzz       libFuzzer targets (clang, ASan/UBSan) in build-fuzz/, each run FUZZ_RUNS (1,000,000) times
 #   make clean      remove build directories
 
 BUILD_DIR   ?= build
 ASAN_DIR    ?= build-asan
+TSAN_DIR    ?= build-tsan
 FUZZ_DIR    ?= build-fuzz
 FUZZ_RUNS   ?= 1000000
 BUILD_TYPE  ?= Release
@@ -24,7 +27,7 @@ LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 endif
 
-.PHONY: all deps configure build demo test test-long bench sanitize fuzz clean
+.PHONY: all deps configure build demo test test-long bench sanitize tsan fuzz clean
 
 all: build
 
@@ -54,11 +57,25 @@ test-long: build
 bench: build
 	@for b in $(BUILD_DIR)/bin/*_bench; do echo "== $$b"; $$b || exit 1; done
 
+# Every label but long, the programs the process tests start included; LeakSanitizer on (tests/sanitizers/ holds
+# the suppressions, each with its reason).
+SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp
+
 sanitize: deps
-	cmake -S . -B $(ASAN_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNAMM_SANITIZE=ON \
+	cmake -S . -B $(ASAN_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNAMM_SANITIZE=address \
 	  -DNAMM_BUILD_BENCH=OFF $(LAUNCHER) $(CMAKE_FLAGS)
-	cmake --build $(ASAN_DIR) -j $(JOBS) --target namm_core_tests
-	cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L namm_core -j $(JOBS)
+	cmake --build $(ASAN_DIR) -j $(JOBS)
+	cd $(ASAN_DIR) && $(SANITIZER_ENV) ctest --output-on-failure -LE long -j $(JOBS) --timeout 1800
+
+# The threads' code: the coordinator (service, scheduler, store, trainer), the worker client and the distribution
+# tests that drive them, default and long labels.
+tsan: deps
+	cmake -S . -B $(TSAN_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNAMM_SANITIZE=thread \
+	  -DNAMM_BUILD_BENCH=OFF $(LAUNCHER) $(CMAKE_FLAGS)
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target coordinator_tests distribution_tests
+	cd $(TSAN_DIR) && $(SANITIZER_ENV) ctest --output-on-failure -L 'coordinator|distribution|long' --timeout 7200
 
 fuzz:
 	@scripts/install-deps.sh --fuzz
@@ -69,4 +86,4 @@ fuzz:
 	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_RUNS)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(FUZZ_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR)

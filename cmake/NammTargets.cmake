@@ -7,7 +7,9 @@ if(NAMM_WERROR)
 endif()
 
 set(NAMM_SANITIZER_FLAGS "")
-if(NAMM_SANITIZE)
+if(NAMM_SANITIZE STREQUAL "thread")
+  set(NAMM_SANITIZER_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
+elseif(NAMM_SANITIZE)  # ON or address
   set(NAMM_SANITIZER_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 endif()
 
