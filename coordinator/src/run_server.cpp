@@ -427,9 +427,11 @@ Status RunServer::Impl::Recover() {
 void RunServer::Impl::Tick() {
   service->ExpireLeases();
   const ServiceCounters counters = service->counters();  // one snapshot a tick, for the checks and the metrics
-  if (Status s = DropAbandoned(counters.abandoned); !s.ok()) {
+  Status stop = DropAbandoned(counters.abandoned);
+  if (stop.ok()) stop = service->JournalStatus();  // without its progress log the run can neither lease nor take results
+  if (!stop.ok()) {
     const Status flushed = Flush();  // keep what did finish
-    return Fail(flushed.ok() ? s : flushed);
+    return Fail(flushed.ok() ? stop : flushed);
   }
   const bool done = service->PhaseDone();  // before Flush: results are queued before their units count as done
   // Results are in the progress log as they come; the store takes them in batches, and all before the phase ends.

@@ -55,9 +55,15 @@ bool WorkerService::Log(const ProgressEntries& entries) {
   if (!hooks_.log || entries.empty()) return true;
   if (const Status s = hooks_.log(entries); !s.ok()) {
     spdlog::error("progress log: {} (what it misses is lost if the coordinator restarts)", s.ToString());
+    if (journal_error_.ok()) journal_error_ = s;
     return false;
   }
   return true;
+}
+
+Status WorkerService::JournalStatus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return journal_error_;
 }
 
 int64_t WorkerService::ReserveLeases(const std::vector<LeaseRecord>& leases) {

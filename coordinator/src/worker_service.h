@@ -94,6 +94,9 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   // Every stream ends with `end`; from now on registrations and reports are refused (UNAVAILABLE).
   void End(v1::WorkBatch::End end);
   ServiceCounters counters() const;
+  // The first failure to write the progress log (a full disk, an I/O error): nothing can be leased or
+  // acknowledged without it, so the run stops. OK while none.
+  Status JournalStatus() const;
 
   // gRPC handlers.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
@@ -160,6 +163,7 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   std::shared_ptr<const PhaseData> phase_;
   std::optional<v1::WorkBatch::End> end_;
   std::chrono::steady_clock::time_point last_wake_all_;  // ExpireLeases' once-a-second look at every stream
+  Status journal_error_;  // the first failed Log()
   std::vector<EvaluationRecord> evaluations_;  // accepted, not yet taken for the store
   std::vector<ReferenceResult> references_;
   AuthLockout lockout_;

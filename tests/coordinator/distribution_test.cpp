@@ -510,6 +510,39 @@ TEST(Distribution, AWorkerKeepsResultsTheCoordinatorDidNotTakeUntilItHasThem) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
+// A permanent store error (the database's disk full: a 3 MB tmpfs) stops the run at once, naming the error and
+// saying that the same command resumes it; with room again, that command finishes the run as an uninterrupted
+// one. Needs root and mount (skipped otherwise).
+TEST(Distribution, AFullDiskStopsTheRunNamingItAndTheSameCommandResumes) {
+  SimRun r("dist_full_disk", 6, 1);
+  const std::string disk = r.dir + "/disk";
+  std::filesystem::create_directories(disk);
+  if (RunProcess("mount -t tmpfs -o size=3m tmpfs " + disk).exit_code != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)RunProcess("umount " + dir); }
+  } unmount{disk};
+  r.db = disk + "/run.db";
+  Child coordinator = r.Serve();
+  Child worker = r.SimWorker("sim-a");
+  EXPECT_EQ(Wait(coordinator, std::chrono::seconds(300)), 1) << ReadText(r.log("coordinator"));
+  const std::string log = ReadText(r.log("coordinator"));
+  EXPECT_TRUE(log.find("(SQLITE_FULL)") != std::string::npos ||
+              log.find("No space left on device") != std::string::npos) << log;
+  EXPECT_NE(log.find("what the run stored so far is kept: once the cause is fixed, the same namm-coordinator serve "
+                     "command resumes it"), std::string::npos) << log;
+  const int64_t stopped_at = r.Progress().first;
+  EXPECT_GT(stopped_at, 0);
+  EXPECT_LT(stopped_at, 6);
+  ASSERT_EQ(RunProcess("mount -o remount,size=64m tmpfs " + disk).exit_code, 0);
+  coordinator = r.Serve();
+  EXPECT_EQ(Wait(coordinator, std::chrono::seconds(300)), 0) << ReadText(r.log("coordinator"));
+  KillAndReap(worker);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
 // One coordinator per run: a second `serve` or `run` of it stops at once, naming the first (pid and host), and
 // leaves the first one's progress log and run alone.
 TEST(Distribution, ASecondCoordinatorOfARunIsRefusedNamingTheFirst) {

@@ -3,11 +3,13 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
 
-#include <set>
-
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include "../temp_path.h"
 #include "byte_codec.h"
@@ -270,6 +272,118 @@ TEST(Store, RetentionSparesTheSnapshotBeingWrittenElsewhere) {
   EXPECT_EQ(ids(), (std::set<int64_t>{first, written})) << "the commit only names it";
   ASSERT_TRUE(store->DropSnapshotsConcurrently(run, outcome->unneeded_snapshots).ok());
   EXPECT_EQ(ids(), (std::set<int64_t>{first}));
+}
+
+EvaluationRecord Evaluation(int64_t prompt) {
+  EvaluationRecord e;
+  e.candidate = 0;
+  e.task = "t/a";
+  e.prompt = prompt;
+  e.score = 0.5;
+  e.worker = "w";
+  return e;
+}
+
+// The database's write lock held by another process for longer than SQLite's busy handler waits (1 s) is waited
+// out: the call is tried again until it goes through, and the wait is reported once, when it ends.
+TEST(Store, ATransientLockIsWaitedOutAndReported) {
+  const std::string path = FreshDatabasePath("transient.db");
+  std::vector<StoreWait> waits;
+  std::mutex mu;
+  StoreOptions options;
+  options.on_wait = [&](const StoreWait& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    waits.push_back(w);
+  };
+  auto store = Store::Open(path, OpenMode::kCreate, options).value();
+  const CmaesParams p = SmallParams();
+  const int64_t run = *store->CreateRun(OneStageRun(EvolvedState(p)));
+  SQLite::Database other(path, SQLite::OPEN_READWRITE);
+  other.exec("BEGIN IMMEDIATE");
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    other.exec("COMMIT");
+  });
+  const auto recorded = store->RecordEvaluations(run, {Evaluation(3)});
+  release.join();
+  ASSERT_TRUE(recorded.ok()) << recorded.status().ToString();
+  EXPECT_EQ(*recorded, 1);
+  ASSERT_FALSE(waits.empty());
+  const StoreWait& end = waits.back();
+  EXPECT_TRUE(end.ended);
+  EXPECT_EQ(end.what, "recording evaluations");
+  EXPECT_NE(end.error.find("(SQLITE_BUSY)"), std::string::npos) << end.error;
+  EXPECT_GT(end.seconds, 1.0);
+  EXPECT_LT(end.seconds, 3.0);
+  EXPECT_EQ(static_cast<int64_t>(waits.size()), end.retries + 1) << "one report per retry, one at the end";
+  EXPECT_EQ(store->GetEvaluations(run, 0)->size(), 1u);
+  // A second run of the same name is refused (runs are found by name).
+  EXPECT_NE(store->CreateRun(OneStageRun(EvolvedState(p))).status().message().find("already holds a run named 'r'"),
+            std::string::npos);
+}
+
+// A full disk is a permanent error: the call fails at once, naming SQLite's code, and what was stored stays.
+// (A 1 MB tmpfs; needs root and mount.)
+TEST(Store, AFullDiskIsNamedAndLeavesTheStoredRunWhole) {
+  const std::string dir = TempPath("store_full_disk");
+  std::filesystem::create_directories(dir);
+  if (std::system(("mount -t tmpfs -o size=1m tmpfs " + dir + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
+  } unmount{dir};
+  const std::string path = dir + "/run.db";
+  const CmaesParams p = SmallParams();
+  Status full;
+  int64_t stored = 0;
+  {
+    auto store = Store::Open(path, OpenMode::kCreate).value();
+    const int64_t run = *store->CreateRun(OneStageRun(EvolvedState(p)));
+    for (int64_t batch = 0; batch < 1000 && full.ok(); ++batch) {
+      std::vector<EvaluationRecord> records;
+      for (int64_t i = 0; i < 100; ++i) {
+        records.push_back(Evaluation(batch * 100 + i));
+        records.back().worker = std::string(200, 'w');
+      }
+      const auto r = store->RecordEvaluations(run, records);
+      if (r.ok()) stored += *r;
+      full = r.status();
+    }
+  }
+  ASSERT_FALSE(full.ok()) << "1 MB never filled up";
+  EXPECT_EQ(full.code(), Status::Code::kIOError);
+  EXPECT_NE(full.message().find("recording evaluations failed on " + path + ": "), std::string::npos)
+      << full.ToString();
+  EXPECT_NE(full.message().find("(SQLITE_FULL)"), std::string::npos) << full.ToString();
+  auto reopened = Store::Open(path, OpenMode::kReadOnly);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ(static_cast<int64_t>((*reopened)->GetEvaluations(1, 0)->size()), stored);
+}
+
+// A snapshot row whose stored length is corrupt is refused before the length sizes anything (it was passed to
+// reserve() first: a huge value threw out of the store).
+TEST(Store, ASnapshotWithACorruptLengthIsRefused) {
+  const std::string path = FreshDatabasePath("corrupt_length.db");
+  const CmaesParams p = SmallParams();
+  int64_t run = 0, id = 0;
+  {
+    auto store = Store::Open(path, OpenMode::kCreate).value();
+    run = *store->CreateRun(OneStageRun(EvolvedState(p)));
+    id = store->ListSnapshots(run)->front().id;
+  }
+  {
+    SQLite::Database raw(path, SQLite::OPEN_READWRITE);
+    raw.exec("UPDATE snapshots SET bytes = 4000000000000000 WHERE id = " + std::to_string(id));
+  }
+  auto store = Store::Open(path, OpenMode::kExisting).value();
+  const auto snapshot = store->GetSnapshot(run, id, p);
+  ASSERT_FALSE(snapshot.ok());
+  EXPECT_EQ(snapshot.status().code(), Status::Code::kCorruption);
+  EXPECT_NE(snapshot.status().message().find("says it holds 4000000000000000 bytes but its parts hold"),
+            std::string::npos)
+      << snapshot.status().ToString();
 }
 
 TEST(Store, ReferenceImportRefusesConflictsAsAWhole) {
