@@ -392,21 +392,21 @@ bool LeaseScheduler::Reserve(const std::string& worker_name, const HeldLease& le
   return true;
 }
 
-Status LeaseScheduler::CheckHeld(const std::string& worker_name, const std::vector<HeldLease>& held) const {
+std::vector<std::pair<uint64_t, std::string>> LeaseScheduler::CheckHeld(const std::string& worker_name,
+                                                                         const std::vector<HeldLease>& held) const {
+  std::vector<std::pair<uint64_t, std::string>> refused;
   for (const HeldLease& h : held) {
-    const std::string id = std::to_string(h.id);
     // Earlier coordinators of the run numbered theirs below first_lease_id; this one has issued up to next_lease_.
     if (h.id == 0 || h.id >= next_lease_) {
-      return Status::InvalidArgument("held lease " + id + " was never issued by this coordinator");
+      refused.emplace_back(h.id, "this coordinator never issued it");
+      continue;
     }
     const Active* a = nullptr;
     if (const auto it = active_.find(h.id); it != active_.end()) a = &it->second;
     if (const auto it = retired_.find(h.id); it != retired_.end()) a = &it->second;
-    if (a != nullptr && a->name != worker_name) {
-      return Status::InvalidArgument("held lease " + id + " was issued to another worker, not to '" + worker_name + "'");
-    }
+    if (a != nullptr && a->name != worker_name) refused.emplace_back(h.id, "it was issued to another worker");
   }
-  return Status::Ok();
+  return refused;
 }
 
 std::vector<int64_t> LeaseScheduler::TakeOver(const HeldLease& h, const std::string& name) {
@@ -482,18 +482,16 @@ std::vector<uint64_t> LeaseScheduler::TakeEnded() {
   return out;
 }
 
-Result<UnitKey> LeaseScheduler::Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale) const {
+Result<UnitKey> LeaseScheduler::Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale,
+                                      const std::string& name) const {
   if (stale != nullptr) *stale = false;
   const std::vector<int64_t>* units = nullptr;
+  const auto mine = [&](const Active& a) { return a.worker == worker || (!name.empty() && a.name == name); };
   if (const auto a = active_.find(lease); a != active_.end()) {
-    if (a->second.worker != worker) {
-      return Status::InvalidArgument("lease " + std::to_string(lease) + " belongs to another worker");
-    }
+    if (!mine(a->second)) return Status::InvalidArgument("lease " + std::to_string(lease) + " belongs to another worker");
     units = &a->second.units;
   } else if (const auto r = retired_.find(lease); r != retired_.end()) {
-    if (r->second.worker != worker) {
-      return Status::InvalidArgument("lease " + std::to_string(lease) + " belongs to another worker");
-    }
+    if (!mine(r->second)) return Status::InvalidArgument("lease " + std::to_string(lease) + " belongs to another worker");
     units = &r->second.units;
   } else if (lease > 0 && lease < phase_first_lease_) {
     if (stale != nullptr) *stale = true;

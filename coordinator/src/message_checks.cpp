@@ -38,6 +38,8 @@ std::string CheckNormStats(const v1::NormStats& stats) {
   return "";
 }
 
+}  // namespace
+
 std::string CheckResult(const v1::PromptResult& r) {
   if (!std::isfinite(r.score()) || r.score() < 0 || r.score() > 1) {
     std::ostringstream text;
@@ -55,7 +57,12 @@ std::string CheckResult(const v1::PromptResult& r) {
   return "";
 }
 
-}  // namespace
+std::string CheckFailure(const v1::PromptFailure& f) {
+  if (f.error().size() > kMaxErrorBytes) {
+    return "the failure's error has more than " + std::to_string(kMaxErrorBytes) + " bytes";
+  }
+  return "";
+}
 
 std::string CheckRegister(const v1::RegisterRequest& request) {
   if (request.protocol_version() != v1::kProtocolVersion) {
@@ -91,16 +98,10 @@ std::string CheckReport(const v1::ReportRequest& request, std::set<int64_t>* pro
   if (entries > kMaxResultsPerReport) {
     return "a report holds at most " + std::to_string(kMaxResultsPerReport) + " results and failures";
   }
-  const std::string where = "lease " + std::to_string(request.lease_id()) + ", prompt ";
   for (const v1::PromptResult& r : request.results()) {
-    if (const std::string bad = CheckResult(r); !bad.empty()) return where + std::to_string(r.prompt()) + ": " + bad;
     if (!prompts->insert(r.prompt()).second) return "prompt " + std::to_string(r.prompt()) + " is reported twice";
   }
   for (const v1::PromptFailure& f : request.failures()) {
-    if (f.error().size() > kMaxErrorBytes) {
-      return where + std::to_string(f.prompt()) + ": the failure's error has more than " +
-             std::to_string(kMaxErrorBytes) + " bytes";
-    }
     if (!prompts->insert(f.prompt()).second) return "prompt " + std::to_string(f.prompt()) + " is reported twice";
   }
   return "";

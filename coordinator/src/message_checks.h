@@ -18,8 +18,13 @@ constexpr std::size_t kMaxIdsPerCall = 4096;      // leases (and held prompts) n
 
 // Name, capabilities (except the fingerprint, the run's business), held leases, protocol version.
 std::string CheckRegister(const v1::RegisterRequest& request);
-// Results and failures: sizes, numbers, each prompt at most once; `prompts` gets the prompts reported.
+// A report's shape: its size, each prompt at most once; `prompts` gets the prompts reported. What each result or
+// failure holds is checked on its own (CheckResult, CheckFailure): one malformed entry is refused alone.
 std::string CheckReport(const v1::ReportRequest& request, std::set<int64_t>* prompts);
+// One result's numbers: score in [0, 1], finite non-negative sizes, counts and seconds, well-formed statistics.
+std::string CheckResult(const v1::PromptResult& result);
+// One failure: its error's size.
+std::string CheckFailure(const v1::PromptFailure& failure);
 // The number of lease ids a heartbeat or a drain names.
 std::string CheckIdCount(int count, const std::string& what);
 

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -248,6 +249,12 @@ Result<std::unique_ptr<ProgressLog>> ProgressLog::Open(const std::string& path) 
     NAMM_RETURN_IF_ERROR(log->Rewrite(Header(log->holder_)));
     return log;
   }
+  // A header cut short (a crash while Reset() rewrote the file) is an empty log.
+  if (bytes.size() < kHeaderBytes && Header(log->holder_).compare(0, std::min(bytes.size(), kVersionedBytes), bytes, 0,
+                                                                   std::min(bytes.size(), kVersionedBytes)) == 0) {
+    NAMM_RETURN_IF_ERROR(log->Rewrite(Header(log->holder_)));
+    return log;
+  }
   const std::size_t records = RecordsAt(bytes);
   if (records == 0) {
     return Status::InvalidArgument(path + " is not a namm progress log (or of a newer version); refusing to use it");
@@ -303,7 +310,12 @@ Status ProgressLog::Append(const ProgressEntries& entries) {
   std::string bytes;
   Encode(entries, &bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  return Write(bytes);
+  const uint64_t start = end_;
+  const Status written = Write(bytes);
+  // A torn record must not stay in the middle: reading stops there, and records appended after it (a later
+  // append that fits again) would be lost on a restart although acknowledged.
+  if (!written.ok() && ::ftruncate(fd_, static_cast<off_t>(start)) == 0) end_ = start;
+  return written;
 }
 
 Status ProgressLog::Reset(const std::vector<LeaseRecord>& keep) {

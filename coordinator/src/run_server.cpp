@@ -54,6 +54,11 @@ std::string Duration(double seconds) {
 struct RunServer::Impl {
   Impl(Store& s, Trainer& t, ProgressLog& l, PromptCosts c, ServeOptions o)
       : store(s), trainer(t), progress_log(l), costs(std::move(c)), options(std::move(o)) {}
+  // The store's waits stop counting into the endpoint's registry, which goes with this (also when Start() fails
+  // after attaching them).
+  ~Impl() {
+    if (options.store_waits != nullptr) options.store_waits->Detach();
+  }
 
   Store& store;
   Trainer& trainer;
@@ -186,7 +191,6 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
 RunServer::RunServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 RunServer::~RunServer() {
-  if (impl_->options.store_waits != nullptr) impl_->options.store_waits->Detach();  // the registry goes with us
   if (impl_->server) {
     impl_->service->End(v1::WorkBatch::END_SHUTDOWN);
     impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -258,8 +258,13 @@ std::string Described(const SQLite::Exception& e) {
 // StoreOptions::on_wait after each failed attempt and when it ends.
 class Wait {
  public:
-  Wait(const std::string& what, const StoreOptions& options) : what_(what), options_(options) {}
-  ~Wait() { End(); }
+  // Copies what it needs of `options`: a call may move them (Open() hands them to the new Store).
+  Wait(std::string what, const StoreOptions& options)
+      : what_(std::move(what)),
+        on_wait_(options.on_wait),
+        backoff_max_(options.backoff_max),
+        backoff_(std::max(options.backoff_initial, std::chrono::milliseconds(1))) {}
+  ~Wait() { End(false); }
   Wait(const Wait&) = delete;
   Wait& operator=(const Wait&) = delete;
 
@@ -267,30 +272,37 @@ class Wait {
   void Retry(const std::string& error) {
     if (retries_++ == 0) start_ = std::chrono::steady_clock::now();
     error_ = error;
-    Tell(false);
+    Tell(false, false);
     std::this_thread::sleep_for(backoff_);
-    backoff_ = std::min(backoff_ * 2, options_.backoff_max);
+    backoff_ = std::min(backoff_ * 2, backoff_max_);
   }
-  void End() {
-    if (retries_ > 0 && !ended_) Tell(true);
+  // The call went through (else it failed for good, or its body returned an error).
+  void End(bool succeeded) {
+    if (retries_ > 0 && !ended_) Tell(true, succeeded);
     ended_ = true;
   }
 
  private:
-  void Tell(bool ended) const {
-    if (!options_.on_wait) return;
-    StoreWait w;
-    w.what = what_;
-    w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    w.retries = retries_;
-    w.error = error_;
-    w.ended = ended;
-    options_.on_wait(w);
+  // Never throws (the destructor tells too): a failing observer only misses a report.
+  void Tell(bool ended, bool succeeded) const noexcept {
+    if (!on_wait_) return;
+    try {
+      StoreWait w;
+      w.what = what_;
+      w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      w.retries = retries_;
+      w.error = error_;
+      w.ended = ended;
+      w.succeeded = succeeded;
+      on_wait_(w);
+    } catch (...) {
+    }
   }
 
-  const std::string& what_;
-  const StoreOptions& options_;
-  std::chrono::milliseconds backoff_ = std::max(options_.backoff_initial, std::chrono::milliseconds(1));
+  const std::string what_;
+  const std::function<void(const StoreWait&)> on_wait_;
+  const std::chrono::milliseconds backoff_max_;
+  std::chrono::milliseconds backoff_;
   std::chrono::steady_clock::time_point start_;
   int64_t retries_ = 0;
   std::string error_;
@@ -371,7 +383,9 @@ auto GuardCall(const std::string& path, const StoreOptions& options, const std::
   Wait wait(what, options);
   while (true) {
     try {
-      return body();
+      auto result = body();
+      wait.End(result.ok());
+      return result;
     } catch (const SQLite::Exception& e) {
       if (!Transient(e)) return Status::IOError(what + " failed on " + path + ": " + Described(e));
       wait.Retry(Described(e));

@@ -42,8 +42,8 @@ void StoreWaits::Attach(prometheus::Registry& registry, const std::string& run) 
   auto metrics = std::unique_ptr<Metrics>(new Metrics{
       prometheus::BuildCounter()
           .Name("namm_store_waits_total")
-          .Help("Waits for the run's database: calls that met a transient error (a lock held elsewhere) and "
-                "went through after retrying")
+          .Help("Waits for the run's database that ended: calls that met a transient error (a lock held "
+                "elsewhere) and were retried until they went through (or failed for good)")
           .Labels(labels)
           .Register(registry)
           .Add({}),
@@ -103,8 +103,10 @@ void StoreWaits::Record(const StoreWait& w) {
     ongoing_.erase(self);
     ++totals_.waits;
     totals_.longest_seconds = std::max(totals_.longest_seconds, w.seconds);
-    if (w.seconds >= 1) {
-      spdlog::warn("waited {:.1f} s for the database ({}: {}; {} retries)", w.seconds, w.what, w.error, w.retries);
+    const char* outcome = w.succeeded ? "" : ", then the call failed";
+    if (w.seconds >= 1 || !w.succeeded) {
+      spdlog::warn("waited {:.1f} s for the database ({}: {}; {} retries{})", w.seconds, w.what, w.error, w.retries,
+                   outcome);
     } else {
       spdlog::info("waited {:.3f} s for the database ({}: {}; {} retries)", w.seconds, w.what, w.error, w.retries);
     }

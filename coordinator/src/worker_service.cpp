@@ -53,6 +53,7 @@ WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, S
 
 bool WorkerService::Log(const ProgressEntries& entries) {
   if (!hooks_.log || entries.empty()) return true;
+  if (!journal_error_.ok()) return false;  // the run stops at its next tick; nothing more is journaled meanwhile
   if (const Status s = hooks_.log(entries); !s.ok()) {
     spdlog::error("progress log: {} (what it misses is lost if the coordinator restarts)", s.ToString());
     if (journal_error_.ok()) journal_error_ = s;
@@ -331,11 +332,12 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
   }
   std::lock_guard<std::mutex> lock(mu_);
   {
+    // A lease it cannot hold (forged, another worker's, another database's) is not kept: adopted, its id would
+    // collide with a lease issued later. The worker drops what is not kept.
     std::vector<HeldLease> named;
     for (const v1::HeldLease& h : request->held_leases()) named.push_back({h.lease_id(), UnitKind::kCandidate, 0, "", {}});
-    // A lease id it cannot hold (forged, or another worker's) would be activated and later collide.
-    if (const Status s = scheduler_.CheckHeld(name, named); !s.ok()) {
-      return Refuse(StatusCode::INVALID_ARGUMENT, "worker '" + name + "': " + s.message());
+    for (const auto& [lease, why] : scheduler_.CheckHeld(name, named)) {
+      spdlog::warn("worker '{}' registered holding lease {}, which it cannot hold ({}): not kept", name, lease, why);
     }
   }
   const std::string id = NewWorkerId();
@@ -540,11 +542,11 @@ WorkerService::Triage WorkerService::TriageReport(const v1::ReportRequest& reque
   const std::string& worker = request.worker_id();
   const uint64_t lease = request.lease_id();
   // The unit a prompt of this lease is, or why the coordinator does not expect it from this worker.
-  const auto unit = [&](int64_t prompt) -> std::optional<UnitKey> {
+  const auto unit = [&](int64_t prompt, bool result) -> std::optional<UnitKey> {
     bool stale = false;
-    Result<UnitKey> key = scheduler_.Check(worker, lease, prompt, &stale);
+    Result<UnitKey> key = scheduler_.Check(worker, lease, prompt, &stale, name);
     if (stale) {
-      ++t.stale;  // a lease of an earlier phase: every unit of it has its result already
+      t.stale += result ? 1 : 0;  // a lease of an earlier phase: every unit of it has its result already
       return std::nullopt;
     }
     if (!key.ok()) {
@@ -555,7 +557,11 @@ WorkerService::Triage WorkerService::TriageReport(const v1::ReportRequest& reque
     return *key;
   };
   for (const v1::PromptResult& r : request.results()) {
-    const std::optional<UnitKey> key = unit(r.prompt());
+    if (const std::string bad = CheckResult(r); !bad.empty()) {
+      t.refused.emplace_back(r.prompt(), bad);
+      continue;
+    }
+    const std::optional<UnitKey> key = unit(r.prompt(), /*result=*/true);
     if (!key) continue;
     const bool collecting = key->kind == UnitKind::kCandidate && phase_->collect_norm_stats;
     if (collecting != r.has_norm_stats()) {
@@ -585,7 +591,11 @@ WorkerService::Triage WorkerService::TriageReport(const v1::ReportRequest& reque
     t.accepted.evaluations.push_back(std::move(e));
   }
   for (const v1::PromptFailure& f : request.failures()) {
-    if (unit(f.prompt())) t.failures.push_back(&f);
+    if (const std::string bad = CheckFailure(f); !bad.empty()) {
+      t.refused.emplace_back(f.prompt(), bad);
+      continue;
+    }
+    if (unit(f.prompt(), /*result=*/false)) t.failures.push_back(&f);
   }
   return t;
 }

@@ -1076,17 +1076,17 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
     return client.Report(request, &response);
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_TRUE(Refused(report([&](auto& x) { x.set_score(nan); }), grpc::StatusCode::INVALID_ARGUMENT, "score"));
-  EXPECT_TRUE(Refused(report([](auto& x) { x.set_score(1.5); }), grpc::StatusCode::INVALID_ARGUMENT, "in [0, 1]"));
-  EXPECT_TRUE(Refused(report([](auto& x) { x.set_cache_size_mean(std::numeric_limits<double>::infinity()); }),
-                      grpc::StatusCode::INVALID_ARGUMENT, "cache_size_mean"));
-  EXPECT_TRUE(Refused(report([](auto& x) { x.set_seconds(-1); }), grpc::StatusCode::INVALID_ARGUMENT, "seconds"));
-  // A result the coordinator cannot take is refused on its own (the rest of a report would be taken).
+  // A malformed or unexpected result is refused on its own, naming why (the rest of a report would be taken).
+  EXPECT_TRUE(PromptRefused(report([&](auto& x) { x.set_score(nan); }), response, prompt, "score"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_score(1.5); }), response, prompt, "in [0, 1]"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_cache_size_mean(std::numeric_limits<double>::infinity()); }),
+                            response, prompt, "cache_size_mean"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_seconds(-1); }), response, prompt, "seconds"));
   EXPECT_TRUE(PromptRefused(report([](auto& x) { x.clear_norm_stats(); }), response, prompt, "norm_stats are required"));
-  EXPECT_TRUE(Refused(report([](auto& x) { x.mutable_norm_stats()->mutable_mean()->RemoveLast(); }),
-                      grpc::StatusCode::INVALID_ARGUMENT, "17 values"));
-  EXPECT_TRUE(Refused(report([&](auto& x) { x.mutable_norm_stats()->set_var(3, nan); }),
-                      grpc::StatusCode::INVALID_ARGUMENT, "bin 3"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.mutable_norm_stats()->mutable_mean()->RemoveLast(); }), response,
+                            prompt, "17 values"));
+  EXPECT_TRUE(PromptRefused(report([&](auto& x) { x.mutable_norm_stats()->set_var(3, nan); }), response, prompt,
+                            "bin 3"));
   EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_prompt(kSimRows + 5); }), response, kSimRows + 5,
                             "not part of lease"));
   {
@@ -1163,9 +1163,9 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   EXPECT_EQ(evaluations[0].worker, "raw");
 }
 
-// Lease ids are the coordinator's: a registration naming one it never issued is refused, so that the lease can
-// never be activated under an id that a later lease takes (its prompts were then stranded), and the run goes on.
-TEST(Distribution, ARegistrationNamingALeaseNeverIssuedIsRefused) {
+// Lease ids are the coordinator's: a held lease it never issued is not kept at a registration (earlier, it was
+// activated, a later lease took the same id, and its prompts were stranded), and the run goes on.
+TEST(Distribution, ALeaseNeverIssuedIsNotKeptAtARegistration) {
   SimRun r("dist_forged_lease", 1, 1);
   Child coordinator = r.Serve();
   RawClient forger(r.address());
@@ -1189,8 +1189,13 @@ TEST(Distribution, ARegistrationNamingALeaseNeverIssuedIsRefused) {
   held->set_candidate(-1);
   held->set_task("syn/story_recall");
   for (int64_t p = 0; p < kSimRows; ++p) held->add_prompts(p);
-  EXPECT_TRUE(Refused(forger.stub().Register(&c, request, &reg), grpc::StatusCode::INVALID_ARGUMENT,
-                      "lease " + std::to_string(next) + " was never issued by this coordinator"));
+  ASSERT_TRUE(forger.stub().Register(&c, request, &reg).ok());
+  EXPECT_EQ(reg.kept_leases_size(), 0);
+  EXPECT_NE(ReadText(r.log("coordinator"))
+                .find("worker 'forger' registered holding lease " + std::to_string(next) +
+                      ", which it cannot hold (this coordinator never issued it): not kept"),
+            std::string::npos)
+      << ReadText(r.log("coordinator"));
   Child worker = r.SimWorker("sim-0");
   EXPECT_EQ(Wait(coordinator, std::chrono::seconds(120)), 0) << ReadText(r.log("coordinator"));
   EXPECT_EQ(Wait(worker), 0);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "../temp_path.h"
@@ -156,6 +157,48 @@ TEST(ProgressLog, ReadsAnOlderBuildsLog) {
   EXPECT_EQ((*log)->recovered().evaluations[0].prompt, 4);
   ASSERT_TRUE((*log)->Reset().ok());
   EXPECT_EQ(read_file(path)->size(), 8u + 4 + 128) << "version 2, holder, no records";
+}
+
+}  // namespace
+}  // namespace namm::coordinator
+
+namespace namm::coordinator {
+namespace {
+
+// An append the disk cannot take whole (a full 256 KB tmpfs: the write stops part-way) leaves no torn record
+// behind: appends that succeed once there is room again are read back after a restart. Needs root and mount.
+TEST(ProgressLog, AFailedAppendLeavesNoTornRecordBeforeLaterOnes) {
+  const std::string dir = namm::testing::TempPath("progress_log_full");
+  std::filesystem::create_directories(dir);
+  if (std::system(("mount -t tmpfs -o size=256k tmpfs " + dir + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
+  } unmount{dir};
+  const std::string path = dir + "/run.db.run1.progress", filler = dir + "/filler";
+  int64_t acknowledged = 0;
+  {
+    auto log = ProgressLog::Open(path);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    ASSERT_TRUE(write_file_atomically(filler, {std::string(200 << 10, 'f')}).ok());
+    ProgressEntries e;
+    for (int64_t p = 0; p < 20; ++p) e.evaluations.push_back(Result(p, true));
+    Status failed;
+    while (failed.ok()) {
+      failed = (*log)->Append(e);
+      if (failed.ok()) acknowledged += 20;
+    }
+    EXPECT_NE(failed.message().find("No space left on device"), std::string::npos) << failed.ToString();
+    std::filesystem::remove(filler);
+    ASSERT_TRUE((*log)->Append(e).ok());
+    acknowledged += 20;
+  }
+  auto reopened = ProgressLog::Open(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ((*reopened)->ignored_bytes(), 0) << "no torn record";
+  EXPECT_EQ(static_cast<int64_t>((*reopened)->recovered().evaluations.size()), acknowledged);
 }
 
 }  // namespace

@@ -28,7 +28,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     case 1: {
       v1::ReportRequest r;
       std::set<int64_t> prompts;
-      if (r.ParseFromArray(body, length)) (void)coordinator::CheckReport(r, &prompts);
+      if (!r.ParseFromArray(body, length)) break;
+      (void)coordinator::CheckReport(r, &prompts);
+      for (const v1::PromptResult& result : r.results()) (void)coordinator::CheckResult(result);
+      for (const v1::PromptFailure& failure : r.failures()) (void)coordinator::CheckFailure(failure);
       break;
     }
     case 2: {

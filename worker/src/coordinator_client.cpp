@@ -47,6 +47,23 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientTls& t
   return grpc::SslCredentials(ssl);
 }
 
+// At most `max` bytes of `text` as valid UTF-8 (protobuf strings must be): a cut never splits a character, and a
+// byte that starts no valid sequence becomes '?'. The coordinator could not parse a report otherwise.
+std::string Utf8Prefix(const std::string& text, std::size_t max) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const std::size_t length = byte < 0x80 ? 1 : (byte >> 5) == 0x6 ? 2 : (byte >> 4) == 0xE ? 3 : (byte >> 3) == 0x1E ? 4 : 0;
+    bool valid = length > 0 && i + length <= text.size();
+    for (std::size_t k = 1; valid && k < length; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
+    const std::size_t take = valid ? length : 1;
+    if (out.size() + take > max) break;
+    out += valid ? text.substr(i, length) : std::string("?");
+    i += take;
+  }
+  return out;
+}
+
 bool Fatal(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::FAILED_PRECONDITION ||
          code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::PERMISSION_DENIED;
@@ -431,7 +448,7 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
         spdlog::error("lease {} ({} prompt {}): {}", lease->id, lease->task, prompt, r.status().ToString());
         v1::PromptFailure* failure = unsent.add_failures();
         failure->set_prompt(prompt);
-        failure->set_error(r.status().ToString().substr(0, 2048));
+        failure->set_error(Utf8Prefix(r.status().ToString(), 2048));
         Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kPrompt); });
         ++stats.failed;
       } else {
@@ -535,13 +552,17 @@ void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lea
   Held* h = Find(lease);
   // A report the coordinator did not answer with OK took nothing: results are idempotent, so they are kept and
   // sent again until it has them, or the lease is known gone (forgotten: not kept at a registration, a drain, the
-  // run's end). What can never be taken is dropped: a report refused as malformed, or one result alone larger
-  // than the coordinator accepts.
+  // run's end). What can never be taken is dropped: a report refused as malformed or not understood, or one
+  // result alone larger than the coordinator accepts.
   const int sent = request.results_size();
-  const bool too_large = s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && sent > 1;
-  if (!s.ok() && s.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
-      !(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && !too_large)) {
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND) Reconnect(s.error_message());
+  const grpc::StatusCode code = s.error_code();
+  const bool too_large = code == grpc::StatusCode::RESOURCE_EXHAUSTED && sent > 1;
+  const bool never = code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNIMPLEMENTED ||
+                     (code == grpc::StatusCode::RESOURCE_EXHAUSTED && !too_large);
+  if (!s.ok() && !never) {
+    // The session may be gone or no longer good (a restarted coordinator, a changed secret): registering again
+    // tells which leases it still wants.
+    if (code == grpc::StatusCode::NOT_FOUND || Fatal(code)) Reconnect(s.error_message());
     if (h == nullptr) return;
     v1::ReportRequest& unsent = outbox[lease];  // keep them, before whatever finished meanwhile
     v1::ReportRequest again = std::move(request);

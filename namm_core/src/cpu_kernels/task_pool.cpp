@@ -27,6 +27,12 @@ class TaskPool {
   }
 
   void Run(int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+    // A call from inside a share (this thread holds busy_ already, or is a pool thread) runs inline: try_lock on
+    // a mutex the thread holds is undefined.
+    if (inside_) {
+      if (count > 0) fn(0, count);
+      return;
+    }
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
     const int64_t shares = std::min<int64_t>(count, static_cast<int64_t>(threads_.size()) + 1);
     if (!busy.owns_lock() || shares <= 1) {
@@ -55,13 +61,16 @@ class TaskPool {
   void RunShare(int64_t share) {
     const int64_t begin = count_ * share / shares_, end = count_ * (share + 1) / shares_;
     if (begin >= end) return;
+    inside_ = true;
     try {
       (*fn_)(begin, end);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failure_) failure_ = std::current_exception();
     }
+    inside_ = false;
   }
+  static thread_local bool inside_;  // this thread runs a share
 
   void Serve(int64_t share) {
     uint64_t seen = 0;
@@ -88,6 +97,8 @@ class TaskPool {
   std::exception_ptr failure_;  // the first exception of the call in progress
   std::vector<std::thread> threads_;
 };
+
+thread_local bool TaskPool::inside_ = false;
 
 }  // namespace
 

@@ -144,10 +144,11 @@ class LeaseScheduler {
   // Keeps `lease`'s open units that no lease holds (a lease the store had when the coordinator restarted) under
   // the same id for the worker named `worker_name`, until one lease timeout from `now`. Returns whether any was.
   bool Reserve(const std::string& worker_name, const HeldLease& lease, Clock::time_point now);
-  // Whether a worker named `worker_name` can hold `held`: InvalidArgument for a lease id this coordinator never
-  // issued (its own range, from first_lease_id, beyond the last one issued) or a lease of this phase issued to
-  // another name. Ids of earlier coordinators and phases pass (Reattach() keeps none of them).
-  Status CheckHeld(const std::string& worker_name, const std::vector<HeldLease>& held) const;
+  // Of `held`, what a worker named `worker_name` cannot hold, with the reason: a lease id this coordinator never
+  // issued (beyond the last one issued; 0) or a lease of this phase issued to another name. Reattach() keeps
+  // none of those (nor ids of earlier coordinators and phases that are not kept for the name).
+  std::vector<std::pair<uint64_t, std::string>> CheckHeld(const std::string& worker_name,
+                                                          const std::vector<HeldLease>& held) const;
   // `worker` (just registered) held `held` before: it keeps a lease of this phase issued to its name (reserved for
   // it after a restart, still held by its previous session, or ended since), with the prompts of it that are
   // still open and unheld; units of a kept lease it no longer has go back to the queue. Returns the kept leases
@@ -165,10 +166,12 @@ class LeaseScheduler {
   // The next lease for `worker`, or none when it has no free slot or nothing is left that it could run.
   std::optional<LeaseGrant> Acquire(const std::string& worker, Clock::time_point now);
 
-  // The unit that a result for `prompt` on lease `lease` from `worker` is about. NotFound for an unknown lease
-  // (or one of an earlier phase: `stale` is then set and the result counts as a duplicate), InvalidArgument
-  // for a lease of another worker or a prompt the lease does not hold.
-  Result<UnitKey> Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale = nullptr) const;
+  // The unit that a result for `prompt` on lease `lease` from `worker` (named `name`: "" for the worker's own) is
+  // about. NotFound for an unknown lease (or one of an earlier phase: `stale` is then set and the result counts
+  // as a duplicate), InvalidArgument for a lease of another worker or a prompt the lease does not hold. A lease
+  // held by another session of the same name is this worker's: a report sent before it registered again.
+  Result<UnitKey> Check(const std::string& worker, uint64_t lease, int64_t prompt, bool* stale = nullptr,
+                        const std::string& name = "") const;
   // Whether the unit of `prompt` on `lease` (which Check() accepted) has its result already.
   bool HasResult(uint64_t lease, int64_t prompt) const { return units_[static_cast<std::size_t>(UnitOf(lease, prompt))].done; }
   // Records a result that Check() accepted; `seconds` > 0, the time the worker took for it, teaches the

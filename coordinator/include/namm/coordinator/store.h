@@ -56,7 +56,8 @@ struct StoreWait {
   double seconds = 0;   // since its first failed attempt
   int64_t retries = 0;  // failed attempts so far
   std::string error;    // the last transient error, e.g. "database is locked (SQLITE_BUSY)"
-  bool ended = false;   // the call went through (or failed for good); else it is still waiting
+  bool ended = false;   // the wait is over; else it is still waiting
+  bool succeeded = false;  // (ended) the call went through; else it then failed for good
 };
 
 struct StoreOptions {
