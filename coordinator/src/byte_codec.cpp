@@ -74,7 +74,7 @@ Result<ByteReader> ByteReader::Open(std::string_view record, const char (&magic)
 Status ByteReader::GetDoubles(double* values, std::size_t count) {
   if (count > body_.size() / sizeof(double)) return Need(body_.size() + 1);
   NAMM_RETURN_IF_ERROR(Need(count * sizeof(double)));
-  std::memcpy(values, body_.data() + at_, count * sizeof(double));
+  if (count > 0) std::memcpy(values, body_.data() + at_, count * sizeof(double));  // an empty vector's data() may be null
   at_ += count * sizeof(double);
   return Status::Ok();
 }

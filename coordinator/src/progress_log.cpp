@@ -74,7 +74,7 @@ class Reader {
   template <typename T>
   bool GetArray(T* v, std::size_t n) {
     if (at_ + n * sizeof(T) > bytes_.size()) return false;
-    std::memcpy(v, bytes_.data() + at_, n * sizeof(T));
+    if (n > 0) std::memcpy(v, bytes_.data() + at_, n * sizeof(T));  // an empty vector's data() may be null
     at_ += n * sizeof(T);
     return true;
   }
