@@ -182,5 +182,56 @@ TEST(CpuKernels, FoldFramesMatchesTensorOperations) {
   }
 }
 
+
+// The batched engine's products: a row's result is the same bits whatever else is in the call (1 row or 300,
+// the tile's edge or its middle, one thread or the pool), and is the product within float32 rounding.
+TEST(CpuKernels, LinearRowsAreTheSameBitsWhateverTheyAreBatchedWith) {
+  for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
+    for (auto [k, n] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {64, 172}, {172, 64}, {37, 5}, {1024, 300}}) {
+      const at::Tensor x = RandomNormal({300, k}, 40 + k), w = RandomNormal({n, k}, 50 + n),
+                       b = RandomNormal({n}, 60 + n);
+      const at::Tensor all = cpu::linear(x, w, b, *kernels);
+      // Float32 rounding of k products of unit normals: about 1e-7 sqrt(k) of a sum whose size is sqrt(k).
+      const double tolerance = 4e-7 * static_cast<double>(k);
+      EXPECT_TRUE(AllClose(all, ToArray(at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble))),
+                           tolerance, tolerance))
+          << kernels->isa << " k " << k << " n " << n;
+      for (int64_t m : {1, 2, 3, 5, 8, 13, 129}) {
+        for (int64_t first : {int64_t{0}, 300 - m}) {
+          EXPECT_TRUE(cpu::linear(x.narrow(0, first, m), w, b, *kernels).equal(all.narrow(0, first, m)))
+              << kernels->isa << " k " << k << " n " << n << " rows " << first << "+" << m;
+        }
+      }
+      // A strided input (a row of a wider tensor) and no bias.
+      const at::Tensor wide = RandomNormal({3, 2 * k}, 70);
+      EXPECT_TRUE(cpu::linear(wide.narrow(1, 0, k), w, at::Tensor(), *kernels)
+                      .equal(cpu::linear(wide.narrow(1, 0, k).contiguous(), w, at::Tensor(), *kernels)));
+    }
+  }
+}
+
+TEST(CpuKernels, SiluMulAndRmsNormAreTheSameBitsWhateverTheyAreBatchedWith) {
+  for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
+    const at::Tensor gate = RandomNormal({301, 172}, 80, 4.0), up = RandomNormal({301, 172}, 81);
+    const at::Tensor all = cpu::silu_mul(gate, up, *kernels);
+    EXPECT_TRUE(AllClose(all, ToArray(at::silu(gate.to(at::kDouble)) * up.to(at::kDouble)), 1e-6, 1e-5)) << kernels->isa;
+    const at::Tensor x = RandomNormal({301, 172}, 82), weight = RandomNormal({172}, 83);
+    const at::Tensor normed = cpu::rms_norm(x, weight, 1e-5, *kernels);
+    const at::Tensor x64 = x.to(at::kDouble);
+    EXPECT_TRUE(AllClose(normed, ToArray(weight.to(at::kDouble) * x64 * at::rsqrt(x64.square().mean(-1, true) + 1e-5)),
+                         1e-6, 1e-5))
+        << kernels->isa;
+    for (int64_t m : {1, 3, 17}) {
+      for (int64_t first : {int64_t{0}, int64_t{5}, 301 - m}) {
+        EXPECT_TRUE(cpu::silu_mul(gate.narrow(0, first, m).contiguous(), up.narrow(0, first, m).contiguous(), *kernels)
+                        .equal(all.narrow(0, first, m)))
+            << kernels->isa << " rows " << first << "+" << m;
+        EXPECT_TRUE(cpu::rms_norm(x.narrow(0, first, m), weight, 1e-5, *kernels).equal(normed.narrow(0, first, m)))
+            << kernels->isa << " rows " << first << "+" << m;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace namm

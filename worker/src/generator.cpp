@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
 
 #include "aten.h"
 
@@ -129,19 +130,10 @@ at::Tensor IdTensor(const std::vector<int64_t>& ids) {
       .clone();
 }
 
-}  // namespace
-
-double GenerationResult::prefill_tokens_per_second() const {
-  return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0.0;
-}
-
-double GenerationResult::decode_tokens_per_second() const {
-  return decode_seconds > 0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
-}
-
-Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_ids, MemoryPolicy& policy,
-                                             const GenerationOptions& options) const {
-  const auto length = static_cast<int64_t>(prompt_ids.size());
+Status CheckRequest(const Generator::Request& request, const LlamaConfig& config) {
+  const GenerationOptions& options = request.options;
+  const auto length = static_cast<int64_t>(request.prompt_ids.size());
+  if (request.policy == nullptr) return Status::InvalidArgument("a sequence needs a memory policy");
   if (length == 0) return Status::InvalidArgument("the prompt is empty");
   if (options.chunk_size <= 0 || options.memory_update_interval <= 0 ||
       options.memory_update_interval % options.chunk_size != 0) {
@@ -157,104 +149,228 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
   if (options.teacher_forcing && options.max_new_tokens > 0) {
     return Status::InvalidArgument("teacher-forced tokens and generated tokens cannot be combined");
   }
-  const int64_t context = options.max_context > 0 ? options.max_context : model_.config().context_length();
+  const int64_t context = options.max_context > 0 ? options.max_context : config.context_length();
   if (length + forced + options.max_new_tokens > context) {
     return Status::InvalidArgument("the prompt (" + std::to_string(length) + " tokens) plus " +
                                    std::to_string(options.max_new_tokens + forced) + " new tokens exceeds the context of " +
-                                   std::to_string(context) + " tokens (" + model_.config().rope_scaling.ToString() +
+                                   std::to_string(context) + " tokens (" + config.rope_scaling.ToString() +
                                    "); shorten or truncate the prompt");
   }
+  return Status::Ok();
+}
 
-  GenerationResult result;
-  result.prompt_tokens = length;
-  NAMM_RETURN_IF_ERROR(policy.BeginSequence(SequenceInfo{prompt_ids}));
-  std::vector<LayerKVCache> caches = model_.NewCaches(policy);
-  // The sequence's length is known: a cache that keeps everything is allocated once, one that evicts never
-  // grows past what the rest of the sequence can fill.
-  for (LayerKVCache& cache : caches) cache.ExpectTokens(length + forced + options.max_new_tokens, !policy.may_evict());
-  CacheTracker tracker(caches, policy, options.memory_update_interval, result);
+// One sequence's generation, a step at a time: the prompt cut at absolute multiples of the chunk size (every
+// position's logits kept when recording them, else the last one's), the policy's end-of-prefill hook, then
+// teacher-forced tokens chunked the same way, or greedy decoding (or seeded sampling) one token per step.
+class Sequence {
+ public:
+  Sequence(const LlamaModel& model, const Tokenizer& tokenizer, const Generator::Request& request)
+      : model_(model), tokenizer_(tokenizer), request_(request), options_(request.options) {}
 
-  // Runs `ids` through the model, cut at absolute multiples of the chunk size; keeps every position's logits
-  // when `all_logits`, else the last one's.
-  const auto run_chunked = [&](const std::vector<int64_t>& ids, bool all_logits) -> Result<at::Tensor> {
-    const at::Tensor tokens = IdTensor(ids);
-    const auto n = static_cast<int64_t>(ids.size());
-    const int64_t start = caches[0].tokens_seen();
-    std::vector<at::Tensor> pieces;
-    at::Tensor logits;
-    for (int64_t begin = 0; begin < n;) {
-      const int64_t end = std::min(n, ((start + begin) / options.chunk_size + 1) * options.chunk_size - start);
-      NAMM_ASSIGN_OR_RETURN(logits, model_.Forward(tokens.narrow(0, begin, end - begin), caches, policy, all_logits));
-      if (all_logits) pieces.push_back(logits);
-      NAMM_RETURN_IF_ERROR(tracker.AfterForward(end - begin));
-      begin = end;
-    }
-    return all_logits ? at::cat(pieces, 0) : logits;
-  };
-
-  // Prefill, then the policy's end-of-prefill hook.
-  const auto prefill_start = Clock::now();
-  at::Tensor logits;
-  NAMM_ASSIGN_OR_RETURN(logits, run_chunked(prompt_ids, options.record_logits));
-  if (options.record_logits) {
-    result.prompt_logits = logits;
-    logits = logits.narrow(0, length - 1, 1);
-  }
-  NAMM_RETURN_IF_ERROR(tracker.EndPrefill());
-  WaitForDevice(logits);
-  result.prefill_seconds = Since(prefill_start);
-
-  // Teacher-forced tokens (counted as decoding work).
-  if (options.teacher_forcing) {
-    const auto forced_start = Clock::now();
-    result.forced_logits = logits;
-    if (forced > 0) {
-      NAMM_ASSIGN_OR_RETURN(at::Tensor forced_logits, run_chunked(options.forced_tokens, true));
-      result.forced_logits = at::cat({logits, forced_logits}, 0);
-    }
-    result.decode_steps = forced;
-    result.decode_seconds = Since(forced_start);
-    result.stop_reason = "forced";
-    for (const auto& cache : caches) result.final_cache_sizes.push_back(cache.size());
-    return result;
+  Status Begin() {
+    NAMM_RETURN_IF_ERROR(CheckRequest(request_, model_.config()));
+    MemoryPolicy& policy = *request_.policy;
+    const auto length = static_cast<int64_t>(request_.prompt_ids.size());
+    const auto forced = static_cast<int64_t>(options_.forced_tokens.size());
+    result_.prompt_tokens = length;
+    NAMM_RETURN_IF_ERROR(policy.BeginSequence(SequenceInfo{request_.prompt_ids}));
+    caches_ = model_.NewCaches(policy);
+    // The sequence's length is known: a cache that keeps everything is allocated once, one that evicts never
+    // grows past what the rest of the sequence can fill.
+    for (LayerKVCache& cache : caches_) cache.ExpectTokens(length + forced + options_.max_new_tokens, !policy.may_evict());
+    tracker_ = std::make_unique<CacheTracker>(caches_, policy, options_.memory_update_interval, result_);
+    Feed(request_.prompt_ids, options_.record_logits);
+    phase_ = Phase::kPrompt;
+    return Status::Ok();
   }
 
-  // Greedy decoding.
-  const auto decode_start = Clock::now();
-  std::vector<at::Tensor> generated_logits;
-  result.stop_reason = "max_new_tokens";
-  while (static_cast<int64_t>(result.token_ids.size()) < options.max_new_tokens) {
-    if (options.record_logits) generated_logits.push_back(logits);
-    const int64_t next = ChooseToken(logits[0], options, static_cast<uint64_t>(result.token_ids.size()));
-    if (std::find(options.eos_ids.begin(), options.eos_ids.end(), next) != options.eos_ids.end()) {
-      result.stop_reason = "eos";
-      break;
+  bool done() const { return phase_ == Phase::kDone; }
+  bool prefilling() const { return phase_ == Phase::kPrompt; }
+
+  // The tokens of this sequence's next forward pass.
+  LlamaModel::Step NextStep() {
+    if (phase_ == Phase::kDecode) {
+      return {at::full({1}, next_token_, at::TensorOptions().dtype(at::kLong).device(at::kCPU)), &caches_,
+              request_.policy, false};
     }
-    result.token_ids.push_back(next);
-    if (!options.stop_strings.empty()) {
-      const std::string text = tokenizer_.Decode(result.token_ids);
-      if (std::any_of(options.stop_strings.begin(), options.stop_strings.end(),
+    // Up to the next multiple of the chunk size.
+    const int64_t seen = caches_[0].tokens_seen();
+    step_length_ = std::min(feed_.size(0) - fed_, options_.chunk_size - seen % options_.chunk_size);
+    return {feed_.narrow(0, fed_, step_length_), &caches_, request_.policy, all_logits_};
+  }
+
+  // The step's logits (or its error).
+  void AfterStep(Result<at::Tensor> logits) {
+    Status status = logits.ok() ? Advance(std::move(*logits)) : logits.status();
+    if (!status.ok()) Fail(std::move(status));
+  }
+
+  // A pass of `seconds` this sequence took part in, prefilling or not when it began.
+  void AddTime(bool prefilling, double seconds) {
+    (prefilling ? result_.prefill_seconds : result_.decode_seconds) += seconds;
+  }
+
+  void Fail(Status error) {
+    error_ = std::move(error);
+    phase_ = Phase::kDone;
+    caches_.clear();
+  }
+
+  Result<GenerationResult> TakeResult() {
+    if (!error_.ok()) return std::move(error_);
+    return std::move(result_);
+  }
+
+ private:
+  enum class Phase { kPrompt, kForced, kDecode, kDone };
+
+  void Feed(const std::vector<int64_t>& ids, bool all_logits) {
+    feed_ = IdTensor(ids);
+    fed_ = 0;
+    all_logits_ = all_logits;
+    pieces_.clear();
+  }
+
+  Status Advance(at::Tensor logits) {
+    if (phase_ == Phase::kDecode) {
+      logits_ = std::move(logits);
+      ++result_.decode_steps;
+      NAMM_RETURN_IF_ERROR(tracker_->AfterForward(1));
+      return Decide();
+    }
+    if (all_logits_) pieces_.push_back(logits);
+    logits_ = std::move(logits);
+    fed_ += step_length_;
+    NAMM_RETURN_IF_ERROR(tracker_->AfterForward(step_length_));
+    if (fed_ < feed_.size(0)) return Status::Ok();
+    return phase_ == Phase::kPrompt ? EndPrompt() : EndForced();
+  }
+
+  // The prompt's logits recorded, the end-of-prefill hook, then forced tokens or decoding.
+  Status EndPrompt() {
+    if (options_.record_logits) {
+      result_.prompt_logits = at::cat(pieces_, 0);
+      logits_ = result_.prompt_logits.narrow(0, result_.prompt_tokens - 1, 1);
+    }
+    NAMM_RETURN_IF_ERROR(tracker_->EndPrefill());
+    if (options_.teacher_forcing) {
+      result_.forced_logits = logits_;
+      if (options_.forced_tokens.empty()) return Finish("forced");
+      Feed(options_.forced_tokens, true);
+      phase_ = Phase::kForced;
+      return Status::Ok();
+    }
+    phase_ = Phase::kDecode;
+    result_.stop_reason = "max_new_tokens";
+    return Decide();
+  }
+
+  // Teacher-forced tokens (counted as decoding work): logits after the prompt and after each forced token.
+  Status EndForced() {
+    pieces_.insert(pieces_.begin(), result_.forced_logits);
+    result_.forced_logits = at::cat(pieces_, 0);
+    result_.decode_steps = static_cast<int64_t>(options_.forced_tokens.size());
+    return Finish("forced");
+  }
+
+  // The next token from the latest logits, or the end of generation.
+  Status Decide() {
+    const std::size_t made = result_.token_ids.size();
+    if (static_cast<int64_t>(made) >= options_.max_new_tokens) return Finish(result_.stop_reason);
+    if (options_.record_logits) generated_logits_.push_back(logits_);
+    const int64_t next = ChooseToken(logits_[0], options_, static_cast<uint64_t>(made));
+    if (std::find(options_.eos_ids.begin(), options_.eos_ids.end(), next) != options_.eos_ids.end()) {
+      return Finish("eos");
+    }
+    result_.token_ids.push_back(next);
+    if (!options_.stop_strings.empty()) {
+      const std::string text = tokenizer_.Decode(result_.token_ids);
+      if (std::any_of(options_.stop_strings.begin(), options_.stop_strings.end(),
                       [&](const std::string& stop) { return text.find(stop) != std::string::npos; })) {
-        result.stop_reason = "stop_string";
-        break;
+        return Finish("stop_string");
       }
     }
-    if (static_cast<int64_t>(result.token_ids.size()) == options.max_new_tokens) break;
-    const at::Tensor token = at::full({1}, next, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
-    NAMM_ASSIGN_OR_RETURN(logits, model_.Forward(token, caches, policy, false));
-    ++result.decode_steps;
-    NAMM_RETURN_IF_ERROR(tracker.AfterForward(1));
+    if (static_cast<int64_t>(result_.token_ids.size()) == options_.max_new_tokens) return Finish("max_new_tokens");
+    next_token_ = next;
+    return Status::Ok();
   }
-  result.decode_seconds = Since(decode_start);
-  if (options.record_logits && !generated_logits.empty()) result.generated_logits = at::cat(generated_logits, 0);
 
-  result.text = tokenizer_.Decode(result.token_ids);
-  for (const auto& stop : options.stop_strings) {
-    const auto pos = result.text.find(stop);
-    if (pos != std::string::npos) result.text.resize(pos);
+  Status Finish(const std::string& stop_reason) {
+    result_.stop_reason = stop_reason;
+    if (!generated_logits_.empty()) result_.generated_logits = at::cat(generated_logits_, 0);
+    if (!options_.teacher_forcing) {
+      result_.text = tokenizer_.Decode(result_.token_ids);
+      for (const auto& stop : options_.stop_strings) {
+        const auto pos = result_.text.find(stop);
+        if (pos != std::string::npos) result_.text.resize(pos);
+      }
+    }
+    for (const auto& cache : caches_) result_.final_cache_sizes.push_back(cache.size());
+    phase_ = Phase::kDone;
+    caches_.clear();
+    return Status::Ok();
   }
-  for (const auto& cache : caches) result.final_cache_sizes.push_back(cache.size());
-  return result;
+
+  const LlamaModel& model_;
+  const Tokenizer& tokenizer_;
+  const Generator::Request& request_;
+  const GenerationOptions& options_;
+  GenerationResult result_;
+  Status error_;
+  std::vector<LayerKVCache> caches_;
+  std::unique_ptr<CacheTracker> tracker_;
+  Phase phase_ = Phase::kPrompt;
+  at::Tensor feed_;  // the prompt or the forced tokens
+  int64_t fed_ = 0, step_length_ = 0;
+  bool all_logits_ = false;
+  std::vector<at::Tensor> pieces_;            // the feed's logits so far, when all are kept
+  at::Tensor logits_;                         // [1, vocab]: the latest position's
+  std::vector<at::Tensor> generated_logits_;  // when recording logits
+  int64_t next_token_ = 0;
+};
+
+}  // namespace
+
+double GenerationResult::prefill_tokens_per_second() const {
+  return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0.0;
+}
+
+double GenerationResult::decode_tokens_per_second() const {
+  return decode_seconds > 0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
+}
+
+Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_ids, MemoryPolicy& policy,
+                                             const GenerationOptions& options) const {
+  return std::move(GenerateBatch({Request{prompt_ids, &policy, options}}).front());
+}
+
+std::vector<Result<GenerationResult>> Generator::GenerateBatch(const std::vector<Request>& requests) const {
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  for (const Request& request : requests) {
+    sequences.push_back(std::make_unique<Sequence>(model_, tokenizer_, request));
+    if (Status begun = sequences.back()->Begin(); !begun.ok()) sequences.back()->Fail(std::move(begun));
+  }
+  while (true) {
+    std::vector<Sequence*> active;
+    std::vector<LlamaModel::Step> steps;
+    for (const auto& sequence : sequences) {
+      if (sequence->done()) continue;
+      active.push_back(sequence.get());
+      steps.push_back(sequence->NextStep());
+    }
+    if (active.empty()) break;
+    const auto start = Clock::now();
+    std::vector<bool> prefilling;
+    for (const Sequence* sequence : active) prefilling.push_back(sequence->prefilling());
+    std::vector<Result<at::Tensor>> logits = model_.ForwardBatch(steps);
+    for (std::size_t i = 0; i < active.size(); ++i) active[i]->AfterStep(std::move(logits[i]));
+    if (!model_.options().device().is_cpu()) WaitForDevice(at::zeros({1}, model_.options()));  // after the step, memory updates included
+    const double seconds = Since(start);
+    for (std::size_t i = 0; i < active.size(); ++i) active[i]->AddTime(prefilling[i], seconds);
+  }
+  std::vector<Result<GenerationResult>> results;
+  for (const auto& sequence : sequences) results.push_back(sequence->TakeResult());
+  return results;
 }
 
 }  // namespace namm::worker

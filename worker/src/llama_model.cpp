@@ -5,25 +5,12 @@
 #include <limits>
 
 #include "aten.h"
+#include "namm/batch_invariant.h"
 #include "namm/query_history.h"
 #include "namm/worker/rope.h"
 
 namespace namm::worker {
 
-namespace {
-
-// x [t, in] times w^T [in, out] (+ b). One row (a decoded token) is a matrix-vector product: at::linear on a
-// [1, in] input runs a GEMM whose packing copies the whole weight matrix on every call (OpenBLAS's
-// sgemm_incopy: 44% of decode time on an 8B-shaped model), where a GEMV reads it once.
-at::Tensor Project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = at::Tensor()) {
-  if (x.size(0) != 1) return at::linear(x, w, b);
-  // (at::linear and at::matmul on a 1-D input still run a one-row GEMM; at::mv is the GEMV.)
-  at::Tensor y = at::mv(w, x.select(0, 0));
-  if (b.defined()) y.add_(b);
-  return y.unsqueeze(0);
-}
-
-}  // namespace
 
 Result<LlamaModel> LlamaModel::Load(const std::string& path, const LoadOptions& options) {
   NAMM_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(path, options));
@@ -46,28 +33,21 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
   return caches;
 }
 
-at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
-  // In float32 whatever the compute dtype, as Hugging Face's LlamaRMSNorm does.
-  const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor normalized = x32 * at::rsqrt(x32.square().mean(-1, /*keepdim=*/true) + config_.norm_eps);
-  return weight * normalized.to(x.scalar_type());
-}
-
-Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const at::Tensor& positions,
-                                         const RopeTables& rope, LayerKVCache& cache, MemoryPolicy& policy) const {
+Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& q_rows, const at::Tensor& k_rows,
+                                         const at::Tensor& v_rows, const at::Tensor& positions, const RopeTables& rope,
+                                         LayerKVCache& cache, MemoryPolicy& policy) const {
   const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
-  const int64_t t = x.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
+  const int64_t t = q_rows.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
   const int64_t group = heads / kv_heads;
-  // Projections, as [heads, t, head_dim]; Qwen3 normalizes each head's query and key before rotating them.
-  at::Tensor q = Project(x, w.wq, w.bq).view({t, heads, hd});
-  at::Tensor k = Project(x, w.wk, w.bk).view({t, kv_heads, hd});
+  // As [heads, t, head_dim]; Qwen3 normalizes each head's query and key before rotating them.
+  at::Tensor q = q_rows, k = k_rows;
   if (config_.qk_norm) {
-    q = RmsNorm(q, w.q_norm);
-    k = RmsNorm(k, w.k_norm);
+    q = invariant_rms_norm(q.reshape({t * heads, hd}), w.q_norm, config_.norm_eps);
+    k = invariant_rms_norm(k.reshape({t * kv_heads, hd}), w.k_norm, config_.norm_eps);
   }
-  q = apply_rope(q.transpose(0, 1), rope);
-  k = apply_rope(k.transpose(0, 1), rope);
-  const at::Tensor v = Project(x, w.wv, w.bv).view({t, kv_heads, hd}).transpose(0, 1);
+  q = apply_rope(q.reshape({t, heads, hd}).transpose(0, 1), rope);
+  k = apply_rope(k.reshape({t, kv_heads, hd}).transpose(0, 1), rope);
+  const at::Tensor v = v_rows.reshape({t, kv_heads, hd}).transpose(0, 1);
   NAMM_RETURN_IF_ERROR(cache.Append(k, v, positions));
 
   // The chunk's queries go through attention in blocks of rows, so that the scores and probabilities alive at
@@ -79,7 +59,7 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
   const at::Tensor q_grouped = q.reshape({kv_heads, group, t, hd});  // query head h = kv head h / group, member h % group
   const int64_t window = config_.window_of(layer);
   const bool windowed = window > 0 && cache.tokens_seen() > window;
-  at::Tensor out = at::empty({kv_heads, group, t, hd}, x.options());
+  at::Tensor out = at::empty({kv_heads, group, t, hd}, q.options());
   // A policy that recomputes earlier queries' attention gets the newest queries with their log-sum-exp.
   const int64_t history = std::min(policy.query_history(), t);
   at::Tensor log_sum_exp = history > 0 ? at::empty({kv_heads, group, history}, options_.dtype(at::kFloat)) : at::Tensor();
@@ -109,7 +89,7 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
       NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, rows, n}), first_query + b0, cache));
     }
     out.narrow(2, b0, rows)
-        .copy_(at::bmm(probs.to(x.scalar_type()).view({kv_heads, group * rows, n}), cache.values())
+        .copy_(at::bmm(probs.to(q.scalar_type()).view({kv_heads, group * rows, n}), cache.values())
                    .view({kv_heads, group, rows, hd}));
   }
   if (history > 0) {
@@ -117,51 +97,112 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& x, const a
                                                      log_sum_exp.view({heads, history}), first_query + t - history,
                                                      window, policy.query_history()));
   }
-  return Project(out.view({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd}), w.wo, w.bo);
+  return out.view({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd});
 }
 
 at::Tensor LlamaModel::FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const {
-  return Project(at::silu(Project(x, w.w_gate, w.b_gate)) * Project(x, w.w_up, w.b_up), w.w_down, w.b_down);
+  return invariant_linear(
+      invariant_silu_mul(invariant_linear(x, w.w_gate, w.b_gate), invariant_linear(x, w.w_up, w.b_up)), w.w_down,
+      w.b_down);
 }
 
-Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<LayerKVCache>& caches,
-                                       MemoryPolicy& policy, bool all_logits) const {
-  if (tokens.dim() != 1 || tokens.size(0) == 0) return Status::InvalidArgument("Forward needs a non-empty [t] token tensor");
-  if (static_cast<int64_t>(caches.size()) != config_.n_layers) {
+Status LlamaModel::CheckStep(const Step& step) const {
+  if (step.caches == nullptr || step.policy == nullptr) return Status::InvalidArgument("Forward needs caches and a policy");
+  if (step.tokens.dim() != 1 || step.tokens.size(0) == 0) {
+    return Status::InvalidArgument("Forward needs a non-empty [t] token tensor");
+  }
+  if (static_cast<int64_t>(step.caches->size()) != config_.n_layers) {
     return Status::InvalidArgument("Forward needs one cache per layer (" + std::to_string(config_.n_layers) + ")");
   }
-  const int64_t t = tokens.size(0), start = caches[0].tokens_seen();
   // Checked where the ids are: host ids (as the generator passes them) cost no device round trip per token.
-  const at::Tensor checked = tokens.device().is_cpu() ? tokens.to(at::kLong).contiguous() : tokens.to(at::kLong);
+  const at::Tensor ids = step.tokens.to(at::kLong);
   bool in_vocabulary = true;
-  if (checked.device().is_cpu()) {
-    const int64_t* id = checked.data_ptr<int64_t>();
-    for (int64_t i = 0; i < t; ++i) in_vocabulary = in_vocabulary && id[i] >= 0 && id[i] < config_.vocab_size;
+  if (ids.device().is_cpu()) {
+    const at::Tensor host = ids.contiguous();
+    const int64_t* id = host.data_ptr<int64_t>();
+    for (int64_t i = 0; i < host.size(0); ++i) in_vocabulary = in_vocabulary && id[i] >= 0 && id[i] < config_.vocab_size;
   } else {
-    in_vocabulary = checked.min().item<int64_t>() >= 0 && checked.max().item<int64_t>() < config_.vocab_size;
+    in_vocabulary = ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < config_.vocab_size;
   }
   if (!in_vocabulary) {
     return Status::InvalidArgument("token id outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
   }
-  const at::Tensor ids = checked.to(options_.device());
-  const at::Tensor positions = at::arange(start, start + t, options_.dtype(at::kLong));
-  // One table of rotations for every layer; dynamic NTK rescales from the length this call reaches.
-  const RopeTables rope =
-      rope_tables(rope_depends_on_length(config_) ? rope_inverse_frequencies(config_, options_.device(), start + t)
-                                                  : inv_freq_,
-                  positions, config_.rope_scaling.yarn_attention_factor());
+  return Status::Ok();
+}
 
-  at::Tensor x = weights_.token_embedding.index_select(0, ids);  // [t, dim]
+Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<LayerKVCache>& caches,
+                                       MemoryPolicy& policy, bool all_logits) const {
+  return std::move(ForwardBatch({Step{tokens, &caches, &policy, all_logits}}).front());
+}
+
+std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>& steps) const {
+  // Sequence s is rows [offset[s], offset[s] + length[s]) of the packed hidden states; a failed one keeps its
+  // rows (nothing reads them) and its error.
+  const auto count = steps.size();
+  std::vector<Status> errors(count);
+  std::vector<int64_t> offset(count), length(count);
+  std::vector<at::Tensor> ids, positions(count);
+  std::vector<RopeTables> rope(count);
+  int64_t total = 0;
+  for (std::size_t s = 0; s < count; ++s) {
+    const Step& step = steps[s];
+    errors[s] = CheckStep(step);
+    if (!errors[s].ok()) continue;
+    const int64_t t = step.tokens.size(0), start = (*step.caches)[0].tokens_seen();
+    offset[s] = total;
+    length[s] = t;
+    total += t;
+    ids.push_back(step.tokens.to(at::kLong).to(options_.device()));
+    positions[s] = at::arange(start, start + t, options_.dtype(at::kLong));
+    // Each sequence's own table (computed as it alone would be); dynamic NTK rescales from the length it reaches.
+    rope[s] = rope_tables(rope_depends_on_length(config_) ? rope_inverse_frequencies(config_, options_.device(), start + t)
+                                                          : inv_freq_,
+                          positions[s], config_.rope_scaling.yarn_attention_factor());
+  }
+  const auto alive = [&](std::size_t s) { return errors[s].ok(); };
+
+  const int64_t q_width = config_.n_heads * config_.head_dim;
+  if (ids.empty()) return std::vector<Result<at::Tensor>>(errors.begin(), errors.end());
+  at::Tensor x = weights_.token_embedding.index_select(0, at::cat(ids, 0));  // [total, dim]
   for (int layer = 0; layer < static_cast<int>(config_.n_layers); ++layer) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
-    NAMM_ASSIGN_OR_RETURN(at::Tensor attended,
-                          Attention(layer, RmsNorm(x, w.attention_norm), positions, rope,
-                                    caches[static_cast<std::size_t>(layer)], policy));
-    x = x + attended;
-    x = x + FeedForward(w, RmsNorm(x, w.ffn_norm));
+    const at::Tensor normed = invariant_rms_norm(x, w.attention_norm, config_.norm_eps);
+    const at::Tensor q = invariant_linear(normed, w.wq, w.bq), k = invariant_linear(normed, w.wk, w.bk),
+                     v = invariant_linear(normed, w.wv, w.bv);
+    const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
+    for (std::size_t s = 0; s < count; ++s) {
+      if (!alive(s)) continue;
+      Result<at::Tensor> out = Attention(layer, q.narrow(0, offset[s], length[s]), k.narrow(0, offset[s], length[s]),
+                                         v.narrow(0, offset[s], length[s]), positions[s], rope[s],
+                                         (*steps[s].caches)[static_cast<std::size_t>(layer)], *steps[s].policy);
+      if (!out.ok()) {
+        errors[s] = out.status();
+        continue;
+      }
+      heads_out.narrow(0, offset[s], length[s]).copy_(*out);
+    }
+    x = x + invariant_linear(heads_out, w.wo, w.bo);
+    x = x + FeedForward(w, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));
   }
-  const at::Tensor last = all_logits ? x : x.narrow(0, t - 1, 1);
-  return Project(RmsNorm(last, weights_.final_norm), weights_.lm_head).to(at::kFloat);
+  // The rows whose logits are wanted, through the final norm and the head together.
+  std::vector<at::Tensor> wanted;
+  for (std::size_t s = 0; s < count; ++s) {
+    if (!alive(s)) continue;
+    wanted.push_back(steps[s].all_logits ? x.narrow(0, offset[s], length[s]) : x.narrow(0, offset[s] + length[s] - 1, 1));
+  }
+  std::vector<Result<at::Tensor>> results(errors.begin(), errors.end());
+  if (wanted.empty()) return results;
+  const at::Tensor logits =
+      invariant_linear(invariant_rms_norm(at::cat(wanted, 0), weights_.final_norm, config_.norm_eps), weights_.lm_head)
+          .to(at::kFloat);
+  int64_t at_row = 0;
+  for (std::size_t s = 0; s < count; ++s) {
+    if (!alive(s)) continue;
+    const int64_t rows = steps[s].all_logits ? length[s] : 1;
+    results[s] = logits.narrow(0, at_row, rows);
+    at_row += rows;
+  }
+  return results;
 }
 
 }  // namespace namm::worker

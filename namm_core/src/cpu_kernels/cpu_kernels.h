@@ -63,6 +63,39 @@ struct ScoresGqaMean {
   bool round_to_bf16;
 };
 
+// Row-invariant products for the batched engine: each output element is computed by one code path whatever
+// the number of rows, the tile it falls in or the thread that runs it, so a sequence's numbers do not depend on
+// what it is batched with. y[i][j] = sum_k x[i][k] w[j][k] (+ b[j]): lane l accumulates k = l, l + L, ... with
+// fused multiply-adds (plain ones where the instruction set has none), then the lanes are summed in order.
+struct Linear {
+  const float* x;  // [m][k], rows x_stride apart
+  int64_t x_stride;
+  const float* w;  // [n][k] (torch's [out, in]), rows w_stride apart
+  int64_t w_stride;
+  const float* bias;  // [n], or null
+  float* y;           // [m][n], rows y_stride apart
+  int64_t y_stride;
+  int64_t m, n, k;
+};
+
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i], element by element through one code path.
+struct SiluMul {
+  const float* gate;
+  const float* up;
+  float* out;
+};
+
+// out[i][c] = weight[c] * (x[i][c] / sqrt(mean_c x[i][c]^2 + eps)), the mean summed as Linear's products are.
+struct RmsNormRows {
+  const float* x;  // [m][dim], rows x_stride apart
+  int64_t x_stride;
+  const float* weight;  // [dim]
+  float* out;           // [m][dim], rows out_stride apart
+  int64_t out_stride;
+  int64_t dim;
+  float eps;
+};
+
 struct Kernels {
   const char* isa;     // "avx512", "avx2" or "baseline"
   int64_t query_rows;  // query rows per backward_attention_rows call
@@ -74,6 +107,12 @@ struct Kernels {
   void (*gqa_mean)(const GqaMean& mean, int64_t begin, int64_t end);
   // Output rows [begin, end) of a ScoresGqaMean, numbered h * rows + r.
   void (*scores_gqa_mean)(const ScoresGqaMean& mean, int64_t begin, int64_t end);
+  // Output columns [begin, end) of a Linear, every row.
+  void (*linear_columns)(const Linear& linear, int64_t begin, int64_t end);
+  // Elements [begin, end) of a SiluMul.
+  void (*silu_mul)(const SiluMul& op, int64_t begin, int64_t end);
+  // Rows [begin, end) of an RmsNormRows.
+  void (*rms_norm_rows)(const RmsNormRows& op, int64_t begin, int64_t end);
 };
 
 // The kernels for the widest instruction set this CPU supports.

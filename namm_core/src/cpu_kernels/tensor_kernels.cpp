@@ -1,6 +1,7 @@
 #include "cpu_kernels/tensor_kernels.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "aten.h"
@@ -107,6 +108,54 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
       task += g_end - g;
     }
   });
+}
+
+namespace {
+
+// Below this many multiply-adds a call stays on the calling thread: waking the pool costs more than it saves
+// (the results are the same either way).
+constexpr int64_t kParallelWork = 1 << 17;
+
+void run(int64_t tasks, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
+  if (work < kParallelWork) {
+    fn(0, tasks);
+  } else {
+    parallel_tasks(tasks, fn);
+  }
+}
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels) {
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  const at::Tensor y = at::empty({m, n}, x.options());
+  const Linear product{x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), w.stride(0),
+                       b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), y.stride(0), m, n, k};
+  // Tasks are pairs of columns (the kernel's tile), so that a share's edge never splits one.
+  run((n + 1) / 2, m * n * k, [&](int64_t begin, int64_t end) {
+    kernels.linear_columns(product, 2 * begin, std::min(n, 2 * end));
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels) {
+  const at::Tensor out = at::empty_like(gate);
+  const SiluMul op{gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>()};
+  // Every lane runs the same operations, so where a share starts changes nothing; 64-element tasks.
+  const int64_t count = gate.numel(), blocks = (count + 63) / 64;
+  run(blocks, 16 * count, [&](int64_t begin, int64_t end) {
+    kernels.silu_mul(op, 64 * begin, std::min(count, 64 * end));
+  });
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels) {
+  const int64_t m = x.size(0), dim = x.size(1);
+  const at::Tensor out = at::empty({m, dim}, x.options());
+  const RmsNormRows op{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(), out.data_ptr<float>(),
+                       out.stride(0), dim, static_cast<float>(eps)};
+  run(m, 4 * m * dim, [&](int64_t begin, int64_t end) { kernels.rms_norm_rows(op, begin, end); });
+  return out;
 }
 
 }  // namespace namm::cpu

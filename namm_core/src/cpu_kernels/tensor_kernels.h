@@ -28,4 +28,14 @@ void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Tensor& basis, double a,
                  const Kernels& kernels);
 
+// The row-invariant products (cpu_kernels.h: Linear, SiluMul, RmsNormRows) for float32 CPU tensors whose
+// innermost stride is 1: a row's result is the same whatever else is in x, so a batch of sequences computes
+// each one's numbers exactly as it alone would.
+// x [m, k] times w [n, k] transposed, plus b [n] when defined: [m, n].
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels);
+// silu(gate) * up, both contiguous of one shape.
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels);
+// x [m, dim] normalized by its root mean square and scaled by weight [dim].
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels);
+
 }  // namespace namm::cpu

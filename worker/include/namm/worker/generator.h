@@ -88,6 +88,20 @@ class Generator {
   Result<GenerationResult> Generate(const std::vector<int64_t>& prompt_ids, MemoryPolicy& policy,
                                     const GenerationOptions& options) const;
 
+  // One sequence of a batch: Generate's arguments (each sequence has its own policy object and options).
+  struct Request {
+    std::vector<int64_t> prompt_ids;
+    MemoryPolicy* policy = nullptr;
+    GenerationOptions options;
+  };
+  // Generates several sequences in lockstep, one batched forward pass (LlamaModel::ForwardBatch) per step:
+  // each sequence runs its own chunks (cut at its own multiples of its chunk size), memory updates and decoding
+  // exactly as Generate would run it alone, and leaves the batch when it stops; a long prompt's prefill holds
+  // the others for one chunk per step. Results (or errors) in request order; on the CPU in float32 each is the
+  // same bits as Generate gives that sequence alone, whatever it ran beside. Timings are the batch's: the
+  // seconds of the passes the sequence took part in.
+  std::vector<Result<GenerationResult>> GenerateBatch(const std::vector<Request>& requests) const;
+
  private:
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;

@@ -51,12 +51,28 @@ class LlamaModel {
   Result<at::Tensor> Forward(const at::Tensor& tokens, std::vector<LayerKVCache>& caches, MemoryPolicy& policy,
                              bool all_logits) const;
 
+  // One sequence's part of a batched forward pass: Forward's arguments.
+  struct Step {
+    at::Tensor tokens;  // [t] int64, t >= 1
+    std::vector<LayerKVCache>* caches;
+    MemoryPolicy* policy;
+    bool all_logits = false;
+  };
+  // Forward for several sequences in one pass: their tokens go through every dense product together (packed
+  // one after another, of any lengths), each through attention over its own cache with its own policy. A
+  // sequence's logits are the same bits as Forward gives it alone on the CPU in float32 (batch_invariant.h),
+  // and equal up to rounding elsewhere. An error in one sequence (its policy's, say) is its result alone: the
+  // others go on.
+  std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps) const;
+
  private:
-  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  // Attention block of `layer` for the chunk's normalized hidden states x [t, dim].
-  Result<at::Tensor> Attention(int layer, const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope,
-                               LayerKVCache& cache, MemoryPolicy& policy) const;
+  // Attention of `layer` for one sequence's projected queries, keys and values [t, heads * head_dim] (keys and
+  // values: kv_heads * head_dim) at `positions` [t]; returns the heads' outputs [t, heads * head_dim] before W_o.
+  Result<at::Tensor> Attention(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& positions, const RopeTables& rope, LayerKVCache& cache,
+                               MemoryPolicy& policy) const;
   at::Tensor FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const;
+  Status CheckStep(const Step& step) const;
 
   LlamaConfig config_;
   LlamaWeights weights_;
