@@ -52,59 +52,27 @@ int64_t effective_chunk_size(const tasks::TaskSpec& task, const TaskRunOptions& 
   return options.chunk_size > 0 ? options.chunk_size : task.chunk_size > 0 ? task.chunk_size : 128;
 }
 
-Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
-                                     const TaskRunOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t context = options.max_context > 0   ? options.max_context
-                          : task.max_context > 0    ? task.max_context
-                                                    : model_.config().context_length();
+namespace {
+
+// A row made ready to generate: its prompt, the options, and for teacher-forced scoring the continuation.
+struct Prepared {
+  std::vector<int64_t> prompt, continuation;
   GenerationOptions generation;
-  generation.max_context = context;
-  generation.chunk_size = effective_chunk_size(task, options);
-  generation.memory_update_interval = options.memory_update_interval > 0 ? options.memory_update_interval
-                                      : task.update_interval > 0          ? task.update_interval
-                                                                          : 512;
-  generation.eos_ids = EosIds();
-  Generator generator(model_, tokenizer_);
+};
+
+Result<PromptResult> Score(const tasks::TaskSpec& task, const tasks::TaskRow& row, const Prepared& prepared,
+                           GenerationResult result, const TaskRunOptions& options) {
   PromptResult out;
   out.row = row.index;
-
-  std::vector<int64_t> prompt;
-  std::vector<int64_t> continuation;
-  if (task.prompt_source == tasks::PromptSource::kTokenIds) {
-    NAMM_ASSIGN_OR_RETURN(prompt, IdField(task, row, options.clean_context ? "clean_prompt_ids" : "prompt_ids"));
-    if (task.scoring != tasks::Scoring::kGeneration) {
-      NAMM_ASSIGN_OR_RETURN(continuation, IdField(task, row, "continuation_ids"));
-    }
-  } else {
-    NAMM_ASSIGN_OR_RETURN(std::string text, tasks::build_prompt(task, row));
-    auto fitted = truncate_to_context(tokenizer_, text, context, task.max_new_tokens);
-    if (!fitted.ok()) return fitted.status().WithContext("task " + task.name);
-    prompt = std::move(fitted->ids);
-    generation.max_context = fitted->context;
-  }
-  out.prompt_tokens = static_cast<int64_t>(prompt.size());
-
+  out.prompt_tokens = static_cast<int64_t>(prepared.prompt.size());
   if (task.scoring == tasks::Scoring::kGeneration) {
-    generation.max_new_tokens = task.max_new_tokens;
-    generation.stop_strings = task.stop_strings;
-    NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(prompt, policy, generation));
     NAMM_ASSIGN_OR_RETURN(out.score, tasks::score_generation(task, row, result.text, options.metric));
     out.prediction = std::move(result.text);
     out.generated_tokens = static_cast<int64_t>(result.token_ids.size());
-    out.updates = std::move(result.updates);
-    out.final_cache_sizes = std::move(result.final_cache_sizes);
-    RecordWork(result, &out);
   } else {
-    // Teacher forcing: the continuation follows the prompt as decoded tokens would (after the policy's
-    // end-of-prefill hook, through the memory updates that fall in it), and the logits at each of its positions
-    // are compared with the next true token.
-    if (continuation.empty()) return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + ": empty continuation");
-    generation.max_new_tokens = 0;
-    generation.teacher_forcing = true;
-    generation.forced_tokens.assign(continuation.begin(), continuation.end() - 1);
-    NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(prompt, policy, generation));
-    const int64_t n = static_cast<int64_t>(continuation.size());
+    // The logits at each of the continuation's positions against the next true token.
+    std::vector<int64_t> continuation = prepared.continuation;
+    const auto n = static_cast<int64_t>(continuation.size());
     const at::Tensor& logits = result.forced_logits;
     const at::Tensor targets = at::from_blob(continuation.data(), {n}, at::TensorOptions().dtype(at::kLong).device(at::kCPU))
                                    .to(logits.device(), /*non_blocking=*/false, /*copy=*/true);
@@ -115,12 +83,89 @@ Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::T
       out.score = logits.argmax(-1).eq(targets).to(at::kDouble).mean().item<double>();
     }
     out.generated_tokens = n;
-    out.updates = std::move(result.updates);
-    out.final_cache_sizes = std::move(result.final_cache_sizes);
-    RecordWork(result, &out);
   }
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.updates = std::move(result.updates);
+  out.final_cache_sizes = std::move(result.final_cache_sizes);
+  RecordWork(result, &out);
   return out;
+}
+
+}  // namespace
+
+Result<PromptResult> TaskRunner::Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
+                                     const TaskRunOptions& options) const {
+  return std::move(RunBatch(task, {Item{&row, &policy}}, options).front());
+}
+
+std::vector<Result<PromptResult>> TaskRunner::RunBatch(const tasks::TaskSpec& task, const std::vector<Item>& items,
+                                                       const TaskRunOptions& options) const {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t context = options.max_context > 0   ? options.max_context
+                          : task.max_context > 0    ? task.max_context
+                                                    : model_.config().context_length();
+  const auto prepare = [&](const tasks::TaskRow& row) -> Result<Prepared> {
+    Prepared p;
+    GenerationOptions& generation = p.generation;
+    generation.max_context = context;
+    generation.chunk_size = effective_chunk_size(task, options);
+    generation.memory_update_interval = options.memory_update_interval > 0 ? options.memory_update_interval
+                                        : task.update_interval > 0          ? task.update_interval
+                                                                            : 512;
+    generation.eos_ids = EosIds();
+    if (task.prompt_source == tasks::PromptSource::kTokenIds) {
+      NAMM_ASSIGN_OR_RETURN(p.prompt, IdField(task, row, options.clean_context ? "clean_prompt_ids" : "prompt_ids"));
+      if (task.scoring != tasks::Scoring::kGeneration) {
+        NAMM_ASSIGN_OR_RETURN(p.continuation, IdField(task, row, "continuation_ids"));
+      }
+    } else {
+      NAMM_ASSIGN_OR_RETURN(std::string text, tasks::build_prompt(task, row));
+      auto fitted = truncate_to_context(tokenizer_, text, context, task.max_new_tokens);
+      if (!fitted.ok()) return fitted.status().WithContext("task " + task.name);
+      p.prompt = std::move(fitted->ids);
+      generation.max_context = fitted->context;
+    }
+    if (task.scoring == tasks::Scoring::kGeneration) {
+      generation.max_new_tokens = task.max_new_tokens;
+      generation.stop_strings = task.stop_strings;
+    } else {
+      // Teacher forcing: the continuation follows the prompt as decoded tokens would (after the policy's
+      // end-of-prefill hook, through the memory updates that fall in it).
+      if (p.continuation.empty()) {
+        return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + ": empty continuation");
+      }
+      generation.max_new_tokens = 0;
+      generation.teacher_forcing = true;
+      generation.forced_tokens.assign(p.continuation.begin(), p.continuation.end() - 1);
+    }
+    return p;
+  };
+
+  std::vector<Result<PromptResult>> results(items.size(), Result<PromptResult>(Status::Internal("not run")));
+  std::vector<Prepared> prepared;
+  std::vector<std::size_t> item_of;  // prepared[i] is items[item_of[i]]
+  std::vector<Generator::Request> requests;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Result<Prepared> p = prepare(*items[i].row);
+    if (!p.ok()) {
+      results[i] = p.status();
+      continue;
+    }
+    requests.push_back(Generator::Request{p->prompt, items[i].policy, p->generation});
+    prepared.push_back(std::move(p).value());
+    item_of.push_back(i);
+  }
+  std::vector<Result<GenerationResult>> generated = Generator(model_, tokenizer_).GenerateBatch(requests);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (std::size_t j = 0; j < generated.size(); ++j) {
+    const std::size_t i = item_of[j];
+    if (!generated[j].ok()) {
+      results[i] = generated[j].status();
+      continue;
+    }
+    results[i] = Score(task, *items[i].row, prepared[j], std::move(generated[j]).value(), options);
+    if (results[i].ok()) results[i]->seconds = seconds;
+  }
+  return results;
 }
 
 }  // namespace namm::worker

@@ -334,39 +334,54 @@ Status RunEval(const EvalOptions& o) {
       double score = 0, seconds = 0;
       for (const auto& r : existing) score += r.score, seconds += r.seconds;
       int64_t counted = static_cast<int64_t>(existing.size());
+      std::vector<int64_t> pending;
       for (int64_t index : shard_rows) {
         if (done.count(index)) {
           progress.Skipped(1);
-          continue;
+        } else {
+          pending.push_back(index);
         }
-        const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
+      }
+      for (std::size_t first = 0; first < pending.size(); first += static_cast<std::size_t>(o.inference.batch)) {
+        const std::size_t end = std::min(pending.size(), first + static_cast<std::size_t>(o.inference.batch));
         // A policy serves one sequence (and the oracle reads its row), so each row gets a fresh one.
-        NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(policy_spec, &row.fields));
-        Result<PromptResult> ran = runner.Run(task, row, *policy, run_options);
-        if (!ran.ok())
-          return ran.status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
-        const PromptResult& r = *ran;
-        PredictionRecord record;
-        record.row = index;
-        record.pred = r.prediction;
-        record.answers = row.fields.value(task.answers_field, nlohmann::json::array());
-        record.all_classes = row.fields.value(task.classes_field, nlohmann::json());
-        record.length =
-            row.fields.contains("length") ? row.fields["length"] : nlohmann::json(r.prompt_tokens);
-        record.score = r.score;
-        record.mean_kv_tokens = r.mean_kv_tokens;
-        record.answer_kv_tokens = r.answer_kv_tokens;
-        record.peak_kv_tokens = r.peak_kv_tokens;
-        record.prompt_tokens = r.prompt_tokens;
-        record.generated_tokens = r.generated_tokens;
-        record.prefill_tokens = r.prefill_tokens;
-        record.decode_tokens = r.decode_tokens;
-        record.seconds = r.seconds;
-        NAMM_RETURN_IF_ERROR(writer.Append(record));
-        score += r.score;
-        seconds += r.seconds;
-        ++counted;
-        progress.Ran(name, policy_spec);
+        std::vector<std::unique_ptr<MemoryPolicy>> row_policies;
+        std::vector<TaskRunner::Item> items;
+        for (std::size_t i = first; i < end; ++i) {
+          const tasks::TaskRow& row = rows[static_cast<std::size_t>(pending[i])];
+          NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(policy_spec, &row.fields));
+          row_policies.push_back(std::move(policy));
+          items.push_back({&row, row_policies.back().get()});
+        }
+        std::vector<Result<PromptResult>> ran = runner.RunBatch(task, items, run_options);
+        for (std::size_t i = first; i < end; ++i) {
+          const int64_t index = pending[i];
+          const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
+          if (!ran[i - first].ok())
+            return ran[i - first].status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
+          const PromptResult& r = *ran[i - first];
+          PredictionRecord record;
+          record.row = index;
+          record.pred = r.prediction;
+          record.answers = row.fields.value(task.answers_field, nlohmann::json::array());
+          record.all_classes = row.fields.value(task.classes_field, nlohmann::json());
+          record.length =
+              row.fields.contains("length") ? row.fields["length"] : nlohmann::json(r.prompt_tokens);
+          record.score = r.score;
+          record.mean_kv_tokens = r.mean_kv_tokens;
+          record.answer_kv_tokens = r.answer_kv_tokens;
+          record.peak_kv_tokens = r.peak_kv_tokens;
+          record.prompt_tokens = r.prompt_tokens;
+          record.generated_tokens = r.generated_tokens;
+          record.prefill_tokens = r.prefill_tokens;
+          record.decode_tokens = r.decode_tokens;
+          record.seconds = r.seconds / static_cast<double>(end - first);  // the row's share of the batch
+          NAMM_RETURN_IF_ERROR(writer.Append(record));
+          score += r.score;
+          seconds += record.seconds;
+          ++counted;
+          progress.Ran(name, policy_spec);
+        }
       }
       progress.Finished(name, policy_spec, counted, counted ? score / static_cast<double>(counted) : 0.0,
                         seconds);
@@ -390,6 +405,7 @@ void AddEvalCommand(CLI::App& app, Action& run) {
       "a table, CSV/JSON and an HTML plot (resumable; --shard / --merge)");
   AddModelOptions(cmd, o->model, /*required=*/false);
   AddInferenceOptions(cmd, o->inference);
+  AddBatchOption(cmd, o->inference);
   tasks::add_task_path_options(cmd, o->paths);
   cmd->add_option("--tasks", o->tasks, "Tasks, comma-separated (e.g. syn/interruption_heldout,lb/dureader)")
       ->delimiter(',');

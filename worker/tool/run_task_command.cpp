@@ -58,32 +58,53 @@ Status RunTask(const RunTaskOptions& o) {
   options.clean_context = o.clean_context;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   double total = 0;
-  for (int64_t index : selected) {
-    const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];
-    // A policy serves one sequence; the oracle reads what to evict from its row.
-    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(spec, &row.fields));
-    policy_name = policy->name();
-    NAMM_ASSIGN_OR_RETURN(PromptResult r, runner.Run(task, row, *policy, options));
-    total += r.score;
-    if (!o.record_reference.empty()) NAMM_RETURN_IF_ERROR(reference.Set(task.name, r.row, r.score));
-    if (o.json) {
-      nlohmann::ordered_json updates = nlohmann::ordered_json::array();
-      for (const auto& u : r.updates) {
-        updates.push_back({{"sequence_length", u.sequence_length}, {"cache_sizes", u.cache_sizes},
-                           {"end_of_prefill", u.end_of_prefill}});
+  // Rows in batches of --batch (each printed as its batch ends); a policy serves one sequence, and the oracle
+  // reads what to evict from its row.
+  for (std::size_t first = 0; first < selected.size(); first += static_cast<std::size_t>(o.inference.batch)) {
+    const std::size_t end = std::min(selected.size(), first + static_cast<std::size_t>(o.inference.batch));
+    std::vector<std::unique_ptr<MemoryPolicy>> row_policies;
+    std::vector<TaskRunner::Item> items;
+    for (std::size_t i = first; i < end; ++i) {
+      const tasks::TaskRow& row = rows[static_cast<std::size_t>(selected[i])];
+      NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(spec, &row.fields));
+      policy_name = policy->name();
+      row_policies.push_back(std::move(policy));
+      items.push_back({&row, row_policies.back().get()});
+    }
+    std::vector<PromptResult> ran_rows;
+    for (Result<PromptResult>& r : runner.RunBatch(task, items, options)) {
+      if (!r.ok()) return r.status();
+      r->seconds /= static_cast<double>(end - first);  // the row's share of the batch
+      ran_rows.push_back(std::move(r).value());
+    }
+    for (const PromptResult& r : ran_rows) {
+      total += r.score;
+      if (!o.record_reference.empty()) NAMM_RETURN_IF_ERROR(reference.Set(task.name, r.row, r.score));
+      if (o.json) {
+        nlohmann::ordered_json updates = nlohmann::ordered_json::array();
+        for (const auto& u : r.updates) {
+          updates.push_back({{"sequence_length", u.sequence_length},
+                             {"cache_sizes", u.cache_sizes},
+                             {"end_of_prefill", u.end_of_prefill}});
+        }
+        results.push_back({{"row", r.row},
+                           {"score", r.score},
+                           {"prediction", r.prediction},
+                           {"prompt_tokens", r.prompt_tokens},
+                           {"generated_tokens", r.generated_tokens},
+                           {"memory_updates", updates},
+                           {"final_cache_sizes", r.final_cache_sizes},
+                           {"mean_kv_tokens", r.mean_kv_tokens},
+                           {"peak_kv_tokens", r.peak_kv_tokens},
+                           {"seconds", r.seconds}});
+      } else {
+        std::cout << "row " << std::setw(4) << r.row << "  score " << std::fixed << std::setprecision(4)
+                  << r.score << "  prompt " << r.prompt_tokens << "  mean cache " << std::setprecision(0)
+                  << r.mean_kv_tokens << "  peak " << r.peak_kv_tokens << "  " << std::setprecision(2)
+                  << r.seconds << " s";
+        if (!r.prediction.empty()) std::cout << "  | " << r.prediction.substr(0, r.prediction.find('\n'));
+        std::cout << "\n";
       }
-      results.push_back({{"row", r.row}, {"score", r.score}, {"prediction", r.prediction},
-                         {"prompt_tokens", r.prompt_tokens}, {"generated_tokens", r.generated_tokens},
-                         {"memory_updates", updates}, {"final_cache_sizes", r.final_cache_sizes},
-                         {"mean_kv_tokens", r.mean_kv_tokens}, {"peak_kv_tokens", r.peak_kv_tokens},
-                         {"seconds", r.seconds}});
-    } else {
-      std::cout << "row " << std::setw(4) << r.row << "  score " << std::fixed << std::setprecision(4) << r.score
-                << "  prompt " << r.prompt_tokens << "  mean cache " << std::setprecision(0) << r.mean_kv_tokens
-                << "  peak " << r.peak_kv_tokens << "  "
-                << std::setprecision(2) << r.seconds << " s";
-      if (!r.prediction.empty()) std::cout << "  | " << r.prediction.substr(0, r.prediction.find('\n'));
-      std::cout << "\n";
     }
   }
   const double mean = total / static_cast<double>(selected.size());
@@ -91,7 +112,8 @@ Status RunTask(const RunTaskOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j;
     j["task"] = task.name;
-    j["scoring"] = task.scoring == tasks::Scoring::kGeneration ? task.metric : tasks::scoring_name(task.scoring);
+    j["scoring"] =
+        task.scoring == tasks::Scoring::kGeneration ? task.metric : tasks::scoring_name(task.scoring);
     j["policy"] = policy_name;
     j["model"] = loaded.model->config().Describe();
     j["clean_context"] = o.clean_context;
@@ -117,6 +139,7 @@ void AddRunTaskCommand(CLI::App& app, Action& run) {
   cmd->add_option("--rows", o->rows, "Rows to run: N, A:B, A: or :B (default: all)");
   tasks::add_task_path_options(cmd, o->paths);
   AddInferenceOptions(cmd, o->inference);
+  AddBatchOption(cmd, o->inference);
   cmd->add_flag("--clean-context", o->clean_context, "Synthetic tasks: score with the distractor-free prompt");
   cmd->add_flag("--json", o->json, "Print a JSON report");
   cmd->add_option("--record-reference", o->record_reference,

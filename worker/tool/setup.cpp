@@ -85,6 +85,13 @@ Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, con
   return out;
 }
 
+void AddBatchOption(CLI::App* cmd, InferenceOptions& o) {
+  cmd->add_option("--batch", o.batch,
+                  "Rows generated together in one batched forward pass per step (default 8); a row's result does not "
+                  "depend on it on the CPU in float32")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
+}
+
 void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
   cmd->add_option("--chunk-size", o.chunk_size,
                   "Prefill chunk length; must divide --update-interval (default: the task's, else 128)")

@@ -31,10 +31,14 @@ Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& option
 // How prompts are run: 0 means the task's setting (run-task, eval) or the reference's (generate).
 struct InferenceOptions {
   int64_t chunk_size = 0, update_interval = 0, max_context = 0;
+  int64_t batch = 8;  // rows generated together (eval, run-task): see AddBatchOption
   int threads = 0;  // intra-op CPU threads; 0: libtorch's default
 };
 // --chunk-size, --update-interval, --max-context, --threads.
 void AddInferenceOptions(CLI::App* cmd, InferenceOptions& options);
+// --batch N: rows run together through the batched engine (each row's result is the same bits as alone on the
+// CPU in float32).
+void AddBatchOption(CLI::App* cmd, InferenceOptions& options);
 // Sets the intra-op thread count when --threads was given.
 void ApplyThreads(const InferenceOptions& options);
 

@@ -48,6 +48,16 @@ class TaskRunner {
   Result<PromptResult> Run(const tasks::TaskSpec& task, const tasks::TaskRow& row, MemoryPolicy& policy,
                            const TaskRunOptions& options) const;
 
+  // One row of a batch, with its own policy object.
+  struct Item {
+    const tasks::TaskRow* row;
+    MemoryPolicy* policy;
+  };
+  // Runs the items together (Generator::GenerateBatch): each result (or error) is what Run gives that row and
+  // policy alone, bit for bit on the CPU in float32, except `seconds`, the batch's.
+  std::vector<Result<PromptResult>> RunBatch(const tasks::TaskSpec& task, const std::vector<Item>& items,
+                                             const TaskRunOptions& options) const;
+
  private:
   std::vector<int64_t> EosIds() const;
 

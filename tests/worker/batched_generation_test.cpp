@@ -1,0 +1,178 @@
+// The batched engine's determinism rule: a sequence generated in a batch (any size, beside any other
+// sequences, policies and lengths) gets the same bits as generated alone, on the CPU in float32: tokens, text,
+// logits, memory updates and cache sizes.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "namm/policies/namm_policy.h"
+#include "namm/policies/oracle_policy.h"
+#include "namm/worker/generator.h"
+#include "namm/worker/llama_model.h"
+#include "namm/worker/policy_spec.h"
+#include "shared_data.h"
+#include "stories_inputs.h"
+
+namespace namm::worker {
+namespace {
+
+struct Stories {
+  LlamaModel model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+Stories LoadStories() {
+  LoadOptions options;
+  options.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};  // prompts past the trained 512
+  auto model = LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), options);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  auto tokenizer = load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
+  EXPECT_TRUE(tokenizer.ok());
+  return {std::move(model).value(), std::move(tokenizer).value()};
+}
+
+// A policy from a spec, or "namm/SEED" (seeded parameters: rows of one prompt whose caches diverge), or
+// "oracle" (evicting a span of the prompt).
+std::unique_ptr<MemoryPolicy> MakePolicy(const std::string& spec, const Tokenizer& tokenizer) {
+  if (spec.rfind("namm/", 0) == 0) {
+    auto namm = NammPolicy::Create(NammWith(0.15, std::stoull(spec.substr(5))));
+    EXPECT_TRUE(namm.ok());
+    return std::move(namm).value();
+  }
+  if (spec == "oracle") {
+    auto oracle = OraclePolicy::Create({{40, 200}});
+    EXPECT_TRUE(oracle.ok());
+    return std::move(oracle).value();
+  }
+  PolicyContext context;
+  context.tokenizer = &tokenizer;
+  auto policy = make_policy(spec, context);
+  EXPECT_TRUE(policy.ok()) << spec << ": " << policy.status().ToString();
+  return std::move(policy).value();
+}
+
+void ExpectSame(const GenerationResult& batched, const GenerationResult& alone) {
+  EXPECT_EQ(batched.token_ids, alone.token_ids);
+  EXPECT_EQ(batched.text, alone.text);
+  EXPECT_EQ(batched.stop_reason, alone.stop_reason);
+  EXPECT_EQ(batched.final_cache_sizes, alone.final_cache_sizes);
+  ASSERT_EQ(batched.updates.size(), alone.updates.size());
+  for (std::size_t u = 0; u < alone.updates.size(); ++u) {
+    EXPECT_EQ(batched.updates[u].sequence_length, alone.updates[u].sequence_length);
+    EXPECT_EQ(batched.updates[u].cache_sizes, alone.updates[u].cache_sizes);
+  }
+  EXPECT_DOUBLE_EQ(batched.mean_kv_tokens, alone.mean_kv_tokens);
+  EXPECT_DOUBLE_EQ(batched.peak_kv_tokens, alone.peak_kv_tokens);
+  for (const auto& [b, a] : {std::pair{batched.prompt_logits, alone.prompt_logits},
+                             std::pair{batched.generated_logits, alone.generated_logits},
+                             std::pair{batched.forced_logits, alone.forced_logits}}) {
+    ASSERT_EQ(b.defined(), a.defined());
+    if (a.defined()) {
+      EXPECT_TRUE(b.equal(a)) << "largest difference " << (b - a).abs().max().item<float>();
+    }
+  }
+}
+
+// Row i of a batch: prompt length, new tokens (rows stop at different times) and, for one row, teacher forcing.
+struct Row {
+  std::string policy;
+  int64_t prompt_tokens, new_tokens;
+  bool forced = false;
+};
+
+void ExpectBatchEqualsAlone(const Stories& s, const std::vector<Row>& rows) {
+  const Generator generator(s.model, *s.tokenizer);
+  std::vector<std::unique_ptr<MemoryPolicy>> batch_policies;
+  std::vector<Generator::Request> requests;
+  for (const Row& row : rows) {
+    batch_policies.push_back(MakePolicy(row.policy, *s.tokenizer));
+    Generator::Request request;
+    request.prompt_ids = LongPrompt(*s.tokenizer, row.prompt_tokens);
+    request.policy = batch_policies.back().get();
+    request.options.memory_update_interval = 128;
+    request.options.chunk_size = 64;
+    request.options.record_logits = true;
+    request.options.eos_ids = {2};
+    if (row.forced) {
+      request.options.max_new_tokens = 0;
+      request.options.teacher_forcing = true;
+      request.options.forced_tokens = std::vector<int64_t>(static_cast<std::size_t>(row.new_tokens), 300);
+    } else {
+      request.options.max_new_tokens = row.new_tokens;
+    }
+    requests.push_back(std::move(request));
+  }
+  std::vector<Result<GenerationResult>> batched = generator.GenerateBatch(requests);
+  ASSERT_EQ(batched.size(), rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i) + " (" + rows[i].policy + ", " + std::to_string(rows[i].prompt_tokens) +
+                 " tokens) of " + std::to_string(rows.size()));
+    const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
+    Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
+    ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+    ASSERT_TRUE(batched[i].ok()) << batched[i].status().ToString();
+    ExpectSame(*batched[i], *alone);
+  }
+}
+
+// Eight rows of each policy: different prompt lengths (chunks and updates at different steps), different
+// lengths of answer, one teacher-forced row.
+TEST(BatchedGeneration, EveryPolicyGivesEachRowWhatItGetsAlone) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  for (const std::string policy : {"full", "h2o:budget=200", "l2:budget=150", "streaming:budget=160", "tova:budget=200",
+                                   "snapkv:budget=100", "fastgen:budget=200", "oracle", "namm/1"}) {
+    SCOPED_TRACE(policy);
+    ExpectBatchEqualsAlone(s, {{policy, 600, 20},
+                               {policy, 450, 5},
+                               {policy, 700, 30, true},
+                               {policy, 333, 12},
+                               {policy, 600, 1},
+                               {policy, 611, 25},
+                               {policy, 129, 8},
+                               {policy, 640, 0}});
+  }
+}
+
+// One prompt, eight NAMMs (the training case: a generation's candidates on the same prompt): the rows start in
+// lockstep and their caches diverge at the first memory update. Then batches of 1 and 3 mixing policies.
+TEST(BatchedGeneration, CandidatesOnOnePromptAndMixedBatchesGiveEachRowWhatItGetsAlone) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  std::vector<Row> candidates;
+  for (int seed = 1; seed <= 8; ++seed) candidates.push_back({"namm/" + std::to_string(seed), 700, 24});
+  ExpectBatchEqualsAlone(s, candidates);
+  ExpectBatchEqualsAlone(s, {{"namm/3", 500, 10}});
+  ExpectBatchEqualsAlone(s, {{"namm/5", 520, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 610, 3, true}});
+}
+
+TEST(BatchedGeneration, ABadRequestFailsAloneAndTheOthersGoOn) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  const std::unique_ptr<MemoryPolicy> good = MakePolicy("full", *s.tokenizer), other = MakePolicy("full", *s.tokenizer);
+  std::vector<Generator::Request> requests(3);
+  requests[0].prompt_ids = LongPrompt(*s.tokenizer, 50);
+  requests[0].policy = good.get();
+  requests[0].options.max_new_tokens = 5;
+  requests[1].prompt_ids = {};  // empty prompt
+  requests[1].policy = other.get();
+  requests[2].prompt_ids = {1, 99999};  // outside the vocabulary
+  requests[2].policy = other.get();
+  const Generator generator(s.model, *s.tokenizer);
+  std::vector<Result<GenerationResult>> results = generator.GenerateBatch(requests);
+  ASSERT_TRUE(results[0].ok()) << results[0].status().ToString();
+  EXPECT_EQ(results[0]->token_ids.size(), 5u);
+  ASSERT_FALSE(results[1].ok());
+  EXPECT_NE(results[1].status().message().find("empty"), std::string::npos);
+  ASSERT_FALSE(results[2].ok());
+  EXPECT_NE(results[2].status().message().find("vocabulary"), std::string::npos);
+  const std::unique_ptr<MemoryPolicy> alone = MakePolicy("full", *s.tokenizer);
+  auto reference = generator.Generate(requests[0].prompt_ids, *alone, requests[0].options);
+  ASSERT_TRUE(reference.ok());
+  EXPECT_EQ(results[0]->token_ids, reference->token_ids);
+}
+
+}  // namespace
+}  // namespace namm::worker
