@@ -57,6 +57,7 @@ struct ServeFlags {
   int worker_threads = 0;
   std::vector<std::string> worker_devices;  // assigned to local workers in turn
   std::string worker_dtype;                 // passed to local workers ("": their default)
+  int worker_max_batch = 0;                 // passed to local workers (0: their default)
 };
 
 // "cpu", "cuda" or "cuda:N": what namm-worker --device takes (it checks that the device exists).
@@ -215,6 +216,7 @@ class LocalWorkers {
                                        "--insecure-plaintext",  // loopback
                                        "--log-level", f.log_level == "info" ? "warn" : f.log_level};
       if (!f.worker_dtype.empty()) args.insert(args.end(), {"--dtype", f.worker_dtype});
+      if (f.worker_max_batch > 0) args.insert(args.end(), {"--max-batch", std::to_string(f.worker_max_batch)});
       if (!f.worker_devices.empty()) {
         args.insert(args.end(), {"--device", f.worker_devices[static_cast<std::size_t>(i) % f.worker_devices.size()]});
       }
@@ -503,6 +505,9 @@ void AddServeCommands(CLI::App& app, Action& run) {
       ->check(CLI::Validator(
           [](std::string& d) { return IsDeviceName(d) ? std::string() : "'" + d + "' is not cpu, cuda or cuda:N"; },
           "DEVICE"));
+  local->add_option("--max-batch", r->worker_max_batch,
+                    "Prompts each local worker runs together (namm-worker serve --max-batch; default: the worker's, 8)")
+      ->check(CLI::Range(1, 256));
   local->add_option("--dtype", r->worker_dtype,
                     "Compute dtype of the local workers' model: fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));

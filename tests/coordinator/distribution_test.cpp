@@ -571,6 +571,21 @@ TEST(Distribution, ASecondCoordinatorOfARunIsRefusedNamingTheFirst) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
+// Workers that take several leases at once and run their prompts as one batch (--max-batch), one of them
+// killed midway: the run ends as the in-process one does.
+TEST(Distribution, BatchingWorkersLeaveTheTrajectoryUnchanged) {
+  SimRun r("dist_batching");
+  Child coordinator = r.Serve();
+  Child a = r.SimWorker("sim-a", {"--max-batch", "8"}), b = r.SimWorker("sim-b", {"--max-batch", "3", "--units-concurrency", "2"});
+  while (r.Progress().first < 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  KillAndReap(b);
+  Child c = r.SimWorker("sim-c", {"--max-batch", "5"});
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(a), 0);
+  EXPECT_EQ(Wait(c), 0);
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
 TEST(Distribution, ServingWithoutTlsNeedsToBeAskedFor) {
   SimRun r("dist_plaintext");
   const auto refused = RunProcess(kCoordinator + " serve --config " + r.spec + " --db " + r.db + " --listen " +
@@ -611,7 +626,8 @@ struct WorkerPool {
   explicit WorkerPool(const SimRun& r) : run(r) {
     for (int i = 0; i < 4; ++i) Add();
   }
-  void Add() { workers.push_back(run.SimWorker("sim-" + std::to_string(started++))); }
+  // Batching on: each worker takes up to four leases at once and runs their prompts as one batch.
+  void Add() { workers.push_back(run.SimWorker("sim-" + std::to_string(started++), {"--max-batch", "4"})); }
   // A random worker, moved to the back (to be stopped, then Replace()d).
   Child& Pick(std::mt19937& rng) {
     std::swap(workers[rng() % workers.size()], workers.back());

@@ -39,18 +39,23 @@ TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePr
   std::vector<int64_t> chunks;
   int out_of_memory = 2;
   bool other_error = false;
-  NammExecutor executor(*model, **tokenizer, paths, [&](const LeaseWork&, int64_t, int64_t chunk) {
+  std::vector<std::size_t> batch_sizes;
+  std::size_t out_of_memory_above = 1000;  // batches larger than this run out of memory
+  NammExecutor executor(*model, **tokenizer, paths, [&](const std::vector<PromptJob>& jobs, int64_t chunk) {
     chunks.push_back(chunk);
+    batch_sizes.push_back(jobs.size());
+    if (jobs.size() > out_of_memory_above) C10_THROW_ERROR(OutOfMemoryError, "CUDA out of memory (batch, injected)");
     if (other_error) C10_THROW_ERROR(Error, "an injected kernel failure\nwith context on a second line");
     if (out_of_memory-- > 0) C10_THROW_ERROR(OutOfMemoryError, "CUDA out of memory (injected)");
   });
   LeaseWork lease;
   lease.reference = true;
   lease.task = "syn/story_recall";
+  const auto run_one = [&](int64_t prompt) { return std::move(executor.RunPrompts({{&lease, prompt}}, 0).front()); };
 
   // Two out-of-memory failures: the third attempt, at a quarter of the chunk, succeeds.
   const int64_t chunk = effective_chunk_size(task, TaskRunOptions{});
-  const Result<PromptOutcome> retried = executor.RunPrompt(lease, 0, 0);
+  const Result<PromptOutcome> retried = run_one(0);
   ASSERT_TRUE(retried.ok()) << retried.status().ToString();
   EXPECT_EQ(chunks, (std::vector<int64_t>{chunk, chunk / 2, chunk / 4}));
   FullCachePolicy full;
@@ -62,7 +67,7 @@ TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePr
   // Out of memory at every size: a clear error once the floor is reached.
   chunks.clear();
   out_of_memory = 1000;
-  const Result<PromptOutcome> exhausted = executor.RunPrompt(lease, 1, 0);
+  const Result<PromptOutcome> exhausted = run_one(1);
   ASSERT_FALSE(exhausted.ok());
   EXPECT_EQ(chunks.back(), NammExecutor::kMinChunkSize);
   EXPECT_NE(exhausted.status().message().find("out of memory on syn/story_recall prompt 1 even with a prefill chunk "
@@ -74,7 +79,7 @@ TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePr
   chunks.clear();
   out_of_memory = 0;
   other_error = true;
-  const Result<PromptOutcome> failed = executor.RunPrompt(lease, 1, 0);
+  const Result<PromptOutcome> failed = run_one(1);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(chunks.size(), 1u);
   EXPECT_NE(failed.status().message().find("torch failed on syn/story_recall prompt 1: an injected kernel failure"),
@@ -84,8 +89,29 @@ TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePr
 
   // The executor goes on serving.
   other_error = false;
-  EXPECT_TRUE(executor.RunPrompt(lease, 1, 0).ok());
-}
+  EXPECT_TRUE(run_one(1).ok());
 
+  // A batch of four that runs out of memory above two prompts is split in halves, each run at the full chunk,
+  // and every prompt gets what it gets alone; a prompt that does not exist fails alone.
+  chunks.clear();
+  batch_sizes.clear();
+  out_of_memory_above = 2;
+  const std::vector<Result<PromptOutcome>> split = executor.RunPrompts({{&lease, 0}, {&lease, 1}, {&lease, 7}, {&lease, 0}, {&lease, 1}}, 0);
+  ASSERT_EQ(split.size(), 5u);
+  EXPECT_EQ(batch_sizes, (std::vector<std::size_t>{4, 2, 2}));
+  EXPECT_EQ(chunks, (std::vector<int64_t>{chunk, chunk, chunk}));
+  ASSERT_FALSE(split[2].ok());
+  EXPECT_NE(split[2].status().message().find("prompt 7 does not exist"), std::string::npos);
+  out_of_memory_above = 1000;
+  for (std::size_t j : {0, 1, 3, 4}) {
+    ASSERT_TRUE(split[j].ok()) << split[j].status().ToString();
+    const Result<PromptOutcome> alone = run_one(j % 3 == 0 ? 0 : 1);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(split[j]->score, alone->score) << j;
+    EXPECT_EQ(split[j]->cache_size_mean, alone->cache_size_mean) << j;
+  }
+}
 }  // namespace
 }  // namespace namm::worker
+
+

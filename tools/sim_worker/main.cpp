@@ -24,6 +24,7 @@ struct Flags {
   namm::sim::SimOptions sim;
   int workers = 1;
   int concurrency = 1;
+  int max_batch = 1;
 };
 
 std::atomic<int> g_signals{0};
@@ -65,6 +66,7 @@ namm::Status Run(const Flags& f) {
     o.name = f.name + "-" + std::to_string(i);
     o.model_fingerprint = f.fingerprint;
     o.concurrency = f.concurrency;
+    o.max_batch = f.max_batch;
     o.exit_when_done = true;
     o.backoff_max = std::chrono::milliseconds(2000);
     o.metrics = metrics.get();
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
   app.add_option("--workers", f.workers, "Simulated workers in this process (default 1)")->check(CLI::Range(1, 1024));
   app.add_option("--units-concurrency", f.concurrency, "Leases each worker runs at once (default 1)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--max-batch", f.max_batch,
+                 "Prompts each executor thread takes together, from up to this many leases (run one after another "
+                 "here; default 1)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--name", f.name, "Name prefix (default sim)");
   app.add_option("--fail", f.fail, "TASK:PROMPT these workers fail to run (repeatable; fault tests)");
   app.add_option("--record", f.sim.record, "Append a line per prompt run to this file (tests count reruns)");

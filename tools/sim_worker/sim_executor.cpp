@@ -71,6 +71,13 @@ Status SimExecutor::Prepare(const worker::RunInfo& run) {
   return Status::Ok();
 }
 
+std::vector<Result<worker::PromptOutcome>> SimExecutor::RunPrompts(const std::vector<worker::PromptJob>& jobs,
+                                                                    int slot) {
+  std::vector<Result<worker::PromptOutcome>> outcomes;
+  for (const worker::PromptJob& job : jobs) outcomes.push_back(RunPrompt(*job.lease, job.prompt, slot));
+  return outcomes;
+}
+
 Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& lease, int64_t prompt, int slot) {
   const Clock::time_point start = Clock::now();
   const auto task = costs_.find(lease.task);

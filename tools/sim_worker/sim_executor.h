@@ -56,11 +56,13 @@ class SimExecutor final : public worker::LeaseExecutor {
   SimExecutor(coordinator::PromptCosts costs, SimOptions options, int slots);
 
   Status Prepare(const worker::RunInfo& run) override;
-  Result<worker::PromptOutcome> RunPrompt(const worker::LeaseWork& lease, int64_t prompt, int slot) override;
+  // Each prompt in turn (a simulated worker has no batched engine).
+  std::vector<Result<worker::PromptOutcome>> RunPrompts(const std::vector<worker::PromptJob>& jobs, int slot) override;
 
   SimTiming timing() const;
 
  private:
+  Result<worker::PromptOutcome> RunPrompt(const worker::LeaseWork& lease, int64_t prompt, int slot);
   using Clock = std::chrono::steady_clock;
   const coordinator::PromptCosts costs_;
   const SimOptions options_;

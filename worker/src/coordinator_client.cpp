@@ -189,6 +189,9 @@ Status WorkerClient::Run() {
   if (m.options.concurrency < 1 || m.options.concurrency > 64) {
     return Status::InvalidArgument("units concurrency must be 1 to 64");
   }
+  if (m.options.max_batch < 1 || m.options.max_batch > 256) {
+    return Status::InvalidArgument("the batch size must be 1 to 256");
+  }
   NAMM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials, Credentials(m.options.tls));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(m.options.max_message_bytes);
@@ -245,7 +248,7 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   caps->set_model_fingerprint(options.model_fingerprint);
   caps->set_device(options.device);
   caps->set_memory_bytes(options.memory_bytes);
-  caps->set_max_concurrent_leases(options.concurrency);
+  caps->set_max_concurrent_leases(std::min(64, options.concurrency * options.max_batch));
   request.set_protocol_version(v1::kProtocolVersion);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -418,56 +421,95 @@ void WorkerClient::Impl::Take(const v1::WorkBatch& batch) {
 }
 
 void WorkerClient::Impl::ExecutorLoop(int slot) {
+  const auto batch_size = static_cast<std::size_t>(options.max_batch);
   while (true) {
-    std::shared_ptr<LeaseWork> lease;
+    // Up to max_batch leases of one task (a generation's candidates usually share its prompts).
+    std::vector<std::shared_ptr<LeaseWork>> leases;
     {
       std::unique_lock<std::mutex> lock(mu);
       wake.wait(lock, [&] { return stopping || !queue.empty(); });
       if (stopping) return;
-      lease = std::move(queue.front());
+      leases.push_back(std::move(queue.front()));
       queue.pop_front();
+      for (auto it = queue.begin(); it != queue.end() && leases.size() < batch_size;) {
+        if ((*it)->task != leases.front()->task) {
+          ++it;
+          continue;
+        }
+        leases.push_back(std::move(*it));
+        it = queue.erase(it);
+      }
     }
-    bool complete = true;
-    for (int64_t prompt : lease->prompts) {
+    // Their prompts interleaved (the first of each lease, then the second, ...), so that a batch holds the same
+    // prompt for several candidates, then run max_batch at a time.
+    std::vector<PromptJob> jobs;
+    for (std::size_t position = 0;; ++position) {
+      bool any = false;
+      for (const auto& lease : leases) {
+        if (position >= lease->prompts.size()) continue;
+        jobs.push_back({lease.get(), lease->prompts[position]});
+        any = true;
+      }
+      if (!any) break;
+    }
+    std::set<uint64_t> stopped;  // leases dropped, cancelled or drained meanwhile: not run further
+    for (std::size_t first = 0; first < jobs.size(); first += batch_size) {
+      std::vector<PromptJob> batch;
       {
         std::lock_guard<std::mutex> lock(mu);
-        const auto h = held.find(lease->id);
-        complete = !(stopping || drain_now || h == held.end() || h->second.cancelled);
-        if (!complete) break;
-        if (h->second.open.count(prompt) == 0) continue;  // the coordinator no longer wants it
+        for (std::size_t j = first; j < std::min(jobs.size(), first + batch_size); ++j) {
+          const uint64_t id = jobs[j].lease->id;
+          const auto h = held.find(id);
+          if (stopping || drain_now || h == held.end() || h->second.cancelled) stopped.insert(id);
+          if (stopped.count(id) > 0) continue;
+          if (h->second.open.count(jobs[j].prompt) == 0) continue;  // the coordinator no longer wants it
+          batch.push_back(jobs[j]);
+        }
       }
-      Result<PromptOutcome> r = executor.RunPrompt(*lease, prompt, slot);
+      if (batch.empty()) continue;
+      std::vector<Result<PromptOutcome>> outcomes = executor.RunPrompts(batch, slot);
+      if (outcomes.size() != batch.size()) {
+        outcomes.assign(batch.size(), Status::Internal("the executor returned " + std::to_string(outcomes.size()) +
+                                                       " outcomes for " + std::to_string(batch.size()) + " prompts"));
+      }
       std::lock_guard<std::mutex> lock(mu);
-      if (held.count(lease->id) == 0) {  // dropped meanwhile: not kept after a restart, or a drain
-        complete = false;
-        break;
-      }
-      v1::ReportRequest& unsent = outbox[lease->id];
-      if (!r.ok()) {
-        // Reported as failed: the prompt runs elsewhere, and one that fails everywhere is dropped.
-        spdlog::error("lease {} ({} prompt {}): {}", lease->id, lease->task, prompt, r.status().ToString());
-        v1::PromptFailure* failure = unsent.add_failures();
-        failure->set_prompt(prompt);
-        failure->set_error(Utf8Prefix(r.status().ToString(), 2048));
-        Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kPrompt); });
-        ++stats.failed;
-      } else {
-        Metrics([&](WorkerMetrics& w) { w.PromptDone(*r); });
-        v1::PromptResult* result = unsent.add_results();
-        result->set_prompt(prompt);
-        result->set_score(r->score);
-        result->set_cache_size_mean(r->cache_size_mean);
-        result->set_cache_size_final(r->cache_size_final);
-        result->set_prompt_tokens(r->prompt_tokens);
-        result->set_generated_tokens(r->generated_tokens);
-        result->set_seconds(r->seconds);
-        if (r->norm_stats) v1::norm_stats_to_proto(*r->norm_stats, result->mutable_norm_stats());
+      for (std::size_t j = 0; j < batch.size(); ++j) {
+        const LeaseWork& lease = *batch[j].lease;
+        const int64_t prompt = batch[j].prompt;
+        if (held.count(lease.id) == 0) {  // dropped meanwhile: not kept after a restart, or a drain
+          stopped.insert(lease.id);
+          continue;
+        }
+        const Result<PromptOutcome>& r = outcomes[j];
+        v1::ReportRequest& unsent = outbox[lease.id];
+        if (!r.ok()) {
+          // Reported as failed: the prompt runs elsewhere, and one that fails everywhere is dropped.
+          spdlog::error("lease {} ({} prompt {}): {}", lease.id, lease.task, prompt, r.status().ToString());
+          v1::PromptFailure* failure = unsent.add_failures();
+          failure->set_prompt(prompt);
+          failure->set_error(Utf8Prefix(r.status().ToString(), 2048));
+          Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kPrompt); });
+          ++stats.failed;
+        } else {
+          Metrics([&](WorkerMetrics& w) { w.PromptDone(*r); });
+          v1::PromptResult* result = unsent.add_results();
+          result->set_prompt(prompt);
+          result->set_score(r->score);
+          result->set_cache_size_mean(r->cache_size_mean);
+          result->set_cache_size_final(r->cache_size_final);
+          result->set_prompt_tokens(r->prompt_tokens);
+          result->set_generated_tokens(r->generated_tokens);
+          result->set_seconds(r->seconds);
+          if (r->norm_stats) v1::norm_stats_to_proto(*r->norm_stats, result->mutable_norm_stats());
+        }
       }
       wake.notify_all();
     }
-    if (complete) Metrics([](WorkerMetrics& w) { w.LeaseDone(); });
     std::lock_guard<std::mutex> lock(mu);
-    if (const auto h = held.find(lease->id); h != held.end()) h->second.finished = true;
+    for (const auto& lease : leases) {
+      if (stopped.count(lease->id) == 0) Metrics([](WorkerMetrics& w) { w.LeaseDone(); });
+      if (const auto h = held.find(lease->id); h != held.end()) h->second.finished = true;
+    }
     wake.notify_all();
   }
 }

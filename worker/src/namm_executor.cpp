@@ -85,83 +85,147 @@ Result<const LlamaModel*> NammExecutor::ModelFor(const std::string& rope_scaling
   return variant.get();
 }
 
-Result<PromptOutcome> NammExecutor::RunPrompt(const LeaseWork& lease, int64_t prompt, int /*slot*/) {
-  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<const LoadedTask> task, Task(lease.task));
-  if (prompt < 0 || prompt >= static_cast<int64_t>(task->rows.size())) {
-    return Status::InvalidArgument("task " + lease.task + " has " + std::to_string(task->rows.size()) +
-                                   " prompts; prompt " + std::to_string(prompt) + " does not exist");
+std::vector<Result<PromptOutcome>> NammExecutor::RunPrompts(const std::vector<PromptJob>& jobs, int /*slot*/) {
+  std::vector<Result<PromptOutcome>> outcomes(jobs.size(), Result<PromptOutcome>(Status::Internal("not run")));
+  if (jobs.empty()) return outcomes;
+  const std::string& task_name = jobs.front().lease->task;
+  Result<std::shared_ptr<const LoadedTask>> task = Task(task_name);
+  std::vector<PromptJob> valid;
+  std::vector<std::size_t> where;  // valid[i] is jobs[where[i]]
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const int64_t prompt = jobs[j].prompt;
+    if (!task.ok()) {
+      outcomes[j] = task.status();
+    } else if (jobs[j].lease->task != task_name) {
+      outcomes[j] = Status::InvalidArgument("a batch runs one task: " + jobs[j].lease->task + " beside " + task_name);
+    } else if (prompt < 0 || prompt >= static_cast<int64_t>((*task)->rows.size())) {
+      outcomes[j] = Status::InvalidArgument("task " + task_name + " has " + std::to_string((*task)->rows.size()) +
+                                            " prompts; prompt " + std::to_string(prompt) + " does not exist");
+    } else {
+      valid.push_back(jobs[j]);
+      where.push_back(j);
+    }
   }
-  const std::string what = lease.task + " prompt " + std::to_string(prompt);
-  for (int64_t chunk = effective_chunk_size(task->spec, TaskRunOptions{});;) {
+  if (valid.empty()) return outcomes;
+  std::vector<Result<PromptOutcome>> ran =
+      RunSplitting(valid, **task, effective_chunk_size((*task)->spec, TaskRunOptions{}));
+  for (std::size_t i = 0; i < valid.size(); ++i) outcomes[where[i]] = std::move(ran[i]);
+  return outcomes;
+}
+
+std::vector<Result<PromptOutcome>> NammExecutor::RunSplitting(const std::vector<PromptJob>& jobs,
+                                                              const LoadedTask& task, int64_t chunk_size) {
+  const auto describe = [&] {
+    std::string prompts;
+    for (const PromptJob& job : jobs) prompts += (prompts.empty() ? "" : ",") + std::to_string(job.prompt);
+    return jobs.front().lease->task + (jobs.size() == 1 ? " prompt " : " prompts ") + prompts;
+  };
+  const auto all_fail = [&](const Status& status) { return std::vector<Result<PromptOutcome>>(jobs.size(), status); };
+  for (int64_t chunk = chunk_size;;) {
     try {
-      if (before_attempt_) before_attempt_(lease, prompt, chunk);
-      return Attempt(lease, *task, prompt, chunk);
+      if (before_attempt_) before_attempt_(jobs, chunk);
+      return Attempt(jobs, task, chunk);
     } catch (const c10::Error& e) {
       const std::string message = FirstLine(e.what_without_backtrace());
-      if (!IsOutOfMemory(e)) return Status::Internal("torch failed on " + what + ": " + message);
-      if (chunk / 2 < kMinChunkSize) {
-        return Status::Internal("out of memory on " + what + " even with a prefill chunk of " +
-                                         std::to_string(chunk) + " tokens: " + message);
+      if (!IsOutOfMemory(e)) return all_fail(Status::Internal("torch failed on " + describe() + ": " + message));
+      if (jobs.size() > 1) {
+        // Fewer rows first: each half alone (a prompt's outcome does not depend on its batch).
+        const auto half = static_cast<std::ptrdiff_t>(jobs.size() / 2);
+        spdlog::warn("out of memory on {} together: running {} and {} apart ({})", describe(), half,
+                     jobs.size() - static_cast<std::size_t>(half), message);
+        std::vector<Result<PromptOutcome>> first = RunSplitting({jobs.begin(), jobs.begin() + half}, task, chunk);
+        std::vector<Result<PromptOutcome>> second = RunSplitting({jobs.begin() + half, jobs.end()}, task, chunk);
+        for (auto& r : second) first.push_back(std::move(r));
+        return first;
       }
-      spdlog::warn("out of memory on {} with a prefill chunk of {} tokens: retrying with {} ({})", what, chunk,
+      if (chunk / 2 < kMinChunkSize) {
+        return all_fail(Status::Internal("out of memory on " + describe() + " even with a prefill chunk of " +
+                                         std::to_string(chunk) + " tokens: " + message));
+      }
+      spdlog::warn("out of memory on {} with a prefill chunk of {} tokens: retrying with {} ({})", describe(), chunk,
                    chunk / 2, message);
       chunk /= 2;
     } catch (const std::exception& e) {
-      return Status::Internal("failed on " + what + ": " + e.what());
+      return all_fail(Status::Internal("failed on " + describe() + ": " + e.what()));
     }
   }
 }
 
-Result<PromptOutcome> NammExecutor::Attempt(const LeaseWork& lease, const LoadedTask& task, int64_t prompt,
-                                            int64_t chunk_size) {
+std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<PromptJob>& jobs, const LoadedTask& task,
+                                                         int64_t chunk_size) {
   std::string rope;
-  NammModel namm;
+  NammArchitecture architecture;
   {
     std::lock_guard<std::mutex> lock(mu_);
     rope = rope_override_.empty() ? task.spec.rope_scaling : rope_override_;
-    namm.architecture = architecture_;
+    architecture = architecture_;
   }
-  NAMM_ASSIGN_OR_RETURN(const LlamaModel* model, ModelFor(rope));
+  std::vector<Result<PromptOutcome>> outcomes(jobs.size(), Result<PromptOutcome>(Status::Internal("not run")));
+  const Result<const LlamaModel*> model = ModelFor(rope);
+  if (!model.ok()) return std::vector<Result<PromptOutcome>>(jobs.size(), model.status());
 
-  std::unique_ptr<MemoryPolicy> policy;
-  const NammPolicy* namm_policy = nullptr;
-  if (lease.reference) {
-    policy = std::make_unique<FullCachePolicy>();
-  } else {
-    namm.params = *lease.params;
-    namm.norm_state = lease.collect_norm_stats ? NormState::kCollecting : NormState::kFrozen;
-    if (lease.norm_stats && !lease.collect_norm_stats) namm.norm_stats = *lease.norm_stats;
-    NAMM_RETURN_IF_ERROR(namm.Validate());
-    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<NammPolicy> p, NammPolicy::Create(namm, model->options().device()));
-    p->set_observe_from_query_history(true);  // the engine records each layer's queries
-    namm_policy = p.get();
-    policy = std::move(p);
+  // One policy per prompt: a lease's NAMM (its parameters and statistics), or the full cache.
+  std::vector<std::unique_ptr<MemoryPolicy>> policies(jobs.size());
+  std::vector<const NammPolicy*> namm_policies(jobs.size(), nullptr);
+  std::vector<TaskRunner::Item> items;
+  std::vector<std::size_t> where;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const LeaseWork& lease = *jobs[j].lease;
+    if (lease.reference) {
+      policies[j] = std::make_unique<FullCachePolicy>();
+    } else {
+      NammModel namm;
+      namm.architecture = architecture;
+      namm.params = *lease.params;
+      namm.norm_state = lease.collect_norm_stats ? NormState::kCollecting : NormState::kFrozen;
+      if (lease.norm_stats && !lease.collect_norm_stats) namm.norm_stats = *lease.norm_stats;
+      Status valid = namm.Validate();
+      Result<std::unique_ptr<NammPolicy>> p =
+          valid.ok() ? NammPolicy::Create(namm, (*model)->options().device()) : Result<std::unique_ptr<NammPolicy>>(valid);
+      if (!p.ok()) {
+        outcomes[j] = p.status();
+        continue;
+      }
+      (*p)->set_observe_from_query_history(true);  // the engine records each layer's queries
+      namm_policies[j] = p->get();
+      policies[j] = std::move(p).value();
+    }
+    items.push_back({&task.rows[static_cast<std::size_t>(jobs[j].prompt)], policies[j].get()});
+    where.push_back(j);
   }
-  TaskRunner runner(*model, tokenizer_);
   TaskRunOptions options;
   options.chunk_size = chunk_size;
-  NAMM_ASSIGN_OR_RETURN(PromptResult r,
-                        runner.Run(task.spec, task.rows[static_cast<std::size_t>(prompt)], *policy, options));
-  PromptOutcome out;
-  out.score = r.score;
-  out.prompt_tokens = r.prompt_tokens;
-  out.generated_tokens = r.generated_tokens;
-  out.seconds = r.seconds;
-  out.prefill_tokens = r.prefill_tokens;
-  out.decode_tokens = r.decode_tokens;
-  out.prefill_seconds = r.prefill_seconds;
-  out.decode_seconds = r.decode_seconds;
-  out.device_memory_bytes = DeviceMemoryInUse(model->options().device());
-  // Cache sizes in tokens per KV head, averaged over layers: the mean over every query of the cached tokens it
-  // attended to (eval's measure, docs/evaluation.md), and the size at the end.
-  out.cache_size_mean = r.mean_kv_tokens;
-  double final_sum = 0;
-  for (int64_t s : r.final_cache_sizes) final_sum += static_cast<double>(s);
-  out.cache_size_final = r.final_cache_sizes.empty()
-                             ? 0
-                             : static_cast<int64_t>(std::llround(final_sum / static_cast<double>(r.final_cache_sizes.size())));
-  if (lease.collect_norm_stats && namm_policy != nullptr) out.norm_stats = namm_policy->normalizer().stats();
-  return out;
+  std::vector<Result<PromptResult>> ran = TaskRunner(**model, tokenizer_).RunBatch(task.spec, items, options);
+  const int64_t device_memory = DeviceMemoryInUse((*model)->options().device());
+  for (std::size_t i = 0; i < where.size(); ++i) {
+    const std::size_t j = where[i];
+    if (!ran[i].ok()) {
+      outcomes[j] = ran[i].status();
+      continue;
+    }
+    const PromptResult& r = *ran[i];
+    PromptOutcome out;
+    out.score = r.score;
+    out.prompt_tokens = r.prompt_tokens;
+    out.generated_tokens = r.generated_tokens;
+    out.seconds = r.seconds / static_cast<double>(where.size());  // the prompt's share of the batch
+    out.prefill_tokens = r.prefill_tokens;
+    out.decode_tokens = r.decode_tokens;
+    out.prefill_seconds = r.prefill_seconds;
+    out.decode_seconds = r.decode_seconds;
+    out.device_memory_bytes = device_memory;
+    // Cache sizes in tokens per KV head, averaged over layers: the mean over every query of the cached tokens it
+    // attended to (eval's measure, docs/evaluation.md), and the size at the end.
+    out.cache_size_mean = r.mean_kv_tokens;
+    double final_sum = 0;
+    for (int64_t s : r.final_cache_sizes) final_sum += static_cast<double>(s);
+    out.cache_size_final = r.final_cache_sizes.empty()
+                               ? 0
+                               : static_cast<int64_t>(std::llround(final_sum / static_cast<double>(r.final_cache_sizes.size())));
+    if (jobs[j].lease->collect_norm_stats && namm_policies[j] != nullptr) out.norm_stats = namm_policies[j]->normalizer().stats();
+    outcomes[j] = std::move(out);
+  }
+  return outcomes;
 }
 
 }  // namespace namm::worker

@@ -30,6 +30,7 @@ struct ServeOptions {
   ClientTls tls;
   bool insecure_plaintext = false;
   int concurrency = 1;
+  int max_batch = 8;
   int threads = 0;
   bool exit_when_done = false;
 };
@@ -126,6 +127,7 @@ Status Serve(const ServeOptions& o) {
   client.model_fingerprint = fingerprint;
   client.device = o.model.device;
   client.concurrency = o.concurrency;
+  client.max_batch = o.max_batch;
   client.tls = o.tls;
   client.exit_when_done = o.exit_when_done;
   client.metrics = metrics.get();
@@ -154,7 +156,12 @@ void AddServeCommand(CLI::App& app, Action& run) {
   cmd->add_option("--coordinator", o->coordinator, "The coordinator's HOST:PORT")->required();
   cmd->add_option("--token-file", o->token_file, "File holding the run's shared secret")->required();
   cmd->add_option("--name", o->name, "Name in the coordinator's logs and records (default: host/device/pid)");
-  cmd->add_option("--units-concurrency", o->concurrency, "Leases run at once (default 1)")->check(CLI::Range(1, 64));
+  cmd->add_option("--units-concurrency", o->concurrency, "Executor threads, each running its own batches (default 1)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--max-batch", o->max_batch,
+                  "Prompts an executor thread runs together in one batched forward pass per step, from up to this many "
+                  "leases of one task (default 8); a prompt's score does not depend on it on the CPU in float32")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--threads", o->threads, "Intra-op CPU threads (default: cores / units concurrency)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--tls-ca", o->tls.ca, "PEM CA that signed the coordinator's certificate (enables TLS)");

@@ -32,7 +32,11 @@ struct WorkerClientOptions {
   std::string model_fingerprint;
   std::string device = "cpu";
   int64_t memory_bytes = 0;
-  int concurrency = 1;      // leases run at once
+  int concurrency = 1;      // executor threads
+  // Prompts an executor thread runs together (LeaseExecutor::RunPrompts): it takes up to this many leases of
+  // one task at once and runs their prompts side by side. The coordinator is offered concurrency x max_batch
+  // leases at once (at most 64).
+  int max_batch = 1;
   ClientTls tls;
   std::chrono::milliseconds backoff_initial{250}, backoff_max{15000};
   bool exit_when_done = false;  // return once the run has finished (else wait for the next coordinator)
@@ -74,13 +78,21 @@ struct PromptOutcome {
   std::optional<NormStats> norm_stats;  // when the lease collects statistics
 };
 
+// One prompt of one lease.
+struct PromptJob {
+  const LeaseWork* lease;
+  int64_t prompt;
+};
+
 class LeaseExecutor {
  public:
   virtual ~LeaseExecutor() = default;
   // Called after each registration, before any lease of it: the run's architecture may have changed.
   virtual Status Prepare(const RunInfo& run) = 0;
-  // Runs one prompt of `lease` on thread `slot` (0..concurrency-1; an executor may keep per-slot state).
-  virtual Result<PromptOutcome> RunPrompt(const LeaseWork& lease, int64_t prompt, int slot) = 0;
+  // Runs prompts of one task (of one lease or several: a generation's candidates on the same prompts) together
+  // on thread `slot` (0..concurrency-1; an executor may keep per-slot state); at most max_batch of them. One
+  // result per job, in order; a prompt's outcome must not depend on what it ran beside.
+  virtual std::vector<Result<PromptOutcome>> RunPrompts(const std::vector<PromptJob>& jobs, int slot) = 0;
 };
 
 struct WorkerClientStats {

@@ -27,8 +27,9 @@ namespace namm::worker {
 class NammExecutor final : public LeaseExecutor {
  public:
   static constexpr int64_t kMinChunkSize = 16;
-  // Called before each attempt at a prompt with the chunk size it will use (fault-injection tests throw from it).
-  using AttemptHook = std::function<void(const LeaseWork& lease, int64_t prompt, int64_t chunk_size)>;
+  // Called before each attempt at a batch of prompts with the chunk size it will use (fault-injection tests
+  // throw from it).
+  using AttemptHook = std::function<void(const std::vector<PromptJob>& jobs, int64_t chunk_size)>;
 
   // `model` is loaded with its checkpoint's RoPE; tasks or the run may ask for another (a variant sharing the
   // weights is made on first use).
@@ -36,7 +37,10 @@ class NammExecutor final : public LeaseExecutor {
                AttemptHook before_attempt = nullptr);
 
   Status Prepare(const RunInfo& run) override;
-  Result<PromptOutcome> RunPrompt(const LeaseWork& lease, int64_t prompt, int slot) override;
+  // The jobs through the batched engine (TaskRunner::RunBatch), each with its lease's NAMM (or the full cache).
+  // Out of memory splits the batch in halves and runs each; a single prompt out of memory is retried with the
+  // prefill chunk halved, down to kMinChunkSize; any other torch error becomes the batch's prompts' error.
+  std::vector<Result<PromptOutcome>> RunPrompts(const std::vector<PromptJob>& jobs, int slot) override;
 
  private:
   struct LoadedTask {
@@ -45,8 +49,12 @@ class NammExecutor final : public LeaseExecutor {
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
   Result<const LlamaModel*> ModelFor(const std::string& rope_scaling);
-  // One attempt at the prompt with the given prefill chunk; may throw what torch throws.
-  Result<PromptOutcome> Attempt(const LeaseWork& lease, const LoadedTask& task, int64_t prompt, int64_t chunk_size);
+  // The jobs (valid prompts of one task) at `chunk_size`, splitting on out of memory.
+  std::vector<Result<PromptOutcome>> RunSplitting(const std::vector<PromptJob>& jobs, const LoadedTask& task,
+                                                  int64_t chunk_size);
+  // One attempt at the jobs with the given prefill chunk; may throw what torch throws.
+  std::vector<Result<PromptOutcome>> Attempt(const std::vector<PromptJob>& jobs, const LoadedTask& task,
+                                             int64_t chunk_size);
 
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
