@@ -48,6 +48,7 @@
 #include "namm/policies/namm_policy.h"
 #include "namm/stft_features.h"
 #include "namm/worker/generator.h"
+#include "parse_counts.h"
 #include "peak_memory.h"
 
 namespace namm::worker {
@@ -66,17 +67,6 @@ struct Options {
   bool profile = false;               // --profile: where each row's time goes
   std::vector<int64_t> parts;         // --parts N1,N2: the NAMM's parts at those cache sizes
 };
-
-// "8192,32768" -> {8192, 32768}.
-std::vector<int64_t> ParseCounts(const std::string& text) {
-  std::vector<int64_t> counts;
-  for (std::size_t begin = 0; begin < text.size();) {
-    const std::size_t end = std::min(text.find(',', begin), text.size());
-    counts.push_back(std::stoll(text.substr(begin, end - begin)));
-    begin = end + 1;
-  }
-  return counts;
-}
 
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
@@ -474,8 +464,8 @@ int main(int argc, char** argv) {
     else if (key == "--only") o.only = value;
     else if (key == "--threads") o.threads = std::stoll(value);
     else if (key == "--profile") o.profile = value != "0";
-    else if (key == "--parts") o.parts = namm::worker::ParseCounts(value);
-    else if (key == "--chunk-memory") o.chunk_memory = namm::worker::ParseCounts(value);
+    else if (key == "--parts") o.parts = namm::bench::ParseCounts(value);
+    else if (key == "--chunk-memory") o.chunk_memory = namm::bench::ParseCounts(value);
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

@@ -1,8 +1,5 @@
 #include "dense_linalg.h"
 
-#include <dlfcn.h>
-
-#include <mutex>
 #include <string>
 
 // Fortran BLAS/LAPACK entry points (column-major). A row-major matrix is the column-major view of its
@@ -24,19 +21,6 @@ namespace namm::coordinator::linalg {
 namespace {
 int Int(int64_t v) { return static_cast<int>(v); }
 }  // namespace
-
-void set_blas_threads(int threads) {
-  // Looked up at run time: the program links the generic BLAS interface, whichever library provides it.
-  using SetThreads = void (*)(int);
-  using GetThreads = int (*)();
-  static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  static const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  static const int library_default = get != nullptr ? get() : 0;  // read before the first change
-  static std::mutex mutex;
-  if (set == nullptr) return;
-  std::lock_guard<std::mutex> lock(mutex);
-  set(threads > 0 ? threads : library_default);
-}
 
 void matmul(int64_t m, int64_t n, int64_t k, double alpha, const double* a, bool transpose_a, const double* b,
             bool transpose_b, double beta, double* out) {

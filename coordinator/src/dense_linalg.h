@@ -20,12 +20,6 @@ void symmetric_rank_k(int64_t n, int64_t rows, double alpha, const double* a, do
 // Lower triangle of c[n x n] += alpha * x x^T.
 void symmetric_rank_1(int64_t n, double alpha, const double* x, double* c);
 
-// The threads of every BLAS call in this process: 1, or 0 for the library's default (one per core). With one,
-// results do not depend on the host's cores (OpenBLAS 0.3.21's threaded dgemm and dsyevd round differently with 1
-// and 2 threads: measured), and calls from several threads at once run side by side, where threaded calls
-// serialize on OpenBLAS's level-3 lock and spin (a decomposition took 108 s instead of 9 beside the trainer's
-// background updates). A no-op with a BLAS other than OpenBLAS.
-void set_blas_threads(int threads);
 
 // Eigendecomposition of the symmetric matrix whose lower triangle `lower` holds (n x n row-major): eigenvalues
 // ascending, basis row k = the unit eigenvector of eigenvalue k. LAPACK dsyevd (divide and conquer).

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "dense_linalg.h"
+#include "namm/blas_threads.h"
 #include "namm/coordinator/checkpoint_codec.h"
 #include "namm/coordinator/prompt_sampler.h"
 
@@ -280,7 +281,7 @@ Status Trainer::Load() {
                                       std::to_string(kOptimizerRevision) + " (resume it with a newer build)");
   }
   whitening_ = run.optimizer_revision >= 2 ? Whitening::kWithDirections : Whitening::kAtTell;
-  linalg::set_blas_threads(run.optimizer_revision >= 2 ? 1 : 0);
+  set_blas_threads(run.optimizer_revision >= 2 ? 1 : 0);
   NAMM_ASSIGN_OR_RETURN(CheckpointRecord latest, store_.GetCheckpoint(run_id_, "latest", 0, params_));
   if (latest.generation != run.generation) {
     return Status::Corruption("run " + std::to_string(run_id_) + " is at generation " +

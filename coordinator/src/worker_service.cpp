@@ -6,6 +6,9 @@
 #include <cmath>
 #include <optional>
 #include <sstream>
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
 
 #include "message_checks.h"
 #include "namm/file_util.h"
@@ -127,13 +130,29 @@ grpc::Status WorkerService::FindSession(const std::string& worker_id, std::share
                                        "session ended): register again");
 }
 
+// The reactors below are handed to gRPC (returned from a handler, or with a write) and called back on its
+// threads. Debian's libgrpc is not built with ThreadSanitizer, so the hand-over it makes is invisible to a
+// `make tsan` build, which would report the reaction's first read of the reactor as a race with its
+// construction; these declare it (no-ops in other builds).
+namespace {
+#if defined(__SANITIZE_THREAD__)
+void HandedToGrpc(void* reactor) { __tsan_release(reactor); }
+void CalledBackByGrpc(void* reactor) { __tsan_acquire(reactor); }
+#else
+void HandedToGrpc(void*) {}
+void CalledBackByGrpc(void*) {}
+#endif
+}  // namespace
+
 // One worker's lease stream. Every method but the reactions runs with the service's mutex held; the reactions
 // (OnWriteDone, OnCancel, OnDone) take it. gRPC never runs a write's reaction inside StartWrite (its callback is
 // not inlineable), so writing under the mutex cannot deadlock.
 class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::WorkBatch> {
  public:
   LeaseStream(WorkerService& service, std::string worker_id, std::string peer, std::shared_ptr<Session> session)
-      : service_(service), id_(std::move(worker_id)), peer_(std::move(peer)), session_(std::move(session)) {}
+      : service_(service), id_(std::move(worker_id)), peer_(std::move(peer)), session_(std::move(session)) {
+    HandedToGrpc(this);
+  }
 
   // Sends what the worker should have now (cancellations, leases for its free slots), or ends the stream.
   void Pump() {
@@ -144,6 +163,7 @@ class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::Wor
       batch_.set_end(*end);
       for (uint64_t lease : service_.scheduler_.TakeCancelled(id_)) batch_.add_cancelled_lease_ids(lease);
       finished_ = true;
+      HandedToGrpc(this);
       StartWriteAndFinish(&batch_, grpc::WriteOptions(), grpc::Status::OK);
       return;
     }
@@ -156,21 +176,25 @@ class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::Wor
     }
     if (batch_.leases_size() == 0 && batch_.cancelled_lease_ids_size() == 0) return;
     writing_ = true;
+    HandedToGrpc(this);
     StartWrite(&batch_);
   }
 
   void OnWriteDone(bool ok) override {
+    CalledBackByGrpc(this);
     std::lock_guard<std::mutex> lock(service_.mu_);
     writing_ = false;
     if (!ok) return Close(grpc::Status::OK);  // the worker is gone
     Pump();
   }
   void OnCancel() override {
+    CalledBackByGrpc(this);
     std::lock_guard<std::mutex> lock(service_.mu_);
     cancelled_ = true;
     if (!writing_) Close(grpc::Status::OK);
   }
   void OnDone() override {
+    CalledBackByGrpc(this);
     {
       std::lock_guard<std::mutex> lock(service_.mu_);
       session_->stream = nullptr;
@@ -187,6 +211,7 @@ class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::Wor
   void Close(const grpc::Status& status) {
     if (finished_) return;
     finished_ = true;
+    HandedToGrpc(this);
     Finish(status);
   }
 
@@ -200,8 +225,14 @@ class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::Wor
 // A lease stream refused before it started.
 class RefusedStream final : public grpc::ServerWriteReactor<v1::WorkBatch> {
  public:
-  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
+  explicit RefusedStream(const grpc::Status& status) {
+    HandedToGrpc(this);
+    Finish(status);
+  }
+  void OnDone() override {
+    CalledBackByGrpc(this);
+    delete this;
+  }
 };
 
 void WorkerService::WakeAll() {

@@ -116,7 +116,7 @@ Status Serve(const ServeOptions& o) {
   NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, TokenizerFile(o.model)));
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(o.threads > 0 ? o.threads : std::max(1, cores / o.concurrency));
+  SetCpuThreads(o.threads > 0 ? o.threads : std::max(1, cores / o.concurrency));
 
   WorkerClientOptions client;
   client.coordinator = o.coordinator;

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
+#include "namm/blas_threads.h"
 #include "namm/file_util.h"
 #include "namm/worker/chat_tokenizer.h"
 #include "namm/worker/policy_spec.h"
@@ -106,8 +107,13 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
       ->check(CLI::PositiveNumber);
 }
 
+void SetCpuThreads(int threads) {
+  at::set_num_threads(threads);
+  set_blas_threads(threads);
+}
+
 void ApplyThreads(const InferenceOptions& o) {
-  if (o.threads > 0) at::set_num_threads(o.threads);
+  if (o.threads > 0) SetCpuThreads(o.threads);
 }
 
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& o) {

@@ -39,7 +39,10 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& options);
 // --batch N: rows run together through the batched engine (each row's result is the same bits as alone on the
 // CPU in float32).
 void AddBatchOption(CLI::App* cmd, InferenceOptions& options);
-// Sets the intra-op thread count when --threads was given.
+// libtorch's intra-op threads and BLAS's (the attention products' OpenBLAS, whose idle threads otherwise spin
+// beside ours).
+void SetCpuThreads(int threads);
+// Sets the CPU thread counts when --threads was given.
 void ApplyThreads(const InferenceOptions& options);
 
 struct PolicyOptions {

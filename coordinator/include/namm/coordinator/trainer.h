@@ -47,7 +47,7 @@ namespace namm::coordinator {
 // How a run computes its generations, stored with the run so that a newer build resumes it bit for bit:
 //  1: BLAS with the library's threads (one per core), and tell() whitens the ranked draws with one N x N
 //     product (Whitening::kAtTell);
-//  2: BLAS single-threaded (results independent of the host's cores; linalg::set_blas_threads), and the whitened
+//  2: BLAS single-threaded (results independent of the host's cores; set_blas_threads (namm/blas_threads.h)), and the whitened
 //     directions sampled with the candidates, off the generation barrier (kWithDirections).
 // New runs take the latest. The BLAS setting is the process's: a coordinator trains one run.
 constexpr int64_t kOptimizerRevision = 2;

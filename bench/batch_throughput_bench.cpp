@@ -1,0 +1,188 @@
+// Evaluations per second of the batched engine at several batch sizes, measured in one run, in the training
+// case: a generation's candidates (one NAMM each: the given NAMM's parameters plus a seeded perturbation) on the
+// same prompts, batched B at a time on each prompt, each scored by the likelihood of its row's continuation
+// under teacher forcing (the interruption task's metric and settings: chunks of 32, a memory update every 64
+// tokens). Checks that every (candidate, prompt) scores the same bits at every batch size.
+//
+// Usage: batch_throughput_bench [--rows FILE.jsonl] [--namm FILE.safetensors] [--model M] [--tokenizer T]
+//        [--batches 1,2,4,8,16] [--prompts 8] [--candidates 16] [--chunk 32] [--update-interval 64] [--threads 1]
+// --threads sets libtorch's and BLAS's threads (default 1, as `namm-coordinator run` gives each of 2 local workers
+// on 2 cores); our kernels' task pool uses every core.
+// Rows are token-id rows ({"prompt_ids": [...], "continuation_ids": [...]}), e.g. `namm-worker build-synthetic
+// --family interruption`; without --rows, seeded random tokens of the interruption rows' shape (362 prompt and
+// 48 continuation tokens). Without --namm the candidates perturb the zero NAMM.
+#include <ATen/Parallel.h>
+#include <ATen/ops/log_softmax.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "namm/blas_threads.h"
+#include "namm/namm_file.h"
+#include "namm/policies/namm_policy.h"
+#include "namm/worker/generator.h"
+#include "parse_counts.h"
+
+namespace namm::worker {
+namespace {
+
+struct Options {
+  std::string model = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  std::string rows, namm;
+  std::vector<int64_t> batches = {1, 2, 4, 8, 16};
+  int64_t prompts = 8, candidates = 16, chunk = 32, update_interval = 64, threads = 1;
+};
+
+struct Row {
+  std::vector<int64_t> prompt, continuation;
+};
+
+std::vector<int64_t> Ids(const nlohmann::json& a) { return a.get<std::vector<int64_t>>(); }
+
+double Likelihood(const at::Tensor& logits, const std::vector<int64_t>& continuation) {
+  const auto n = static_cast<int64_t>(continuation.size());
+  const at::Tensor log_probs = at::log_softmax(logits.to(at::kDouble), -1);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += log_probs[i][continuation[static_cast<std::size_t>(i)]].item<double>();
+  return std::exp(sum / static_cast<double>(n));
+}
+
+int Run(const Options& o) {
+  at::set_num_threads(static_cast<int>(o.threads));
+  set_blas_threads(static_cast<int>(o.threads));
+  auto model = LlamaModel::Load(o.model, LoadOptions{});
+  auto tokenizer = load_tokenizer(o.tokenizer);
+  if (!model.ok() || !tokenizer.ok()) {
+    std::fprintf(stderr, "cannot load the model or tokenizer\n");
+    return 1;
+  }
+  std::vector<Row> rows;
+  if (o.rows.empty()) {
+    std::mt19937_64 random(7);
+    std::uniform_int_distribution<int64_t> token(3, model->config().vocab_size - 1);
+    for (int64_t r = 0; r < o.prompts; ++r) {
+      Row row{{1}, {}};
+      while (row.prompt.size() < 362) row.prompt.push_back(token(random));
+      while (row.continuation.size() < 48) row.continuation.push_back(token(random));
+      rows.push_back(std::move(row));
+    }
+  }
+  std::ifstream in(o.rows);
+  for (std::string line; !o.rows.empty() && std::getline(in, line) && static_cast<int64_t>(rows.size()) < o.prompts;) {
+    const auto j = nlohmann::json::parse(line);
+    rows.push_back({Ids(j.at("prompt_ids")), Ids(j.at("continuation_ids"))});
+  }
+  if (rows.empty()) {
+    std::fprintf(stderr, "no rows in %s\n", o.rows.c_str());
+    return 1;
+  }
+  NammModel base;
+  if (!o.namm.empty()) {
+    auto read = read_namm_file(o.namm);
+    if (!read.ok()) {
+      std::fprintf(stderr, "%s\n", read.status().ToString().c_str());
+      return 1;
+    }
+    base = std::move(read).value();
+  } else {
+    base.params = initial_params(base.architecture);
+  }
+  std::vector<NammModel> candidates(static_cast<std::size_t>(o.candidates), base);
+  for (std::size_t c = 0; c < candidates.size(); ++c) {
+    std::mt19937_64 random(1234 + c);
+    std::normal_distribution<double> normal(0.0, 0.05);
+    for (float& p : candidates[c].params) p += static_cast<float>(normal(random));
+  }
+
+  const Generator generator(*model, **tokenizer);
+  std::map<int64_t, double> seconds;
+  std::map<int64_t, std::vector<double>> scores;
+  for (int64_t batch : o.batches) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const Row& row : rows) {
+      for (std::size_t first = 0; first < candidates.size(); first += static_cast<std::size_t>(batch)) {
+        const std::size_t end = std::min(candidates.size(), first + static_cast<std::size_t>(batch));
+        std::vector<std::unique_ptr<NammPolicy>> policies;
+        std::vector<Generator::Request> requests;
+        for (std::size_t c = first; c < end; ++c) {
+          auto policy = NammPolicy::Create(candidates[c]);
+          if (!policy.ok()) {
+            std::fprintf(stderr, "%s\n", policy.status().ToString().c_str());
+            return 1;
+          }
+          (*policy)->set_observe_from_query_history(true);
+          policies.push_back(std::move(policy).value());
+          Generator::Request request;
+          request.prompt_ids = row.prompt;
+          request.policy = policies.back().get();
+          request.options.max_new_tokens = 0;
+          request.options.chunk_size = o.chunk;
+          request.options.memory_update_interval = o.update_interval;
+          request.options.teacher_forcing = true;
+          request.options.forced_tokens.assign(row.continuation.begin(), row.continuation.end() - 1);
+          requests.push_back(std::move(request));
+        }
+        for (auto& result : generator.GenerateBatch(requests)) {
+          if (!result.ok()) {
+            std::fprintf(stderr, "%s\n", result.status().ToString().c_str());
+            return 1;
+          }
+          scores[batch].push_back(Likelihood(result->forced_logits, row.continuation));
+        }
+      }
+    }
+    seconds[batch] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double evaluations = static_cast<double>(rows.size() * candidates.size());
+  const double base_rate = evaluations / seconds[o.batches.front()];
+  std::printf("%zu prompts x %zu candidates, %s\n| batch | evaluations/s | vs batch %lld | scores as at batch %lld |\n"
+              "|---:|---:|---:|---|\n",
+              rows.size(), candidates.size(), model->config().Describe().c_str(),
+              static_cast<long long>(o.batches.front()), static_cast<long long>(o.batches.front()));
+  bool identical = true;
+  for (int64_t batch : o.batches) {
+    const bool same = scores[batch] == scores[o.batches.front()];
+    identical = identical && same;
+    std::printf("| %lld | %.1f | %.2fx | %s |\n", static_cast<long long>(batch), evaluations / seconds[batch],
+                evaluations / seconds[batch] / base_rate, same ? "identical" : "DIFFERENT");
+  }
+  return identical ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace namm::worker
+
+int main(int argc, char** argv) {
+  namm::worker::Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--model") o.model = value;
+    else if (key == "--tokenizer") o.tokenizer = value;
+    else if (key == "--rows") o.rows = value;
+    else if (key == "--namm") o.namm = value;
+    else if (key == "--batches") o.batches = namm::bench::ParseCounts(value);
+    else if (key == "--prompts") o.prompts = std::stoll(value);
+    else if (key == "--candidates") o.candidates = std::stoll(value);
+    else if (key == "--chunk") o.chunk = std::stoll(value);
+    else if (key == "--update-interval") o.update_interval = std::stoll(value);
+    else if (key == "--threads") o.threads = std::stoll(value);
+    else {
+      std::fprintf(stderr, "unknown option %s (see the header of bench/batch_throughput_bench.cpp)\n", key.c_str());
+      return 2;
+    }
+  }
+  if (o.batches.empty()) {
+    std::fprintf(stderr, "--batches needs at least one size\n");
+    return 2;
+  }
+  return namm::worker::Run(o);
+}
