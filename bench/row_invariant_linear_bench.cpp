@@ -38,7 +38,9 @@ void BM_RowInvariantLinear(benchmark::State& state) {
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {1, 16, 128, 2048}) b->Args({m, 64, 172});
+  for (int64_t m : {1, 32, 128, 2048}) b->Args({m, 64, 172});
+  b->Args({32, 172, 64});
+  b->Args({32, 64, 512});
   for (int64_t m : {1, 8, 128, 1024}) b->Args({m, 4096, 4096});
 }
 
