@@ -344,16 +344,8 @@ Status RunEval(const EvalOptions& o) {
       }
       for (std::size_t first = 0; first < pending.size(); first += static_cast<std::size_t>(o.inference.batch)) {
         const std::size_t end = std::min(pending.size(), first + static_cast<std::size_t>(o.inference.batch));
-        // A policy serves one sequence (and the oracle reads its row), so each row gets a fresh one.
-        std::vector<std::unique_ptr<MemoryPolicy>> row_policies;
-        std::vector<TaskRunner::Item> items;
-        for (std::size_t i = first; i < end; ++i) {
-          const tasks::TaskRow& row = rows[static_cast<std::size_t>(pending[i])];
-          NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(policy_spec, &row.fields));
-          row_policies.push_back(std::move(policy));
-          items.push_back({&row, row_policies.back().get()});
-        }
-        std::vector<Result<PromptResult>> ran = runner.RunBatch(task, items, run_options);
+        NAMM_ASSIGN_OR_RETURN(RowBatch batch, MakeRowBatch(policies, policy_spec, rows, pending, first, end));
+        std::vector<Result<PromptResult>> ran = runner.RunBatch(task, batch.items, run_options);
         for (std::size_t i = first; i < end; ++i) {
           const int64_t index = pending[i];
           const tasks::TaskRow& row = rows[static_cast<std::size_t>(index)];

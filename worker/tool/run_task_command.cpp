@@ -58,21 +58,13 @@ Status RunTask(const RunTaskOptions& o) {
   options.clean_context = o.clean_context;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   double total = 0;
-  // Rows in batches of --batch (each printed as its batch ends); a policy serves one sequence, and the oracle
-  // reads what to evict from its row.
+  // Rows in batches of --batch, each printed as its batch ends.
   for (std::size_t first = 0; first < selected.size(); first += static_cast<std::size_t>(o.inference.batch)) {
     const std::size_t end = std::min(selected.size(), first + static_cast<std::size_t>(o.inference.batch));
-    std::vector<std::unique_ptr<MemoryPolicy>> row_policies;
-    std::vector<TaskRunner::Item> items;
-    for (std::size_t i = first; i < end; ++i) {
-      const tasks::TaskRow& row = rows[static_cast<std::size_t>(selected[i])];
-      NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, policies.Make(spec, &row.fields));
-      policy_name = policy->name();
-      row_policies.push_back(std::move(policy));
-      items.push_back({&row, row_policies.back().get()});
-    }
+    NAMM_ASSIGN_OR_RETURN(RowBatch batch, MakeRowBatch(policies, spec, rows, selected, first, end));
+    policy_name = batch.policies.front()->name();
     std::vector<PromptResult> ran_rows;
-    for (Result<PromptResult>& r : runner.RunBatch(task, items, options)) {
+    for (Result<PromptResult>& r : runner.RunBatch(task, batch.items, options)) {
       if (!r.ok()) return r.status();
       r->seconds /= static_cast<double>(end - first);  // the row's share of the batch
       ran_rows.push_back(std::move(r).value());

@@ -129,4 +129,16 @@ PolicyFactory MakePolicyFactory(const LoadedModelAndTokenizer& loaded) {
   return PolicyFactory(loaded.model->options().device(), loaded.tokenizer.get());
 }
 
+Result<RowBatch> MakeRowBatch(PolicyFactory& factory, const std::string& spec, const std::vector<tasks::TaskRow>& rows,
+                              const std::vector<int64_t>& indices, std::size_t first, std::size_t end) {
+  RowBatch batch;
+  for (std::size_t i = first; i < end; ++i) {
+    const tasks::TaskRow& row = rows[static_cast<std::size_t>(indices[i])];
+    NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, factory.Make(spec, &row.fields));
+    batch.policies.push_back(std::move(policy));
+    batch.items.push_back({&row, batch.policies.back().get()});
+  }
+  return batch;
+}
+
 }  // namespace namm::worker::cli

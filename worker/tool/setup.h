@@ -9,6 +9,7 @@
 #include "namm/policies/memory_policy.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/policy_spec.h"
+#include "namm/worker/task_runner.h"
 #include "namm/worker/tokenizer.h"
 
 namespace namm::worker::cli {
@@ -54,5 +55,14 @@ struct PolicyOptions {
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& options);
 // A policy factory for the loaded model (its device, its tokenizer).
 PolicyFactory MakePolicyFactory(const LoadedModelAndTokenizer& loaded);
+
+// Rows indices[first, end) of a task, each with a fresh policy of `spec` (a policy serves one sequence, and the
+// oracle reads what to evict from its row): what TaskRunner::RunBatch takes.
+struct RowBatch {
+  std::vector<std::unique_ptr<MemoryPolicy>> policies;
+  std::vector<TaskRunner::Item> items;
+};
+Result<RowBatch> MakeRowBatch(PolicyFactory& factory, const std::string& spec, const std::vector<tasks::TaskRow>& rows,
+                              const std::vector<int64_t>& indices, std::size_t first, std::size_t end);
 
 }  // namespace namm::worker::cli
