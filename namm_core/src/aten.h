@@ -1,7 +1,7 @@
 // The ATen operator headers namm_core uses, gathered in one place so that they can be precompiled.
 // (The full <ATen/ATen.h> costs ~10 s per translation unit; these cost ~4 s, and ~0 s precompiled.)
 // The precompiled header is shared by every torch-using target (the worker's, tests, benchmarks), so it also
-// holds the worker's operators (worker/src/aten.h): one precompilation instead of two in a cold build.
+// holds the worker's operators (worker/engine/src/aten.h): one precompilation instead of two in a cold build.
 #pragma once
 
 #include <ATen/TensorOperators.h>

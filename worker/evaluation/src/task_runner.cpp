@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "aten.h"
+#include <ATen/ops/from_blob.h>
 
 namespace namm::worker {
 
