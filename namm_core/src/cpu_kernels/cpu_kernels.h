@@ -118,7 +118,7 @@ struct AttentionSequence {
 };
 
 // Causal softmax(q k^T * scale) v of many sequences, row-invariant: each query's numbers come from one code path
-// in a fixed order (the dot products as Linear's, over head_dim; the max and the sum of exponentials lane l
+// in a fixed order (the dot products in Linear's order over head_dim; the max and the sum of exponentials lane l
 // taking keys j = l mod lanes in order; the values weighted in key order) whatever else is batched with it.
 // Query r sees keys j <= n - t + r, less those the window hides. Work items are (sequence, KV head, block of
 // block_rows queries), numbered sequence by sequence, KV head by KV head; attention_items() counts them.
