@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <new>
 #include <thread>
 
@@ -229,6 +230,127 @@ TEST(CpuKernels, SiluMulAndRmsNormAreTheSameBitsWhateverTheyAreBatchedWith) {
         EXPECT_TRUE(cpu::rms_norm(x.narrow(0, first, m), weight, 1e-5, *kernels).equal(normed.narrow(0, first, m)))
             << kernels->isa << " rows " << first << "+" << m;
       }
+    }
+  }
+}
+
+// A sequence for batched_attention: t queries against a cache of n keys (the chunk's last) stored with spare
+// capacity, queries as a view of a wider tensor, key positions with gaps (as after an eviction) that differ
+// between KV heads, the chunk at positions first_position ...
+cpu::AttentionInput AttentionSequence(int64_t t, int64_t n, int64_t kv_heads, int64_t group, int64_t d,
+                                      int64_t window, uint64_t seed) {
+  const int64_t heads = kv_heads * group, capacity = n + 9, n_old = n - t;
+  cpu::AttentionInput in;
+  in.q = RandomNormal({t, heads * d + 8}, seed, 1.5).narrow(1, 0, heads * d);
+  in.keys = RandomNormal({kv_heads, capacity, d}, seed + 1).narrow(1, 0, n);
+  in.values = RandomNormal({kv_heads, capacity, d}, seed + 2).narrow(1, 0, n);
+  in.first_position = 2 * n_old + 3;
+  const at::Tensor positions = at::zeros({kv_heads, capacity}, at::TensorOptions().dtype(at::kLong));
+  auto position = positions.accessor<int64_t, 2>();
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    for (int64_t j = 0; j < n; ++j) {
+      position[h][j] = j < n_old ? 2 * j + h % 2 : in.first_position + j - n_old;
+    }
+  }
+  in.key_positions = positions.narrow(1, 0, n);
+  in.window = window;
+  in.probabilities = in.log_sum_exp = true;
+  return in;
+}
+
+// LlamaModel::Attention's tensor operations in float64: bmm, the causal and window masks, softmax, bmm.
+cpu::AttentionOutput ReferenceAttention(const cpu::AttentionInput& in, int64_t heads, double scale) {
+  const at::Tensor q = in.q.to(at::kDouble), k = in.keys.to(at::kDouble), v = in.values.to(at::kDouble);
+  const int64_t t = q.size(0), kv_heads = k.size(0), n = k.size(1), d = k.size(2), group = heads / kv_heads;
+  const double hidden = -std::numeric_limits<double>::infinity();
+  const at::Tensor scores = at::bmm(q.view({t, heads, d}).transpose(0, 1).reshape({kv_heads, group * t, d}),
+                                    k.transpose(1, 2))
+                                .mul_(scale)
+                                .view({kv_heads, group, t, n});
+  scores.narrow(3, n - t, t).masked_fill_(at::ones({t, t}, at::TensorOptions().dtype(at::kBool)).triu(1), hidden);
+  if (in.window > 0) {
+    const at::Tensor query = at::arange(in.first_position, in.first_position + t, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor behind = query.view({1, t, 1}) - in.key_positions.unsqueeze(1);  // [kv_heads, t, n]
+    scores.masked_fill_(behind.ge(in.window).unsqueeze(1), hidden);
+  }
+  cpu::AttentionOutput ref;
+  ref.log_sum_exp = scores.logsumexp(-1).view({heads, t});
+  ref.probabilities = scores.softmax(-1);
+  ref.out = at::bmm(ref.probabilities.view({kv_heads, group * t, n}), v)
+                .view({heads, t, d})
+                .transpose(0, 1)
+                .reshape({t, heads * d});
+  ref.probabilities = ref.probabilities.view({heads, t, n});
+  return ref;
+}
+
+// Chunks of 1, 7 and 32 queries over caches of 1 to 300 keys, head sizes 8 (stories260K's) and 64, GQA groups
+// of 2, with and without a window (20 positions: it hides part of most caches): outputs, probabilities and
+// log-sum-exp within float32 rounding of the float64 tensor operations.
+TEST(CpuKernels, BatchedAttentionMatchesTensorOperations) {
+  const int64_t kv_heads = 2, group = 2, heads = kv_heads * group;
+  for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
+    for (int64_t d : {8, 64}) {
+      for (int64_t window : {0, 20}) {
+        std::vector<cpu::AttentionInput> batch;
+        for (int64_t t : {1, 7, 32}) {
+          for (int64_t n : {1, 7, 16, 17, 33, 100, 300}) {
+            if (n >= t) batch.push_back(AttentionSequence(t, n, kv_heads, group, d, window, 100 + 10 * n + t));
+          }
+        }
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+        const std::vector<cpu::AttentionOutput> got = cpu::batched_attention(batch, heads, scale, *kernels);
+        for (std::size_t s = 0; s < batch.size(); ++s) {
+          const cpu::AttentionOutput ref = ReferenceAttention(batch[s], heads, scale);
+          const std::string where = std::string(kernels->isa) + " d " + std::to_string(d) + " window " +
+                                    std::to_string(window) + " t " + std::to_string(batch[s].q.size(0)) + " n " +
+                                    std::to_string(batch[s].keys.size(1));
+          EXPECT_TRUE(AllClose(got[s].out, ToArray(ref.out), 2e-6, 1e-5)) << where;
+          EXPECT_TRUE(AllClose(got[s].probabilities, ToArray(ref.probabilities), 1e-7, 1e-5)) << where;
+          EXPECT_TRUE(AllClose(got[s].log_sum_exp, ToArray(ref.log_sum_exp), 1e-6, 1e-6)) << where;
+          EXPECT_TRUE(got[s].probabilities.eq(0).equal(ref.probabilities.eq(0))) << where << ": the hidden keys";
+        }
+      }
+    }
+  }
+}
+
+// A sequence's attention is the same bits computed alone, among 4 others of different lengths, in work items
+// of 1, 5 or the chosen number of rows, on one thread or on the pool.
+TEST(CpuKernels, BatchedAttentionIsTheSameBitsWhateverItIsBatchedWith) {
+  const int64_t kv_heads = 2, group = 2, heads = kv_heads * group;
+  for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
+    for (int64_t d : {8, 64}) {
+      std::vector<cpu::AttentionInput> batch;
+      for (auto [t, n, window] : std::vector<std::array<int64_t, 3>>{
+               {7, 45, 0}, {1, 300, 20}, {32, 32, 0}, {13, 200, 20}, {32, 150, 0}}) {
+        batch.push_back(AttentionSequence(t, n, kv_heads, group, d, window, 500 + n));
+      }
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const std::vector<cpu::AttentionOutput> together = cpu::batched_attention(batch, heads, scale, *kernels);
+      std::vector<cpu::AttentionOutput> one_thread;
+      cpu::parallel_tasks(2, [&](int64_t begin, int64_t) {
+        if (begin == 0) one_thread = cpu::batched_attention(batch, heads, scale, *kernels);
+      });
+      for (std::size_t s = 0; s < batch.size(); ++s) {
+        const std::string where = std::string(kernels->isa) + " d " + std::to_string(d) + " sequence " + std::to_string(s);
+        const auto same = [&](const cpu::AttentionOutput& a, const cpu::AttentionOutput& b, const std::string& how) {
+          EXPECT_TRUE(a.out.equal(b.out)) << where << " " << how;
+          EXPECT_TRUE(a.probabilities.equal(b.probabilities)) << where << " " << how;
+          EXPECT_TRUE(a.log_sum_exp.equal(b.log_sum_exp)) << where << " " << how;
+        };
+        same(together[s], one_thread[s], "one thread");
+        for (int64_t block_rows : {0, 1, 5}) {
+          same(together[s], cpu::batched_attention({batch[s]}, heads, scale, *kernels, block_rows).front(),
+               "alone, blocks of " + std::to_string(block_rows));
+        }
+      }
+      // Written into a view of a wider tensor (the engine's rows of every sequence's heads).
+      const at::Tensor wide = at::zeros({7, heads * d + 5});
+      cpu::AttentionInput into = batch[0];
+      into.out = wide.narrow(1, 2, heads * d);
+      cpu::batched_attention({into}, heads, scale, *kernels);
+      EXPECT_TRUE(into.out.equal(together[0].out)) << kernels->isa;
     }
   }
 }

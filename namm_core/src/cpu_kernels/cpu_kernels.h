@@ -96,6 +96,46 @@ struct RmsNormRows {
   float eps;
 };
 
+// One sequence of a BatchedAttention: t queries (the chunk) against n cached keys whose last t are the chunk's.
+struct AttentionSequence {
+  const float* q;  // query r, head j: q + r * q_row_stride + j * head_dim
+  int64_t q_row_stride;
+  const float* keys;  // KV head h, key j: keys + h * k_head_stride + j * k_row_stride (head_dim floats)
+  int64_t k_head_stride, k_row_stride;
+  const float* values;  // as keys
+  int64_t v_head_stride, v_row_stride;
+  const int64_t* key_positions;  // KV head h, key j: key_positions[h * positions_stride + j]; read if window > 0
+  int64_t positions_stride;
+  int64_t n, t;
+  int64_t first_position;  // query r's position: first_position + r
+  int64_t window;          // > 0: keys at positions <= the query's - window are hidden
+  float* out;              // query r, head j: out + r * out_row_stride + j * head_dim
+  int64_t out_row_stride;
+  float* probabilities;  // or null; head j, query r, key k: [j * probs_head_stride + r * probs_row_stride + k]
+  int64_t probs_head_stride, probs_row_stride;
+  float* log_sum_exp;  // or null; head j, query r: [j * lse_head_stride + r]
+  int64_t lse_head_stride;
+};
+
+// Causal softmax(q k^T * scale) v of many sequences, row-invariant: each query's numbers come from one code path
+// in a fixed order (the dot products in Linear's order over head_dim; the max and the sum of exponentials lane l
+// taking keys j = l mod lanes in order; the values weighted in key order) whatever else is batched with it.
+// Query r sees keys j <= n - t + r, less those the window hides. Work items are (sequence, KV head, block of
+// block_rows queries), numbered sequence by sequence, KV head by KV head; attention_items() counts them.
+struct BatchedAttention {
+  const AttentionSequence* sequences;
+  int64_t count;
+  int64_t kv_heads, group, head_dim;  // query head j belongs to KV head j / group; head_dim <= 128
+  float scale;
+  int64_t block_rows;
+};
+
+inline int64_t attention_items(const BatchedAttention& a) {
+  int64_t items = 0;
+  for (int64_t s = 0; s < a.count; ++s) items += a.kv_heads * ((a.sequences[s].t + a.block_rows - 1) / a.block_rows);
+  return items;
+}
+
 struct Kernels {
   const char* isa;     // "avx512", "avx2" or "baseline"
   int64_t query_rows;  // query rows per backward_attention_rows call
@@ -113,6 +153,8 @@ struct Kernels {
   void (*silu_mul)(const SiluMul& op, int64_t begin, int64_t end);
   // Rows [begin, end) of an RmsNormRows.
   void (*rms_norm_rows)(const RmsNormRows& op, int64_t begin, int64_t end);
+  // Work items [begin, end) of a BatchedAttention.
+  void (*attention_rows)(const BatchedAttention& attention, int64_t begin, int64_t end);
 };
 
 // The kernels for the widest instruction set this CPU supports.

@@ -158,4 +158,64 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, c
   return out;
 }
 
+std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>& sequences, int64_t heads,
+                                               double scale, const Kernels& kernels, int64_t block_rows) {
+  std::vector<AttentionOutput> outputs(sequences.size());
+  if (sequences.empty()) return outputs;
+  const int64_t kv_heads = sequences.front().keys.size(0), head_dim = sequences.front().keys.size(2);
+  std::vector<AttentionSequence> items(sequences.size());
+  int64_t longest = 1, work = 0;
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    const AttentionInput& in = sequences[i];
+    const int64_t t = in.q.size(0), n = in.keys.size(1);
+    TORCH_CHECK(in.q.dim() == 2 && in.q.size(1) == heads * head_dim && in.q.stride(1) == 1, "q: [t, heads * head_dim]");
+    TORCH_CHECK(in.keys.dim() == 3 && in.keys.size(0) == kv_heads && in.keys.size(2) == head_dim &&
+                    in.keys.stride(2) == 1 && n >= t,
+                "keys: [kv_heads, n >= t, head_dim]");
+    TORCH_CHECK(in.values.sizes() == in.keys.sizes() && in.values.stride(2) == 1, "values: as keys");
+    TORCH_CHECK(in.window <= 0 || (in.key_positions.dim() == 2 && in.key_positions.size(0) == kv_heads &&
+                                   in.key_positions.size(1) >= n && in.key_positions.stride(1) == 1 &&
+                                   in.key_positions.scalar_type() == at::kLong),
+                "key_positions: [kv_heads, n] int64");
+    AttentionOutput& o = outputs[i];
+    o.out = in.out.defined() ? in.out : at::empty({t, heads * head_dim}, in.q.options());
+    TORCH_CHECK(o.out.dim() == 2 && o.out.size(0) == t && o.out.size(1) == heads * head_dim && o.out.stride(1) == 1,
+                "out: [t, heads * head_dim]");
+    if (in.probabilities) o.probabilities = at::empty({heads, t, n}, in.q.options());
+    if (in.log_sum_exp) o.log_sum_exp = at::empty({heads, t}, in.q.options());
+    items[i] = AttentionSequence{in.q.data_ptr<float>(),
+                                 in.q.stride(0),
+                                 in.keys.data_ptr<float>(),
+                                 in.keys.stride(0),
+                                 in.keys.stride(1),
+                                 in.values.data_ptr<float>(),
+                                 in.values.stride(0),
+                                 in.values.stride(1),
+                                 in.window > 0 ? in.key_positions.data_ptr<int64_t>() : nullptr,
+                                 in.window > 0 ? in.key_positions.stride(0) : 0,
+                                 n,
+                                 t,
+                                 in.first_position,
+                                 in.window,
+                                 o.out.data_ptr<float>(),
+                                 o.out.stride(0),
+                                 in.probabilities ? o.probabilities.data_ptr<float>() : nullptr,
+                                 t * n,
+                                 n,
+                                 in.log_sum_exp ? o.log_sum_exp.data_ptr<float>() : nullptr,
+                                 t};
+    longest = std::max(longest, n);
+    work += 2 * heads * t * n * head_dim;
+  }
+  // Blocks of rows whose scores (group * rows * n floats) stay near a megabyte: the more rows, the more queries
+  // share each transposed key tile. The blocks change no query's numbers.
+  const int64_t group = heads / kv_heads;
+  if (block_rows <= 0) block_rows = std::clamp<int64_t>((int64_t{1} << 18) / (group * longest), 1, 64);
+  const BatchedAttention attention{items.data(), static_cast<int64_t>(items.size()), kv_heads, group, head_dim,
+                                   static_cast<float>(scale), block_rows};
+  run(attention_items(attention), work,
+      [&](int64_t begin, int64_t end) { kernels.attention_rows(attention, begin, end); });
+  return outputs;
+}
+
 }  // namespace namm::cpu

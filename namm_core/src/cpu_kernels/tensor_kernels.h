@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "cpu_kernels/cpu_kernels.h"
 
 namespace namm::cpu {
@@ -37,5 +39,28 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels);
 // x [m, dim] normalized by its root mean square and scaled by weight [dim].
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels);
+
+// One sequence of batched_attention.
+struct AttentionInput {
+  at::Tensor q;               // [t, heads * head_dim]
+  at::Tensor keys, values;    // [kv_heads, n, head_dim], n >= t, the chunk's own keys last (strides free)
+  at::Tensor key_positions;   // [kv_heads, n] int64; read when window > 0
+  int64_t first_position = 0;  // query r's position: first_position + r
+  int64_t window = 0;          // > 0: keys at positions <= the query's - window are hidden
+  at::Tensor out;              // [t, heads * head_dim] to write into (a view of a wider tensor), or undefined
+  bool probabilities = false, log_sum_exp = false;  // compute these too
+};
+struct AttentionOutput {
+  at::Tensor out;            // [t, heads * head_dim]
+  at::Tensor probabilities;  // [heads, t, n], or undefined
+  at::Tensor log_sum_exp;    // [heads, t], or undefined
+};
+
+// Causal attention of several sequences in one call (cpu_kernels.h: BatchedAttention) for float32 CPU tensors
+// whose innermost stride is 1: each query's numbers are the same bits whatever sequences, queries or threads
+// share the call. head_dim = q.size(1) / heads. block_rows: rows per work item (tests vary it; 0: chosen
+// by the lengths).
+std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>& sequences, int64_t heads,
+                                               double scale, const Kernels& kernels, int64_t block_rows = 0);
 
 }  // namespace namm::cpu
