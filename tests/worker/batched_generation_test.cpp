@@ -42,7 +42,7 @@ std::unique_ptr<MemoryPolicy> MakePolicy(const std::string& spec, const Tokenize
     return std::move(namm).value();
   }
   if (spec == "oracle") {
-    auto oracle = OraclePolicy::Create({{40, 200}});
+    auto oracle = OraclePolicy::Create({{40, 120}});
     EXPECT_TRUE(oracle.ok());
     return std::move(oracle).value();
   }
@@ -122,17 +122,17 @@ void ExpectBatchEqualsAlone(const Stories& s, const std::vector<Row>& rows) {
 TEST(BatchedGeneration, EveryPolicyGivesEachRowWhatItGetsAlone) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const Stories s = LoadStories();
-  for (const std::string policy : {"full", "h2o:budget=200", "l2:budget=150", "streaming:budget=160", "tova:budget=200",
-                                   "snapkv:budget=100", "fastgen:budget=200", "oracle", "namm/1"}) {
+  for (const std::string policy : {"full", "h2o:budget=100", "l2:budget=80", "streaming:budget=90", "tova:budget=100",
+                                   "snapkv:budget=64", "fastgen:budget=100", "oracle", "namm/1"}) {
     SCOPED_TRACE(policy);
-    ExpectBatchEqualsAlone(s, {{policy, 600, 20},
-                               {policy, 450, 5},
-                               {policy, 700, 30, true},
-                               {policy, 333, 12},
-                               {policy, 600, 1},
-                               {policy, 611, 25},
+    ExpectBatchEqualsAlone(s, {{policy, 300, 20},
+                               {policy, 250, 5},
+                               {policy, 350, 30, true},
+                               {policy, 233, 12},
+                               {policy, 300, 1},
+                               {policy, 311, 25},
                                {policy, 129, 8},
-                               {policy, 640, 0}});
+                               {policy, 320, 0}});
   }
 }
 
@@ -142,10 +142,10 @@ TEST(BatchedGeneration, CandidatesOnOnePromptAndMixedBatchesGiveEachRowWhatItGet
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const Stories s = LoadStories();
   std::vector<Row> candidates;
-  for (int seed = 1; seed <= 8; ++seed) candidates.push_back({"namm/" + std::to_string(seed), 700, 24});
+  for (int seed = 1; seed <= 8; ++seed) candidates.push_back({"namm/" + std::to_string(seed), 400, 24});
   ExpectBatchEqualsAlone(s, candidates);
   ExpectBatchEqualsAlone(s, {{"namm/3", 500, 10}});
-  ExpectBatchEqualsAlone(s, {{"namm/5", 520, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 610, 3, true}});
+  ExpectBatchEqualsAlone(s, {{"namm/5", 420, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 390, 3, true}});
 }
 
 TEST(BatchedGeneration, ABadRequestFailsAloneAndTheOthersGoOn) {

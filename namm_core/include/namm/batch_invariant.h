@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace namm {
 
 // True where the operations below are bit-for-bit row-invariant: float32 tensors on the CPU.
@@ -25,5 +27,26 @@ at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up);
 // Each row of x [m, dim] divided by its root mean square (computed in float32, as Hugging Face's LlamaRMSNorm
 // does, whatever x's dtype) and scaled by weight [dim].
 at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// One sequence's causal attention over its cache (the engine's LlamaModel::Attention), for invariant_attention.
+struct AttentionSequence {
+  at::Tensor q;               // [t, heads * head_dim], after RoPE
+  at::Tensor keys, values;    // [kv_heads, n, head_dim], n >= t, the chunk's own keys last (strides free)
+  at::Tensor key_positions;   // [kv_heads, n] int64; read when window > 0
+  int64_t first_position = 0;  // query r's position: first_position + r
+  int64_t window = 0;          // > 0: keys at positions <= the query's - window are hidden
+  at::Tensor out;              // [t, heads * head_dim] to write into (a view of a wider tensor), or undefined
+  bool probabilities = false, log_sum_exp = false;  // compute these too
+};
+struct AttentionResult {
+  at::Tensor out;            // [t, heads * head_dim]
+  at::Tensor probabilities;  // [heads, t, n] float32, or undefined
+  at::Tensor log_sum_exp;    // [heads, t] float32 (of the scaled, masked scores), or undefined
+};
+
+// softmax(q k^T * scale + causal and window masks) v for several sequences in one call of our CPU kernel, each
+// query through one code path: the same bits whatever it runs beside. Float32 CPU tensors only (row_invariant).
+std::vector<AttentionResult> invariant_attention(const std::vector<AttentionSequence>& sequences, int64_t heads,
+                                                 double scale);
 
 }  // namespace namm

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu_kernels/cpu_kernels.h"
+#include "namm/batch_invariant.h"
 
 namespace namm::cpu {
 
@@ -40,21 +41,8 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels&
 // x [m, dim] normalized by its root mean square and scaled by weight [dim].
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels);
 
-// One sequence of batched_attention.
-struct AttentionInput {
-  at::Tensor q;               // [t, heads * head_dim]
-  at::Tensor keys, values;    // [kv_heads, n, head_dim], n >= t, the chunk's own keys last (strides free)
-  at::Tensor key_positions;   // [kv_heads, n] int64; read when window > 0
-  int64_t first_position = 0;  // query r's position: first_position + r
-  int64_t window = 0;          // > 0: keys at positions <= the query's - window are hidden
-  at::Tensor out;              // [t, heads * head_dim] to write into (a view of a wider tensor), or undefined
-  bool probabilities = false, log_sum_exp = false;  // compute these too
-};
-struct AttentionOutput {
-  at::Tensor out;            // [t, heads * head_dim]
-  at::Tensor probabilities;  // [heads, t, n], or undefined
-  at::Tensor log_sum_exp;    // [heads, t], or undefined
-};
+using AttentionInput = namm::AttentionSequence;  // batch_invariant.h
+using AttentionOutput = namm::AttentionResult;
 
 // Causal attention of several sequences in one call (cpu_kernels.h: BatchedAttention) for float32 CPU tensors
 // whose innermost stride is 1: each query's numbers are the same bits whatever sequences, queries or threads

@@ -33,12 +33,11 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
   return caches;
 }
 
-Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& q_rows, const at::Tensor& k_rows,
-                                         const at::Tensor& v_rows, const at::Tensor& positions, const RopeTables& rope,
-                                         LayerKVCache& cache, MemoryPolicy& policy) const {
+Result<at::Tensor> LlamaModel::PrepareAttention(int layer, const at::Tensor& q_rows, const at::Tensor& k_rows,
+                                                const at::Tensor& v_rows, const at::Tensor& positions,
+                                                const RopeTables& rope, LayerKVCache& cache) const {
   const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
   const int64_t t = q_rows.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
-  const int64_t group = heads / kv_heads;
   // As [heads, t, head_dim]; Qwen3 normalizes each head's query and key before rotating them.
   at::Tensor q = q_rows, k = k_rows;
   if (config_.qk_norm) {
@@ -49,7 +48,18 @@ Result<at::Tensor> LlamaModel::Attention(int layer, const at::Tensor& q_rows, co
   k = apply_rope(k.reshape({t, kv_heads, hd}).transpose(0, 1), rope);
   const at::Tensor v = v_rows.reshape({t, kv_heads, hd}).transpose(0, 1);
   NAMM_RETURN_IF_ERROR(cache.Append(k, v, positions));
+  return q;
+}
 
+bool LlamaModel::KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const {
+  return row_invariant(q) &&
+         (!policy.needs_attention() || config_.n_heads * q.size(1) * cache.size() <= attention_block_elements_);
+}
+
+Result<at::Tensor> LlamaModel::Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const {
+  const int64_t t = q.size(1), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
+  const int64_t group = heads / kv_heads;
+  const at::Tensor positions = cache.positions().select(0, 0).narrow(0, cache.size() - t, t);
   // The chunk's queries go through attention in blocks of rows, so that the scores and probabilities alive at
   // once ([heads, rows, n] each) stay near attention_block_elements_ whatever the chunk and the cache: at 32k
   // cached tokens a 128-token chunk's probabilities alone were 512 MiB on an 8B-shaped model. Rows are
@@ -170,16 +180,65 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     const at::Tensor q = invariant_linear(normed, w.wq, w.bq), k = invariant_linear(normed, w.wk, w.bk),
                      v = invariant_linear(normed, w.wv, w.bv);
     const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
+    // Each sequence's queries rotated and its keys and values cached; then attention, for the sequences on the
+    // CPU in float32 in one kernel call (each query's numbers independent of the others'), else one at a time.
+    std::vector<at::Tensor> queries(count);
+    std::vector<AttentionSequence> kernel_inputs;
+    std::vector<std::size_t> kernel_sequences;
+    const int64_t window = config_.window_of(layer);
     for (std::size_t s = 0; s < count; ++s) {
       if (!alive(s)) continue;
-      Result<at::Tensor> out = Attention(layer, q.narrow(0, offset[s], length[s]), k.narrow(0, offset[s], length[s]),
-                                         v.narrow(0, offset[s], length[s]), positions[s], rope[s],
-                                         (*steps[s].caches)[static_cast<std::size_t>(layer)], *steps[s].policy);
+      LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
+      MemoryPolicy& policy = *steps[s].policy;
+      Result<at::Tensor> prepared =
+          PrepareAttention(layer, q.narrow(0, offset[s], length[s]), k.narrow(0, offset[s], length[s]),
+                           v.narrow(0, offset[s], length[s]), positions[s], rope[s], cache);
+      if (!prepared.ok()) {
+        errors[s] = prepared.status();
+        continue;
+      }
+      queries[s] = std::move(prepared).value();
+      if (KernelAttends(queries[s], cache, policy)) {
+        AttentionSequence in;
+        in.q = queries[s].transpose(0, 1).reshape({length[s], q_width});
+        in.keys = cache.keys();
+        in.values = cache.values();
+        in.key_positions = cache.positions();
+        in.first_position = cache.tokens_seen() - length[s];
+        in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
+        in.out = heads_out.narrow(0, offset[s], length[s]);
+        in.probabilities = policy.needs_attention();
+        in.log_sum_exp = policy.query_history() > 0;
+        kernel_inputs.push_back(std::move(in));
+        kernel_sequences.push_back(s);
+        continue;
+      }
+      Result<at::Tensor> out = Attend(layer, queries[s], cache, policy);
       if (!out.ok()) {
         errors[s] = out.status();
         continue;
       }
       heads_out.narrow(0, offset[s], length[s]).copy_(*out);
+    }
+    const std::vector<AttentionResult> attended =
+        kernel_inputs.empty() ? std::vector<AttentionResult>()
+                              : invariant_attention(kernel_inputs, config_.n_heads,
+                                                    1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+    // What the policies see: the chunk's attention probabilities, and the newest queries with their log-sum-exp.
+    for (std::size_t i = 0; i < kernel_sequences.size(); ++i) {
+      const std::size_t s = kernel_sequences[i];
+      LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
+      MemoryPolicy& policy = *steps[s].policy;
+      const int64_t t = length[s], first_query = cache.tokens_seen() - t;
+      Status observed = Status::Ok();
+      if (policy.needs_attention()) observed = policy.Observe(layer, attended[i].probabilities, first_query, cache);
+      const int64_t history = std::min(policy.query_history(), t);
+      if (observed.ok() && history > 0) {
+        observed = cache.query_history().Record(queries[s].narrow(1, t - history, history),
+                                                attended[i].log_sum_exp.narrow(1, t - history, history),
+                                                first_query + t - history, window, policy.query_history());
+      }
+      if (!observed.ok()) errors[s] = std::move(observed);
     }
     x = x + invariant_linear(heads_out, w.wo, w.bo);
     x = x + FeedForward(w, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));

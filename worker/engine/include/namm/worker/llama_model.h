@@ -66,11 +66,17 @@ class LlamaModel {
   std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps) const;
 
  private:
-  // Attention of `layer` for one sequence's projected queries, keys and values [t, heads * head_dim] (keys and
-  // values: kv_heads * head_dim) at `positions` [t]; returns the heads' outputs [t, heads * head_dim] before W_o.
-  Result<at::Tensor> Attention(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& positions, const RopeTables& rope, LayerKVCache& cache,
-                               MemoryPolicy& policy) const;
+  // Qwen3's per-head norms and RoPE on one sequence's projected queries, keys and values [t, heads * head_dim]
+  // (keys and values: kv_heads * head_dim) at `positions` [t]; appends its keys and values to `cache` and returns
+  // the queries [heads, t, head_dim].
+  Result<at::Tensor> PrepareAttention(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& positions, const RopeTables& rope, LayerKVCache& cache) const;
+  // Whether a sequence's attention runs in the batched CPU kernel (invariant_attention): float32 on the CPU,
+  // and the probabilities its policy observes, if any, within attention_block_elements_.
+  bool KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const;
+  // A prepared sequence's attention over its cache with libtorch's operations, in blocks of rows (any device and
+  // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
+  Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
   at::Tensor FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const;
   Status CheckStep(const Step& step) const;
 
