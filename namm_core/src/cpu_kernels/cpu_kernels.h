@@ -66,7 +66,7 @@ struct ScoresGqaMean {
 // Row-invariant products for the batched engine: each output element is computed by one code path whatever
 // the number of rows, the tile it falls in or the thread that runs it, so a sequence's numbers do not depend on
 // what it is batched with. y[i][j] = sum_k x[i][k] w[j][k] (+ b[j]): lane l accumulates k = l, l + L, ... with
-// fused multiply-adds (plain ones where the instruction set has none), then the lanes are summed in order.
+// fused multiply-adds (plain ones where the instruction set has none), then the lanes are summed by halves (a fixed tree).
 struct Linear {
   const float* x;  // [m][k], rows x_stride apart
   int64_t x_stride;
