@@ -33,7 +33,7 @@ at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, dou
   return weight * normalized.to(x.scalar_type());
 }
 
-std::vector<AttentionResult> invariant_attention(const std::vector<AttentionSequence>& sequences, int64_t heads,
+std::vector<AttentionResult> invariant_attention(const std::vector<AttentionRequest>& sequences, int64_t heads,
                                                  double scale) {
   return cpu::batched_attention(sequences, heads, scale, cpu::kernels());
 }

@@ -29,7 +29,7 @@ at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // One sequence's causal attention over its cache (the engine's LlamaModel::Attention), for invariant_attention.
-struct AttentionSequence {
+struct AttentionRequest {
   at::Tensor q;               // [t, heads * head_dim], after RoPE
   at::Tensor keys, values;    // [kv_heads, n, head_dim], n >= t, the chunk's own keys last (strides free)
   at::Tensor key_positions;   // [kv_heads, n] int64; read when window > 0
@@ -46,7 +46,7 @@ struct AttentionResult {
 
 // softmax(q k^T * scale + causal and window masks) v for several sequences in one call of our CPU kernel, each
 // query through one code path: the same bits whatever it runs beside. Float32 CPU tensors only (row_invariant).
-std::vector<AttentionResult> invariant_attention(const std::vector<AttentionSequence>& sequences, int64_t heads,
+std::vector<AttentionResult> invariant_attention(const std::vector<AttentionRequest>& sequences, int64_t heads,
                                                  double scale);
 
 }  // namespace namm

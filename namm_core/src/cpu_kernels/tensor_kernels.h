@@ -41,7 +41,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels&
 // x [m, dim] normalized by its root mean square and scaled by weight [dim].
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels);
 
-using AttentionInput = namm::AttentionSequence;  // batch_invariant.h
+using AttentionInput = namm::AttentionRequest;  // batch_invariant.h
 using AttentionOutput = namm::AttentionResult;
 
 // Causal attention of several sequences in one call (cpu_kernels.h: BatchedAttention) for float32 CPU tensors

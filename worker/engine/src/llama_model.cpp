@@ -183,7 +183,7 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     // Each sequence's queries rotated and its keys and values cached; then attention, for the sequences on the
     // CPU in float32 in one kernel call (each query's numbers independent of the others'), else one at a time.
     std::vector<at::Tensor> queries(count);
-    std::vector<AttentionSequence> kernel_inputs;
+    std::vector<AttentionRequest> kernel_inputs;
     std::vector<std::size_t> kernel_sequences;
     const int64_t window = config_.window_of(layer);
     for (std::size_t s = 0; s < count; ++s) {
@@ -199,7 +199,7 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
       }
       queries[s] = std::move(prepared).value();
       if (KernelAttends(queries[s], cache, policy)) {
-        AttentionSequence in;
+        AttentionRequest in;
         in.q = queries[s].transpose(0, 1).reshape({length[s], q_width});
         in.keys = cache.keys();
         in.values = cache.values();
