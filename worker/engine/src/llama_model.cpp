@@ -145,14 +145,89 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
   return std::move(ForwardBatch({Step{tokens, &caches, &policy, all_logits}}).front());
 }
 
+// Where each sequence of a batch lies in the packed rows: rows [offset, offset + length), at its positions, with
+// its RoPE table.
+struct LlamaModel::Packing {
+  std::vector<int64_t> offset, length;
+  std::vector<at::Tensor> positions;
+  std::vector<RopeTables> rope;
+};
+
+void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
+                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
+                             std::vector<Status>& errors) const {
+  const auto count = steps.size();
+  const int64_t q_width = config_.n_heads * config_.head_dim;
+  std::vector<at::Tensor> queries(count);
+  std::vector<AttentionRequest> kernel_inputs;
+  std::vector<std::size_t> kernel_sequences;
+  const int64_t window = config_.window_of(layer);
+  for (std::size_t s = 0; s < count; ++s) {
+    if (!errors[s].ok()) continue;
+    LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
+    MemoryPolicy& policy = *steps[s].policy;
+    const int64_t first = packing.offset[s], t = packing.length[s];
+    Result<at::Tensor> prepared = PrepareAttention(layer, q.narrow(0, first, t), k.narrow(0, first, t),
+                                                   v.narrow(0, first, t), packing.positions[s], packing.rope[s], cache);
+    if (!prepared.ok()) {
+      errors[s] = prepared.status();
+      continue;
+    }
+    queries[s] = std::move(prepared).value();
+    if (KernelAttends(queries[s], cache, policy)) {
+      AttentionRequest in;
+      in.q = queries[s].transpose(0, 1).reshape({t, q_width});
+      in.keys = cache.keys();
+      in.values = cache.values();
+      in.key_positions = cache.positions();
+      in.first_position = cache.tokens_seen() - t;
+      in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
+      in.out = heads_out.narrow(0, first, t);
+      in.probabilities = policy.needs_attention();
+      in.log_sum_exp = policy.query_history() > 0;
+      kernel_inputs.push_back(std::move(in));
+      kernel_sequences.push_back(s);
+      continue;
+    }
+    Result<at::Tensor> out = Attend(layer, queries[s], cache, policy);
+    if (!out.ok()) {
+      errors[s] = out.status();
+      continue;
+    }
+    heads_out.narrow(0, first, t).copy_(*out);
+  }
+  const std::vector<AttentionResult> attended =
+      kernel_inputs.empty() ? std::vector<AttentionResult>()
+                            : invariant_attention(kernel_inputs, config_.n_heads,
+                                                  1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+  // What the policies see: the chunk's attention probabilities, and the newest queries with their log-sum-exp.
+  for (std::size_t i = 0; i < kernel_sequences.size(); ++i) {
+    const std::size_t s = kernel_sequences[i];
+    LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
+    MemoryPolicy& policy = *steps[s].policy;
+    const int64_t t = packing.length[s], first_query = cache.tokens_seen() - t;
+    Status observed = Status::Ok();
+    if (policy.needs_attention()) observed = policy.Observe(layer, attended[i].probabilities, first_query, cache);
+    const int64_t history = std::min(policy.query_history(), t);
+    if (observed.ok() && history > 0) {
+      observed = cache.query_history().Record(queries[s].narrow(1, t - history, history),
+                                              attended[i].log_sum_exp.narrow(1, t - history, history),
+                                              first_query + t - history, window, policy.query_history());
+    }
+    if (!observed.ok()) errors[s] = std::move(observed);
+  }
+}
+
 std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>& steps) const {
   // Sequence s is rows [offset[s], offset[s] + length[s]) of the packed hidden states; a failed one keeps its
   // rows (nothing reads them) and its error.
   const auto count = steps.size();
   std::vector<Status> errors(count);
-  std::vector<int64_t> offset(count), length(count);
-  std::vector<at::Tensor> ids, positions(count);
-  std::vector<RopeTables> rope(count);
+  Packing packing{std::vector<int64_t>(count), std::vector<int64_t>(count), std::vector<at::Tensor>(count),
+                  std::vector<RopeTables>(count)};
+  std::vector<int64_t>& offset = packing.offset;
+  std::vector<int64_t>& length = packing.length;
+  std::vector<at::Tensor> ids;
   int64_t total = 0;
   for (std::size_t s = 0; s < count; ++s) {
     const Step& step = steps[s];
@@ -163,11 +238,12 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     length[s] = t;
     total += t;
     ids.push_back(step.tokens.to(at::kLong).to(options_.device()));
-    positions[s] = at::arange(start, start + t, options_.dtype(at::kLong));
+    packing.positions[s] = at::arange(start, start + t, options_.dtype(at::kLong));
     // Each sequence's own table (computed as it alone would be); dynamic NTK rescales from the length it reaches.
-    rope[s] = rope_tables(rope_depends_on_length(config_) ? rope_inverse_frequencies(config_, options_.device(), start + t)
-                                                          : inv_freq_,
-                          positions[s], config_.rope_scaling.yarn_attention_factor());
+    packing.rope[s] = rope_tables(rope_depends_on_length(config_)
+                                      ? rope_inverse_frequencies(config_, options_.device(), start + t)
+                                      : inv_freq_,
+                                  packing.positions[s], config_.rope_scaling.yarn_attention_factor());
   }
   const auto alive = [&](std::size_t s) { return errors[s].ok(); };
 
@@ -180,66 +256,7 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     const at::Tensor q = invariant_linear(normed, w.wq, w.bq), k = invariant_linear(normed, w.wk, w.bk),
                      v = invariant_linear(normed, w.wv, w.bv);
     const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
-    // Each sequence's queries rotated and its keys and values cached; then attention, for the sequences on the
-    // CPU in float32 in one kernel call (each query's numbers independent of the others'), else one at a time.
-    std::vector<at::Tensor> queries(count);
-    std::vector<AttentionRequest> kernel_inputs;
-    std::vector<std::size_t> kernel_sequences;
-    const int64_t window = config_.window_of(layer);
-    for (std::size_t s = 0; s < count; ++s) {
-      if (!alive(s)) continue;
-      LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
-      MemoryPolicy& policy = *steps[s].policy;
-      Result<at::Tensor> prepared =
-          PrepareAttention(layer, q.narrow(0, offset[s], length[s]), k.narrow(0, offset[s], length[s]),
-                           v.narrow(0, offset[s], length[s]), positions[s], rope[s], cache);
-      if (!prepared.ok()) {
-        errors[s] = prepared.status();
-        continue;
-      }
-      queries[s] = std::move(prepared).value();
-      if (KernelAttends(queries[s], cache, policy)) {
-        AttentionRequest in;
-        in.q = queries[s].transpose(0, 1).reshape({length[s], q_width});
-        in.keys = cache.keys();
-        in.values = cache.values();
-        in.key_positions = cache.positions();
-        in.first_position = cache.tokens_seen() - length[s];
-        in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
-        in.out = heads_out.narrow(0, offset[s], length[s]);
-        in.probabilities = policy.needs_attention();
-        in.log_sum_exp = policy.query_history() > 0;
-        kernel_inputs.push_back(std::move(in));
-        kernel_sequences.push_back(s);
-        continue;
-      }
-      Result<at::Tensor> out = Attend(layer, queries[s], cache, policy);
-      if (!out.ok()) {
-        errors[s] = out.status();
-        continue;
-      }
-      heads_out.narrow(0, offset[s], length[s]).copy_(*out);
-    }
-    const std::vector<AttentionResult> attended =
-        kernel_inputs.empty() ? std::vector<AttentionResult>()
-                              : invariant_attention(kernel_inputs, config_.n_heads,
-                                                    1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
-    // What the policies see: the chunk's attention probabilities, and the newest queries with their log-sum-exp.
-    for (std::size_t i = 0; i < kernel_sequences.size(); ++i) {
-      const std::size_t s = kernel_sequences[i];
-      LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
-      MemoryPolicy& policy = *steps[s].policy;
-      const int64_t t = length[s], first_query = cache.tokens_seen() - t;
-      Status observed = Status::Ok();
-      if (policy.needs_attention()) observed = policy.Observe(layer, attended[i].probabilities, first_query, cache);
-      const int64_t history = std::min(policy.query_history(), t);
-      if (observed.ok() && history > 0) {
-        observed = cache.query_history().Record(queries[s].narrow(1, t - history, history),
-                                                attended[i].log_sum_exp.narrow(1, t - history, history),
-                                                first_query + t - history, window, policy.query_history());
-      }
-      if (!observed.ok()) errors[s] = std::move(observed);
-    }
+    AttendBatch(layer, steps, packing, q, k, v, heads_out, errors);
     x = x + invariant_linear(heads_out, w.wo, w.bo);
     x = x + FeedForward(w, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));
   }

@@ -77,6 +77,14 @@ class LlamaModel {
   // A prepared sequence's attention over its cache with libtorch's operations, in blocks of rows (any device and
   // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
   Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
+  struct Packing;
+  // Attention of `layer` for every sequence of a batch without an error yet: each one's queries rotated and its
+  // keys and values cached; then, on the CPU in float32, one kernel call for all of them (each query's numbers
+  // independent of the others'), else one sequence at a time; the policies observe. Writes the heads' outputs
+  // into heads_out's rows; an error stays with its sequence.
+  void AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
+                   const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
+                   std::vector<Status>& errors) const;
   at::Tensor FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const;
   Status CheckStep(const Step& step) const;
 
