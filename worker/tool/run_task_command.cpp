@@ -66,7 +66,6 @@ Status RunTask(const RunTaskOptions& o) {
     std::vector<PromptResult> ran_rows;
     for (Result<PromptResult>& r : runner.RunBatch(task, batch.items, options)) {
       if (!r.ok()) return r.status();
-      r->seconds /= static_cast<double>(end - first);  // the row's share of the batch
       ran_rows.push_back(std::move(r).value());
     }
     for (const PromptResult& r : ran_rows) {

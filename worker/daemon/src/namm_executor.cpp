@@ -208,7 +208,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<Promp
     out.score = r.score;
     out.prompt_tokens = r.prompt_tokens;
     out.generated_tokens = r.generated_tokens;
-    out.seconds = r.seconds / static_cast<double>(where.size());  // the prompt's share of the batch
+    out.seconds = r.seconds;
     out.prefill_tokens = r.prefill_tokens;
     out.decode_tokens = r.decode_tokens;
     out.prefill_seconds = r.prefill_seconds;

@@ -163,7 +163,7 @@ std::vector<Result<PromptResult>> TaskRunner::RunBatch(const tasks::TaskSpec& ta
       continue;
     }
     results[i] = Score(task, *items[i].row, prepared[j], std::move(generated[j]).value(), options);
-    if (results[i].ok()) results[i]->seconds = seconds;
+    if (results[i].ok()) results[i]->seconds = seconds / static_cast<double>(items.size());
   }
   return results;
 }

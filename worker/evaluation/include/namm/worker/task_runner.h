@@ -54,7 +54,7 @@ class TaskRunner {
     MemoryPolicy* policy;
   };
   // Runs the items together (Generator::GenerateBatch): each result (or error) is what Run gives that row and
-  // policy alone, bit for bit on the CPU in float32, except `seconds`, the batch's.
+  // policy alone, bit for bit on the CPU in float32, except `seconds`: the row's share of the batch's time.
   std::vector<Result<PromptResult>> RunBatch(const tasks::TaskSpec& task, const std::vector<Item>& items,
                                              const TaskRunOptions& options) const;
 
