@@ -6,15 +6,21 @@
 //
 // Usage: batch_throughput_bench [--rows FILE.jsonl] [--namm FILE.safetensors] [--model M] [--tokenizer T]
 //        [--batches 1,2,4,8,16] [--prompts 8] [--candidates 16] [--chunk 32] [--update-interval 64] [--threads 1]
+//        [--random-model layers=2,dim=4096,...] [--prompt-tokens 362] [--continuation-tokens 48] [--new-tokens 0]
 // --threads sets libtorch's and BLAS's threads (default 1, as `namm-coordinator run` gives each of 2 local workers
 // on 2 cores); our kernels' task pool uses every core.
 // Rows are token-id rows ({"prompt_ids": [...], "continuation_ids": [...]}), e.g. `namm-worker build-synthetic
 // --family interruption`; without --rows, seeded random tokens of the interruption rows' shape (362 prompt and
-// 48 continuation tokens). Without --namm the candidates perturb the zero NAMM.
+// 48 continuation tokens, or --prompt-tokens and --continuation-tokens). Without --namm the candidates perturb
+// the zero NAMM. --random-model builds a deterministic random Llama of that shape (bench/random_model.h) instead of
+// --model, e.g. Llama 3 8B's layers: layers=2,dim=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000 (its tokenizer
+// is GPT-2's, used only to decode). --new-tokens N instead decodes N greedy tokens after each prompt (a generative
+// task's evaluation: batched decoding reads each weight once for the batch), compared token for token.
 #include <ATen/Parallel.h>
 #include <ATen/ops/log_softmax.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +36,7 @@
 #include "namm/policies/namm_policy.h"
 #include "namm/worker/generator.h"
 #include "parse_counts.h"
+#include "random_model.h"
 
 namespace namm::worker {
 namespace {
@@ -37,7 +44,9 @@ namespace {
 struct Options {
   std::string model = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
   std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
-  std::string rows, namm;
+  std::string rows, namm, random_model;
+  int64_t prompt_tokens = 362, continuation_tokens = 48;  // of the random rows
+  int64_t new_tokens = 0;                                  // > 0: greedy decoding instead of teacher forcing
   std::vector<int64_t> batches = {1, 2, 4, 8, 16};
   int64_t prompts = 8, candidates = 16, chunk = 32, update_interval = 64, threads = 1;
 };
@@ -59,10 +68,13 @@ double Likelihood(const at::Tensor& logits, const std::vector<int64_t>& continua
 int Run(const Options& o) {
   at::set_num_threads(static_cast<int>(o.threads));
   set_blas_threads(static_cast<int>(o.threads));
-  auto model = LlamaModel::Load(o.model, LoadOptions{});
+  auto model = o.random_model.empty()
+                   ? LlamaModel::Load(o.model, LoadOptions{})
+                   : bench::RandomModel(o.random_model, o.prompt_tokens + std::max(o.continuation_tokens, o.new_tokens), at::kFloat,
+                                        at::kCPU);
   auto tokenizer = load_tokenizer(o.tokenizer);
   if (!model.ok() || !tokenizer.ok()) {
-    std::fprintf(stderr, "cannot load the model or tokenizer\n");
+    std::fprintf(stderr, "%s\n", (!model.ok() ? model.status() : tokenizer.status()).ToString().c_str());
     return 1;
   }
   std::vector<Row> rows;
@@ -71,8 +83,10 @@ int Run(const Options& o) {
     std::uniform_int_distribution<int64_t> token(3, model->config().vocab_size - 1);
     for (int64_t r = 0; r < o.prompts; ++r) {
       Row row{{1}, {}};
-      while (row.prompt.size() < 362) row.prompt.push_back(token(random));
-      while (row.continuation.size() < 48) row.continuation.push_back(token(random));
+      while (static_cast<int64_t>(row.prompt.size()) < o.prompt_tokens) row.prompt.push_back(token(random));
+      while (static_cast<int64_t>(row.continuation.size()) < o.continuation_tokens) {
+        row.continuation.push_back(token(random));
+      }
       rows.push_back(std::move(row));
     }
   }
@@ -124,11 +138,13 @@ int Run(const Options& o) {
           Generator::Request request;
           request.prompt_ids = row.prompt;
           request.policy = policies.back().get();
-          request.options.max_new_tokens = 0;
+          request.options.max_new_tokens = o.new_tokens;
           request.options.chunk_size = o.chunk;
           request.options.memory_update_interval = o.update_interval;
-          request.options.teacher_forcing = true;
-          request.options.forced_tokens.assign(row.continuation.begin(), row.continuation.end() - 1);
+          request.options.teacher_forcing = o.new_tokens == 0;
+          if (o.new_tokens == 0) {
+            request.options.forced_tokens.assign(row.continuation.begin(), row.continuation.end() - 1);
+          }
           requests.push_back(std::move(request));
         }
         for (auto& result : generator.GenerateBatch(requests)) {
@@ -136,7 +152,11 @@ int Run(const Options& o) {
             std::fprintf(stderr, "%s\n", result.status().ToString().c_str());
             return 1;
           }
-          scores[batch].push_back(Likelihood(result->forced_logits, row.continuation));
+          if (o.new_tokens == 0) {
+            scores[batch].push_back(Likelihood(result->forced_logits, row.continuation));
+          } else {
+            scores[batch].insert(scores[batch].end(), result->token_ids.begin(), result->token_ids.end());
+          }
         }
       }
     }
@@ -175,6 +195,13 @@ int main(int argc, char** argv) {
     else if (key == "--chunk") o.chunk = std::stoll(value);
     else if (key == "--update-interval") o.update_interval = std::stoll(value);
     else if (key == "--threads") o.threads = std::stoll(value);
+    else if (key == "--random-model") {
+      o.random_model = value;
+      o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";
+    }
+    else if (key == "--new-tokens") o.new_tokens = std::stoll(value);
+    else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
+    else if (key == "--continuation-tokens") o.continuation_tokens = std::stoll(value);
     else {
       std::fprintf(stderr, "unknown option %s (see the header of bench/batch_throughput_bench.cpp)\n", key.c_str());
       return 2;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "aten.h"
 #include "namm/batch_invariant.h"
@@ -33,22 +35,20 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
   return caches;
 }
 
-Result<at::Tensor> LlamaModel::PrepareAttention(int layer, const at::Tensor& q_rows, const at::Tensor& k_rows,
-                                                const at::Tensor& v_rows, const at::Tensor& positions,
-                                                const RopeTables& rope, LayerKVCache& cache) const {
+std::pair<at::Tensor, at::Tensor> LlamaModel::RotateQueriesAndKeys(int layer, const at::Tensor& q_rows,
+                                                                   const at::Tensor& k_rows,
+                                                                   const RopeTables& rope) const {
   const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
-  const int64_t t = q_rows.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
-  // As [heads, t, head_dim]; Qwen3 normalizes each head's query and key before rotating them.
+  const int64_t rows = q_rows.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
+  // Qwen3 normalizes each head's query and key before rotating them.
   at::Tensor q = q_rows, k = k_rows;
   if (config_.qk_norm) {
-    q = invariant_rms_norm(q.reshape({t * heads, hd}), w.q_norm, config_.norm_eps);
-    k = invariant_rms_norm(k.reshape({t * kv_heads, hd}), w.k_norm, config_.norm_eps);
+    q = invariant_rms_norm(q.reshape({rows * heads, hd}), w.q_norm, config_.norm_eps);
+    k = invariant_rms_norm(k.reshape({rows * kv_heads, hd}), w.k_norm, config_.norm_eps);
   }
-  q = apply_rope(q.reshape({t, heads, hd}).transpose(0, 1), rope);
-  k = apply_rope(k.reshape({t, kv_heads, hd}).transpose(0, 1), rope);
-  const at::Tensor v = v_rows.reshape({t, kv_heads, hd}).transpose(0, 1);
-  NAMM_RETURN_IF_ERROR(cache.Append(k, v, positions));
-  return q;
+  // Row r's table applies to all of its heads.
+  const RopeTables per_row{rope.cos.unsqueeze(1), rope.sin.unsqueeze(1)};
+  return {apply_rope(q.reshape({rows, heads, hd}), per_row), apply_rope(k.reshape({rows, kv_heads, hd}), per_row)};
 }
 
 bool LlamaModel::KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const {
@@ -145,12 +145,12 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
   return std::move(ForwardBatch({Step{tokens, &caches, &policy, all_logits}}).front());
 }
 
-// Where each sequence of a batch lies in the packed rows: rows [offset, offset + length), at its positions, with
-// its RoPE table.
+// Where each sequence of a batch lies in the packed rows: rows [offset, offset + length), at its positions; the
+// RoPE tables of all rows, each sequence's part computed as it alone would compute it.
 struct LlamaModel::Packing {
   std::vector<int64_t> offset, length;
   std::vector<at::Tensor> positions;
-  std::vector<RopeTables> rope;
+  RopeTables rope;  // [total rows, head_dim] each
 };
 
 void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
@@ -167,16 +167,17 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
     MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
-    Result<at::Tensor> prepared = PrepareAttention(layer, q.narrow(0, first, t), k.narrow(0, first, t),
-                                                   v.narrow(0, first, t), packing.positions[s], packing.rope[s], cache);
-    if (!prepared.ok()) {
-      errors[s] = prepared.status();
+    const at::Tensor v_heads = v.narrow(0, first, t).reshape({t, config_.n_kv_heads, config_.head_dim});
+    if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1), v_heads.transpose(0, 1),
+                                       packing.positions[s]);
+        !appended.ok()) {
+      errors[s] = std::move(appended);
       continue;
     }
-    queries[s] = std::move(prepared).value();
+    queries[s] = q.narrow(0, first, t).transpose(0, 1);  // [heads, t, head_dim]
     if (KernelAttends(queries[s], cache, policy)) {
       AttentionRequest in;
-      in.q = queries[s].transpose(0, 1).reshape({t, q_width});
+      in.q = q.narrow(0, first, t).reshape({t, q_width});
       in.keys = cache.keys();
       in.values = cache.values();
       in.key_positions = cache.positions();
@@ -223,11 +224,12 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
   // rows (nothing reads them) and its error.
   const auto count = steps.size();
   std::vector<Status> errors(count);
-  Packing packing{std::vector<int64_t>(count), std::vector<int64_t>(count), std::vector<at::Tensor>(count),
-                  std::vector<RopeTables>(count)};
+  Packing packing{std::vector<int64_t>(count), std::vector<int64_t>(count), std::vector<at::Tensor>(count), {}};
   std::vector<int64_t>& offset = packing.offset;
   std::vector<int64_t>& length = packing.length;
-  std::vector<at::Tensor> ids;
+  std::vector<at::Tensor> ids, cos, sin;
+  // A table depends only on the rows' first position and count, so sequences in lockstep share one.
+  std::map<std::pair<int64_t, int64_t>, RopeTables> tables;
   int64_t total = 0;
   for (std::size_t s = 0; s < count; ++s) {
     const Step& step = steps[s];
@@ -239,22 +241,29 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     total += t;
     ids.push_back(step.tokens.to(at::kLong).to(options_.device()));
     packing.positions[s] = at::arange(start, start + t, options_.dtype(at::kLong));
-    // Each sequence's own table (computed as it alone would be); dynamic NTK rescales from the length it reaches.
-    packing.rope[s] = rope_tables(rope_depends_on_length(config_)
+    // Computed as the sequence alone would compute it; dynamic NTK rescales from the length it reaches.
+    auto [table, made] = tables.try_emplace({start, t});
+    if (made) {
+      table->second = rope_tables(rope_depends_on_length(config_)
                                       ? rope_inverse_frequencies(config_, options_.device(), start + t)
                                       : inv_freq_,
                                   packing.positions[s], config_.rope_scaling.yarn_attention_factor());
+    }
+    cos.push_back(table->second.cos);
+    sin.push_back(table->second.sin);
   }
   const auto alive = [&](std::size_t s) { return errors[s].ok(); };
 
   const int64_t q_width = config_.n_heads * config_.head_dim;
   if (ids.empty()) return std::vector<Result<at::Tensor>>(errors.begin(), errors.end());
+  packing.rope = ids.size() == 1 ? RopeTables{cos.front(), sin.front()} : RopeTables{at::cat(cos, 0), at::cat(sin, 0)};
   at::Tensor x = weights_.token_embedding.index_select(0, at::cat(ids, 0));  // [total, dim]
   for (int layer = 0; layer < static_cast<int>(config_.n_layers); ++layer) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
     const at::Tensor normed = invariant_rms_norm(x, w.attention_norm, config_.norm_eps);
-    const at::Tensor q = invariant_linear(normed, w.wq, w.bq), k = invariant_linear(normed, w.wk, w.bk),
-                     v = invariant_linear(normed, w.wv, w.bv);
+    const auto [q, k] =
+        RotateQueriesAndKeys(layer, invariant_linear(normed, w.wq, w.bq), invariant_linear(normed, w.wk, w.bk), packing.rope);
+    const at::Tensor v = invariant_linear(normed, w.wv, w.bv);
     const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
     AttendBatch(layer, steps, packing, q, k, v, heads_out, errors);
     x = x + invariant_linear(heads_out, w.wo, w.bo);

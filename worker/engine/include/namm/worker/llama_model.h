@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "namm/kv_cache.h"
@@ -66,11 +67,11 @@ class LlamaModel {
   std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps) const;
 
  private:
-  // Qwen3's per-head norms and RoPE on one sequence's projected queries, keys and values [t, heads * head_dim]
-  // (keys and values: kv_heads * head_dim) at `positions` [t]; appends its keys and values to `cache` and returns
-  // the queries [heads, t, head_dim].
-  Result<at::Tensor> PrepareAttention(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                      const at::Tensor& positions, const RopeTables& rope, LayerKVCache& cache) const;
+  // Qwen3's per-head norms and RoPE on a batch's packed projected queries [rows, heads * head_dim] and keys
+  // [rows, kv_heads * head_dim], row r rotated by the tables' row r: [rows, heads, head_dim] and
+  // [rows, kv_heads, head_dim]. Element-wise, so a row's numbers do not depend on the others.
+  std::pair<at::Tensor, at::Tensor> RotateQueriesAndKeys(int layer, const at::Tensor& q, const at::Tensor& k,
+                                                         const RopeTables& rope) const;
   // Whether a sequence's attention runs in the batched CPU kernel (invariant_attention): float32 on the CPU,
   // and the probabilities its policy observes, if any, within attention_block_elements_.
   bool KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const;
@@ -78,8 +79,8 @@ class LlamaModel {
   // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
   Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
   struct Packing;
-  // Attention of `layer` for every sequence of a batch without an error yet: each one's queries rotated and its
-  // keys and values cached; then, on the CPU in float32, one kernel call for all of them (each query's numbers
+  // Attention of `layer` for every sequence of a batch without an error yet, from the packed rotated queries and
+  // keys [rows, heads, head_dim] and values [rows, kv_heads * head_dim]: each one's keys and values cached; then, on the CPU in float32, one kernel call for all of them (each query's numbers
   // independent of the others'), else one sequence at a time; the policies observe. Writes the heads' outputs
   // into heads_out's rows; an error stays with its sequence.
   void AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
