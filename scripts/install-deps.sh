@@ -17,8 +17,9 @@ packages=(
   # the observability tests check expositions with promtool and scrape them with a real Prometheus server;
   # the deploy check parses YAML with PyYAML
   prometheus python3-yaml
-  # the model-family tests compare our forward pass with one written in numpy (system python3)
-  python3-numpy
+  # the model-family tests compare our forward pass with one written in numpy (system python3); the reference
+  # checkpoint tests read and write the reference's ckpt.pt with torch.load / torch.save
+  python3-numpy python3-torch
   libboost-dev libboost-system-dev
   # configuration, logging, CLI, JSON, regexes
   libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libpcre2-dev libicu-dev

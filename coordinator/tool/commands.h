@@ -19,6 +19,7 @@ using Action = std::function<int()>;
 void AddStatusCommand(CLI::App& app, Action& run);
 void AddExportCommand(CLI::App& app, Action& run);
 void AddImportReferenceCommand(CLI::App& app, Action& run);
+void AddImportCheckpointCommand(CLI::App& app, Action& run);
 void AddReportCommand(CLI::App& app, Action& run);
 // serve and run.
 void AddServeCommands(CLI::App& app, Action& run);

@@ -1,11 +1,13 @@
 // export: a NAMM file from a run — the mean (the solution, spec §6.5) or the best candidate, at a generation,
-// at the latest checkpoint, or at the best checkpoint — with its normalization statistics and provenance.
+// at the latest checkpoint, or at the best checkpoint — with its normalization statistics and provenance; or, with
+// --format reference, the checkpoint's whole optimizer state as the reference's ckpt.pt (reference_checkpoint.h).
 #include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <limits>
 
 #include "commands.h"
+#include "namm/coordinator/reference_checkpoint.h"
 #include "namm/namm_file.h"
 
 namespace namm::coordinator::cli {
@@ -13,7 +15,7 @@ namespace namm::coordinator::cli {
 namespace {
 
 struct ExportOptions {
-  std::string db, out, params = "mean";
+  std::string db, out, params = "mean", format = "namm";
   int64_t run = 0;
   int64_t generation = -1;
   bool best = false, latest = false, force = false;
@@ -25,6 +27,7 @@ struct Picked {
   int64_t stage = 0, generation = 0;
   std::optional<double> fitness;
   std::string source;
+  std::optional<CmaesState> state;  // when picked from a checkpoint
 };
 
 Result<Picked> Pick(const Store& store, const OpenedRun& r, const ExportOptions& o) {
@@ -63,11 +66,51 @@ Result<Picked> Pick(const Store& store, const OpenedRun& r, const ExportOptions&
   p.stage = c.stage;
   p.generation = c.generation;
   p.source += mean ? " (mean)" : " (best member)";
+  p.state = std::move(c.state);
   return p;
+}
+
+// The checkpoint's state with its covariance: checkpoints keep none, the snapshot of the same generation does.
+Result<CmaesState> CompleteState(const Store& store, const OpenedRun& r, const Picked& p) {
+  NAMM_ASSIGN_OR_RETURN(std::vector<SnapshotRecord> snapshots, store.ListSnapshots(r.run.id));
+  std::string latest = "none";
+  for (const SnapshotRecord& s : snapshots) {
+    if (s.stage == p.stage && s.generation == p.generation) {
+      NAMM_ASSIGN_OR_RETURN(SnapshotRecord full, store.GetSnapshot(r.run.id, s.id, r.params));
+      return std::move(full.state);
+    }
+    latest = "stage " + std::to_string(s.stage) + " generation " + std::to_string(s.generation);
+  }
+  return Status::NotFound("the run keeps no covariance snapshot of stage " + std::to_string(p.stage) +
+                          " generation " + std::to_string(p.generation) + " (its latest: " + latest +
+                          "); the reference's format needs C. A full-covariance run snapshots every few generations: "
+                          "export again once it has written one here, or pick the checkpoint that has it");
+}
+
+int WriteReference(const Store& store, const ExportOptions& o, const OpenedRun& r, const Picked& p) {
+  if (!p.state) {
+    return Fail("--format reference writes the whole optimizer state, which only checkpoints keep: pick --latest or "
+                "--best, not --generation");
+  }
+  auto state = CompleteState(store, r, p);
+  if (!state.ok()) return Fail(state.status().message());
+  state->best_member = p.state->best_member;  // tracked by the checkpoint, not the snapshot
+  state->best_fitness = p.state->best_fitness;
+  const Status written = write_reference_checkpoint(o.out, r.params, *state, r.run.norm_stats, p.generation,
+                                                    p.fitness.value_or(0.0));
+  if (!written.ok()) return Fail(written.message());
+  std::cout << "wrote " << o.out << " (the reference's ckpt.pt): run " << r.run.id << " '" << r.run.name << "', "
+            << p.source.substr(0, p.source.find(" (")) << ", generation " << p.generation << ", N = "
+            << r.params.dimension << ", lambda = " << r.params.population
+            << (r.run.norm_stats ? "" : " (no normalization statistics collected yet)") << "\n";
+  return 0;
 }
 
 int RunExport(const ExportOptions& o) {
   if (o.params != "mean" && o.params != "best") return Fail("--params must be mean or best, got '" + o.params + "'");
+  if (o.format != "namm" && o.format != "reference") {
+    return Fail("--format must be namm or reference, got '" + o.format + "'");
+  }
   if (!o.force && std::filesystem::exists(o.out)) return Fail(o.out + " exists; pass --force to overwrite it");
   auto store = Store::Open(o.db, OpenMode::kReadOnly);
   if (!store.ok()) return Fail(store.status().message());
@@ -75,6 +118,7 @@ int RunExport(const ExportOptions& o) {
   if (!opened.ok()) return Fail(opened.status().message());
   auto picked = Pick(**store, *opened, o);
   if (!picked.ok()) return Fail(picked.status().message());
+  if (o.format == "reference") return WriteReference(**store, o, *opened, *picked);
 
   NammModel model;
   model.architecture = opened->spec.architecture;
@@ -111,7 +155,7 @@ int RunExport(const ExportOptions& o) {
 
 void AddExportCommand(CLI::App& app, Action& run) {
   auto options = std::make_shared<ExportOptions>();
-  CLI::App* cmd = app.add_subcommand("export", "Write a NAMM file (.safetensors) from a run");
+  CLI::App* cmd = app.add_subcommand("export", "Write a NAMM file (.safetensors) or a reference ckpt.pt from a run");
   cmd->add_option("--db", options->db, "Run database")->required();
   cmd->add_option("--run", options->run, "Run id (default: the newest run)");
   auto* generation = cmd->add_option("--generation", options->generation,
@@ -122,7 +166,11 @@ void AddExportCommand(CLI::App& app, Action& run) {
   generation->excludes(best)->excludes(latest);
   best->excludes(latest);
   cmd->add_option("--params", options->params, "mean (the solution, default) or best (best candidate seen)");
-  cmd->add_option("--out", options->out, "Output NAMM file")->required();
+  cmd->add_option("--out", options->out, "Output file: a NAMM file (.safetensors), or ckpt.pt with --format reference")
+      ->required();
+  cmd->add_option("--format", options->format,
+                  "namm (a NAMM file, the default) or reference (the reference's ckpt.pt: the checkpoint's whole "
+                  "CMA-ES state and normalization statistics, for its Python code)");
   cmd->add_flag("--force", options->force, "Overwrite --out if it exists");
   cmd->callback([options, &run] { run = [options] { return RunExport(*options); }; });
 }

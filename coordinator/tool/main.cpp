@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   namm::coordinator::cli::AddStatusCommand(app, run);
   namm::coordinator::cli::AddExportCommand(app, run);
   namm::coordinator::cli::AddImportReferenceCommand(app, run);
+  namm::coordinator::cli::AddImportCheckpointCommand(app, run);
   namm::coordinator::cli::AddReportCommand(app, run);
   namm::coordinator::cli::AddServeCommands(app, run);
   CLI11_PARSE(app, argc, argv);
