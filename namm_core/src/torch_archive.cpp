@@ -640,15 +640,23 @@ class Unpickler {
     if (size.size() != stride.size()) return Bad("gives a tensor a shape and strides of different ranks");
     const std::size_t element = dtype_size(storage.storage_dtype);
     NAMM_ASSIGN_OR_RETURN(std::string_view data, zip_.Get(prefix_ + "data/" + storage.storage_key));
-    if (storage.storage_numel < 0 || data.size() != static_cast<uint64_t>(storage.storage_numel) * element) {
+    if (storage.storage_numel < 0 || static_cast<uint64_t>(storage.storage_numel) != data.size() / element ||
+        data.size() % element != 0) {
       return Bad("has storage " + storage.storage_key + " of " + std::to_string(data.size()) + " bytes, not " +
                  std::to_string(storage.storage_numel) + " elements");
     }
+    // A checkpoint's tensors are never expanded views: no more elements than their storage holds.
     const std::optional<int64_t> numel = shape_numel(size);
-    if (!numel) return Bad("gives a tensor an impossible shape");
+    if (!numel || *numel > storage.storage_numel) return Bad("gives a tensor more elements than its storage holds");
     // The furthest element the view reaches must lie inside the storage.
     int64_t last = offset;
-    for (std::size_t d = 0; d < size.size(); ++d) last += size[d] == 0 ? 0 : (size[d] - 1) * stride[d];
+    for (std::size_t d = 0; d < size.size(); ++d) {
+      int64_t reach = 0;
+      if (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &reach) ||
+                          __builtin_add_overflow(last, reach, &last))) {
+        return Bad("gives a tensor strides past any storage");
+      }
+    }
     if (*numel > 0 && (offset < 0 || last >= storage.storage_numel)) return Bad("views past its storage's end");
     TorchTensor t{storage.storage_dtype, size, std::string(static_cast<std::size_t>(*numel) * element, '\0')};
     std::vector<int64_t> index(size.size(), 0);
