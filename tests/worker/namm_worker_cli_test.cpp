@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "../chromium.h"
 #include "../namm_core/test_util.h"
 #include "../process_util.h"
 #include "namm/file_util.h"
@@ -85,6 +86,45 @@ TEST(NammWorkerCli, JsonReportWithANammAtFourTimesTheContext) {
   EXPECT_GT(j["prefill_tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["peak_kv_bytes"].get<int64_t>(), 0);
   EXPECT_NE(j["policy"].get<std::string>().find("namm("), std::string::npos);
+}
+
+// --explain: the page shows every token, shaded from the recorded evictions; what it says is held at the end
+// adds up to the final cache of every layer and head.
+TEST(NammWorkerCli, ExplainDrawsWhatThePolicyKept) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
+  const std::string prompt = testing::TempPath("explain_prompt.txt"), page = testing::TempPath("explain.html");
+  ASSERT_TRUE(write_file_atomically(prompt, {text}).ok());
+  std::filesystem::remove(page);
+  auto run = Worker(StoriesArgs() + " --prompt-file " + prompt + " --policy h2o:budget=48 --update-interval 64 "
+                    "--chunk-size 32 --max-new-tokens 16 --json --explain " + page);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto j = nlohmann::json::parse(run.output);
+  const auto tokens = j["prompt_tokens"].get<std::size_t>() + j["token_ids"].size();
+  int64_t held_at_end = 0;
+  for (const auto& size : j["final_cache_sizes"]) held_at_end += size.get<int64_t>() * 4;  // 4 KV heads
+  const std::string html = testing::ReadText(page);
+  EXPECT_EQ(html.find("https://"), std::string::npos) << "self-contained";
+  if (!testing::ChromiumInstalled()) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh)";
+  const std::string dom = testing::RenderedDom(page);
+  testing::ExpectRenderedWithCurves(dom, 5);  // a cache-size curve per layer
+  EXPECT_NE(dom.find("data-explained=\"-1\""), std::string::npos) << "the tokens were not shaded";
+  std::size_t spans = 0, evicted = 0;
+  int64_t held = 0;
+  for (std::size_t at = dom.find("data-heads-kept=\""); at != std::string::npos;
+       at = dom.find("data-heads-kept=\"", at + 1)) {
+    const int64_t kept = std::stoll(dom.substr(at + 17));
+    ++spans;
+    held += kept;
+    evicted += kept == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(spans, tokens);
+  EXPECT_EQ(held, held_at_end) << "the page's kept tokens are the final caches";
+  EXPECT_GT(evicted, tokens / 4) << "a budget of 48 evicts most of a " << tokens << "-token sequence";
+  std::size_t options = 0;
+  for (std::size_t at = dom.find("<option"); at != std::string::npos; at = dom.find("<option", at + 1)) ++options;
+  EXPECT_EQ(options, 6u) << "all layers and each of the 5";
 }
 
 TEST(NammWorkerCli, GeneratesInBfloat16OnTheCpuWithANamm) {

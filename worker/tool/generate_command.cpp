@@ -1,10 +1,12 @@
-// namm-worker generate: one greedy generation, printed as text or as a JSON report.
+// namm-worker generate: one greedy generation, printed as text or as a JSON report; --explain also writes a page
+// of what the memory policy kept (explain_page.h).
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "commands.h"
 #include "namm/file_util.h"
+#include "namm/worker/explain_page.h"
 #include "namm/worker/generator.h"
 #include "setup.h"
 
@@ -16,7 +18,7 @@ struct GenerateOptions {
   ModelOptions model;
   PolicyOptions policy;
   InferenceOptions inference;
-  std::string prompt, prompt_file;
+  std::string prompt, prompt_file, explain;
   std::vector<std::string> stop;
   int64_t max_new_tokens = 128;
   bool truncate = false, json = false;
@@ -86,8 +88,25 @@ Status RunGenerate(const GenerateOptions& o) {
   for (int64_t id : tokenizer->eos_ids()) {
     if (std::find(options.eos_ids.begin(), options.eos_ids.end(), id) == options.eos_ids.end()) options.eos_ids.push_back(id);
   }
+  options.record_retention = !o.explain.empty();
   Generator generator(model, *tokenizer);
   NAMM_ASSIGN_OR_RETURN(GenerationResult result, generator.Generate(ids, *policy, options));
+  if (!o.explain.empty()) {
+    ExplainInput explain{policy->name(), model.config().Describe(), {}, static_cast<int64_t>(ids.size()), &result};
+    ids.insert(ids.end(), result.token_ids.begin(), result.token_ids.end());
+    // Each token's text as it reads after the previous one (a token alone loses its leading space in some
+    // tokenizers' decoding).
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i == 0) {
+        explain.token_texts.push_back(tokenizer->Decode({ids[0]}));
+        continue;
+      }
+      const std::string previous = tokenizer->Decode({ids[i - 1]}), both = tokenizer->Decode({ids[i - 1], ids[i]});
+      explain.token_texts.push_back(both.rfind(previous, 0) == 0 ? both.substr(previous.size()) : tokenizer->Decode({ids[i]}));
+    }
+    NAMM_RETURN_IF_ERROR(write_file_atomically(o.explain, {render_explain_page(explain)}));
+    if (!o.json) std::cerr << "wrote " << o.explain << "\n";  // JSON output stays parseable with 2>&1
+  }
   if (o.json) {
     std::cout << Report(result, model, *policy).dump(2) << "\n";
   } else {
@@ -112,6 +131,9 @@ void AddGenerateCommand(CLI::App& app, Action& run) {
   AddInferenceOptions(cmd, o->inference);
   cmd->add_flag("--truncate", o->truncate, "Cut the middle of a prompt that does not fit (as LongBench does)");
   cmd->add_flag("--json", o->json, "Print a JSON report instead of the text");
+  cmd->add_option("--explain", o->explain,
+                  "Also write FILE.html: every token shaded by how long it stayed in the cache, per layer, and the "
+                  "cache size after every memory update");
   cmd->callback([o, &run] {
     if (o->prompt_file.empty() && o->prompt.empty()) throw CLI::RequiredError("--prompt or --prompt-file");
     run = [o] {

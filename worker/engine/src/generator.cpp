@@ -53,8 +53,18 @@ void WaitForDevice(const at::Tensor& t) {
 // cache sizes.
 class CacheTracker {
  public:
-  CacheTracker(std::vector<LayerKVCache>& caches, MemoryPolicy& policy, int64_t n_up, GenerationResult& result)
-      : caches_(caches), policy_(policy), state_specs_(policy.token_state()), n_up_(n_up), result_(result) {}
+  // With `positions` > 0, records evictions (GenerationResult::retention) over that many positions.
+  CacheTracker(std::vector<LayerKVCache>& caches, MemoryPolicy& policy, int64_t n_up, GenerationResult& result,
+               int64_t positions)
+      : caches_(caches), policy_(policy), state_specs_(policy.token_state()), n_up_(n_up), result_(result) {
+    if (positions > 0) {
+      Retention& r = result_.retention;
+      r.layers = static_cast<int64_t>(caches_.size());
+      r.kv_heads = caches_.empty() ? 0 : caches_[0].kv_heads();
+      r.positions = positions;
+      r.evicted_at.assign(static_cast<std::size_t>(r.layers * r.kv_heads * positions), -1);
+    }
+  }
 
   // After a forward pass of `t` tokens: record sizes and the peak, then run a memory update if the length is a
   // multiple of n_up.
@@ -91,7 +101,9 @@ class CacheTracker {
     if (length % n_up_ != 0) return Status::Ok();
     MemoryUpdateRecord record{length, {}, false};
     for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
+      const at::Tensor before = Positions(layer);
       NAMM_RETURN_IF_ERROR(apply_memory_update(policy_, static_cast<int>(layer), caches_[layer]));
+      RecordEvictions(layer, before, length);
       record.cache_sizes.push_back(caches_[layer].size());
     }
     result_.updates.push_back(std::move(record));
@@ -103,7 +115,9 @@ class CacheTracker {
     MemoryUpdateRecord record{caches_[0].tokens_seen(), {}, true};
     bool compressed = false;
     for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
+      const at::Tensor before = Positions(layer);
       NAMM_ASSIGN_OR_RETURN(bool gathered, apply_end_of_prefill(policy_, static_cast<int>(layer), caches_[layer]));
+      if (gathered) RecordEvictions(layer, before, caches_[0].tokens_seen());
       compressed = compressed || gathered;
       record.cache_sizes.push_back(caches_[layer].size());
     }
@@ -113,6 +127,32 @@ class CacheTracker {
   }
 
  private:
+  // A copy of a layer's cached positions [kv_heads, n] on the host, when recording evictions (a copy: the cache
+  // gathers in place, so a view would change under us).
+  at::Tensor Positions(std::size_t layer) const {
+    if (result_.retention.positions == 0) return at::Tensor();
+    return caches_[layer].positions().to(at::kCPU).clone(at::MemoryFormat::Contiguous);
+  }
+  // Positions held `before` an update and gone after it left at sequence length `length`. Each head's
+  // positions are ascending before and after (a gather keeps the order).
+  void RecordEvictions(std::size_t layer, const at::Tensor& before, int64_t length) {
+    if (!before.defined()) return;
+    Retention& r = result_.retention;
+    const at::Tensor after = Positions(layer);
+    const int64_t n_before = before.size(1), n_after = after.size(1);
+    for (int64_t h = 0; h < r.kv_heads; ++h) {
+      const int64_t* was = before.data_ptr<int64_t>() + h * n_before;
+      const int64_t* is = after.data_ptr<int64_t>() + h * n_after;
+      int32_t* evicted = r.evicted_at.data() + (static_cast<int64_t>(layer) * r.kv_heads + h) * r.positions;
+      for (int64_t i = 0, j = 0; i < n_before; ++i) {
+        while (j < n_after && is[j] < was[i]) ++j;
+        if ((j == n_after || is[j] != was[i]) && was[i] >= 0 && was[i] < r.positions) {
+          evicted[was[i]] = static_cast<int32_t>(length);
+        }
+      }
+    }
+  }
+
   std::vector<LayerKVCache>& caches_;
   MemoryPolicy& policy_;
   const std::vector<TokenStateSpec> state_specs_;
@@ -178,7 +218,9 @@ class Sequence {
     // The sequence's length is known: a cache that keeps everything is allocated once, one that evicts never
     // grows past what the rest of the sequence can fill.
     for (LayerKVCache& cache : caches_) cache.ExpectTokens(length + forced + options_.max_new_tokens, !policy.may_evict());
-    tracker_ = std::make_unique<CacheTracker>(caches_, policy, options_.memory_update_interval, result_);
+    tracker_ = std::make_unique<CacheTracker>(
+        caches_, policy, options_.memory_update_interval, result_,
+        options_.record_retention ? length + forced + options_.max_new_tokens : 0);
     Feed(request_.prompt_ids, options_.record_logits);
     phase_ = Phase::kPrompt;
     return Status::Ok();
@@ -306,6 +348,7 @@ class Sequence {
       }
     }
     for (const auto& cache : caches_) result_.final_cache_sizes.push_back(cache.size());
+    if (!caches_.empty()) result_.retention.cached = caches_[0].tokens_seen();
     phase_ = Phase::kDone;
     caches_.clear();
     return Status::Ok();

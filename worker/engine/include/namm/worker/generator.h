@@ -41,6 +41,18 @@ struct GenerationOptions {
   // before them, as before decoding. With no forced tokens, forced_logits is the prompt's last position.
   bool teacher_forcing = false;
   std::vector<int64_t> forced_tokens;
+  // Record when each token left each layer's cache, per KV head (GenerationResult::retention): what
+  // `generate --explain` draws.
+  bool record_retention = false;
+};
+
+// When every token of a sequence left the cache: evicted_at[(layer * kv_heads + head) * positions + p] is the
+// sequence length at the memory update (or end-of-prefill compression) that dropped position p from that head
+// of that layer, -1 for a token still cached at the end.
+struct Retention {
+  int64_t layers = 0, kv_heads = 0, positions = 0;
+  int64_t cached = 0;  // positions [0, cached) went through the cache (the last generated token never does)
+  std::vector<int32_t> evicted_at;
 };
 
 // Cache sizes after one memory update.
@@ -73,6 +85,7 @@ struct GenerationResult {
   // With teacher_forcing: [n_forced + 1, vocab] float32, the logits after the prompt's last token and after each
   // forced token (row i predicts forced token i).
   at::Tensor forced_logits;
+  Retention retention;               // with record_retention
 
   double prefill_tokens_per_second() const;
   double decode_tokens_per_second() const;
