@@ -172,7 +172,7 @@ int Run(const Options& o) {
   for (int64_t batch : o.batches) {
     const bool same = scores[batch] == scores[o.batches.front()];
     identical = identical && same;
-    std::printf("| %lld | %.1f | %.2fx | %s |\n", static_cast<long long>(batch), evaluations / seconds[batch],
+    std::printf("| %lld | %.3g | %.2fx | %s |\n", static_cast<long long>(batch), evaluations / seconds[batch],
                 evaluations / seconds[batch] / base_rate, same ? "identical" : "DIFFERENT");
   }
   return identical ? 0 : 1;
