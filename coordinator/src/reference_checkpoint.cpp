@@ -94,6 +94,7 @@ Status write_reference_checkpoint(const std::string& path, const CmaesParams& pa
   if (eigen.scales.size() != state.mean.size() || (!diagonal && eigen.basis == nullptr)) {
     NAMM_ASSIGN_OR_RETURN(eigen, decompose(params, state.generation, settled.covariance));
   }
+  const TorchValue covariance = Matrix(c, n, n);  // C and sample_C: converted once
   const double lowest = -static_cast<double>(std::numeric_limits<float>::max());
   TorchValue evolution = TorchValue::Dict();
   evolution.Set("mu_eff", Scalar(params.mu_eff))
@@ -106,8 +107,8 @@ Status write_reference_checkpoint(const std::string& path, const CmaesParams& pa
       .Set("evo_path_sigma", Vector(state.path_sigma))
       .Set("mean", Vector(state.mean))
       .Set("sigma", Scalar(state.sigma))
-      .Set("C", Matrix(c, n, n))
-      .Set("sample_C", Matrix(c, n, n))
+      .Set("C", covariance)
+      .Set("sample_C", covariance)
       .Set("sample_B", Matrix(EigenvectorColumns(params, eigen), n, n))
       .Set("sample_D", Vector(eigen.scales))
       .Set("x", Matrix(std::vector<double>(static_cast<std::size_t>(lambda * n), 0.0), lambda, n))
