@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-fuzz}
 RUNS=${2:-1000000}
 failed=()
-for target in run_spec namm_file tokenizer_json chat_template rpc_messages torch_archive; do
+for target in run_spec namm_file tokenizer_json chat_template rpc_messages torch_archive openai_request; do
   scratch=$(mktemp -d)
   mkdir -p "tests/fuzz/crashes/$target"
   echo "== fuzz_$target: $RUNS runs"

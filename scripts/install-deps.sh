@@ -31,6 +31,8 @@ packages=(
   openssl
   # the report tests render eval's and the coordinator's HTML reports in headless Chromium
   chromium
+  # namm-api's client tests run the official OpenAI client (npm) under Node.js, and curl
+  nodejs curl
   # task metrics: jieba's dictionary and HMM tables (read at run time, never copied), MeCab + UniDic
   python3-jieba libmecab-dev mecab unidic-mecab
 )
@@ -47,13 +49,28 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# The official OpenAI client for namm-api's tests, from npm (tests/server/package.json pins its version).
+install_openai_client() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/server"
+  [ -f "$dir/node_modules/openai/package.json" ] && return 0
+  if ! command -v npm > /dev/null; then
+    $SUDO apt-get install -y -qq --no-install-recommends npm  # Debian's nodejs comes without npm
+  fi
+  echo "install-deps: installing the openai npm package into $dir/node_modules"
+  (cd "$dir" && npm install --no-audit --no-fund --no-package-lock --silent)
+}
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
 if [ ${#missing[@]} -eq 0 ]; then
+  install_openai_client
   exit 0
 fi
 
 echo "install-deps: installing ${#missing[@]} missing Debian packages: ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_openai_client

@@ -1,5 +1,7 @@
 #include "namm/metrics_endpoint.h"
 
+#include "namm/listen_address.h"
+
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
@@ -30,24 +32,6 @@ constexpr auto kWriteTimeout = std::chrono::seconds(10);
 // sockets cannot keep scrapers out (nor use up the process's descriptors).
 constexpr std::size_t kMaxConnections = 64;
 constexpr auto kAcceptRetry = std::chrono::milliseconds(200);
-
-// HOST:PORT (HOST a name, an IPv4 address or a bracketed IPv6 address; PORT 0..65535) into its parts.
-bool SplitAddress(const std::string& address, std::string* host, std::string* port) {
-  const std::size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  if (port->empty() || port->size() > 5 || port->find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(*port) > 65535) {
-    return false;
-  }
-  if (host->front() == '[') {
-    if (host->size() < 3 || host->back() != ']') return false;
-    *host = host->substr(1, host->size() - 2);
-    return host->find_first_not_of("0123456789abcdefABCDEF:.") == std::string::npos;
-  }
-  return host->find_first_of(":[] \t") == std::string::npos;
-}
 
 // One request (HTTP parsed by Boost.Beast): read it, answer, close. The stream's deadline closes connections that
 // stay idle or stall.
@@ -185,30 +169,11 @@ struct MetricsEndpoint::Impl {
 const char* namm_version() { return NAMM_VERSION; }
 
 Result<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& requested) {
-  // A bare port (":9100" or "9100") binds loopback only: metrics reach other hosts only when asked for.
-  const std::string digits = !requested.empty() && requested[0] == ':' ? requested.substr(1) : requested;
-  const bool bare_port = !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos;
-  const std::string listen = bare_port ? "127.0.0.1:" + digits : requested;
-  std::string host, port;
-  if (!SplitAddress(listen, &host, &port)) {
-    return Status::InvalidArgument("--metrics-listen must be HOST:PORT (e.g. 0.0.0.0:9100; port 0 for a free one) or a "
-                                   "port alone (loopback), got '" + requested + "'");
-  }
+  NAMM_ASSIGN_OR_RETURN(const ListenAddress address, parse_listen_address(requested, "--metrics-listen"));
   auto impl = std::make_unique<Impl>();
-  boost::system::error_code ec;
-  tcp::resolver resolver(impl->io);
-  const auto endpoints = resolver.resolve(host, port, tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-  if (ec || endpoints.empty()) {
-    return Status::InvalidArgument("--metrics-listen " + listen + ": cannot resolve '" + host + "': " + ec.message());
-  }
-  const tcp::endpoint endpoint = *endpoints.begin();
-  impl->acceptor.open(endpoint.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(endpoint, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return Status::FailedPrecondition("cannot serve metrics on " + listen + ": " + ec.message());
+  NAMM_RETURN_IF_ERROR(listen_on(impl->acceptor, address, "--metrics-listen"));
   impl->port = impl->acceptor.local_endpoint().port();
-  impl->url = "http://" + listen.substr(0, listen.rfind(':')) + ":" + std::to_string(impl->port) + "/metrics";
+  impl->url = "http://" + (address.host.find(':') != std::string::npos ? "[" + address.host + "]" : address.host) + ":" + std::to_string(impl->port) + "/metrics";
   impl->Accept();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Serve(); });

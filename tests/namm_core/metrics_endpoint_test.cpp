@@ -117,7 +117,7 @@ TEST(MetricsEndpoint, RefusesMalformedAndTakenAddresses) {
   const std::string taken = "127.0.0.1:" + std::to_string((*first)->port());
   const auto second = MetricsEndpoint::Start(taken);
   ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("cannot serve metrics on " + taken), std::string::npos)
+  EXPECT_NE(second.status().message().find("cannot listen on " + taken), std::string::npos)
       << second.status().ToString();
 }
 

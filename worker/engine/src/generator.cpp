@@ -9,7 +9,8 @@
 
 namespace namm::worker {
 
-namespace {
+// Named rather than anonymous: GenerationBatch::Entry (declared in the header) holds a Sequence.
+namespace generation_internal {
 
 using Clock = std::chrono::steady_clock;
 
@@ -49,6 +50,11 @@ void WaitForDevice(const at::Tensor& t) {
   if (!t.device().is_cpu()) (void)t.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
 }
 
+// Bytes of a layer's cached keys and values.
+int64_t KvBytes(const LayerKVCache& cache) {
+  return (cache.keys().numel() + cache.values().numel()) * cache.keys().element_size();
+}
+
 // Bookkeeping shared by prefill and decoding: memory updates at multiples of n_up, the end-of-prefill hook, and
 // cache sizes.
 class CacheTracker {
@@ -72,7 +78,7 @@ class CacheTracker {
     int64_t kv = 0, state = 0;
     double held = 0, attended = 0;
     for (const auto& cache : caches_) {
-      kv += (cache.keys().numel() + cache.values().numel()) * cache.keys().element_size();
+      kv += KvBytes(cache);
       for (const auto& spec : state_specs_) {
         const at::Tensor s = cache.state(spec.name);
         state += s.numel() * s.element_size();
@@ -228,6 +234,12 @@ class Sequence {
 
   bool done() const { return phase_ == Phase::kDone; }
   bool prefilling() const { return phase_ == Phase::kPrompt; }
+  const std::vector<int64_t>& tokens() const { return result_.token_ids; }
+  int64_t kv_bytes() const {
+    int64_t bytes = 0;
+    for (const auto& cache : caches_) bytes += KvBytes(cache);
+    return bytes;
+  }
 
   // The tokens of this sequence's next forward pass.
   LlamaModel::Step NextStep() {
@@ -372,7 +384,10 @@ class Sequence {
   int64_t next_token_ = 0;
 };
 
-}  // namespace
+}  // namespace generation_internal
+
+using generation_internal::Clock;
+using generation_internal::Sequence;
 
 double GenerationResult::prefill_tokens_per_second() const {
   return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0.0;
@@ -388,32 +403,76 @@ Result<GenerationResult> Generator::Generate(const std::vector<int64_t>& prompt_
 }
 
 std::vector<Result<GenerationResult>> Generator::GenerateBatch(const std::vector<Request>& requests) const {
-  std::vector<std::unique_ptr<Sequence>> sequences;
-  for (const Request& request : requests) {
-    sequences.push_back(std::make_unique<Sequence>(model_, tokenizer_, request));
-    if (Status begun = sequences.back()->Begin(); !begun.ok()) sequences.back()->Fail(std::move(begun));
-  }
-  while (true) {
-    std::vector<Sequence*> active;
-    std::vector<LlamaModel::Step> steps;
-    for (const auto& sequence : sequences) {
-      if (sequence->done()) continue;
-      active.push_back(sequence.get());
-      steps.push_back(sequence->NextStep());
-    }
-    if (active.empty()) break;
-    const auto start = Clock::now();
-    std::vector<bool> prefilling;
-    for (const Sequence* sequence : active) prefilling.push_back(sequence->prefilling());
-    std::vector<Result<at::Tensor>> logits = model_.ForwardBatch(steps);
-    for (std::size_t i = 0; i < active.size(); ++i) active[i]->AfterStep(std::move(logits[i]));
-    if (!model_.options().device().is_cpu()) WaitForDevice(at::zeros({1}, model_.options()));  // after the step, memory updates included
-    const double seconds = Since(start);
-    for (std::size_t i = 0; i < active.size(); ++i) active[i]->AddTime(prefilling[i], seconds);
+  GenerationBatch batch(model_, tokenizer_);
+  std::vector<int64_t> ids;
+  for (const Request& request : requests) ids.push_back(batch.Join(request));
+  while (batch.Step()) {
   }
   std::vector<Result<GenerationResult>> results;
-  for (const auto& sequence : sequences) results.push_back(sequence->TakeResult());
+  for (int64_t id : ids) results.push_back(batch.Leave(id));
   return results;
 }
+
+// A sequence and the request it runs (which the sequence refers to, so both live in one node).
+struct GenerationBatch::Entry {
+  explicit Entry(Generator::Request r) : request(std::move(r)) {}
+  Generator::Request request;
+  std::unique_ptr<Sequence> sequence;
+};
+
+GenerationBatch::GenerationBatch(const LlamaModel& model, const Tokenizer& tokenizer)
+    : model_(model), tokenizer_(tokenizer) {}
+
+GenerationBatch::~GenerationBatch() = default;
+
+int64_t GenerationBatch::Join(Generator::Request request) {
+  auto entry = std::make_unique<Entry>(std::move(request));
+  entry->sequence = std::make_unique<Sequence>(model_, tokenizer_, entry->request);
+  if (Status begun = entry->sequence->Begin(); !begun.ok()) entry->sequence->Fail(std::move(begun));
+  const int64_t id = next_id_++;
+  entries_.emplace(id, std::move(entry));
+  return id;
+}
+
+bool GenerationBatch::Step() {
+  std::vector<Sequence*> active;
+  std::vector<LlamaModel::Step> steps;
+  for (const auto& [id, entry] : entries_) {
+    if (entry->sequence->done()) continue;
+    active.push_back(entry->sequence.get());
+    steps.push_back(entry->sequence->NextStep());
+  }
+  if (active.empty()) return false;
+  const auto start = Clock::now();
+  std::vector<bool> prefilling;
+  for (const Sequence* sequence : active) prefilling.push_back(sequence->prefilling());
+  std::vector<Result<at::Tensor>> logits = model_.ForwardBatch(steps);
+  for (std::size_t i = 0; i < active.size(); ++i) active[i]->AfterStep(std::move(logits[i]));
+  if (!model_.options().device().is_cpu()) {
+    generation_internal::WaitForDevice(at::zeros({1}, model_.options()));  // after the step, memory updates included
+  }
+  const double seconds = generation_internal::Since(start);
+  for (std::size_t i = 0; i < active.size(); ++i) active[i]->AddTime(prefilling[i], seconds);
+  return true;
+}
+
+bool GenerationBatch::finished(int64_t id) const { return entries_.at(id)->sequence->done(); }
+
+const std::vector<int64_t>& GenerationBatch::tokens(int64_t id) const {
+  return entries_.at(id)->sequence->tokens();
+}
+
+int64_t GenerationBatch::kv_bytes(int64_t id) const { return entries_.at(id)->sequence->kv_bytes(); }
+
+Result<GenerationResult> GenerationBatch::Leave(int64_t id) {
+  const auto it = entries_.find(id);
+  if (it == entries_.end()) return Status::NotFound("no sequence " + std::to_string(id) + " in the batch");
+  std::unique_ptr<Entry> entry = std::move(it->second);
+  entries_.erase(it);
+  if (!entry->sequence->done()) return Status::FailedPrecondition("the sequence left before it finished");
+  return entry->sequence->TakeResult();
+}
+
+std::size_t GenerationBatch::size() const { return entries_.size(); }
 
 }  // namespace namm::worker

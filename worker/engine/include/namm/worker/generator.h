@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,44 @@ class Generator {
  private:
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
+};
+
+// The loop of GenerateBatch opened for continuous batching (namm-api): sequences join and leave between steps,
+// and each Step() is one batched forward pass in which every unfinished sequence advances one chunk of its
+// prompt (or forced tokens) or one generated token. A sequence's result is the same as GenerateBatch's, whenever
+// it joined and whatever ran beside it. Not thread-safe: one thread joins, steps and leaves.
+class GenerationBatch {
+ public:
+  GenerationBatch(const LlamaModel& model, const Tokenizer& tokenizer);
+  ~GenerationBatch();
+  GenerationBatch(const GenerationBatch&) = delete;
+  GenerationBatch& operator=(const GenerationBatch&) = delete;
+
+  // Adds a sequence (its policy must outlive it) that takes part from the next Step(), and returns its id. A
+  // request that cannot begin (an empty prompt, a prompt over the context, ...) is finished at once with its
+  // error.
+  int64_t Join(Generator::Request request);
+  // One batched forward pass over the unfinished sequences, then their memory updates and next tokens. False
+  // when there was none.
+  bool Step();
+  // Whether `id` has finished (its result or error is ready). Ids must be joined and not yet left.
+  bool finished(int64_t id) const;
+  // The tokens generated so far.
+  const std::vector<int64_t>& tokens(int64_t id) const;
+  // Keys and values held now, all layers (0 once finished).
+  int64_t kv_bytes(int64_t id) const;
+  // Removes a sequence and frees its caches. Its result or error when it had finished; FailedPrecondition
+  // ("left before it finished") otherwise.
+  Result<GenerationResult> Leave(int64_t id);
+  // Sequences joined and not left, finished or not.
+  std::size_t size() const;
+
+ private:
+  struct Entry;
+  const LlamaModel& model_;
+  const Tokenizer& tokenizer_;
+  std::map<int64_t, std::unique_ptr<Entry>> entries_;  // by id: the order of the batch's rows
+  int64_t next_id_ = 0;
 };
 
 }  // namespace namm::worker

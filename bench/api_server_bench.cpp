@@ -1,0 +1,230 @@
+// namm-api under load, measured in one run: a server in this process (the real HTTP server, scheduler and batched
+// engine) and C client threads, each streaming R completions over HTTP at once (greedy, a prompt of P seeded random
+// token ids, M new tokens, the usage in the last event), for C in --clients and for each policy (the full cache,
+// and --namm's NAMM). Prints one table row per (policy, C): generated tokens per second over the whole run, its
+// ratio to one client, time to first token p50 / p99, time between tokens p50, the process's peak resident memory,
+// and the KV bytes each request held at its peak (namm.cache.peak_kv_bytes, mean over requests).
+//
+// Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
+//        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
+//        [--chunk 32] [--update-interval 64] [--threads 2] [--context 0]
+// --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "namm/blas_threads.h"
+#include "namm/server/api_server.h"
+#include "namm/worker/llama_model.h"
+#include "namm/worker/tokenizer.h"
+#include "parse_counts.h"
+#include "random_model.h"
+
+namespace namm::bench {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string model = std::string(NAMM_SHARED_DIR) + "/models/stories260K/stories260K.bin";
+  std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
+  std::string random_model, namm;
+  std::vector<int64_t> clients = {1, 8, 64};
+  int64_t requests = 2, prompt_tokens = 448, max_tokens = 64, max_running = 64, chunk = 32, update_interval = 64;
+  int64_t threads = 2, context = 0;
+};
+
+struct RequestStats {
+  double first_token = 0;            // seconds from sending to the first text
+  std::vector<double> between;       // seconds between text events
+  int64_t tokens = 0, peak_kv_bytes = 0;
+  std::string error;
+};
+
+// One streamed completion over a fresh connection.
+RequestStats Stream(int port, const std::string& body) {
+  RequestStats stats;
+  try {
+    asio::io_context io;
+    asio::ip::tcp::socket socket(io);
+    socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+    http::request<http::string_body> request{http::verb::post, "/v1/completions", 11};
+    request.set(http::field::host, "127.0.0.1");
+    request.set(http::field::content_type, "application/json");
+    request.body() = body;
+    request.prepare_payload();
+    const auto sent = Clock::now();
+    http::write(socket, request);
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(1 << 30);
+    std::size_t seen = 0;
+    auto last = sent;
+    while (!parser.is_done()) {
+      http::read_some(socket, buffer, parser);
+      const std::string& text = parser.get().body();
+      for (std::size_t end; (end = text.find("\n\n", seen)) != std::string::npos; seen = end + 2) {
+        const std::string event = text.substr(seen, end - seen);
+        if (event.rfind("data: {", 0) != 0) continue;
+        const nlohmann::json j = nlohmann::json::parse(event.substr(6));
+        if (j.contains("error")) throw std::runtime_error(j["error"]["message"].get<std::string>());
+        if (j.contains("usage")) stats.tokens = j["usage"]["completion_tokens"];
+        if (j.contains("namm")) stats.peak_kv_bytes = j["namm"]["cache"]["peak_kv_bytes"];
+        if (!j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) {
+          const auto now = Clock::now();
+          if (stats.first_token == 0) stats.first_token = std::chrono::duration<double>(now - sent).count();
+          else stats.between.push_back(std::chrono::duration<double>(now - last).count());
+          last = now;
+        }
+      }
+    }
+    if (parser.get().result() != http::status::ok) stats.error = "HTTP " + std::to_string(parser.get().result_int());
+  } catch (const std::exception& e) {
+    stats.error = e.what();
+  }
+  return stats;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+// The process's peak resident memory (VmHWM), in MiB.
+double PeakRssMiB() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+int Run(const Options& o) {
+  set_blas_threads(static_cast<int>(o.threads));
+  at::set_num_threads(static_cast<int>(o.threads));
+  Result<std::unique_ptr<worker::Tokenizer>> tokenizer = worker::load_tokenizer(o.tokenizer);
+  if (!tokenizer.ok()) return std::fprintf(stderr, "%s\n", tokenizer.status().message().c_str()), 1;
+  std::unique_ptr<worker::LlamaModel> model;
+  if (o.random_model.empty()) {
+    auto loaded = worker::LlamaModel::Load(o.model, {});
+    if (!loaded.ok()) return std::fprintf(stderr, "%s\n", loaded.status().message().c_str()), 1;
+    model = std::make_unique<worker::LlamaModel>(std::move(*loaded));
+  } else {
+    auto made = RandomModel(o.random_model, o.prompt_tokens + o.max_tokens, at::kFloat, at::kCPU);
+    if (!made.ok()) return std::fprintf(stderr, "%s\n", made.status().message().c_str()), 1;
+    model = std::make_unique<worker::LlamaModel>(std::move(*made));
+  }
+  const int64_t vocab = std::min<int64_t>(model->config().vocab_size, (*tokenizer)->vocab_size());
+  std::vector<int64_t> prompt = RandomPrompt(vocab, o.prompt_tokens);
+  const nlohmann::json body = {{"model", "bench"}, {"prompt", prompt}, {"max_tokens", o.max_tokens},
+                               {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  std::printf("api_server_bench: %s, prompt %lld random tokens + %lld new, chunk %lld, memory update every %lld, "
+              "%lld threads, %lld requests per client\n\n",
+              model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),
+              static_cast<long long>(o.max_tokens), static_cast<long long>(o.chunk),
+              static_cast<long long>(o.update_interval), static_cast<long long>(o.threads),
+              static_cast<long long>(o.requests));
+  std::printf("| policy | clients | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
+              "peak RSS (MiB) | KV bytes per request |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> policies = {"full"};
+  if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
+  for (const std::string& policy : policies) {
+    double one_client_rate = 0;
+    for (int64_t clients : o.clients) {
+      server::ApiServerOptions options;
+      options.listen = "127.0.0.1:0";
+      options.model_name = "bench";
+      options.default_policy = policy;
+      options.max_connections = static_cast<std::size_t>(clients + 8);
+      options.scheduler.max_running = static_cast<std::size_t>(o.max_running);
+      options.scheduler.max_queue = static_cast<std::size_t>(clients * o.requests + 8);
+      options.scheduler.chunk_size = o.chunk;
+      options.scheduler.update_interval = o.update_interval;
+      options.scheduler.max_context = o.context;
+      auto started = server::ApiServer::Start(*model, **tokenizer, nullptr, options);
+      if (!started.ok()) return std::fprintf(stderr, "%s\n", started.status().message().c_str()), 1;
+      const int port = (*started)->port();
+      std::mutex mutex;
+      std::vector<RequestStats> all;
+      const auto start = Clock::now();
+      std::vector<std::thread> threads;
+      for (int64_t c = 0; c < clients; ++c) {
+        threads.emplace_back([&] {
+          for (int64_t r = 0; r < o.requests; ++r) {
+            RequestStats stats = Stream(port, body.dump());
+            std::lock_guard<std::mutex> lock(mutex);
+            all.push_back(std::move(stats));
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      (*started)->Drain(std::chrono::milliseconds(0));
+      std::vector<double> first, between;
+      double tokens = 0, kv = 0;
+      for (const RequestStats& s : all) {
+        if (!s.error.empty()) return std::fprintf(stderr, "a request failed: %s\n", s.error.c_str()), 1;
+        first.push_back(s.first_token);
+        between.insert(between.end(), s.between.begin(), s.between.end());
+        tokens += static_cast<double>(s.tokens);
+        kv += static_cast<double>(s.peak_kv_bytes) / static_cast<double>(all.size());
+      }
+      const double rate = tokens / seconds;
+      if (clients == o.clients.front()) one_client_rate = rate;
+      std::printf("| %s | %lld | %.0f | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
+                  policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(clients), rate,
+                  rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
+                  1000 * Percentile(between, 0.5), PeakRssMiB(), kv);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace namm::bench
+
+int main(int argc, char** argv) {
+  namm::bench::Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i], value = argv[i + 1];
+    if (key == "--model") o.model = value;
+    else if (key == "--tokenizer") o.tokenizer = value;
+    else if (key == "--namm") o.namm = value;
+    else if (key == "--clients") o.clients = namm::bench::ParseCounts(value);
+    else if (key == "--requests") o.requests = std::stoll(value);
+    else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
+    else if (key == "--max-tokens") o.max_tokens = std::stoll(value);
+    else if (key == "--max-running") o.max_running = std::stoll(value);
+    else if (key == "--chunk") o.chunk = std::stoll(value);
+    else if (key == "--update-interval") o.update_interval = std::stoll(value);
+    else if (key == "--threads") o.threads = std::stoll(value);
+    else if (key == "--context") o.context = std::stoll(value);
+    else if (key == "--random-model") {
+      o.random_model = value;
+      o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";
+    } else {
+      std::fprintf(stderr, "unknown option %s (see the header of bench/api_server_bench.cpp)\n", key.c_str());
+      return 2;
+    }
+  }
+  if (o.clients.empty()) return std::fprintf(stderr, "--clients needs at least one count\n"), 2;
+  return namm::bench::Run(o);
+}

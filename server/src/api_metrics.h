@@ -1,0 +1,35 @@
+// namm-api's Prometheus metrics (docs/observability.md): requests by endpoint and status, the queue and the running
+// batch, time to first token and per-token latency, tokens in and out, the KV cache held and the tokens evicted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "namm/server/openai_protocol.h"
+
+namespace namm::server {
+
+class ApiMetrics {
+ public:
+  ApiMetrics(const std::string& model, const std::string& policy);
+  ~ApiMetrics();
+  ApiMetrics(const ApiMetrics&) = delete;
+  ApiMetrics& operator=(const ApiMetrics&) = delete;
+
+  // An answered request (any endpoint, any status).
+  void Request(const std::string& endpoint, int status);
+  void Load(int64_t queued, int64_t running, int64_t kv_bytes);
+  void FirstToken(double seconds);    // from arrival
+  void TokenLatency(double seconds);  // between successive tokens of a request
+  void Finished(const CompletionOutcome& outcome, double seconds);
+  void Dropped(bool timed_out);  // cancelled by its client (a disconnect), or out of time
+  // The text exposition of every metric.
+  std::string Exposition() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace namm::server

@@ -1,0 +1,641 @@
+#include "namm/server/api_server.h"
+
+#include <openssl/crypto.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <ctime>
+#include <list>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "api_metrics.h"
+#include "namm/file_util.h"
+#include "namm/listen_address.h"
+#include "namm/worker/llama_model.h"
+#include "namm/worker/policy_spec.h"
+#include "namm/worker/tokenizer.h"
+
+namespace namm::server {
+
+namespace asio = boost::asio;
+namespace ssl = asio::ssl;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using Request = http::request<http::string_body>;
+
+namespace {
+
+constexpr std::size_t kMaxHeaderBytes = 16 * 1024;
+constexpr auto kPollSlice = std::chrono::milliseconds(50);  // how often a waiting connection looks at its client
+// The chat template of models without one: each turn on its own line, then the assistant's cue.
+constexpr const char* kPlainChatTemplate =
+    "{% for message in messages %}{{ message.role }}: {{ message.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}";
+
+// A connected socket read and written with deadlines: each operation waits (in slices, so that a stop is seen)
+// for the socket to become ready, and fails with timed_out after `timeout` or operation_aborted once `stop` is
+// set. The socket is non-blocking, so no call blocks past its deadline. Beast's HTTP reads and writes and the TLS
+// layer run over it.
+class TimedSocket {
+ public:
+  using lowest_layer_type = tcp::socket::lowest_layer_type;
+  using executor_type = tcp::socket::executor_type;
+
+  TimedSocket(tcp::socket& socket, std::chrono::milliseconds timeout, const std::atomic<bool>& stop)
+      : socket_(&socket), timeout_(timeout), stop_(&stop) {}
+
+  executor_type get_executor() { return socket_->get_executor(); }
+  lowest_layer_type& lowest_layer() { return socket_->lowest_layer(); }
+  const lowest_layer_type& lowest_layer() const { return socket_->lowest_layer(); }
+
+  template <class Buffers>
+  std::size_t read_some(const Buffers& buffers, beast::error_code& ec) {
+    return Io(POLLIN, ec, [&] { return socket_->read_some(buffers, ec); });
+  }
+  template <class Buffers>
+  std::size_t read_some(const Buffers& buffers) {
+    beast::error_code ec;
+    const std::size_t n = read_some(buffers, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+  template <class Buffers>
+  std::size_t write_some(const Buffers& buffers, beast::error_code& ec) {
+    return Io(POLLOUT, ec, [&] { return socket_->write_some(buffers, ec); });
+  }
+  template <class Buffers>
+  std::size_t write_some(const Buffers& buffers) {
+    beast::error_code ec;
+    const std::size_t n = write_some(buffers, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+
+ private:
+  template <class Op>
+  std::size_t Io(short events, beast::error_code& ec, Op op) {
+    const auto deadline = Clock::now() + timeout_;
+    while (true) {
+      ec = {};
+      const std::size_t n = op();
+      if (ec != asio::error::would_block && ec != asio::error::try_again) return n;
+      if (stop_->load()) {
+        ec = asio::error::operation_aborted;
+        return 0;
+      }
+      if (Clock::now() >= deadline) {
+        ec = asio::error::timed_out;
+        return 0;
+      }
+      pollfd p{socket_->native_handle(), events, 0};
+      ::poll(&p, 1, static_cast<int>(kPollSlice.count()));
+    }
+  }
+
+  tcp::socket* socket_;
+  std::chrono::milliseconds timeout_;
+  const std::atomic<bool>* stop_;
+};
+
+// Whether the client closed its end (or the connection broke): checked while its request waits.
+bool PeerGone(int fd) {
+  pollfd p{fd, static_cast<short>(POLLRDHUP), 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// The same key, compared in time independent of where they differ.
+bool SameKey(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// What responses report of a policy: the spec, with a NAMM file's directory left out (the server's paths are
+// nobody else's business).
+std::string PolicyLabel(const std::string& spec) {
+  if (spec.rfind("namm:", 0) != 0) return spec;
+  const std::string path = spec.substr(5);
+  const std::size_t slash = path.find_last_of('/');
+  return "namm:" + (slash == std::string::npos ? path : path.substr(slash + 1));
+}
+
+// OpenAI's error type for a status.
+ApiError Error(int status, std::string message, std::string param = "", std::string code = "") {
+  const char* type = status == 401   ? "invalid_request_error"
+                     : status == 404 ? "invalid_request_error"
+                     : status == 429 ? "rate_limit_exceeded"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  return ApiError{status, std::move(message), type, std::move(param), std::move(code)};
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> read_api_keys(const std::string& path) {
+  NAMM_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  std::vector<std::string> keys;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    const std::size_t first = line.find_first_not_of(" \t\r");
+    const std::size_t last = line.find_last_not_of(" \t\r");
+    line = first == std::string::npos ? "" : line.substr(first, last - first + 1);
+    if (!line.empty() && line[0] != '#') keys.push_back(line);
+    start = end + 1;
+  }
+  if (keys.empty()) return Status::InvalidArgument("the API keys file " + path + " holds no key (one per line)");
+  return keys;
+}
+
+struct ApiServer::Impl {
+  Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, ApiServerOptions o)
+      : model(m), tokenizer(t), options(std::move(o)) {}
+
+  const worker::LlamaModel& model;
+  const worker::Tokenizer& tokenizer;
+  const ApiServerOptions options;
+  std::optional<worker::ChatTemplate> chat_template;
+  nlohmann::ordered_json chat_variables = nlohmann::ordered_json::object();
+  bool template_writes_bos = false;  // a model's own template does; the plain one does not
+  std::vector<std::string> api_keys;
+  int64_t context = 0, max_prompt_tokens = 0, max_tokens = 0;
+  int64_t created = std::time(nullptr);
+  std::unique_ptr<ApiMetrics> metrics;
+  std::unique_ptr<CompletionScheduler> scheduler;
+
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::optional<ssl::context> tls;
+  int port = 0;
+  std::string url;
+
+  std::atomic<bool> draining{false};  // no new connections; new requests get 503
+  std::atomic<bool> stopping{false};  // every socket operation ends
+  std::atomic<int64_t> in_flight{0};  // completion requests being answered
+  std::atomic<uint64_t> responses{0};
+  std::mutex drain_mutex;  // one Drain at a time
+
+  struct Connection {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  std::mutex connections_mutex;  // guards connections
+  std::list<std::unique_ptr<Connection>> connections;
+  std::thread accept_thread;
+
+  // ---- accepting ---------------------------------------------------------------------------------------------------
+
+  void AcceptLoop() {
+    while (!draining.load()) {
+      pollfd p{acceptor.native_handle(), POLLIN, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(kPollSlice.count()));
+      Reap(false);
+      if (ready <= 0) continue;
+      beast::error_code ec;
+      auto socket = std::make_unique<tcp::socket>(io);
+      acceptor.accept(*socket, ec);
+      if (ec) continue;
+      std::lock_guard<std::mutex> lock(connections_mutex);
+      if (connections.size() >= options.max_connections) {
+        RefuseConnection(*socket);
+        continue;
+      }
+      connections.push_back(std::make_unique<Connection>());
+      Connection* connection = connections.back().get();
+      connection->thread = std::thread([this, connection, s = std::move(socket)]() mutable {
+        try {
+          Serve(*s);
+        } catch (const std::exception& e) {
+          spdlog::warn("namm-api: connection ended: {}", e.what());
+        }
+        beast::error_code ignored;
+        s->shutdown(tcp::socket::shutdown_both, ignored);
+        s->close(ignored);
+        connection->done.store(true);
+      });
+    }
+    beast::error_code ignored;
+    acceptor.close(ignored);
+  }
+
+  // Joins the connections that ended (all of them, waiting, when `all`).
+  void Reap(bool all) {
+    std::list<std::unique_ptr<Connection>> finished;
+    {
+      std::lock_guard<std::mutex> lock(connections_mutex);
+      for (auto it = connections.begin(); it != connections.end();) {
+        if (all || (*it)->done.load()) {
+          finished.push_back(std::move(*it));
+          it = connections.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& c : finished) c->thread.join();
+  }
+
+  // Over max_connections: a 503 in plain HTTP (a TLS client sees a failed handshake), then close.
+  void RefuseConnection(tcp::socket& socket) {
+    beast::error_code ec;
+    socket.non_blocking(true, ec);
+    const ApiError error = Error(503, "the server has " + std::to_string(options.max_connections) +
+                                          " connections open, its limit (--max-connections); retry later");
+    const std::string body = error.ToJson();
+    const std::string response = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                                 "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    socket.write_some(asio::buffer(response), ec);  // best effort: whatever fits in the socket's buffer
+    socket.close(ec);
+    if (metrics) metrics->Request("connection", 503);
+  }
+
+  // ---- one connection ----------------------------------------------------------------------------------------------
+
+  void Serve(tcp::socket& socket) {
+    beast::error_code ec;
+    socket.non_blocking(true, ec);
+    socket.set_option(tcp::no_delay(true), ec);
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_seconds * 1000));
+    TimedSocket timed(socket, timeout, stopping);
+    if (!tls) return ServeRequests(timed, socket.native_handle());
+    ssl::stream<TimedSocket> stream(timed, *tls);
+    stream.handshake(ssl::stream_base::server, ec);
+    if (ec) return;  // not TLS, a certificate refused, or too slow
+    ServeRequests(stream, socket.native_handle());
+  }
+
+  template <class Stream>
+  void ServeRequests(Stream& stream, int fd) {
+    beast::flat_buffer buffer;
+    while (!stopping.load()) {
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(kMaxHeaderBytes);
+      parser.body_limit(options.max_body_bytes);
+      beast::error_code ec;
+      http::read_header(stream, buffer, parser, ec);
+      if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
+      if (ec == http::error::header_limit) {
+        (void)Reply(stream, parser.get(), "other", Error(431, "the request's headers exceed 16 KiB"), false);
+        return;
+      }
+      if (ec) return;  // closed, idle, or not HTTP
+      if (parser.get()[http::field::expect] == "100-continue") {
+        http::response<http::empty_body> go_on{http::status::continue_, 11};
+        http::write(stream, go_on, ec);
+        if (ec) return;
+      }
+      http::read(stream, buffer, parser, ec);
+      if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
+      if (ec) return;
+      if (!Handle(stream, fd, parser.get())) return;
+    }
+  }
+
+  template <class Stream>
+  void TooLarge(Stream& stream, const Request& request) {
+    (void)Reply(stream, request, "other",
+                Error(413, "the request body exceeds the server's limit of " + std::to_string(options.max_body_bytes) +
+                               " bytes (--max-body-bytes)"),
+                false);
+  }
+
+  // Answers one request; false when the connection must close.
+  template <class Stream>
+  bool Handle(Stream& stream, int fd, const Request& request) {
+    const std::string target(request.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const bool get = request.method() == http::verb::get;
+    const bool post = request.method() == http::verb::post;
+    if (path == "/health") {
+      if (!get) return Reply(stream, request, "health", Error(405, "use GET /health"), request.keep_alive(), {{"Allow", "GET"}});
+      nlohmann::ordered_json health = {{"status", draining ? "draining" : "ok"}, {"model", options.model_name},
+                                       {"running", scheduler->running()}, {"queued", scheduler->queued()}};
+      return Send(stream, request, "health", draining ? 503 : 200, health.dump(), "application/json", {},
+                  request.keep_alive());
+    }
+    if (path == "/metrics") {
+      if (!get) return Reply(stream, request, "metrics", Error(405, "use GET /metrics"), request.keep_alive(), {{"Allow", "GET"}});
+      return Send(stream, request, "metrics", 200, metrics->Exposition(), "text/plain; version=0.0.4; charset=utf-8", {},
+                  request.keep_alive());
+    }
+    if (path.rfind("/v1/", 0) != 0) {
+      return Reply(stream, request, "other", Error(404, "no such endpoint: " + path), request.keep_alive());
+    }
+    if (!Authorized(request)) {
+      return Reply(stream, request, "auth",
+                   Error(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'", "",
+                         "invalid_api_key"),
+                   request.keep_alive());
+    }
+    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+      if (!get) return Reply(stream, request, "models", Error(405, "use GET " + path), request.keep_alive(), {{"Allow", "GET"}});
+      if (path == "/v1/models") {
+        return Send(stream, request, "models", 200, model_list(options.model_name, created), "application/json", {},
+                    request.keep_alive());
+      }
+      const std::string id = path.substr(std::string("/v1/models/").size());
+      if (id != options.model_name) {
+        return Reply(stream, request, "models", Error(404, "The model '" + id + "' does not exist", "model", "model_not_found"),
+                     request.keep_alive());
+      }
+      return Send(stream, request, "models", 200, model_object(id, created), "application/json", {}, request.keep_alive());
+    }
+    const bool completions = path == "/v1/completions";
+    if (!completions && path != "/v1/chat/completions") {
+      return Reply(stream, request, "other", Error(404, "no such endpoint: " + path), request.keep_alive());
+    }
+    const std::string endpoint = completions ? "completions" : "chat_completions";
+    if (!post) return Reply(stream, request, endpoint, Error(405, "use POST " + path), request.keep_alive(), {{"Allow", "POST"}});
+    if (draining) {
+      return Reply(stream, request, endpoint, Error(503, "the server is shutting down; retry on another instance"), false);
+    }
+    return Complete(stream, fd, request, completions ? Endpoint::kCompletions : Endpoint::kChatCompletions, endpoint);
+  }
+
+  bool Authorized(const Request& request) const {
+    if (api_keys.empty()) return true;
+    const std::string header(request[http::field::authorization]);
+    const std::string scheme = "Bearer ";
+    if (header.size() <= scheme.size() || header.compare(0, scheme.size(), scheme) != 0) return false;
+    const std::string key = header.substr(scheme.size());
+    bool match = false;
+    for (const std::string& k : api_keys) match = SameKey(k, key) || match;  // every key compared
+    return match;
+  }
+
+  // The job of a parsed request, or the error to answer.
+  std::variant<CompletionJob, ApiError> MakeJob(const CompletionRequest& r) {
+    if (r.model != options.model_name) {
+      return Error(404, "The model '" + r.model + "' does not exist; this server serves '" + options.model_name + "'",
+                   "model", "model_not_found");
+    }
+    CompletionJob job;
+    if (r.policy.empty() || r.policy == "default") {
+      job.policy = options.default_policy;
+    } else {
+      Result<std::string> family = worker::policy_family(r.policy);
+      if (!family.ok()) return Error(400, "namm_policy: " + family.status().message(), "namm_policy");
+      if ((*family == "namm" || *family == "oracle") && r.policy != options.default_policy) {
+        return Error(400, "namm_policy '" + r.policy + "' is not available per request: ask for 'default' (the server's " +
+                              PolicyLabel(options.default_policy) + ") or a baseline (full, h2o:budget=N, ...)",
+                     "namm_policy");
+      }
+      job.policy = r.policy;
+    }
+    job.policy_label = PolicyLabel(job.policy);
+    const std::string param = r.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
+    if (r.endpoint == Endpoint::kCompletions && r.prompt_is_ids) {
+      for (int64_t id : r.prompt_ids) {
+        if (id >= tokenizer.vocab_size()) {
+          return Error(400, "prompt token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                std::to_string(tokenizer.vocab_size()), "prompt");
+        }
+      }
+      job.prompt_ids = r.prompt_ids;
+    } else {
+      Result<std::vector<int64_t>> ids = Encode(r);
+      if (!ids.ok()) return Error(400, ids.status().message(), param);
+      job.prompt_ids = std::move(*ids);
+    }
+    const auto prompt = static_cast<int64_t>(job.prompt_ids.size());
+    if (prompt == 0) return Error(400, "the prompt is empty", param);
+    if (prompt > max_prompt_tokens) {
+      return Error(400, "the prompt has " + std::to_string(prompt) + " tokens, over the server's limit of " +
+                            std::to_string(max_prompt_tokens) + " (--max-prompt-tokens)", param, "prompt_too_long");
+    }
+    const int64_t room = context - prompt;
+    job.max_tokens = r.max_tokens ? *r.max_tokens
+                                  : r.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, std::max<int64_t>(room, 0))
+                                                                         : std::min(room, max_tokens);
+    if (prompt + job.max_tokens > context || room <= 0) {
+      return Error(400, "This model's maximum context length is " + std::to_string(context) + " tokens. However, you requested " +
+                            std::to_string(prompt + job.max_tokens) + " tokens (" + std::to_string(prompt) + " in the " +
+                            param + ", " + std::to_string(job.max_tokens) + " in the completion). Please reduce the length.",
+                   param, "context_length_exceeded");
+    }
+    if (job.max_tokens > max_tokens) {
+      return Error(400, "max_tokens is " + std::to_string(job.max_tokens) + ", over the server's limit of " +
+                            std::to_string(max_tokens) + " (--max-tokens)", "max_tokens");
+    }
+    job.temperature = r.temperature;
+    job.seed = r.seed;
+    job.stop = r.stop;
+    return job;
+  }
+
+  Result<std::vector<int64_t>> Encode(const CompletionRequest& r) const {
+    if (r.endpoint == Endpoint::kCompletions) return tokenizer.EncodeForModel(r.prompt);
+    NAMM_ASSIGN_OR_RETURN(const std::string text, chat_template->Render(r.messages, true, chat_variables));
+    return template_writes_bos ? tokenizer.Encode(text) : tokenizer.EncodeForModel(text);
+  }
+
+  template <class Stream>
+  bool Complete(Stream& stream, int fd, const Request& http_request, Endpoint which, const std::string& endpoint) {
+    auto parsed = parse_completion_request(which, http_request.body());
+    if (auto* error = std::get_if<ApiError>(&parsed)) return Reply(stream, http_request, endpoint, *error, http_request.keep_alive());
+    const CompletionRequest& request = std::get<CompletionRequest>(parsed);
+    auto job = MakeJob(request);
+    if (auto* error = std::get_if<ApiError>(&job)) return Reply(stream, http_request, endpoint, *error, http_request.keep_alive());
+    in_flight.fetch_add(1);
+    struct Done {
+      std::atomic<int64_t>& n;
+      ~Done() { n.fetch_sub(1); }
+    } done{in_flight};
+    std::shared_ptr<CompletionHandle> handle = scheduler->Submit(std::move(std::get<CompletionJob>(job)));
+    if (!handle) {
+      const int64_t retry = scheduler->retry_after_seconds();
+      return Reply(stream, http_request, endpoint,
+                   Error(429, "the server is busy: " + std::to_string(options.scheduler.max_queue) +
+                                  " requests are waiting (--max-queue); retry after " + std::to_string(retry) + " s",
+                         "", "rate_limit_exceeded"),
+                   http_request.keep_alive(), {{"Retry-After", std::to_string(retry)}});
+    }
+    char id[40];
+    std::snprintf(id, sizeof id, "%s-%llx%06llx", which == Endpoint::kCompletions ? "cmpl" : "chatcmpl",
+                  static_cast<unsigned long long>(created), static_cast<unsigned long long>(responses.fetch_add(1)));
+    const ResponseHeader header{id, std::time(nullptr), options.model_name};
+    return request.stream ? StreamEvents(stream, fd, http_request, request, header, *handle, endpoint)
+                          : Whole(stream, fd, http_request, request, header, *handle, endpoint);
+  }
+
+  // Waits for the end (cancelling the request if its client leaves), then answers.
+  template <class S>
+  bool Whole(S& stream, int fd, const Request& http_request, const CompletionRequest& request,
+             const ResponseHeader& header, CompletionHandle& handle, const std::string& endpoint) {
+    while (true) {
+      CompletionUpdate update = handle.Wait(kPollSlice);
+      if (update.finished) {
+        if (update.error) return Reply(stream, http_request, endpoint, *update.error, http_request.keep_alive());
+        return Send(stream, http_request, endpoint, 200, completion_response(request, header, update.outcome),
+                    "application/json", {}, http_request.keep_alive());
+      }
+      if (PeerGone(fd) || stopping.load()) {
+        handle.Cancel();
+        if (metrics) metrics->Request(endpoint, 499);
+        return false;
+      }
+    }
+  }
+
+  // Server-sent events, one per piece of text, as it is generated; then the finish reason, the usage if asked,
+  // and [DONE]. A write that fails (the client left) cancels the request.
+  template <class S>
+  bool StreamEvents(S& stream, int fd, const Request& http_request, const CompletionRequest& request,
+              const ResponseHeader& header, CompletionHandle& handle, const std::string& endpoint) {
+    http::response<http::empty_body> head{http::status::ok, http_request.version()};
+    head.set(http::field::content_type, "text/event-stream");
+    head.set(http::field::cache_control, "no-cache");
+    head.keep_alive(http_request.keep_alive());
+    head.chunked(true);
+    http::response_serializer<http::empty_body> serializer{head};
+    beast::error_code ec;
+    http::write_header(stream, serializer, ec);
+    const auto event = [&](const std::string& data) {
+      const std::string text = "data: " + data + "\n\n";
+      asio::write(stream, http::make_chunk(asio::buffer(text)), ec);
+      return !ec;
+    };
+    bool ok = !ec;
+    if (ok && request.endpoint == Endpoint::kChatCompletions) ok = event(stream_text_chunk(request, header, "", true));
+    int status = 200;
+    while (ok) {
+      CompletionUpdate update = handle.Wait(kPollSlice);
+      if (!update.text.empty()) ok = event(stream_text_chunk(request, header, update.text, false));
+      if (ok && update.finished) {
+        if (update.error) {
+          status = update.error->http_status;
+          ok = event(update.error->ToJson());
+        } else {
+          for (const std::string& chunk : stream_final_chunks(request, header, update.outcome)) ok = ok && event(chunk);
+        }
+        ok = ok && event("[DONE]");
+        if (ok) asio::write(stream, http::make_chunk_last(), ec);
+        if (metrics) metrics->Request(endpoint, status);
+        return ok && !ec && http_request.keep_alive();
+      }
+      if (ok && update.text.empty() && (PeerGone(fd) || stopping.load())) ok = false;
+    }
+    handle.Cancel();
+    if (metrics) metrics->Request(endpoint, 499);
+    return false;
+  }
+
+  template <class S>
+  bool Reply(S& stream, const Request& request, const std::string& endpoint, const ApiError& error, bool keep_alive,
+             const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    return Send(stream, request, endpoint, error.http_status, error.ToJson(), "application/json", headers, keep_alive);
+  }
+
+  template <class S>
+  bool Send(S& stream, const Request& request, const std::string& endpoint, int status, std::string body,
+            const std::string& content_type, const std::vector<std::pair<std::string, std::string>>& headers,
+            bool keep_alive) {
+    http::response<http::string_body> response{static_cast<http::status>(status), request.version() ? request.version() : 11};
+    response.set(http::field::content_type, content_type);
+    for (const auto& [name, value] : headers) response.set(name, value);
+    response.keep_alive(keep_alive && !draining.load());
+    response.body() = std::move(body);
+    response.prepare_payload();
+    beast::error_code ec;
+    http::write(stream, response, ec);
+    if (metrics) metrics->Request(endpoint, status);
+    return !ec && response.keep_alive();
+  }
+};
+
+ApiServer::ApiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ApiServer::~ApiServer() { Drain(std::chrono::milliseconds(0)); }
+
+Result<std::unique_ptr<ApiServer>> ApiServer::Start(const worker::LlamaModel& model, const worker::Tokenizer& tokenizer,
+                                                    const worker::LoadedChatTemplate* chat, ApiServerOptions options) {
+  if (options.model_name.empty()) return Status::InvalidArgument("the server needs a model name (--served-model-name)");
+  if (options.max_body_bytes == 0) return Status::InvalidArgument("--max-body-bytes must be positive");
+  if (options.max_connections == 0) return Status::InvalidArgument("--max-connections must be positive");
+  if (!(options.idle_timeout_seconds > 0)) return Status::InvalidArgument("--idle-timeout must be positive");
+  if ((options.tls_cert.empty()) != (options.tls_key.empty())) {
+    return Status::InvalidArgument("TLS needs both --tls-cert and --tls-key");
+  }
+  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) {
+    return Status::InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  auto impl = std::make_unique<Impl>(model, tokenizer, std::move(options));
+  const ApiServerOptions& o = impl->options;
+  impl->context = o.scheduler.max_context > 0 ? o.scheduler.max_context : model.config().context_length();
+  impl->max_prompt_tokens = o.max_prompt_tokens > 0 ? std::min(o.max_prompt_tokens, impl->context) : impl->context;
+  impl->max_tokens = o.max_tokens > 0 ? std::min(o.max_tokens, impl->context) : impl->context;
+  if (chat != nullptr) {
+    impl->chat_template = chat->chat_template;
+    impl->chat_variables = chat->variables;
+    impl->template_writes_bos = true;
+  } else {
+    NAMM_ASSIGN_OR_RETURN(worker::ChatTemplate plain, worker::ChatTemplate::Parse(kPlainChatTemplate));
+    impl->chat_template = std::move(plain);
+  }
+  if (!o.api_keys_file.empty()) {
+    NAMM_ASSIGN_OR_RETURN(impl->api_keys, read_api_keys(o.api_keys_file));
+  }
+  if (!o.tls_cert.empty()) {
+    try {
+      impl->tls.emplace(ssl::context::tls_server);
+      impl->tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                             ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+      impl->tls->use_certificate_chain_file(o.tls_cert);
+      impl->tls->use_private_key_file(o.tls_key, ssl::context::pem);
+      if (!o.tls_client_ca.empty()) {
+        impl->tls->load_verify_file(o.tls_client_ca);
+        impl->tls->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+      }
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument("TLS: cannot use --tls-cert " + o.tls_cert + " / --tls-key " + o.tls_key +
+                                     (o.tls_client_ca.empty() ? "" : " / --tls-client-ca " + o.tls_client_ca) + ": " +
+                                     e.what());
+    }
+  }
+  NAMM_ASSIGN_OR_RETURN(const ListenAddress address, parse_listen_address(o.listen, "--listen"));
+  NAMM_RETURN_IF_ERROR(listen_on(impl->acceptor, address, "--listen"));
+  impl->port = impl->acceptor.local_endpoint().port();
+  const std::string host = address.host.find(':') != std::string::npos ? "[" + address.host + "]" : address.host;
+  impl->url = (impl->tls ? "https://" : "http://") + host + ":" + std::to_string(impl->port);
+  impl->metrics = std::make_unique<ApiMetrics>(o.model_name, PolicyLabel(o.default_policy));
+  NAMM_ASSIGN_OR_RETURN(impl->scheduler, CompletionScheduler::Start(model, tokenizer, o.default_policy, o.scheduler,
+                                                                    impl->metrics.get()));
+  Impl* raw = impl.get();
+  impl->accept_thread = std::thread([raw] {
+    try {
+      raw->AcceptLoop();
+    } catch (const std::exception& e) {
+      spdlog::error("namm-api: stopped accepting connections: {}", e.what());
+    }
+  });
+  return std::unique_ptr<ApiServer>(new ApiServer(std::move(impl)));
+}
+
+int ApiServer::port() const { return impl_->port; }
+
+const std::string& ApiServer::url() const { return impl_->url; }
+
+void ApiServer::Drain(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(impl_->drain_mutex);
+  impl_->draining.store(true);
+  if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
+  const auto deadline = Clock::now() + timeout;
+  while (impl_->in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(kPollSlice);
+  impl_->scheduler->Stop();  // what is still running ends with 503
+  const auto grace = Clock::now() + std::chrono::seconds(1);  // for those answers to be written
+  while (impl_->in_flight.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(kPollSlice);
+  impl_->stopping.store(true);  // idle keep-alive connections close
+  impl_->Reap(true);
+}
+
+}  // namespace namm::server

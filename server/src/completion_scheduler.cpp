@@ -1,0 +1,427 @@
+#include "namm/server/completion_scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "api_metrics.h"
+#include "namm/worker/generator.h"
+#include "namm/worker/llama_model.h"
+#include "namm/worker/policy_spec.h"
+#include "namm/worker/tokenizer.h"
+
+namespace namm::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// SplitMix64: the sampling seed of the n-th unseeded request, below 2^53 so that a JavaScript client can send
+// the reported seed back exactly.
+uint64_t DrawSeed(uint64_t seed, uint64_t n) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (n + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (z ^ (z >> 31)) >> 11;
+}
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD: what a character still arriving decodes as
+
+// How much of `text` (the answer so far) can be sent: not a trailing U+FFFD (the rest of its bytes may come with
+// the next token), nor a tail that could begin a stop string (which would be cut from the answer).
+std::size_t StableLength(const std::string& text, const std::vector<std::string>& stop) {
+  std::size_t end = text.size();
+  while (end >= kReplacement.size() && std::string_view(text).substr(end - kReplacement.size()) == kReplacement) {
+    end -= kReplacement.size();
+  }
+  std::size_t hold = 0;
+  for (const std::string& s : stop) {
+    for (std::size_t k = std::min(s.size() - 1, end); k > hold; --k) {
+      if (text.compare(end - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  end -= hold;
+  while (end > 0 && end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;  // whole characters
+  return end;
+}
+
+ApiError ServerError(int status, std::string message) {
+  return ApiError{status, std::move(message), "server_error", "", ""};
+}
+
+CacheReport MakeCacheReport(const worker::GenerationResult& r, const std::string& policy) {
+  CacheReport c;
+  c.policy = policy;
+  const auto fed = static_cast<double>(r.prompt_tokens + r.decode_steps);
+  c.mean_kv_tokens = r.mean_kv_tokens;
+  c.relative_cache = fed > 0 ? r.mean_kv_tokens / ((fed + 1) / 2) : 0;
+  c.peak_kv_tokens = r.peak_kv_tokens;
+  double final_tokens = 0;
+  for (int64_t size : r.final_cache_sizes) final_tokens += static_cast<double>(size);
+  c.final_kv_tokens = r.final_cache_sizes.empty() ? 0 : final_tokens / static_cast<double>(r.final_cache_sizes.size());
+  c.evicted_tokens = std::max(0.0, fed - c.final_kv_tokens);
+  c.peak_kv_bytes = r.peak_kv_bytes;
+  return c;
+}
+
+}  // namespace
+
+// ---- CompletionHandle --------------------------------------------------------------------------------------------
+
+CompletionUpdate CompletionHandle::Wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, timeout, [&] { return !text_.empty() || (finished_ && !delivered_); });
+  CompletionUpdate update;
+  update.text = std::move(text_);
+  text_.clear();
+  if (finished_ && !delivered_) {
+    delivered_ = true;
+    update.finished = true;
+    update.error = error_;
+    update.outcome = outcome_;
+  }
+  return update;
+}
+
+void CompletionHandle::Cancel() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cancelled_ = true;
+}
+
+bool CompletionHandle::cancelled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancelled_;
+}
+
+void CompletionHandle::Publish(const std::string& text) {
+  if (text.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    text_ += text;
+  }
+  changed_.notify_all();
+}
+
+void CompletionHandle::Finish(CompletionOutcome outcome) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_) return;
+    finished_ = true;
+    outcome_ = std::move(outcome);
+  }
+  changed_.notify_all();
+}
+
+void CompletionHandle::Fail(ApiError error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_) return;
+    finished_ = true;
+    error_ = std::move(error);
+  }
+  changed_.notify_all();
+}
+
+// ---- CompletionScheduler -----------------------------------------------------------------------------------------
+
+struct CompletionScheduler::Impl {
+  struct Waiting {
+    CompletionJob job;
+    std::shared_ptr<CompletionHandle> handle;
+    Clock::time_point arrived;
+    uint64_t seed = 0;
+  };
+  struct Row {
+    Waiting request;
+    std::unique_ptr<MemoryPolicy> policy;
+    int64_t id = 0;
+    std::size_t tokens_seen = 0;  // generated tokens already turned into text
+    std::string sent;             // the answer's text sent so far
+    Clock::time_point last_token;
+  };
+
+  Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, SchedulerOptions o, ApiMetrics* mx)
+      : model(m), tokenizer(t), options(std::move(o)), metrics(mx), factory(m.options().device(), &t), batch(m, t) {}
+
+  const worker::LlamaModel& model;
+  const worker::Tokenizer& tokenizer;
+  const SchedulerOptions options;
+  ApiMetrics* metrics;
+  worker::PolicyFactory factory;  // the scheduler's thread only (after Start)
+  worker::GenerationBatch batch;  // the scheduler's thread only
+  std::vector<Row> rows;          // the scheduler's thread only
+
+  mutable std::mutex mutex;  // guards what follows
+  std::condition_variable wake;
+  std::deque<Waiting> queue;
+  std::size_t running = 0;
+  uint64_t arrivals = 0;
+  double finished_seconds = 0;
+  int64_t finished_count = 0;
+  bool stopping = false;
+  std::thread thread;
+
+  // The scheduler's thread: admit, drop the cancelled and the late, step, publish; never lets an exception out.
+  void Loop() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return stopping || !queue.empty() || !rows.empty(); });
+        if (stopping) break;
+      }
+      try {
+        Admit();
+        DropCancelledAndLate();
+        batch.Step();
+        Publish();  // also the rows that could not begin, which took no step
+        Gauges();
+      } catch (const std::exception& e) {
+        FailAll(ServerError(500, std::string("the model failed: ") + e.what()));
+      }
+    }
+    FailAll(ServerError(503, "the server is shutting down"));
+  }
+
+  void Admit() {
+    while (rows.size() < options.max_running) {
+      Waiting next;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (queue.empty()) return;
+        next = std::move(queue.front());
+        queue.pop_front();
+        running = rows.size() + 1;
+      }
+      Result<std::unique_ptr<MemoryPolicy>> policy = factory.Make(next.job.policy);
+      if (!policy.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          running = rows.size();
+        }
+        next.handle->Fail(ApiError{400, "namm_policy: " + policy.status().message(), "invalid_request_error",
+                                   "namm_policy", ""});
+        continue;
+      }
+      Row row;
+      row.policy = std::move(*policy);
+      worker::Generator::Request request;
+      request.prompt_ids = next.job.prompt_ids;
+      request.policy = row.policy.get();
+      worker::GenerationOptions& o = request.options;
+      o.max_new_tokens = next.job.max_tokens;
+      o.stop_strings = next.job.stop;
+      o.chunk_size = options.chunk_size;
+      o.memory_update_interval = options.update_interval;
+      o.max_context = options.max_context;
+      o.eos_ids = model.config().eos_token_ids;
+      for (int64_t id : tokenizer.eos_ids()) {
+        if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) == o.eos_ids.end()) o.eos_ids.push_back(id);
+      }
+      o.temperature = next.job.temperature;
+      o.seed = next.seed;
+      row.id = batch.Join(std::move(request));
+      row.last_token = Clock::now();
+      row.request = std::move(next);
+      rows.push_back(std::move(row));
+    }
+  }
+
+  void DropCancelledAndLate() {
+    const auto now = Clock::now();
+    const auto late = [&](Clock::time_point arrived) {
+      return SecondsBetween(arrived, now) > options.request_timeout_seconds;
+    };
+    const auto failure = [&](const CompletionHandle& handle) {
+      return handle.cancelled() ? ServerError(499, "cancelled by the client")
+                                : ApiError{408, "the request took longer than the server's limit of " +
+                                                    std::to_string(static_cast<int64_t>(options.request_timeout_seconds)) + " s",
+                                           "timeout", "", "request_timeout"};
+    };
+    std::vector<Waiting> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto it = queue.begin(); it != queue.end();) {
+        if (it->handle->cancelled() || late(it->arrived)) {
+          dropped.push_back(std::move(*it));
+          it = queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (Waiting& w : dropped) {
+      w.handle->Fail(failure(*w.handle));
+      if (metrics != nullptr) metrics->Dropped(!w.handle->cancelled());
+    }
+    for (auto it = rows.begin(); it != rows.end();) {
+      const bool cancelled = it->request.handle->cancelled();
+      if (cancelled || late(it->request.arrived)) {
+        (void)batch.Leave(it->id);  // its caches go now
+        it->request.handle->Fail(failure(*it->request.handle));
+        if (metrics != nullptr) metrics->Dropped(!cancelled);
+        it = rows.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // New text of every row, and the end of the rows that finished.
+  void Publish() {
+    const auto now = Clock::now();
+    for (auto it = rows.begin(); it != rows.end();) {
+      Row& row = *it;
+      const std::vector<int64_t>& tokens = batch.tokens(row.id);
+      const std::size_t made = tokens.size() - row.tokens_seen;
+      if (made > 0) {
+        if (metrics != nullptr) {
+          if (row.tokens_seen == 0) metrics->FirstToken(SecondsBetween(row.request.arrived, now));
+          else metrics->TokenLatency(SecondsBetween(row.last_token, now) / static_cast<double>(made));
+        }
+        row.tokens_seen = tokens.size();
+        row.last_token = now;
+        const std::string text = tokenizer.Decode(tokens);
+        const std::size_t stable = StableLength(text, row.request.job.stop);
+        if (stable > row.sent.size() && text.compare(0, row.sent.size(), row.sent) == 0) {
+          row.request.handle->Publish(text.substr(row.sent.size(), stable - row.sent.size()));
+          row.sent = text.substr(0, stable);
+        }
+      }
+      if (!batch.finished(row.id)) {
+        ++it;
+        continue;
+      }
+      Result<worker::GenerationResult> result = batch.Leave(row.id);
+      const double seconds = SecondsBetween(row.request.arrived, now);
+      if (!result.ok()) {
+        const bool invalid = result.status().code() == Status::Code::kInvalidArgument;
+        row.request.handle->Fail(invalid ? ApiError{400, result.status().message(), "invalid_request_error", "", ""}
+                                         : ServerError(500, result.status().message()));
+      } else {
+        // The rest of the answer, cut at its stop string (a decoding that rewrote what was sent cannot be taken back).
+        if (result->text.size() > row.sent.size() && result->text.compare(0, row.sent.size(), row.sent) == 0) {
+          row.request.handle->Publish(result->text.substr(row.sent.size()));
+        }
+        CompletionOutcome outcome;
+        outcome.text = result->text;
+        outcome.finish_reason = result->stop_reason == "max_new_tokens" ? "length" : "stop";
+        outcome.prompt_tokens = result->prompt_tokens;
+        outcome.completion_tokens = static_cast<int64_t>(result->token_ids.size());
+        outcome.seed = row.request.seed;
+        outcome.cache = MakeCacheReport(*result, row.request.job.policy_label);
+        if (metrics != nullptr) metrics->Finished(outcome, seconds);
+        row.request.handle->Finish(std::move(outcome));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        finished_seconds += seconds;
+        ++finished_count;
+      }
+      it = rows.erase(it);
+    }
+  }
+
+  void Gauges() {
+    std::size_t queued_now = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      running = rows.size();
+      queued_now = queue.size();
+    }
+    if (metrics == nullptr) return;
+    int64_t kv = 0;
+    for (const Row& row : rows) kv += batch.kv_bytes(row.id);
+    metrics->Load(static_cast<int64_t>(queued_now), static_cast<int64_t>(rows.size()), kv);
+  }
+
+  void FailAll(const ApiError& error) {
+    for (Row& row : rows) {
+      (void)batch.Leave(row.id);
+      row.request.handle->Fail(error);
+    }
+    rows.clear();
+    std::deque<Waiting> waiting;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      waiting.swap(queue);
+      running = 0;
+    }
+    for (Waiting& w : waiting) w.handle->Fail(error);
+    if (metrics != nullptr) metrics->Load(0, 0, 0);
+  }
+};
+
+CompletionScheduler::CompletionScheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CompletionScheduler::~CompletionScheduler() { Stop(); }
+
+Result<std::unique_ptr<CompletionScheduler>> CompletionScheduler::Start(const worker::LlamaModel& model,
+                                                                        const worker::Tokenizer& tokenizer,
+                                                                        const std::string& default_policy,
+                                                                        SchedulerOptions options, ApiMetrics* metrics) {
+  if (options.max_running == 0) return Status::InvalidArgument("--max-running must be at least 1");
+  if (options.chunk_size <= 0 || options.update_interval % options.chunk_size != 0) {
+    return Status::InvalidArgument("--chunk-size (" + std::to_string(options.chunk_size) +
+                                   ") must be positive and divide --update-interval (" +
+                                   std::to_string(options.update_interval) + ")");
+  }
+  auto impl = std::make_unique<Impl>(model, tokenizer, std::move(options), metrics);
+  // Made once now: a default policy that cannot be made (a missing NAMM file) stops the server at start, and the
+  // factory keeps the NAMM file for every request after.
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> probe, impl->factory.Make(default_policy));
+  (void)probe;
+  std::unique_ptr<CompletionScheduler> scheduler(new CompletionScheduler(std::move(impl)));
+  Impl* raw = scheduler->impl_.get();
+  raw->thread = std::thread([raw] { raw->Loop(); });
+  return scheduler;
+}
+
+std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job) {
+  auto handle = std::make_shared<CompletionHandle>();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->stopping || impl_->queue.size() >= impl_->options.max_queue) return nullptr;
+    const uint64_t n = impl_->arrivals++;
+    const uint64_t seed = job.seed ? *job.seed : DrawSeed(impl_->options.seed, n);
+    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed});
+  }
+  impl_->wake.notify_all();
+  return handle;
+}
+
+std::size_t CompletionScheduler::queued() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->queue.size();
+}
+
+std::size_t CompletionScheduler::running() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->running;
+}
+
+int64_t CompletionScheduler::retry_after_seconds() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->finished_count == 0) return 1;
+  return std::max<int64_t>(1, static_cast<int64_t>(impl_->finished_seconds / static_cast<double>(impl_->finished_count) + 0.5));
+}
+
+void CompletionScheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->wake.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace namm::server

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# namm-api driven by curl on stories260K: the README's example, a stream, health and metrics (promtool), an API
+# key, TLS, and SIGTERM draining a stream that is still running (it completes, then the server exits 0).
+# Usage: curl_test.sh NAMM_API STORIES260K_DIR
+set -euo pipefail
+API=$1
+MODEL_DIR=$2
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+# Starts namm-api with the given flags; sets PID and URL.
+start() {
+  "$API" --model "$MODEL_DIR/stories260K.bin" --tokenizer "$MODEL_DIR/tok512.bin" --listen 127.0.0.1:0 --threads 1 \
+    --log-level warn "$@" > "$work/out" 2> "$work/err" &
+  PID=$!
+  for _ in $(seq 100); do
+    URL=$(grep -o 'on https\?://[^ ]*' "$work/out" | cut -d' ' -f2 || true)
+    [ -n "$URL" ] && return 0
+    sleep 0.1
+  done
+  cat "$work/err"; fail "namm-api did not start"
+}
+
+echo "== the README's example"
+start --max-context 4096  # room for a request long enough to be running when SIGTERM comes
+out=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32, "temperature": 0}')
+text=$(echo "$out" | json 'd["choices"][0]["text"]')
+[ -n "$text" ] || fail "no text in $out"
+[ "$(echo "$out" | json 'd["usage"]["completion_tokens"]')" -le 32 ] || fail "usage: $out"
+echo "   text: $text"
+
+echo "== a stream ends with [DONE], and the pieces make the same text"
+curl -sSN "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "stream": true}' > "$work/sse"
+[ "$(tail -c 200 "$work/sse" | grep -c '^data: \[DONE\]')" = 1 ] || fail "no [DONE]: $(tail -c 300 "$work/sse")"
+streamed=$(grep '^data: {' "$work/sse" | sed 's/^data: //' | python3 -c \
+  "import json,sys; print(''.join(json.loads(l)['choices'][0]['text'] for l in sys.stdin))")
+[ "$streamed" = "$text" ] || fail "streamed '$streamed' != '$text'"
+
+echo "== health, metrics (promtool), errors as JSON"
+[ "$(curl -sS "$URL/health" | json 'd["status"]')" = ok ] || fail "health"
+curl -sS "$URL/metrics" > "$work/metrics"
+promtool check metrics < "$work/metrics" || fail "promtool refused the exposition"
+grep -q '^namm_api_requests_total{endpoint="completions",status="200"} 2' "$work/metrics" || fail "request counter: $(grep requests_total "$work/metrics")"
+grep -q '^namm_api_generated_tokens_total ' "$work/metrics" || fail "no token counter"
+grep -q '^namm_api_time_to_first_token_seconds_count 2' "$work/metrics" || fail "TTFT histogram"
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d '{"model":')
+[ "$code" = 400 ] || fail "malformed JSON gave $code"
+[ "$(json 'd["error"]["type"]' < "$work/body")" = invalid_request_error ] || fail "error object: $(cat "$work/body")"
+code=$(curl -sS -o /dev/null -w '%{http_code}' -X DELETE "$URL/v1/completions")
+[ "$code" = 405 ] || fail "DELETE gave $code"
+code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v2/nothing")
+[ "$code" = 404 ] || fail "unknown path gave $code"
+
+echo "== SIGTERM drains: a running stream completes, new connections are refused, exit 0"
+curl -sSN "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stream": true}' > "$work/drain" &
+curl_pid=$!
+while [ ! -s "$work/drain" ]; do sleep 0.01; done
+kill -TERM "$PID"
+grep -q '^data: \[DONE\]' "$work/drain" && fail "the stream ended before SIGTERM: the test needs a longer request"
+sleep 0.2
+code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/health" 2> /dev/null || true)
+[ "$code" = 000 ] || fail "a new connection was answered ($code) while draining"
+wait "$curl_pid" || fail "the stream broke while draining"
+grep -q '^data: \[DONE\]' "$work/drain" || fail "the stream did not finish while draining"
+[ "$(grep -c '"finish_reason":"length"' "$work/drain")" = 1 ] || fail "the stream was cut: $(tail -c 300 "$work/drain")"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+grep -q 'draining' "$work/out" || fail "no drain message"
+
+echo "== API keys and TLS (curl with the CA; no key: 401)"
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$work/key.pem" -out "$work/cert.pem" -days 1 \
+  -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2> /dev/null
+echo "sk-test" > "$work/keys"
+start --api-keys "$work/keys" --tls-cert "$work/cert.pem" --tls-key "$work/key.pem"
+case "$URL" in https://*) ;; *) fail "TLS server reports $URL" ;; esac
+code=$(curl -sS --cacert "$work/cert.pem" -o "$work/body" -w '%{http_code}' "$URL/v1/models")
+[ "$code" = 401 ] || fail "no key gave $code"
+[ "$(json 'd["error"]["code"]' < "$work/body")" = invalid_api_key ] || fail "401 body: $(cat "$work/body")"
+ids=$(curl -sS --cacert "$work/cert.pem" -H 'Authorization: Bearer sk-test' "$URL/v1/models" | json '[m["id"] for m in d["data"]]')
+[ "$ids" = "['stories260K']" ] || fail "models: $ids"
+curl -sS "${URL/https/http}/health" > /dev/null 2>&1 && fail "plain HTTP was answered on the TLS port"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+echo "all passed"
