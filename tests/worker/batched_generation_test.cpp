@@ -148,6 +148,70 @@ TEST(BatchedGeneration, CandidatesOnOnePromptAndMixedBatchesGiveEachRowWhatItGet
   ExpectBatchEqualsAlone(s, {{"namm/5", 420, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 390, 3, true}});
 }
 
+// Continuous batching (GenerationBatch, namm-api's scheduler): sequences join a running batch at different
+// steps, while others prefill or decode, and one leaves unfinished; each that finishes gets what it gets alone.
+TEST(BatchedGeneration, SequencesJoiningAndLeavingARunningBatchGetWhatTheyGetAlone) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  const std::vector<Row> rows = {{"namm/2", 300, 30}, {"h2o:budget=100", 250, 12}, {"full", 140, 40},
+                                 {"namm/4", 330, 8}, {"streaming:budget=90", 200, 20}};
+  const std::vector<int> join_at = {0, 0, 3, 6, 11};  // the step before which row i joins
+  std::vector<std::unique_ptr<MemoryPolicy>> policies;
+  std::vector<Generator::Request> requests;
+  for (const Row& row : rows) {
+    policies.push_back(MakePolicy(row.policy, *s.tokenizer));
+    Generator::Request request;
+    request.prompt_ids = LongPrompt(*s.tokenizer, row.prompt_tokens);
+    request.policy = policies.back().get();
+    request.options.memory_update_interval = 128;
+    request.options.chunk_size = 64;
+    request.options.max_new_tokens = row.new_tokens;
+    request.options.temperature = 0.8;  // sampled: the draws must not depend on the step a row joined at
+    request.options.seed = 7;
+    requests.push_back(std::move(request));
+  }
+  // A row that leaves at step 5 (a client that disconnected), in the middle of its prefill.
+  const std::unique_ptr<MemoryPolicy> leaver_policy = MakePolicy("full", *s.tokenizer);
+  Generator::Request leaver = requests[0];
+  leaver.policy = leaver_policy.get();
+
+  GenerationBatch batch(s.model, *s.tokenizer);
+  std::vector<int64_t> ids(rows.size(), -1);
+  std::vector<Result<GenerationResult>> results(rows.size(), Status::Internal("never finished"));
+  const int64_t leaver_id = batch.Join(leaver);
+  for (int step = 0; step < 1000; ++step) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (join_at[i] == step) ids[i] = batch.Join(requests[i]);
+    }
+    if (step == 5) {
+      EXPECT_FALSE(batch.finished(leaver_id));
+      EXPECT_GT(batch.kv_bytes(leaver_id), 0);
+      Result<GenerationResult> left = batch.Leave(leaver_id);
+      ASSERT_FALSE(left.ok());
+      EXPECT_EQ(left.status().code(), Status::Code::kFailedPrecondition);
+    }
+    const bool stepped = batch.Step();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (ids[i] >= 0 && batch.finished(ids[i])) {
+        results[i] = batch.Leave(ids[i]);
+        ids[i] = -1;
+      }
+    }
+    if (!stepped && step > join_at.back()) break;
+  }
+  EXPECT_EQ(batch.size(), 0u);
+  const Generator generator(s.model, *s.tokenizer);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i) + " (" + rows[i].policy + "), joined before step " + std::to_string(join_at[i]));
+    const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
+    Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
+    ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    EXPECT_EQ(static_cast<int64_t>(results[i]->token_ids.size()), rows[i].new_tokens);
+    ExpectSame(*results[i], *alone);
+  }
+}
+
 TEST(BatchedGeneration, ABadRequestFailsAloneAndTheOthersGoOn) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const Stories s = LoadStories();
