@@ -18,6 +18,7 @@ namespace {
 
 struct ReportOptions {
   std::string db, out;
+  std::string explain;  // a `namm-worker generate --explain` / `eval --explain-rows` page to show in the report
   int64_t run = 0;
 };
 
@@ -103,7 +104,7 @@ ChartSeries Series(const std::string& name, const std::vector<Row>& rows, F valu
 }
 
 std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& stages,
-                       const std::vector<Row>& rows) {
+                       const std::vector<Row>& rows, bool explained) {
   std::vector<std::pair<double, std::string>> boundaries;
   for (const StageRecord& s : stages) {
     if (s.start_generation && *s.start_generation > 0) {
@@ -181,6 +182,13 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
           "since the previous generation completed (timestamps have one-second resolution). CSVs beside this "
           "page: "
           "generations.csv, eval_tasks.csv, stages.csv.</p>\n";
+  if (explained) {
+    body << "<h2>What the best NAMM keeps</h2>\n<p class=\"meta\">One prompt: every token shaded by how long it "
+            "stayed in the cache, and the cache size after every memory update (<a href=\"explain.html\">"
+            "explain.html</a>, made by namm-worker; the training script makes it for the stage's best NAMM on "
+            "a training row).</p>\n<iframe src=\"explain.html\" title=\"what the best NAMM keeps\" "
+            "style=\"width: 100%; height: 640px; border: 1px solid #ccc;\"></iframe>\n";
+  }
   return html_page("namm run " + std::to_string(run.id) + ": " + run.name, body.str());
 }
 
@@ -219,7 +227,16 @@ Status Report(const ReportOptions& o) {
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/generations.csv", {GenerationsCsv(rows)}));
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/eval_tasks.csv", {EvalTasksCsv(rows)}));
   NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/stages.csv", {StagesCsv(stages)}));
-  NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/report.html", {ReportHtml(opened, stages, rows)}));
+  if (!o.explain.empty()) {
+    NAMM_ASSIGN_OR_RETURN(const std::string page, read_file(o.explain));
+    if (page.find("<div id=\"tokens\">") == std::string::npos) {
+      return Status::InvalidArgument("--explain " + o.explain + " is not a page of namm-worker generate --explain or "
+                                     "eval --explain-rows");
+    }
+    NAMM_RETURN_IF_ERROR(write_file_atomically(o.out + "/explain.html", {page}));
+  }
+  NAMM_RETURN_IF_ERROR(
+      write_file_atomically(o.out + "/report.html", {ReportHtml(opened, stages, rows, !o.explain.empty())}));
   std::cout << "wrote " << o.out << "/report.html (run " << run_id << ", " << rows.size()
             << " generations) and " << o.out << "/{generations,eval_tasks,stages}.csv\n";
   return Status::Ok();
@@ -235,6 +252,10 @@ void AddReportCommand(CLI::App& app, Action& run) {
   cmd->add_option("--db", o->db, "The run's database")->required()->check(CLI::ExistingFile);
   cmd->add_option("--run", o->run, "Run id (default: the newest run)")->check(CLI::PositiveNumber);
   cmd->add_option("--out", o->out, "Output directory")->required();
+  cmd->add_option("--explain", o->explain,
+                  "A page of what a NAMM keeps (namm-worker generate --explain, eval --explain-rows) to show in the "
+                  "report, e.g. the best NAMM's on a training row")
+      ->check(CLI::ExistingFile);
   cmd->callback([o, &run] {
     run = [o] {
       Status s = Report(*o);

@@ -206,15 +206,18 @@ std::string render_line_chart(const std::vector<ChartSeries>& series, const Char
   return svg.str();
 }
 
-std::string html_table(const std::vector<std::string>& header,
-                       const std::vector<std::vector<std::string>>& rows) {
+std::string html_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows,
+                       const std::vector<std::size_t>& raw_html_columns) {
   std::ostringstream out;
   out << "<table>\n<thead><tr>";
   for (const auto& h : header) out << "<th>" << html_escape(h) << "</th>";
   out << "</tr></thead>\n<tbody>\n";
   for (const auto& row : rows) {
     out << "<tr>";
-    for (const auto& cell : row) out << "<td>" << html_escape(cell) << "</td>";
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const bool raw = std::find(raw_html_columns.begin(), raw_html_columns.end(), c) != raw_html_columns.end();
+      out << "<td>" << (raw ? row[c] : html_escape(row[c])) << "</td>";
+    }
     out << "</tr>\n";
   }
   out << "</tbody>\n</table>\n";

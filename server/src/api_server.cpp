@@ -604,6 +604,8 @@ Result<std::unique_ptr<ApiServer>> ApiServer::Start(const worker::LlamaModel& mo
   }
   NAMM_ASSIGN_OR_RETURN(const ListenAddress address, parse_listen_address(o.listen, "--listen"));
   NAMM_RETURN_IF_ERROR(listen_on(impl->acceptor, address, "--listen"));
+  boost::system::error_code ec;
+  impl->acceptor.non_blocking(true, ec);  // a connection reset between poll and accept must not block the loop
   impl->port = impl->acceptor.local_endpoint().port();
   const std::string host = address.host.find(':') != std::string::npos ? "[" + address.host + "]" : address.host;
   impl->url = (impl->tls ? "https://" : "http://") + host + ":" + std::to_string(impl->port);

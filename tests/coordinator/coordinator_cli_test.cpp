@@ -72,6 +72,29 @@ TEST_F(CoordinatorCli, ReportWritesCurvesThatChromiumRenders) {
   namm::testing::ExpectRenderedWithCurves(namm::testing::RenderedDom(out + "/report.html"), 6);
 }
 
+// report --explain: a page of what a NAMM keeps (namm-worker's) shown in the report, beside it as explain.html.
+TEST_F(CoordinatorCli, ReportShowsAnExplainPageAndRefusesAnyOtherPage) {
+  const std::string out = namm::testing::TempPath("report_explain");
+  std::filesystem::remove_all(out);
+  const std::string page = namm::testing::TempPath("explain_in.html"), other = namm::testing::TempPath("other.html");
+  const std::string explain = "<!DOCTYPE html><title>What namm kept</title><div id=\"tokens\"><span class=\"t\">Once</span></div>";
+  namm::testing::WriteText(page, explain);
+  namm::testing::WriteText(other, "<!DOCTYPE html><p>not an explain page</p>");
+  const auto r = RunProcess(kCoordinator + " report --db " + *db_ + " --out " + out + " --explain " + page);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(namm::testing::ReadText(out + "/explain.html"), explain);
+  const std::string html = namm::testing::ReadText(out + "/report.html");
+  EXPECT_NE(html.find("What the best NAMM keeps"), std::string::npos);
+  EXPECT_NE(html.find("<iframe src=\"explain.html\""), std::string::npos);
+  const auto refused = RunProcess(kCoordinator + " report --db " + *db_ + " --out " + out + "_2 --explain " + other);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("is not a page of namm-worker"), std::string::npos) << refused.output;
+  const std::string plain = namm::testing::TempPath("report_plain");
+  std::filesystem::remove_all(plain);
+  ASSERT_EQ(RunProcess(kCoordinator + " report --db " + *db_ + " --out " + plain).exit_code, 0);
+  EXPECT_EQ(namm::testing::ReadText(plain + "/report.html").find("What the best NAMM keeps"), std::string::npos);
+}
+
 TEST_F(CoordinatorCli, ReportRefusesWhatIsNotARun) {
   const std::string empty = namm::testing::FreshDatabasePath("not-a-db.db");
   namm::testing::WriteText(empty, "not sqlite");

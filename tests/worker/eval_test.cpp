@@ -239,6 +239,48 @@ TEST_F(Eval, WritesPredictionsResultsConfigurationAndPage) {
   namm::testing::ExpectRenderedWithCurves(namm::testing::RenderedDom(curve_out + "/results.html"), 2);
 }
 
+// eval --explain-rows: a page per (row, policy) for the first rows, linked from results.html; each page holds
+// every token the model read (prompt and teacher-forced continuation) and the policy's evictions.
+TEST_F(Eval, ExplainRowsWritesAPagePerRowAndPolicyLinkedFromTheResults) {
+  const std::string out = *dir_ + "/explain";
+  const auto r = RunEval(out, "streaming:budget=24,oracle", "--explain-rows 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<json> predictions = [&] {
+    std::vector<json> rows;
+    for (const auto& line : Lines(ReadText(predictions_path(out, "syn/interruption_heldout", "streaming:budget=24"))))
+      rows.push_back(json::parse(line));
+    return rows;
+  }();
+  for (const std::string policy : {"full", "streaming:budget=24", "oracle"}) {
+    for (int64_t row = 0; row < 6; ++row) {
+      const bool explained = std::filesystem::exists(explain_path(out, "syn/interruption_heldout", policy, row));
+      EXPECT_EQ(explained, row < 2) << policy << " row " << row;
+    }
+  }
+  const std::string html = ReadText(out + "/results.html");
+  EXPECT_NE(html.find("What the policies keep"), std::string::npos);
+  const std::string page = explain_path(out, "syn/interruption_heldout", "streaming:budget=24", 1);
+  EXPECT_EQ(ReadText(page).find("https://"), std::string::npos) << "self-contained";
+  if (!namm::testing::ChromiumInstalled())
+    GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh)";
+  // The results page links each page by a path relative to it.
+  const std::string dom = namm::testing::RenderedDom(out + "/results.html");
+  std::size_t links = 0;
+  for (std::size_t at = dom.find("/explain-row-"); at != std::string::npos; at = dom.find("/explain-row-", at + 1)) ++links;
+  EXPECT_EQ(links, 6u) << "rows 0 and 1 of three policies";
+  const std::string shown = namm::testing::RenderedDom(page);
+  EXPECT_NE(shown.find("data-explained=\"-1\""), std::string::npos) << "the tokens were not shaded";
+  std::size_t spans = 0, evicted = 0;
+  for (std::size_t at = shown.find("data-heads-kept=\""); at != std::string::npos; at = shown.find("data-heads-kept=\"", at + 1)) {
+    ++spans;
+    evicted += std::stoll(shown.substr(at + 17)) == 0 ? 1 : 0;
+  }
+  // Every position the model read: the prompt and the continuation fed after it (all but its last token).
+  EXPECT_EQ(spans, predictions[1]["prompt_tokens"].get<std::size_t>() + predictions[1]["generated_tokens"].get<std::size_t>() - 1)
+      << predictions[1].dump();
+  EXPECT_GT(evicted, 0u) << "a 24-token window evicts part of a ~100-token row";
+}
+
 TEST_F(Eval, ResumesAfterACrashWithoutRecomputingFinishedRows) {
   const std::string out = *dir_ + "/resume";
   std::filesystem::remove_all(out);

@@ -22,6 +22,7 @@
 #include "namm/file_util.h"
 #include "namm/tasks/task_path_options.h"
 #include "namm/worker/evaluation.h"
+#include "namm/worker/explain_page.h"
 #include "namm/worker/model_fingerprint.h"
 #include "namm/worker/policy_spec.h"
 #include "namm/worker/task_runner.h"
@@ -40,6 +41,7 @@ struct EvalOptions {
   std::vector<std::string> tasks, policies, budgets, ratios, merge;
   std::string rows = ":", shard, out;
   bool overwrite = false;
+  int64_t explain_rows = 0;  // explain pages for the first N rows of each task (of this shard)
 };
 
 std::string Duration(double seconds) {
@@ -325,6 +327,10 @@ Status RunEval(const EvalOptions& o) {
     NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> shard_rows, config.ShardRows(name));
     NAMM_ASSIGN_OR_RETURN(const LlamaModel* model, model_for(task));
     TaskRunner runner(*model, *loaded.tokenizer);
+    run_options.explain_rows.clear();
+    for (std::size_t i = 0; i < shard_rows.size() && static_cast<int64_t>(i) < o.explain_rows; ++i) {
+      run_options.explain_rows.insert(shard_rows[i]);
+    }
     for (const auto& policy_spec : config.policies) {
       const std::string path = predictions_path(o.out, name, policy_spec);
       NAMM_ASSIGN_OR_RETURN(std::vector<PredictionRecord> existing, load_predictions(path, /*repair=*/true));
@@ -352,6 +358,12 @@ Status RunEval(const EvalOptions& o) {
           if (!ran[i - first].ok())
             return ran[i - first].status().WithContext(name + " row " + std::to_string(index) + " with " + policy_spec);
           const PromptResult& r = *ran[i - first];
+          if (r.explained) {
+            ExplainInput explain{policy_spec, model->config().Describe(), explain_token_texts(*loaded.tokenizer, r.explained_ids),
+                                 r.prompt_tokens, r.explained.get()};
+            NAMM_RETURN_IF_ERROR(write_file_atomically(explain_path(o.out, name, policy_spec, index),
+                                                       {render_explain_page(explain)}));
+          }
           PredictionRecord record;
           record.row = index;
           record.pred = r.prediction;
@@ -416,6 +428,10 @@ void AddEvalCommand(CLI::App& app, Action& run) {
   budgets->excludes(ratios);
   cmd->add_option("--shard", o->shard, "Evaluate only every N-th row, starting at row I of each range: I/N");
   cmd->add_flag("--overwrite", o->overwrite, "Start over: remove the evaluation already in --out");
+  cmd->add_option("--explain-rows", o->explain_rows,
+                  "Also write, for the first N rows of each task and every policy, a page of what the policy kept "
+                  "(as generate --explain), linked from results.html")
+      ->check(CLI::NonNegativeNumber);
   auto* merge = cmd->add_option("--merge", o->merge,
                                 "Join the output directories of the shards of one evaluation "
                                 "into --out (nothing is run)")

@@ -94,15 +94,7 @@ Status RunGenerate(const GenerateOptions& o) {
   if (!o.explain.empty()) {
     ExplainInput explain{policy->name(), model.config().Describe(), {}, static_cast<int64_t>(ids.size()), &result};
     ids.insert(ids.end(), result.token_ids.begin(), result.token_ids.end());
-    // Each token's text as it reads after the previous one (a token alone loses its leading space in some
-    // tokenizers' decoding).
-    std::string previous;  // the previous token decoded alone
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::string alone = tokenizer->Decode({ids[i]});
-      const std::string both = i == 0 ? alone : tokenizer->Decode({ids[i - 1], ids[i]});
-      explain.token_texts.push_back(i > 0 && both.rfind(previous, 0) == 0 ? both.substr(previous.size()) : alone);
-      previous = alone;
-    }
+    explain.token_texts = explain_token_texts(*tokenizer, ids);
     NAMM_RETURN_IF_ERROR(write_file_atomically(o.explain, {render_explain_page(explain)}));
     if (!o.json) std::cerr << "wrote " << o.explain << "\n";  // JSON output stays parseable with 2>&1
   }

@@ -40,9 +40,10 @@ std::string html_escape(const std::string& text);
 // A whole page: <!DOCTYPE html>, the title, the inline style and script, and `body_html`.
 std::string html_page(const std::string& title, const std::string& body_html);
 
-// A <table> with a header row; cells are escaped.
-std::string html_table(const std::vector<std::string>& header,
-                       const std::vector<std::vector<std::string>>& rows);
+// A <table> with a header row; cells are escaped, except in `raw_html_columns` (cells the caller built as HTML,
+// e.g. links).
+std::string html_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows,
+                       const std::vector<std::size_t>& raw_html_columns = {});
 
 // A number with `digits` decimals, or "" for NaN.
 std::string format_number(double value, int digits);

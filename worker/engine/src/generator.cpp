@@ -5,6 +5,8 @@
 #include <limits>
 #include <memory>
 
+#include <c10/core/InferenceMode.h>
+
 #include "aten.h"
 
 namespace namm::worker {
@@ -425,7 +427,11 @@ GenerationBatch::GenerationBatch(const LlamaModel& model, const Tokenizer& token
 
 GenerationBatch::~GenerationBatch() = default;
 
+// Generation runs in inference mode: no autograd bookkeeping on any operation (a view costs less, and the
+// per-sequence path is hundreds of small operations per step). The tensors it makes (caches, logits) are
+// inference tensors: callers read them, and nothing outside modifies them in place.
 int64_t GenerationBatch::Join(Generator::Request request) {
+  const c10::InferenceMode inference;
   auto entry = std::make_unique<Entry>(std::move(request));
   entry->sequence = std::make_unique<Sequence>(model_, tokenizer_, entry->request);
   if (Status begun = entry->sequence->Begin(); !begun.ok()) entry->sequence->Fail(std::move(begun));
@@ -435,6 +441,7 @@ int64_t GenerationBatch::Join(Generator::Request request) {
 }
 
 bool GenerationBatch::Step() {
+  const c10::InferenceMode inference;
   std::vector<Sequence*> active;
   std::vector<LlamaModel::Step> steps;
   for (const auto& [id, entry] : entries_) {
@@ -465,6 +472,7 @@ const std::vector<int64_t>& GenerationBatch::tokens(int64_t id) const {
 int64_t GenerationBatch::kv_bytes(int64_t id) const { return entries_.at(id)->sequence->kv_bytes(); }
 
 Result<GenerationResult> GenerationBatch::Leave(int64_t id) {
+  const c10::InferenceMode inference;  // the caches it frees were made in it
   const auto it = entries_.find(id);
   if (it == entries_.end()) return Status::NotFound("no sequence " + std::to_string(id) + " in the batch");
   std::unique_ptr<Entry> entry = std::move(it->second);

@@ -293,6 +293,11 @@ std::string predictions_path(const std::string& dir, const std::string& task, co
   return dir + "/" + output_directory_name(task) + "/" + output_directory_name(policy) + "/predictions.jsonl";
 }
 
+std::string explain_path(const std::string& dir, const std::string& task, const std::string& policy, int64_t row) {
+  return dir + "/" + output_directory_name(task) + "/" + output_directory_name(policy) + "/explain-row-" +
+         std::to_string(row) + ".html";
+}
+
 OrderedJson PredictionRecord::ToJson() const {
   OrderedJson j;
   j["row"] = row;
@@ -592,7 +597,39 @@ std::string TaskChart(const std::string& task, const std::vector<PolicyResult>& 
   return render_line_chart(series, options);
 }
 
-std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+// Links to the explain pages under `dir` (eval --explain-rows), a row per (task, policy) that has any.
+std::string ExplainLinks(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& dir) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : results) {
+    const std::string folder = output_directory_name(r.task) + "/" + output_directory_name(r.policy);
+    Result<std::vector<std::string>> names = list_directory(dir + "/" + folder);
+    if (!names.ok()) continue;
+    std::vector<int64_t> explained;
+    for (const std::string& name : *names) {
+      const std::string prefix = "explain-row-", suffix = ".html";
+      if (name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+        if (digits.find_first_not_of("0123456789") == std::string::npos) explained.push_back(std::stoll(digits));
+      }
+    }
+    if (explained.empty()) continue;
+    std::sort(explained.begin(), explained.end());
+    std::string links;
+    for (int64_t row : explained) {
+      links += (links.empty() ? "" : " ") + std::string("<a href=\"") + html_escape(folder) + "/explain-row-" +
+               std::to_string(row) + ".html\">row " + std::to_string(row) + "</a>";
+    }
+    rows.push_back({r.task, r.policy, links});
+  }
+  if (rows.empty()) return "";
+  (void)config;
+  return "<h2>What the policies keep</h2>\n<p class=\"meta\">Per row: every token shaded by how long it stayed in "
+         "the cache, and the cache size after every memory update (eval --explain-rows).</p>\n" +
+         html_table({"task", "policy", "rows"}, rows, /*raw_html_columns=*/{2});
+}
+
+std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& dir) {
   std::ostringstream body;
   body << "<h1>namm-worker eval</h1>\n<p class=\"meta\">model <code>" << html_escape(config.model)
        << "</code>, commit <code>" << html_escape(config.commit)
@@ -617,6 +654,7 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
                 {"task", "policy", "relative cache", "score", "family", "family at that cache", "note"},
                 matched);
   }
+  body << ExplainLinks(config, results, dir);
   body << "<h2>Every result</h2>\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : results) {
@@ -637,7 +675,7 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
 Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& results,
                      const std::string& dir) {
   const std::string json = ResultsJson(config, results), csv = ResultsCsv(results),
-                    html = ResultsHtml(config, results);
+                    html = ResultsHtml(config, results, dir);
   NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.json", {json}));
   NAMM_RETURN_IF_ERROR(write_file_atomically(dir + "/results.csv", {csv}));
   for (const auto& task : config.tasks) {

@@ -99,4 +99,16 @@ std::string render_explain_page(const ExplainInput& in) {
   return html_page("What " + in.policy + " kept", body.str());
 }
 
+std::vector<std::string> explain_token_texts(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<std::string> texts;
+  std::string previous;  // the previous token decoded alone
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string alone = tokenizer.Decode({ids[i]});
+    const std::string both = i == 0 ? alone : tokenizer.Decode({ids[i - 1], ids[i]});
+    texts.push_back(i > 0 && both.rfind(previous, 0) == 0 ? both.substr(previous.size()) : alone);
+    previous = alone;
+  }
+  return texts;
+}
+
 }  // namespace namm::worker

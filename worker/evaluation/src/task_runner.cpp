@@ -84,9 +84,19 @@ Result<PromptResult> Score(const tasks::TaskSpec& task, const tasks::TaskRow& ro
     }
     out.generated_tokens = n;
   }
+  RecordWork(result, &out);
+  if (prepared.generation.record_retention) {
+    out.explained_ids = prepared.prompt;
+    const std::vector<int64_t>& after = task.scoring == tasks::Scoring::kGeneration ? result.token_ids
+                                                                                   : prepared.generation.forced_tokens;
+    out.explained_ids.insert(out.explained_ids.end(), after.begin(), after.end());
+    out.updates = result.updates;
+    out.final_cache_sizes = result.final_cache_sizes;
+    out.explained = std::make_shared<const GenerationResult>(std::move(result));
+    return out;
+  }
   out.updates = std::move(result.updates);
   out.final_cache_sizes = std::move(result.final_cache_sizes);
-  RecordWork(result, &out);
   return out;
 }
 
@@ -112,6 +122,7 @@ std::vector<Result<PromptResult>> TaskRunner::RunBatch(const tasks::TaskSpec& ta
                                         : task.update_interval > 0          ? task.update_interval
                                                                             : 512;
     generation.eos_ids = EosIds();
+    generation.record_retention = options.explain_rows.count(row.index) > 0;
     if (task.prompt_source == tasks::PromptSource::kTokenIds) {
       NAMM_ASSIGN_OR_RETURN(p.prompt, IdField(task, row, options.clean_context ? "clean_prompt_ids" : "prompt_ids"));
       if (task.scoring != tasks::Scoring::kGeneration) {

@@ -105,6 +105,9 @@ class PredictionWriter {
 
 // The predictions file of (task, policy) under an output directory.
 std::string predictions_path(const std::string& dir, const std::string& task, const std::string& policy);
+// Where `eval --explain-rows` writes the explain page of one row, beside the predictions: DIR/TASK/POLICY/
+// explain-row-R.html. results.html links every one that exists.
+std::string explain_path(const std::string& dir, const std::string& task, const std::string& policy, int64_t row);
 
 struct PolicyResult {
   std::string task, policy;

@@ -3,6 +3,8 @@
 // score the true continuation under teacher forcing.
 #pragma once
 
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,10 @@ struct PromptResult {
   // The model's work: tokens in prefill chunks and in single decode steps, and the seconds of each.
   int64_t prefill_tokens = 0, decode_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
+  // For the rows in TaskRunOptions::explain_rows: every token the model read (the prompt, then the generated or
+  // teacher-forced tokens) and the generation, with when each token left each cache (GenerationResult::retention).
+  std::vector<int64_t> explained_ids;
+  std::shared_ptr<const GenerationResult> explained;
 };
 
 struct TaskRunOptions {
@@ -35,6 +41,7 @@ struct TaskRunOptions {
   // 0: the task's setting (chunk_size / update_interval in its definition), else 128 / 512 (the reference's).
   int64_t chunk_size = 0;
   int64_t memory_update_interval = 0;
+  std::set<int64_t> explain_rows;  // rows whose evictions are recorded for an explain page (PromptResult::explained)
 };
 
 // The prefill chunk a run of `task` uses: `options.chunk_size`, else the task's, else 128 (the reference's).
