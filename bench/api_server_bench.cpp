@@ -188,7 +188,7 @@ int Run(const Options& o) {
       }
       const double rate = tokens / seconds;
       if (clients == o.clients.front()) one_client_rate = rate;
-      std::printf("| %s | %lld | %.0f | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
+      std::printf("| %s | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
                   policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(clients), rate,
                   rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
                   1000 * Percentile(between, 0.5), PeakRssMiB(), kv);

@@ -2,7 +2,7 @@
 # The held-out experiment of docs/results.md, end to end on this machine (about 40 minutes on 2 cores):
 #  1. the interruption task's rows: 512 training rows (seed 1) and 128 held-out rows (seed 2, other stories);
 #  2. a NAMM evolved on the training rows (coordinator/runs/interruption-cpu.yaml, 2 local workers);
-#  3. the stage's best NAMM exported, and the run's training report;
+#  3. the stage's best NAMM exported, and the run's training report (with what the NAMM keeps on a training row);
 #  4. `namm-worker eval` on the held-out rows: full cache, the oracle, the NAMM, and every baseline over 5 budgets;
 #  5. the clean-context score (the story without its interruption) for reference.
 # Each step resumes or is skipped when its output exists, so the script can be rerun after an interruption.
@@ -27,9 +27,12 @@ echo "== 2. training (resumes the run in $OUT/run.db if there is one)"
 "$BIN/namm-coordinator" run --config coordinator/runs/interruption-cpu.yaml --db "$OUT/run.db" --local-workers 2 \
   --data-dir "synthetic=$OUT" --log-level warn
 
-echo "== 3. the evolved NAMM and the training report"
+echo "== 3. the evolved NAMM, what it keeps on the first training row, and the training report"
 "$BIN/namm-coordinator" export --db "$OUT/run.db" --best --force --out "$OUT/interruption-namm.safetensors"
-"$BIN/namm-coordinator" report --db "$OUT/run.db" --out "$OUT/report"
+"$BIN/namm-worker" eval "${MODEL_FLAGS[@]}" --tasks syn/interruption --rows 0:1 --data-dir "synthetic=$OUT" --threads 1 \
+  --policies "namm:$OUT/interruption-namm.safetensors" --explain-rows 1 --overwrite --out "$OUT/explain" > /dev/null
+explain=$(find "$OUT/explain" -path '*namm*' -name explain-row-0.html | head -1)
+"$BIN/namm-coordinator" report --db "$OUT/run.db" --out "$OUT/report" --explain "$explain"
 
 echo "== 4. held-out evaluation"
 "$BIN/namm-worker" eval "${MODEL_FLAGS[@]}" --tasks syn/interruption_heldout --data-dir "synthetic=$OUT" --threads 1 \
