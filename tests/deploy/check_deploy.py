@@ -3,7 +3,7 @@
 
     tests/deploy/check_deploy.py --repo REPO --bin BINDIR
 
-BINDIR holds namm-coordinator and namm-worker. What is checked:
+BINDIR holds namm-coordinator, namm-worker and namm-api. What is checked:
 
 - every YAML file under deploy/ and dashboards/provisioning/ parses (several documents per file allowed);
 - the Grafana dashboard parses, every panel and query uses the ${datasource} variable, the run/datasource
@@ -13,7 +13,7 @@ BINDIR holds namm-coordinator and namm-worker. What is checked:
   that points at BINDIR;
 - Dockerfiles: ENTRYPOINT is /usr/local/bin/<binary of BINDIR> and the file builds and copies that binary;
 - Kubernetes manifests: required fields, selectors, references between objects, probes, scrape annotations;
-- every flag passed to namm-coordinator / namm-worker (unit ExecStart and env examples, Dockerfile CMD, compose
+- every flag passed to namm-coordinator / namm-worker / namm-api (unit ExecStart and env examples, Dockerfile CMD, compose
   command, Kubernetes command/args) appears in `BINDIR/<binary> <subcommand> --help`, and every `serve` speaks TLS
   (--tls-cert / --tls-ca, never --insecure-plaintext).
 
@@ -33,7 +33,9 @@ import tempfile
 
 import yaml
 
-BINARIES = ("namm-coordinator", "namm-worker")
+BINARIES = ("namm-coordinator", "namm-worker", "namm-api")
+# Programs without subcommands: their flags follow the binary.
+NO_SUBCOMMAND = ("namm-api",)
 INSTALL_DIR = "/usr/local/bin/"
 
 
@@ -93,19 +95,24 @@ class Checker:
         return out
 
     def binary_options(self, binary, subcommand):
-        """The long options of `binary subcommand --help`, or None when that is not a subcommand."""
+        """The long options of `binary subcommand --help` (`binary --help` when subcommand is None), or None when
+        that is not a subcommand."""
         key = (binary, subcommand)
         if key not in self.help_cache:
             exe = os.path.join(self.bindir, binary)
             try:
-                proc = subprocess.run([exe, subcommand, "--help"], capture_output=True, text=True, timeout=60)
+                proc = subprocess.run([exe] + ([subcommand] if subcommand else []) + ["--help"], capture_output=True,
+                                      text=True, timeout=60)
             except OSError as e:
                 self.help_cache[key] = None
                 self.r.fail(exe, f"cannot run: {e}")
                 return None
             # CLI11 answers --help of an unknown subcommand with the program's own help: insist on its usage line.
             usage = re.search(r"^Usage: \S+ (\S+)", proc.stdout, re.M)
-            if proc.returncode != 0 or not usage or usage.group(1) != subcommand:
+            if subcommand is None:
+                self.help_cache[key] = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", proc.stdout)) \
+                    if proc.returncode == 0 else None
+            elif proc.returncode != 0 or not usage or usage.group(1) != subcommand:
                 self.help_cache[key] = None
             else:
                 self.help_cache[key] = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", proc.stdout))
@@ -116,26 +123,29 @@ class Checker:
         if binary not in BINARIES:
             self.r.fail(where, f"runs '{binary}', which is not one of {', '.join(BINARIES)}")
             return
-        if not args:
+        if binary in NO_SUBCOMMAND:
+            args = [None] + list(args)
+        elif not args:
             self.r.fail(where, f"{binary} without a subcommand")
             return
         sub = args[0]
+        shown = binary if sub is None else f"{binary} {sub}"
         options = self.binary_options(binary, sub)
         if options is None:
             self.r.fail(where, f"'{binary} {sub}' is not a subcommand of {os.path.join(self.bindir, binary)}")
             return
         flags = [a.split("=", 1)[0] for a in args[1:] if a.startswith("--")]
         # Every daemon the deployment files start speaks TLS: plaintext is never a template's default.
-        if sub == "serve":
-            needed = "--tls-cert" if binary == "namm-coordinator" else "--tls-ca"
+        if sub == "serve" or binary in NO_SUBCOMMAND:
+            needed = "--tls-ca" if binary == "namm-worker" else "--tls-cert"
             self.r.check(needed in flags and "--insecure-plaintext" not in flags, where,
-                         f"'{binary} serve' without TLS ({needed}) or with --insecure-plaintext")
+                         f"'{shown}' without TLS ({needed}) or with --insecure-plaintext")
         unknown = [f for f in flags if f not in options]
         for f in unknown:
-            self.r.fail(where, f"flag {f} is not an option of '{binary} {sub}' ({os.path.join(self.bindir, binary)} "
-                               f"{sub} --help does not list it)")
+            self.r.fail(where, f"flag {f} is not an option of '{shown}' ({os.path.join(self.bindir, shown)} "
+                               f"--help does not list it)")
         if not unknown:
-            self.r.ok(f"{where}: {binary} {sub}: {len(flags)} flags exist ({' '.join(flags)})")
+            self.r.ok(f"{where}: {shown}: {len(flags)} flags exist ({' '.join(flags)})")
 
     # ---- YAML ----------------------------------------------------------------------------------------------------
 
