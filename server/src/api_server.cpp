@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -54,6 +55,10 @@ class TimedSocket {
   TimedSocket(tcp::socket& socket, std::chrono::milliseconds timeout, const std::atomic<bool>& stop)
       : socket_(&socket), timeout_(timeout), stop_(&stop) {}
 
+  // A deadline for every operation until the next call, beside each operation's own timeout: a whole request's
+  // headers and body, or a TLS handshake, must arrive in time, however slowly their bytes trickle.
+  void set_deadline(Clock::time_point deadline) { deadline_ = deadline; }
+
   executor_type get_executor() { return socket_->get_executor(); }
   lowest_layer_type& lowest_layer() { return socket_->lowest_layer(); }
   const lowest_layer_type& lowest_layer() const { return socket_->lowest_layer(); }
@@ -84,7 +89,7 @@ class TimedSocket {
  private:
   template <class Op>
   std::size_t Io(short events, beast::error_code& ec, Op op) {
-    const auto deadline = Clock::now() + timeout_;
+    const auto deadline = std::min(Clock::now() + timeout_, deadline_);
     while (true) {
       ec = {};
       const std::size_t n = op();
@@ -105,6 +110,7 @@ class TimedSocket {
   tcp::socket* socket_;
   std::chrono::milliseconds timeout_;
   const std::atomic<bool>* stop_;
+  Clock::time_point deadline_ = Clock::time_point::max();
 };
 
 // Whether the client closed its end (or the connection broke): checked while its request waits.
@@ -204,7 +210,11 @@ struct ApiServer::Impl {
       beast::error_code ec;
       auto socket = std::make_unique<tcp::socket>(io);
       acceptor.accept(*socket, ec);
-      if (ec) continue;
+      if (ec) {
+        // Out of descriptors (EMFILE) leaves the listener readable: wait rather than spin.
+        if (ec != asio::error::would_block && ec != asio::error::try_again) std::this_thread::sleep_for(kPollSlice);
+        continue;
+      }
       std::lock_guard<std::mutex> lock(connections_mutex);
       if (connections.size() >= options.max_connections) {
         RefuseConnection(*socket);
@@ -212,17 +222,20 @@ struct ApiServer::Impl {
       }
       connections.push_back(std::make_unique<Connection>());
       Connection* connection = connections.back().get();
-      connection->thread = std::thread([this, connection, s = std::move(socket)]() mutable {
-        try {
-          Serve(*s);
-        } catch (const std::exception& e) {
-          spdlog::warn("namm-api: connection ended: {}", e.what());
-        }
-        beast::error_code ignored;
-        s->shutdown(tcp::socket::shutdown_both, ignored);
-        s->close(ignored);
-        connection->done.store(true);
-      });
+      try {
+        connection->thread = std::thread([this, connection, s = std::move(socket)]() mutable {
+          try {
+            Serve(*s);
+          } catch (const std::exception& e) {
+            spdlog::warn("namm-api: connection ended: {}", e.what());
+          }
+          CloseGracefully(*s);
+          connection->done.store(true);
+        });
+      } catch (const std::exception& e) {  // no thread to be had: the connection closes (its socket with the lambda)
+        spdlog::error("namm-api: cannot start a connection's thread: {}", e.what());
+        connections.pop_back();
+      }
     }
     beast::error_code ignored;
     acceptor.close(ignored);
@@ -242,7 +255,26 @@ struct ApiServer::Impl {
         }
       }
     }
-    for (auto& c : finished) c->thread.join();
+    for (auto& c : finished) {
+      if (c->thread.joinable()) c->thread.join();
+    }
+  }
+
+  // Closes a connection without resetting it: stop sending, then read and drop what the client still sends (a
+  // body we refused, with 413) until it closes, for up to a second, so that it reads our last response first.
+  void CloseGracefully(tcp::socket& socket) {
+    beast::error_code ec;
+    socket.shutdown(tcp::socket::shutdown_send, ec);
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    std::array<char, 4096> sink;
+    std::size_t drained = 0;
+    while (!ec && Clock::now() < until && drained < (1u << 20) && !stopping.load()) {
+      pollfd p{socket.native_handle(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(kPollSlice.count())) <= 0) continue;
+      drained += socket.read_some(asio::buffer(sink), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
+    }
+    socket.close(ec);
   }
 
   // Over max_connections: a 503 in plain HTTP (a TLS client sees a failed handshake), then close.
@@ -267,21 +299,25 @@ struct ApiServer::Impl {
     socket.set_option(tcp::no_delay(true), ec);
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_seconds * 1000));
     TimedSocket timed(socket, timeout, stopping);
-    if (!tls) return ServeRequests(timed, socket.native_handle());
+    if (!tls) return ServeRequests(timed, timed, socket.native_handle());
+    timed.set_deadline(Clock::now() + timeout);
     ssl::stream<TimedSocket> stream(timed, *tls);
     stream.handshake(ssl::stream_base::server, ec);
     if (ec) return;  // not TLS, a certificate refused, or too slow
-    ServeRequests(stream, socket.native_handle());
+    ServeRequests(stream, stream.next_layer(), socket.native_handle());
   }
 
+  // `timed` is the socket under `stream` (the stream itself without TLS).
   template <class Stream>
-  void ServeRequests(Stream& stream, int fd) {
+  void ServeRequests(Stream& stream, TimedSocket& timed, int fd) {
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_seconds * 1000));
     beast::flat_buffer buffer;
     while (!stopping.load()) {
       http::request_parser<http::string_body> parser;
       parser.header_limit(kMaxHeaderBytes);
       parser.body_limit(options.max_body_bytes);
       beast::error_code ec;
+      timed.set_deadline(Clock::now() + timeout);  // the request's headers and body, however they trickle
       http::read_header(stream, buffer, parser, ec);
       if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
       if (ec == http::error::header_limit) {
@@ -289,7 +325,7 @@ struct ApiServer::Impl {
         return;
       }
       if (ec) return;  // closed, idle, or not HTTP
-      if (parser.get()[http::field::expect] == "100-continue") {
+      if (parser.get().version() == 11 && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
         http::response<http::empty_body> go_on{http::status::continue_, 11};
         http::write(stream, go_on, ec);
         if (ec) return;
@@ -297,6 +333,7 @@ struct ApiServer::Impl {
       http::read(stream, buffer, parser, ec);
       if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
       if (ec) return;
+      timed.set_deadline(Clock::time_point::max());  // the answer: each write has its own timeout
       if (!Handle(stream, fd, parser.get())) return;
     }
   }
@@ -320,7 +357,8 @@ struct ApiServer::Impl {
       if (!get) return Reply(stream, request, "health", Error(405, "use GET /health"), request.keep_alive(), {{"Allow", "GET"}});
       nlohmann::ordered_json health = {{"status", draining ? "draining" : "ok"}, {"model", options.model_name},
                                        {"running", scheduler->running()}, {"queued", scheduler->queued()}};
-      return Send(stream, request, "health", draining ? 503 : 200, health.dump(), "application/json", {},
+      return Send(stream, request, "health", draining ? 503 : 200,
+                  health.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), "application/json", {},
                   request.keep_alive());
     }
     if (path == "/metrics") {
@@ -417,7 +455,7 @@ struct ApiServer::Impl {
     job.max_tokens = r.max_tokens ? *r.max_tokens
                                   : r.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, std::max<int64_t>(room, 0))
                                                                          : std::min(room, max_tokens);
-    if (prompt + job.max_tokens > context || room <= 0) {
+    if (job.max_tokens > room || room <= 0) {
       return Error(400, "This model's maximum context length is " + std::to_string(context) + " tokens. However, you requested " +
                             std::to_string(prompt + job.max_tokens) + " tokens (" + std::to_string(prompt) + " in the " +
                             param + ", " + std::to_string(job.max_tokens) + " in the completion). Please reduce the length.",
@@ -451,7 +489,11 @@ struct ApiServer::Impl {
       std::atomic<int64_t>& n;
       ~Done() { n.fetch_sub(1); }
     } done{in_flight};
-    std::shared_ptr<CompletionHandle> handle = scheduler->Submit(std::move(std::get<CompletionJob>(job)));
+    bool shutting_down = false;
+    std::shared_ptr<CompletionHandle> handle = scheduler->Submit(std::move(std::get<CompletionJob>(job)), &shutting_down);
+    if (!handle && shutting_down) {
+      return Reply(stream, http_request, endpoint, Error(503, "the server is shutting down; retry on another instance"), false);
+    }
     if (!handle) {
       const int64_t retry = scheduler->retry_after_seconds();
       return Reply(stream, http_request, endpoint,
@@ -492,17 +534,24 @@ struct ApiServer::Impl {
   template <class S>
   bool StreamEvents(S& stream, int fd, const Request& http_request, const CompletionRequest& request,
               const ResponseHeader& header, CompletionHandle& handle, const std::string& endpoint) {
+    // HTTP/1.1 streams in chunks and may keep the connection; HTTP/1.0 has no chunks: the stream ends with the
+    // connection.
+    const bool chunked = http_request.version() >= 11;
     http::response<http::empty_body> head{http::status::ok, http_request.version()};
     head.set(http::field::content_type, "text/event-stream");
     head.set(http::field::cache_control, "no-cache");
-    head.keep_alive(http_request.keep_alive());
-    head.chunked(true);
+    head.keep_alive(chunked && http_request.keep_alive());
+    head.chunked(chunked);
     http::response_serializer<http::empty_body> serializer{head};
     beast::error_code ec;
     http::write_header(stream, serializer, ec);
     const auto event = [&](const std::string& data) {
       const std::string text = "data: " + data + "\n\n";
-      asio::write(stream, http::make_chunk(asio::buffer(text)), ec);
+      if (chunked) {
+        asio::write(stream, http::make_chunk(asio::buffer(text)), ec);
+      } else {
+        asio::write(stream, asio::buffer(text), ec);
+      }
       return !ec;
     };
     bool ok = !ec;
@@ -519,9 +568,9 @@ struct ApiServer::Impl {
           for (const std::string& chunk : stream_final_chunks(request, header, update.outcome)) ok = ok && event(chunk);
         }
         ok = ok && event("[DONE]");
-        if (ok) asio::write(stream, http::make_chunk_last(), ec);
+        if (ok && chunked) asio::write(stream, http::make_chunk_last(), ec);
         if (metrics) metrics->Request(endpoint, status);
-        return ok && !ec && http_request.keep_alive();
+        return ok && !ec && head.keep_alive();
       }
       if (ok && update.text.empty() && (PeerGone(fd) || stopping.load())) ok = false;
     }

@@ -151,7 +151,9 @@ struct CompletionScheduler::Impl {
   };
 
   Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, SchedulerOptions o, ApiMetrics* mx)
-      : model(m), tokenizer(t), options(std::move(o)), metrics(mx), factory(m.options().device(), &t), batch(m, t) {}
+      : model(m), tokenizer(t), options(std::move(o)), metrics(mx), factory(m.options().device(), &t), batch(m, t) {
+    rows.reserve(options.max_running);
+  }
 
   const worker::LlamaModel& model;
   const worker::Tokenizer& tokenizer;
@@ -180,16 +182,27 @@ struct CompletionScheduler::Impl {
         if (stopping) break;
       }
       try {
+        DropCancelledAndLate();  // before admitting, so that no late request gets a cache
         Admit();
-        DropCancelledAndLate();
         batch.Step();
         Publish();  // also the rows that could not begin, which took no step
         Gauges();
       } catch (const std::exception& e) {
-        FailAll(ServerError(500, std::string("the model failed: ") + e.what()));
+        SafeFailAll(ServerError(500, std::string("the model failed: ") + e.what()));
+      } catch (...) {
+        SafeFailAll(ServerError(500, "the model failed"));
       }
     }
-    FailAll(ServerError(503, "the server is shutting down"));
+    SafeFailAll(ServerError(503, "the server is shutting down"));
+  }
+
+  // FailAll, which must not throw out of the thread either.
+  void SafeFailAll(const ApiError& error) {
+    try {
+      FailAll(error);
+    } catch (const std::exception& e) {
+      spdlog::error("namm-api: could not end the running requests: {}", e.what());
+    }
   }
 
   void Admit() {
@@ -202,15 +215,25 @@ struct CompletionScheduler::Impl {
         queue.pop_front();
         running = rows.size() + 1;
       }
+      // A request that cannot be admitted (its policy, or its cache: out of memory) fails alone.
+      try {
+        AdmitOne(std::move(next));
+      } catch (const std::exception& e) {
+        if (next.handle) next.handle->Fail(ServerError(503, std::string("cannot admit the request: ") + e.what()));
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      running = rows.size();
+    }
+  }
+
+  // Joins `next` to the batch; `next` is left as it was when this throws, for the caller to fail it.
+  void AdmitOne(Waiting&& next) {
+    {
       Result<std::unique_ptr<MemoryPolicy>> policy = factory.Make(next.job.policy);
       if (!policy.ok()) {
-        {
-          std::lock_guard<std::mutex> lock(mutex);
-          running = rows.size();
-        }
         next.handle->Fail(ApiError{400, "namm_policy: " + policy.status().message(), "invalid_request_error",
                                    "namm_policy", ""});
-        continue;
+        return;
       }
       Row row;
       row.policy = std::move(*policy);
@@ -232,7 +255,7 @@ struct CompletionScheduler::Impl {
       row.id = batch.Join(std::move(request));
       row.last_token = Clock::now();
       row.request = std::move(next);
-      rows.push_back(std::move(row));
+      rows.push_back(std::move(row));  // reserved for max_running rows: does not throw
     }
   }
 
@@ -290,7 +313,13 @@ struct CompletionScheduler::Impl {
         }
         row.tokens_seen = tokens.size();
         row.last_token = now;
-        const std::string text = tokenizer.Decode(tokens);
+        std::string text = tokenizer.Decode(tokens);
+        // A whole stop string ends the answer where it begins (the sequence finishes at this step): it and what
+        // follows it are never sent.
+        for (const std::string& stop : row.request.job.stop) {
+          const std::size_t at = text.find(stop);
+          if (at != std::string::npos) text.resize(at);
+        }
         const std::size_t stable = StableLength(text, row.request.job.stop);
         if (stable > row.sent.size() && text.compare(0, row.sent.size(), row.sent) == 0) {
           row.request.handle->Publish(text.substr(row.sent.size(), stable - row.sent.size()));
@@ -386,10 +415,11 @@ Result<std::unique_ptr<CompletionScheduler>> CompletionScheduler::Start(const wo
   return scheduler;
 }
 
-std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job) {
+std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job, bool* stopping) {
   auto handle = std::make_shared<CompletionHandle>();
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (stopping != nullptr) *stopping = impl_->stopping;
     if (impl_->stopping || impl_->queue.size() >= impl_->options.max_queue) return nullptr;
     const uint64_t n = impl_->arrivals++;
     const uint64_t seed = job.seed ? *job.seed : DrawSeed(impl_->options.seed, n);

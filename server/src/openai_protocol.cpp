@@ -17,6 +17,10 @@ ApiError Invalid(std::string message, std::string param) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
 }
 
+// JSON text; strings that are not valid UTF-8 (a client's, or a model name from a file path) have their bad bytes
+// replaced rather than throwing.
+std::string Dump(const ordered& value) { return value.dump(-1, ' ', false, ordered::error_handler_t::replace); }
+
 // A field's JSON type name, for messages.
 std::string TypeName(const json& value) { return value.type_name(); }
 
@@ -204,7 +208,7 @@ std::string ApiError::ToJson() const {
                    {"type", type},
                    {"param", param.empty() ? ordered(nullptr) : ordered(param)},
                    {"code", code.empty() ? ordered(nullptr) : ordered(code)}};
-  return ordered{{"error", error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return Dump(ordered{{"error", error}});
 }
 
 std::variant<CompletionRequest, ApiError> parse_completion_request(Endpoint endpoint, std::string_view body_text) {
@@ -278,14 +282,14 @@ std::string completion_response(const CompletionRequest& request, const Response
   response["choices"] = ordered::array({choice});
   response["usage"] = Usage(outcome);
   response["namm"] = NammExtension(outcome);
-  return response.dump(-1, ' ', false, json::error_handler_t::replace);
+  return Dump(response);
 }
 
 std::string stream_text_chunk(const CompletionRequest& request, const ResponseHeader& header, std::string_view text,
                               bool first) {
   ordered chunk = Header(request, header, true);
   chunk["choices"] = ordered::array({ChunkChoice(request, text, first, "")});
-  return chunk.dump(-1, ' ', false, json::error_handler_t::replace);
+  return Dump(chunk);
 }
 
 std::vector<std::string> stream_final_chunks(const CompletionRequest& request, const ResponseHeader& header,
@@ -294,23 +298,23 @@ std::vector<std::string> stream_final_chunks(const CompletionRequest& request, c
   ordered last = Header(request, header, true);
   last["choices"] = ordered::array({ChunkChoice(request, "", false, outcome.finish_reason)});
   last["namm"] = NammExtension(outcome);
-  chunks.push_back(last.dump(-1, ' ', false, json::error_handler_t::replace));
+  chunks.push_back(Dump(last));
   if (request.include_usage) {
     ordered usage = Header(request, header, true);
     usage["choices"] = ordered::array();
     usage["usage"] = Usage(outcome);
-    chunks.push_back(usage.dump());
+    chunks.push_back(Dump(usage));
   }
   return chunks;
 }
 
 std::string model_object(const std::string& model, int64_t created) {
-  return ordered{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "namm"}}.dump();
+  return Dump(ordered{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "namm"}});
 }
 
 std::string model_list(const std::string& model, int64_t created) {
   ordered list = {{"object", "list"}, {"data", ordered::array({ordered::parse(model_object(model, created))})}};
-  return list.dump();
+  return Dump(list);
 }
 
 }  // namespace namm::server

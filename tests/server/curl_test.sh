@@ -71,6 +71,33 @@ grep -q '^data: \[DONE\]' "$work/drain" || fail "the stream did not finish while
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 grep -q 'draining' "$work/out" || fail "no drain message"
 
+echo "== a client trickling its request a byte at a time is cut off at --idle-timeout for the whole request"
+start --idle-timeout 1
+port=${URL##*:}
+elapsed=$(python3 - "$port" <<'PY'
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+start = time.time()
+try:
+    for b in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+        s.send(bytes([b]))
+        time.sleep(0.2)
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                break
+        except BlockingIOError:
+            pass
+        s.setblocking(True)
+except OSError:
+    pass
+print(round(time.time() - start, 1))
+PY
+)
+python3 -c "import sys; sys.exit(0 if float('$elapsed') < 3 else 1)" || fail "a trickling request held its connection $elapsed s"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+
 echo "== API keys and TLS (curl with the CA; no key: 401)"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$work/key.pem" -out "$work/cert.pem" -days 1 \
   -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2> /dev/null

@@ -118,6 +118,19 @@ await check("the per-request policy evicts, and the response says how much", asy
   assert.match(metrics, /namm_api_evicted_tokens_total \d+/);
 });
 
+await check("a stop string ends the answer before it, streamed or not", async () => {
+  const stop = " " + greedy.choices[0].text.trim().split(" ")[3];  // the answer's fourth word
+  const cut = greedy.choices[0].text.indexOf(stop);
+  assert.ok(cut > 0, greedy.choices[0].text);
+  const whole = await client.completions.create({ model: "stories260K", prompt, max_tokens: 24, temperature: 0,
+                                                  stop: [stop, "never"] });
+  assert.equal(whole.choices[0].text, greedy.choices[0].text.slice(0, cut));
+  assert.equal(whole.choices[0].finish_reason, "stop");
+  const chunks = await collect(await client.completions.create({ model: "stories260K", prompt, max_tokens: 24,
+    temperature: 0, stop: [stop, "never"], stream: true }));
+  assert.equal(chunks.map((c) => c.choices[0]?.text ?? "").join(""), whole.choices[0].text);
+});
+
 let chat;
 await check("a chat completion, whole and streamed", async () => {
   const messages = [{ role: "system", content: "You tell stories." }, { role: "user", content: "Tell me about Lily." }];

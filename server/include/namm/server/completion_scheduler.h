@@ -92,8 +92,8 @@ class CompletionScheduler {
   CompletionScheduler(const CompletionScheduler&) = delete;
   CompletionScheduler& operator=(const CompletionScheduler&) = delete;
 
-  // Queues a request; null when the queue is full.
-  std::shared_ptr<CompletionHandle> Submit(CompletionJob job);
+  // Queues a request; null when the queue is full, or when the scheduler is stopping (then *stopping is set).
+  std::shared_ptr<CompletionHandle> Submit(CompletionJob job, bool* stopping = nullptr);
   // Requests queued and running now.
   std::size_t queued() const;
   std::size_t running() const;
