@@ -12,6 +12,7 @@ json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 # Starts namm-api with the given flags; sets PID and URL.
 start() {
+  rm -f "$work/out"  # the previous server's address must not be read for this one's
   "$API" --model "$MODEL_DIR/stories260K.bin" --tokenizer "$MODEL_DIR/tok512.bin" --listen 127.0.0.1:0 --threads 1 \
     --log-level warn "$@" > "$work/out" 2> "$work/err" &
   PID=$!
