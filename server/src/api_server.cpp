@@ -135,11 +135,7 @@ std::string PolicyLabel(const std::string& spec) {
 
 // OpenAI's error type for a status.
 ApiError Error(int status, std::string message, std::string param = "", std::string code = "") {
-  const char* type = status == 401   ? "invalid_request_error"
-                     : status == 404 ? "invalid_request_error"
-                     : status == 429 ? "rate_limit_exceeded"
-                     : status >= 500 ? "server_error"
-                                     : "invalid_request_error";
+  const char* type = status == 429 ? "rate_limit_exceeded" : status >= 500 ? "server_error" : "invalid_request_error";
   return ApiError{status, std::move(message), type, std::move(param), std::move(code)};
 }
 
@@ -175,6 +171,7 @@ struct ApiServer::Impl {
   bool template_writes_bos = false;  // a model's own template does; the plain one does not
   std::vector<std::string> api_keys;
   int64_t context = 0, max_prompt_tokens = 0, max_tokens = 0;
+  std::chrono::milliseconds idle_timeout{0};  // --idle-timeout
   int64_t created = std::time(nullptr);
   std::unique_ptr<ApiMetrics> metrics;
   std::unique_ptr<CompletionScheduler> scheduler;
@@ -297,10 +294,9 @@ struct ApiServer::Impl {
     beast::error_code ec;
     socket.non_blocking(true, ec);
     socket.set_option(tcp::no_delay(true), ec);
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_seconds * 1000));
-    TimedSocket timed(socket, timeout, stopping);
+    TimedSocket timed(socket, idle_timeout, stopping);
     if (!tls) return ServeRequests(timed, timed, socket.native_handle());
-    timed.set_deadline(Clock::now() + timeout);
+    timed.set_deadline(Clock::now() + idle_timeout);
     ssl::stream<TimedSocket> stream(timed, *tls);
     stream.handshake(ssl::stream_base::server, ec);
     if (ec) return;  // not TLS, a certificate refused, or too slow
@@ -310,14 +306,13 @@ struct ApiServer::Impl {
   // `timed` is the socket under `stream` (the stream itself without TLS).
   template <class Stream>
   void ServeRequests(Stream& stream, TimedSocket& timed, int fd) {
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_seconds * 1000));
     beast::flat_buffer buffer;
     while (!stopping.load()) {
       http::request_parser<http::string_body> parser;
       parser.header_limit(kMaxHeaderBytes);
       parser.body_limit(options.max_body_bytes);
       beast::error_code ec;
-      timed.set_deadline(Clock::now() + timeout);  // the request's headers and body, however they trickle
+      timed.set_deadline(Clock::now() + idle_timeout);  // the request's headers and body, however they trickle
       http::read_header(stream, buffer, parser, ec);
       if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
       if (ec == http::error::header_limit) {
@@ -622,6 +617,7 @@ Result<std::unique_ptr<ApiServer>> ApiServer::Start(const worker::LlamaModel& mo
   const ApiServerOptions& o = impl->options;
   impl->context = o.scheduler.max_context > 0 ? o.scheduler.max_context : model.config().context_length();
   impl->max_prompt_tokens = o.max_prompt_tokens > 0 ? std::min(o.max_prompt_tokens, impl->context) : impl->context;
+  impl->idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.idle_timeout_seconds * 1000));
   impl->max_tokens = o.max_tokens > 0 ? std::min(o.max_tokens, impl->context) : impl->context;
   if (chat != nullptr) {
     impl->chat_template = chat->chat_template;

@@ -82,17 +82,23 @@ struct Row {
   bool forced = false;
 };
 
+// A row's prompt and policy, with memory updates every 128 tokens in chunks of 64.
+Generator::Request RowRequest(const Stories& s, const Row& row, MemoryPolicy* policy) {
+  Generator::Request request;
+  request.prompt_ids = LongPrompt(*s.tokenizer, row.prompt_tokens);
+  request.policy = policy;
+  request.options.memory_update_interval = 128;
+  request.options.chunk_size = 64;
+  return request;
+}
+
 void ExpectBatchEqualsAlone(const Stories& s, const std::vector<Row>& rows) {
   const Generator generator(s.model, *s.tokenizer);
   std::vector<std::unique_ptr<MemoryPolicy>> batch_policies;
   std::vector<Generator::Request> requests;
   for (const Row& row : rows) {
     batch_policies.push_back(MakePolicy(row.policy, *s.tokenizer));
-    Generator::Request request;
-    request.prompt_ids = LongPrompt(*s.tokenizer, row.prompt_tokens);
-    request.policy = batch_policies.back().get();
-    request.options.memory_update_interval = 128;
-    request.options.chunk_size = 64;
+    Generator::Request request = RowRequest(s, row, batch_policies.back().get());
     request.options.record_logits = true;
     request.options.eos_ids = {2};
     if (row.forced) {
@@ -160,11 +166,7 @@ TEST(BatchedGeneration, SequencesJoiningAndLeavingARunningBatchGetWhatTheyGetAlo
   std::vector<Generator::Request> requests;
   for (const Row& row : rows) {
     policies.push_back(MakePolicy(row.policy, *s.tokenizer));
-    Generator::Request request;
-    request.prompt_ids = LongPrompt(*s.tokenizer, row.prompt_tokens);
-    request.policy = policies.back().get();
-    request.options.memory_update_interval = 128;
-    request.options.chunk_size = 64;
+    Generator::Request request = RowRequest(s, row, policies.back().get());
     request.options.max_new_tokens = row.new_tokens;
     request.options.temperature = 0.8;  // sampled: the draws must not depend on the step a row joined at
     request.options.seed = 7;

@@ -598,7 +598,7 @@ std::string TaskChart(const std::string& task, const std::vector<PolicyResult>& 
 }
 
 // Links to the explain pages under `dir` (eval --explain-rows), a row per (task, policy) that has any.
-std::string ExplainLinks(const EvalConfig& config, const std::vector<PolicyResult>& results, const std::string& dir) {
+std::string ExplainLinks(const std::vector<PolicyResult>& results, const std::string& dir) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : results) {
     const std::string folder = output_directory_name(r.task) + "/" + output_directory_name(r.policy);
@@ -623,7 +623,6 @@ std::string ExplainLinks(const EvalConfig& config, const std::vector<PolicyResul
     rows.push_back({r.task, r.policy, links});
   }
   if (rows.empty()) return "";
-  (void)config;
   return "<h2>What the policies keep</h2>\n<p class=\"meta\">Per row: every token shaded by how long it stayed in "
          "the cache, and the cache size after every memory update (eval --explain-rows).</p>\n" +
          html_table({"task", "policy", "rows"}, rows, /*raw_html_columns=*/{2});
@@ -654,7 +653,7 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
                 {"task", "policy", "relative cache", "score", "family", "family at that cache", "note"},
                 matched);
   }
-  body << ExplainLinks(config, results, dir);
+  body << ExplainLinks(results, dir);
   body << "<h2>Every result</h2>\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& r : results) {
