@@ -3,13 +3,10 @@
 // token ids, M new tokens, the usage in the last event), for C in --clients and for each policy (the full cache,
 // and --namm's NAMM). Prints one table row per (policy, C): generated tokens per second over the whole run, its
 // ratio to one client, time to first token p50 / p99, time between tokens p50, the process's peak resident memory,
-// and the KV bytes each request held at its peak (namm.cache.peak_kv_bytes, mean over requests).
-//
-// Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
-//        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
-//        [--chunk 32] [--update-interval 64] [--threads 2] [--context 0]
-// --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
-#include <ATen/Parallel.h>
+// the KV bytes each request held at its peak (namm.cache.peak_kv_bytes, mean over requests), and the FLOP rate of
+// the run against a matrix-product peak measured in the same run on the same threads (bench/roofline.h: the model's
+// products and attention over the keys each request reports, namm.cache.mean_kv_tokens; a NAMM's memory updates
+// are not counted, its observation is). Options: kUsage below (--help).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -26,12 +23,13 @@
 #include <thread>
 #include <vector>
 
-#include "namm/blas_threads.h"
+#include "namm/cpu_threads.h"
 #include "namm/server/api_server.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
-#include "parse_counts.h"
+#include "bench_args.h"
 #include "random_model.h"
+#include "roofline.h"
 
 namespace namm::bench {
 namespace {
@@ -54,6 +52,7 @@ struct RequestStats {
   double first_token = 0;            // seconds from sending to the first text
   std::vector<double> between;       // seconds between text events
   int64_t tokens = 0, peak_kv_bytes = 0;
+  double mean_kv_tokens = 0;         // namm.cache.mean_kv_tokens
   std::string error;
 };
 
@@ -85,7 +84,10 @@ RequestStats Stream(int port, const std::string& body) {
         const nlohmann::json j = nlohmann::json::parse(event.substr(6));
         if (j.contains("error")) throw std::runtime_error(j["error"]["message"].get<std::string>());
         if (j.contains("usage")) stats.tokens = j["usage"]["completion_tokens"];
-        if (j.contains("namm")) stats.peak_kv_bytes = j["namm"]["cache"]["peak_kv_bytes"];
+        if (j.contains("namm")) {
+          stats.peak_kv_bytes = j["namm"]["cache"]["peak_kv_bytes"];
+          stats.mean_kv_tokens = j["namm"]["cache"]["mean_kv_tokens"];
+        }
         if (!j["choices"].empty() && !j["choices"][0]["text"].get<std::string>().empty()) {
           const auto now = Clock::now();
           if (stats.first_token == 0) stats.first_token = std::chrono::duration<double>(now - sent).count();
@@ -117,8 +119,7 @@ double PeakRssMiB() {
 }
 
 int Run(const Options& o) {
-  set_blas_threads(static_cast<int>(o.threads));
-  at::set_num_threads(static_cast<int>(o.threads));
+  set_cpu_threads(static_cast<int>(o.threads));
   Result<std::unique_ptr<worker::Tokenizer>> tokenizer = worker::load_tokenizer(o.tokenizer);
   if (!tokenizer.ok()) return std::fprintf(stderr, "%s\n", tokenizer.status().message().c_str()), 1;
   std::unique_ptr<worker::LlamaModel> model;
@@ -141,8 +142,11 @@ int Run(const Options& o) {
               static_cast<long long>(o.max_tokens), static_cast<long long>(o.chunk),
               static_cast<long long>(o.update_interval), static_cast<long long>(o.threads),
               static_cast<long long>(o.requests));
+  const MatmulPeak peak = MeasureMatmulPeak();
+  std::printf("matrix-product peak %.1f GFLOP/s (%s, measured now on these threads)\n\n", peak.gflops,
+              peak.source.c_str());
   std::printf("| policy | clients | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
-              "peak RSS (MiB) | KV bytes per request |\n|---|---|---|---|---|---|---|---|---|\n");
+              "peak RSS (MiB) | KV bytes per request | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> policies = {"full"};
   if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
   for (const std::string& policy : policies) {
@@ -178,20 +182,26 @@ int Run(const Options& o) {
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       (*started)->Drain(std::chrono::milliseconds(0));
       std::vector<double> first, between;
-      double tokens = 0, kv = 0;
+      double tokens = 0, kv = 0, flops = 0;
+      const int64_t namm_hidden = policy == "full" ? 0 : 32;
       for (const RequestStats& s : all) {
         if (!s.error.empty()) return std::fprintf(stderr, "a request failed: %s\n", s.error.c_str()), 1;
         first.push_back(s.first_token);
         between.insert(between.end(), s.between.begin(), s.between.end());
         tokens += static_cast<double>(s.tokens);
         kv += static_cast<double>(s.peak_kv_bytes) / static_cast<double>(all.size());
+        worker::GenerationResult done;  // what the response tells of the generation
+        done.prompt_tokens = o.prompt_tokens;
+        done.decode_steps = std::max<int64_t>(0, s.tokens - 1);
+        done.mean_kv_tokens = s.mean_kv_tokens;
+        flops += GenerationFlops(model->config(), done, s.tokens, namm_hidden);
       }
       const double rate = tokens / seconds;
       if (clients == o.clients.front()) one_client_rate = rate;
-      std::printf("| %s | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f |\n",
+      std::printf("| %s | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %s |\n",
                   policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(clients), rate,
                   rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
-                  1000 * Percentile(between, 0.5), PeakRssMiB(), kv);
+                  1000 * Percentile(between, 0.5), PeakRssMiB(), kv, RooflineCells(flops, seconds, peak).c_str());
       std::fflush(stdout);
     }
   }
@@ -201,10 +211,17 @@ int Run(const Options& o) {
 }  // namespace
 }  // namespace namm::bench
 
+constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
+       [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
+       [--chunk 32] [--update-interval 64] [--threads 2] [--context 0]
+--random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
+--threads sets the CPU thread budget (libtorch, BLAS and our kernels' pool).
+)";
+
 int main(int argc, char** argv) {
   namm::bench::Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i], value = argv[i + 1];
+  const std::optional<int> exit = namm::bench::ParseArgs(argc, argv, kUsage, [&](const std::string& key,
+                                                                                const std::string& value) {
     if (key == "--model") o.model = value;
     else if (key == "--tokenizer") o.tokenizer = value;
     else if (key == "--namm") o.namm = value;
@@ -220,11 +237,11 @@ int main(int argc, char** argv) {
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";
-    } else {
-      std::fprintf(stderr, "unknown option %s (see the header of bench/api_server_bench.cpp)\n", key.c_str());
-      return 2;
     }
-  }
+    else return false;
+    return true;
+  });
+  if (exit) return *exit;
   if (o.clients.empty()) return std::fprintf(stderr, "--clients needs at least one count\n"), 2;
   return namm::bench::Run(o);
 }

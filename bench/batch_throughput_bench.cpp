@@ -2,21 +2,9 @@
 // case: a generation's candidates (one NAMM each: the given NAMM's parameters plus a seeded perturbation) on the
 // same prompts, batched B at a time on each prompt, each scored by the likelihood of its row's continuation
 // under teacher forcing (the interruption task's metric and settings: chunks of 32, a memory update every 64
-// tokens). Checks that every (candidate, prompt) scores the same bits at every batch size.
-//
-// Usage: batch_throughput_bench [--rows FILE.jsonl] [--namm FILE.safetensors] [--model M] [--tokenizer T]
-//        [--batches 1,2,4,8,16] [--prompts 8] [--candidates 16] [--chunk 32] [--update-interval 64] [--threads 1]
-//        [--random-model layers=2,dim=4096,...] [--prompt-tokens 362] [--continuation-tokens 48] [--new-tokens 0]
-// --threads sets libtorch's and BLAS's threads (default 1, as `namm-coordinator run` gives each of 2 local workers
-// on 2 cores); our kernels' task pool uses every core.
-// Rows are token-id rows ({"prompt_ids": [...], "continuation_ids": [...]}), e.g. `namm-worker build-synthetic
-// --family interruption`; without --rows, seeded random tokens of the interruption rows' shape (362 prompt and
-// 48 continuation tokens, or --prompt-tokens and --continuation-tokens). Without --namm the candidates perturb
-// the zero NAMM. --random-model builds a deterministic random Llama of that shape (bench/random_model.h) instead of
-// --model, e.g. Llama 3 8B's layers: layers=2,dim=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000 (its tokenizer
-// is GPT-2's, used only to decode). --new-tokens N instead decodes N greedy tokens after each prompt (a generative
-// task's evaluation: batched decoding reads each weight once for the batch), compared token for token.
-#include <ATen/Parallel.h>
+// tokens). Checks that every (candidate, prompt) scores the same bits at every batch size. Each row also prints
+// its FLOP rate and that rate's share of a matrix-product peak measured in the same run on the same threads
+// (bench/roofline.h). Options: kUsage below (--help).
 #include <ATen/ops/log_softmax.h>
 #include <nlohmann/json.hpp>
 
@@ -28,15 +16,17 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "namm/blas_threads.h"
+#include "namm/cpu_threads.h"
 #include "namm/namm_file.h"
 #include "namm/policies/namm_policy.h"
 #include "namm/worker/generator.h"
-#include "parse_counts.h"
+#include "bench_args.h"
 #include "random_model.h"
+#include "roofline.h"
 
 namespace namm::worker {
 namespace {
@@ -66,8 +56,7 @@ double Likelihood(const at::Tensor& logits, const std::vector<int64_t>& continua
 }
 
 int Run(const Options& o) {
-  at::set_num_threads(static_cast<int>(o.threads));
-  set_blas_threads(static_cast<int>(o.threads));
+  set_cpu_threads(static_cast<int>(o.threads));
   auto model = o.random_model.empty()
                    ? LlamaModel::Load(o.model, LoadOptions{})
                    : bench::RandomModel(o.random_model, o.prompt_tokens + std::max(o.continuation_tokens, o.new_tokens), at::kFloat,
@@ -118,8 +107,9 @@ int Run(const Options& o) {
   }
 
   const Generator generator(*model, **tokenizer);
-  std::map<int64_t, double> seconds;
+  std::map<int64_t, double> seconds, flops;
   std::map<int64_t, std::vector<double>> scores;
+  const int64_t namm_hidden = base.architecture.scorer.kind == ScorerKind::kBam ? base.architecture.scorer.hidden : 0;
   for (int64_t batch : o.batches) {
     const auto start = std::chrono::steady_clock::now();
     for (const Row& row : rows) {
@@ -152,6 +142,7 @@ int Run(const Options& o) {
             std::fprintf(stderr, "%s\n", result.status().ToString().c_str());
             return 1;
           }
+          flops[batch] += bench::GenerationFlops(model->config(), *result, result->decode_steps + 1, namm_hidden);
           if (o.new_tokens == 0) {
             scores[batch].push_back(Likelihood(result->forced_logits, row.continuation));
           } else {
@@ -164,16 +155,19 @@ int Run(const Options& o) {
   }
   const double evaluations = static_cast<double>(rows.size() * candidates.size());
   const double base_rate = evaluations / seconds[o.batches.front()];
-  std::printf("%zu prompts x %zu candidates, %s\n| batch | evaluations/s | vs batch %lld | scores as at batch %lld |\n"
-              "|---:|---:|---:|---|\n",
-              rows.size(), candidates.size(), model->config().Describe().c_str(),
-              static_cast<long long>(o.batches.front()), static_cast<long long>(o.batches.front()));
+  const bench::MatmulPeak peak = bench::MeasureMatmulPeak();
+  std::printf("%zu prompts x %zu candidates, %s, %d threads; matrix-product peak %.1f GFLOP/s (%s, measured now on "
+              "these threads)\n| batch | evaluations/s | vs batch %lld | GFLOP/s | of peak | scores as at batch %lld |\n"
+              "|---:|---:|---:|---:|---:|---|\n",
+              rows.size(), candidates.size(), model->config().Describe().c_str(), cpu_threads(), peak.gflops,
+              peak.source.c_str(), static_cast<long long>(o.batches.front()), static_cast<long long>(o.batches.front()));
   bool identical = true;
   for (int64_t batch : o.batches) {
     const bool same = scores[batch] == scores[o.batches.front()];
     identical = identical && same;
-    std::printf("| %lld | %.3g | %.2fx | %s |\n", static_cast<long long>(batch), evaluations / seconds[batch],
-                evaluations / seconds[batch] / base_rate, same ? "identical" : "DIFFERENT");
+    std::printf("| %lld | %.3g | %.2fx | %s | %s |\n", static_cast<long long>(batch), evaluations / seconds[batch],
+                evaluations / seconds[batch] / base_rate, bench::RooflineCells(flops[batch], seconds[batch], peak).c_str(),
+                same ? "identical" : "DIFFERENT");
   }
   return identical ? 0 : 1;
 }
@@ -181,10 +175,24 @@ int Run(const Options& o) {
 }  // namespace
 }  // namespace namm::worker
 
+constexpr const char* kUsage = R"(Usage: batch_throughput_bench [--rows FILE.jsonl] [--namm FILE.safetensors] [--model M] [--tokenizer T]
+       [--batches 1,2,4,8,16] [--prompts 8] [--candidates 16] [--chunk 32] [--update-interval 64] [--threads 1]
+       [--random-model layers=2,dim=4096,...] [--prompt-tokens 362] [--continuation-tokens 48] [--new-tokens 0]
+--threads sets the CPU thread budget: libtorch's, BLAS's and our kernels' pool alike (default 1, as
+`namm-coordinator run` gives each of 2 local workers on 2 cores).
+Rows are token-id rows ({"prompt_ids": [...], "continuation_ids": [...]}), e.g. `namm-worker build-synthetic
+--family interruption`; without --rows, seeded random tokens of the interruption rows' shape (362 prompt and
+48 continuation tokens, or --prompt-tokens and --continuation-tokens). Without --namm the candidates perturb
+the zero NAMM. --random-model builds a deterministic random Llama of that shape (bench/random_model.h) instead of
+--model, e.g. Llama 3 8B's layers: layers=2,dim=4096,heads=32,kv_heads=8,ffn=14336,vocab=32000 (its tokenizer
+is GPT-2's, used only to decode). --new-tokens N instead decodes N greedy tokens after each prompt (a generative
+task's evaluation: batched decoding reads each weight once for the batch), compared token for token.
+)";
+
 int main(int argc, char** argv) {
   namm::worker::Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i], value = argv[i + 1];
+  const std::optional<int> exit = namm::bench::ParseArgs(argc, argv, kUsage, [&](const std::string& key,
+                                                                                const std::string& value) {
     if (key == "--model") o.model = value;
     else if (key == "--tokenizer") o.tokenizer = value;
     else if (key == "--rows") o.rows = value;
@@ -202,13 +210,16 @@ int main(int argc, char** argv) {
     else if (key == "--new-tokens") o.new_tokens = std::stoll(value);
     else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
     else if (key == "--continuation-tokens") o.continuation_tokens = std::stoll(value);
-    else {
-      std::fprintf(stderr, "unknown option %s (see the header of bench/batch_throughput_bench.cpp)\n", key.c_str());
-      return 2;
-    }
-  }
+    else return false;
+    return true;
+  });
+  if (exit) return *exit;
   if (o.batches.empty()) {
     std::fprintf(stderr, "--batches needs at least one size\n");
+    return 2;
+  }
+  if (std::set<int64_t>(o.batches.begin(), o.batches.end()).size() != o.batches.size()) {
+    std::fprintf(stderr, "--batches lists a size twice (each size is one row of the table)\n");
     return 2;
   }
   return namm::worker::Run(o);

@@ -1,7 +1,6 @@
 // ask() + tell() at the paper's size (N = 4172, lambda = 32): our lazy eigendecomposition against the
 // reference's decomposition every generation, measured in the same run, and the optimizer's memory.
-//
-//   cmaes_bench [--dimension N] [--generations G]
+// Options: kUsage below (--help).
 //
 // The lazy schedule decomposes once every gap = 0.5 / (N (c_1 + c_mu)) generations (126 at N = 4172), too
 // rarely to meet in a short run, so its cost is measured with a short gap (every 4th generation) and the
@@ -12,9 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "namm/coordinator/cma_es.h"
 #include "peak_memory.h"
 
@@ -57,20 +58,22 @@ Timing Run(int64_t n, const CmaesOptions& options, int generations) {
 
 }  // namespace
 
+constexpr const char* kUsage = R"(Usage: cmaes_bench [--dimension 4172] [--generations 12]
+ask() + tell() at dimension N (the paper's 4172, lambda = 32): the lazy eigendecomposition against a
+decomposition every generation, and the optimizer's memory (see the header of bench/cmaes_bench.cpp).
+)";
+
 int main(int argc, char** argv) {
   int64_t n = 4172;
   int generations = 12;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--dimension") {
-      n = std::atoll(argv[i + 1]);
-    } else if (flag == "--generations") {
-      generations = std::atoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--dimension N] [--generations G]\n", argv[0]);
-      return 2;
-    }
-  }
+  const std::optional<int> exit = namm::bench::ParseArgs(argc, argv, kUsage, [&](const std::string& key,
+                                                                                const std::string& value) {
+    if (key == "--dimension") n = std::stoll(value);
+    else if (key == "--generations") generations = std::stoi(value);
+    else return false;
+    return true;
+  });
+  if (exit) return *exit;
   CmaesOptions lazy;
   const CmaesParams params = make_cmaes_params(n, lazy).value();
   const double gap = params.eigen_gap_generations;

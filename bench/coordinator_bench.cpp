@@ -30,6 +30,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +41,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench_args.h"
 #include "namm/coordinator/run_server.h"
 #include "namm/file_util.h"
 #include "sim_executor.h"
@@ -323,25 +325,31 @@ ScenarioResult RunScenario(const Flags& f, const Scenario& s, const PromptCosts&
 
 }  // namespace
 
+constexpr const char* kUsage = R"(Usage: coordinator_bench [--only throughput|homogeneous|heterogeneous|barrier] [--workers 64]
+       [--population 32] [--prompts 32] [--generations 4] [--unit-ms 30] [--prompts-per-lease N]
+       [--barrier-generations 300] [--worker-process 0|1]
+The coordinator alone against simulated workers over real gRPC on loopback; the scenarios are described in the
+header of bench/coordinator_bench.cpp.
+)";
+
 int main(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const double v = std::atof(argv[i + 1]);
-    if (flag == "--only") f.only = argv[i + 1];
-    else if (flag == "--workers") f.workers = static_cast<int>(v);
-    else if (flag == "--population") f.population = static_cast<int>(v);
-    else if (flag == "--prompts") f.prompts = static_cast<int>(v);
-    else if (flag == "--generations") f.generations = static_cast<int>(v);
-    else if (flag == "--unit-ms") f.unit_ms = v;
-    else if (flag == "--prompts-per-lease") f.prompts_per_lease = static_cast<int>(v);
-    else if (flag == "--barrier-generations") f.barrier_generations = static_cast<int>(v);
-    else if (flag == "--worker-process") f.worker_process = v != 0;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      return 2;
-    }
-  }
+  const std::optional<int> exit = namm::bench::ParseArgs(argc, argv, kUsage, [&](const std::string& flag,
+                                                                                const std::string& value) {
+    const auto v = [&] { return std::stod(value); };
+    if (flag == "--only") f.only = value;
+    else if (flag == "--workers") f.workers = static_cast<int>(v());
+    else if (flag == "--population") f.population = static_cast<int>(v());
+    else if (flag == "--prompts") f.prompts = static_cast<int>(v());
+    else if (flag == "--generations") f.generations = static_cast<int>(v());
+    else if (flag == "--unit-ms") f.unit_ms = v();
+    else if (flag == "--prompts-per-lease") f.prompts_per_lease = static_cast<int>(v());
+    else if (flag == "--barrier-generations") f.barrier_generations = static_cast<int>(v());
+    else if (flag == "--worker-process") f.worker_process = v() != 0;
+    else return false;
+    return true;
+  });
+  if (exit) return *exit;
   f.bin_dir = std::filesystem::absolute(argv[0]).parent_path().string();
   if (f.worker_process && f.only != "throughput") {
     std::fprintf(stderr, "--worker-process 1 goes with --only throughput (the other scenarios time each worker)\n");

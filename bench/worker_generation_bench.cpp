@@ -1,34 +1,10 @@
 // Generation cost of memory policies on one prompt, measured in one run so that ratios are comparable:
 // full cache, the all-zero NAMM (keeps everything; frozen statistics), a NAMM that runs its whole pipeline
 // but evicts nothing, an evicting NAMM, H2O and L2. Default: stories260K at 4x its context (static NTK,
-// factor 4, alpha 2), a 2016-token prompt and 32 new tokens (2048 in all).
-//
-// Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N] [--repeats R]
-//        [--dtype fp32|bf16|fp16] [--device cpu|cuda:N] [--only TEXT] [--profile 1] [--parts N1,N2,...]
-//        [--chunk 128]
-// --only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one).
-// --chunk sets the prefill chunk of every row (the reference's 128; a divisor of the 512-token memory update
-// interval, so the NAMM's updates and what they see are the same, and fewer, larger chunks cost fewer launches).
-//        worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
-// --random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain
-// RoPE, theta 500000, context = prompt + new tokens) and prompts it with seeded random token ids, so that the
-// overhead is measured at Llama 3 8B's head size and GQA, where the paper measured it; its tokenizer is GPT-2's
-// (../shared), used only to decode.
-//
-//        worker_generation_bench --chunk-memory 8192,32768 [--random-model ...]
-// instead measures the transient memory of one prefill chunk (128 tokens) run through the model with N tokens
-// already cached (random keys and values, the cache preallocated so that its growth is not counted): the peak
-// resident memory above the start, for the full cache and for a NAMM (which observes the attention). CPU only.
-//
+// factor 4, alpha 2), a 2016-token prompt and 32 new tokens (2048 in all). Every row also prints its FLOP
+// rate and that rate's share of a matrix-product peak measured in the same run (bench/roofline.h).
 // On a CUDA device every timed generation ends with the host reading its last token (a device synchronization),
-// so totals are wall-clock times of finished work.
-//
-// --profile 1 adds, for every row, one more generation with the policy's calls timed (the device waited for
-// before and after each, so the waits cost some time of their own): seconds in Observe(), in Select() (memory
-// updates), and everything else (the model, the cache's gathers). --parts N1,N2,... instead times the NAMM's
-// parts alone on the device at those cache sizes: one 128-row chunk's GQA mean and frame fold, the BAM
-// scorer's backward-masked attention, and a whole memory update's Select().
-#include <ATen/Parallel.h>
+// so totals are wall-clock times of finished work. Options: kUsage below (--help).
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "namm/cpu_threads.h"
 #include "namm/bam_scorer.h"
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/h2o_policy.h"
@@ -47,9 +24,10 @@
 #include "namm/policies/namm_policy.h"
 #include "namm/stft_features.h"
 #include "namm/worker/generator.h"
-#include "parse_counts.h"
+#include "bench_args.h"
 #include "peak_memory.h"
 #include "random_model.h"
+#include "roofline.h"
 
 namespace namm::worker {
 namespace {
@@ -256,7 +234,7 @@ int Parts(const Options& o) {
 }
 
 int Run(const Options& o) {
-  if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
+  if (o.threads > 0) set_cpu_threads(static_cast<int>(o.threads));
   if (!o.parts.empty()) return Parts(o);  // needs no model
   LoadOptions load;
   load.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
@@ -333,6 +311,7 @@ int Run(const Options& o) {
     }
   }
   const double base = Median(rows[0].total);
+  const bench::MatmulPeak peak = bench::MeasureMatmulPeak(o.device, o.dtype);
   const char* observe_path = o.device.is_cpu()                  ? "CPU kernels"
                              : observe_kernels_run_on(o.device) ? "our CUDA kernels"
                                                                 : "libtorch operators";
@@ -341,8 +320,11 @@ int Run(const Options& o) {
               model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),
               static_cast<long long>(o.new_tokens), static_cast<long long>(o.chunk), static_cast<long long>(o.repeats),
               o.device.str().c_str(), c10::toString(o.dtype), observe_path);
-  std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s %9s\n", "policy", "prefill s", "decode s", "total s",
-              "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB", "state/KV");
+  std::printf("FLOP rates against a matrix-product peak of %.1f GFLOP/s (%s, measured now on these threads)\n\n",
+              peak.gflops, peak.source.c_str());
+  std::printf("%-34s %9s %9s %9s %8s %11s %10s %11s %10s %12s %9s %12s %8s\n", "policy", "prefill s", "decode s",
+              "total s", "vs full", "prefill t/s", "decode t/s", "final cache", "rel. cache", "peak KV MiB", "state/KV",
+              "GFLOP/s", "of peak");
   for (const auto& row : rows) {
     double cache = 0;
     for (int64_t size : row.last.final_cache_sizes) cache += static_cast<double>(size);
@@ -350,12 +332,17 @@ int Run(const Options& o) {
     const double prefill = Median(row.prefill), decode = Median(row.decode), total = Median(row.total);
     // Relative cache: the mean over queries of the cached tokens each attended to, against the full cache's.
     // state/KV: the policy's state (per-token state and query history) over the KV cache, at the KV peak.
-    std::printf("%-34s %9.3f %9.3f %9.3f %7.2fx %11.0f %10.0f %11.0f %10.3f %12.2f %8.1f%%\n", row.name.c_str(), prefill,
-                decode, total, total / base, static_cast<double>(o.prompt_tokens) / prefill,
+    // The NAMM rows' policies observe attention (the others' FLOPs are the model's).
+    const bool namm_row = row.name.find("NAMM") != std::string::npos || row.name.find("same,") != std::string::npos;
+    const double gflops = bench::GenerationFlops(model->config(), row.last, row.last.decode_steps + 1, namm_row ? 32 : 0) /
+                          total / 1e9;
+    std::printf("%-34s %9.3f %9.3f %9.3f %7.2fx %11.0f %10.0f %11.0f %10.3f %12.2f %8.1f%% %12.3g %7.1f%%\n",
+                row.name.c_str(), prefill, decode, total, total / base, static_cast<double>(o.prompt_tokens) / prefill,
                 static_cast<double>(row.last.decode_steps) / decode, cache,
                 row.last.mean_kv_tokens / rows[0].last.mean_kv_tokens,
                 static_cast<double>(row.last.peak_kv_bytes) / (1 << 20),
-                100.0 * static_cast<double>(row.last.peak_policy_state_bytes) / static_cast<double>(row.last.peak_kv_bytes));
+                100.0 * static_cast<double>(row.last.peak_policy_state_bytes) / static_cast<double>(row.last.peak_kv_bytes),
+                gflops, 100.0 * gflops / peak.gflops);
   }
   if (!o.profile) return 0;
   std::printf("\nWhere the time goes (one generation per row, the device waited for around each policy call)\n\n");
@@ -376,10 +363,37 @@ int Run(const Options& o) {
 }  // namespace
 }  // namespace namm::worker
 
+constexpr const char* kUsage = R"(Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N]
+       [--repeats R] [--dtype fp32|bf16|fp16] [--device cpu|cuda:N] [--only TEXT] [--profile 1] [--parts N1,N2,...]
+       [--chunk 128] [--threads N]
+--only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one).
+--chunk sets the prefill chunk of every row (the reference's 128; a divisor of the 512-token memory update
+interval, so the NAMM's updates and what they see are the same, and fewer, larger chunks cost fewer launches).
+--threads N: the CPU thread budget (libtorch, BLAS and our kernels' pool; default: one per core).
+
+       worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
+--random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain
+RoPE, theta 500000, context = prompt + new tokens) and prompts it with seeded random token ids, so that the
+overhead is measured at Llama 3 8B's head size and GQA, where the paper measured it; its tokenizer is GPT-2's
+(../shared), used only to decode.
+
+       worker_generation_bench --chunk-memory 8192,32768 [--random-model ...]
+instead measures the transient memory of one prefill chunk (128 tokens) run through the model with N tokens
+already cached (random keys and values, the cache preallocated so that its growth is not counted): the peak
+resident memory above the start, for the full cache and for a NAMM (which observes the attention). CPU only.
+
+--profile 1 adds, for every row, one more generation with the policy's calls timed (the device waited for
+before and after each, so the waits cost some time of their own): seconds in Observe(), in Select() (memory
+updates), and everything else (the model, the cache's gathers). --parts N1,N2,... instead times the NAMM's
+parts alone on the device at those cache sizes: one 128-row chunk's GQA mean and frame fold, the BAM
+scorer's backward-masked attention, and a whole memory update's Select().
+)";
+
 int main(int argc, char** argv) {
   namm::worker::Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i], value = argv[i + 1];
+  bool bad_value = false;
+  const std::optional<int> exit = namm::bench::ParseArgs(argc, argv, kUsage, [&](const std::string& key,
+                                                                                const std::string& value) {
     if (key == "--model") o.model = value;
     else if (key == "--tokenizer") o.tokenizer = value;
     else if (key == "--prompt-tokens") o.prompt_tokens = std::stoll(value);
@@ -389,7 +403,7 @@ int main(int argc, char** argv) {
     else if (key == "--dtype") {
       if (value != "fp32" && value != "bf16" && value != "fp16") {
         std::fprintf(stderr, "--dtype takes fp32, bf16 or fp16, got %s\n", value.c_str());
-        return 2;
+        bad_value = true;
       }
       o.dtype = value == "bf16" ? at::kBFloat16 : value == "fp16" ? at::kHalf : at::kFloat;
     }
@@ -398,7 +412,7 @@ int main(int argc, char** argv) {
         o.device = at::Device(value);
       } catch (const std::exception&) {
         std::fprintf(stderr, "--device takes cpu or cuda:N, got %s\n", value.c_str());
-        return 2;
+        bad_value = true;
       }
     }
     else if (key == "--only") o.only = value;
@@ -410,10 +424,10 @@ int main(int argc, char** argv) {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";
     }
-    else {
-      std::fprintf(stderr, "unknown option %s\n", key.c_str());
-      return 2;
-    }
-  }
+    else return false;
+    return true;
+  });
+  if (exit) return *exit;
+  if (bad_value) return 2;
   return namm::worker::Run(o);
 }

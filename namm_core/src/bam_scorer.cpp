@@ -1,9 +1,11 @@
 #include "namm/bam_scorer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "aten.h"
+#include "cpu_kernels/cpu_kernels.h"
 #include "cpu_kernels/tensor_kernels.h"
 #include "scorer_internal.h"
 
@@ -19,6 +21,10 @@ namespace namm {
 using internal::linear;
 using internal::param_block;
 
+struct BamScorer::HostLayers {
+  cpu::InOutWeight qkv, out;
+};
+
 BamScorer::BamScorer(const ScorerConfig& config, const at::Tensor& params)
     : config_(config),
       qkv_weight_(param_block(config, params, "bam.qkv.weight")),
@@ -26,11 +32,22 @@ BamScorer::BamScorer(const ScorerConfig& config, const at::Tensor& params)
       out_weight_(param_block(config, params, "bam.out.weight")),
       out_bias_(param_block(config, params, "bam.out.bias")),
       final_weight_(param_block(config, params, "bam.final.weight")),
-      final_bias_(param_block(config, params, "bam.final.bias")) {}
+      final_bias_(param_block(config, params, "bam.final.bias")) {
+  // The attention kernel takes values of up to 64 floats.
+  if (config_.hidden <= 64 && internal::host_block(qkv_weight_) && internal::host_block(qkv_bias_) &&
+      internal::host_block(out_weight_) && internal::host_block(out_bias_) && internal::host_block(final_weight_) &&
+      internal::host_block(final_bias_)) {
+    host_ = std::make_shared<const HostLayers>(HostLayers{cpu::make_in_out_weight(qkv_weight_, qkv_bias_, false),
+                                                          cpu::make_in_out_weight(out_weight_, out_bias_, false)});
+  }
+}
 
 at::Tensor BamScorer::Score(const at::Tensor& features) const {
   TORCH_CHECK(features.dim() == 3 && features.size(2) == kFeatureDim, "BAM features must be [kv_heads, n, ",
               kFeatureDim, "], got ", features.sizes());
+  if (features.device().is_cpu() && features.scalar_type() == at::kFloat && host_) {
+    return internal::score_heads_on_host(*this, features);
+  }
   const int64_t h = config_.hidden;
   const at::Tensor& x = features;
   at::Tensor qkv = linear(x, qkv_weight_, qkv_bias_);
@@ -41,6 +58,65 @@ at::Tensor BamScorer::Score(const at::Tensor& features) const {
   at::Tensor mult = u.narrow(2, kFeatureDim, kFeatureDim);
   at::Tensor y = x * (mult + 1.0) + residual;
   return linear(y, final_weight_, final_bias_).squeeze(2);
+}
+
+// The tensor path's steps over one head, in the kernels' layouts (cpu_kernels.h: BackwardAttentionHead).
+bool BamScorer::ScoreOnHost(const float* x, int64_t x_stride, int64_t n, float* scores,
+                            std::vector<float>& workspace) const {
+  if (!host_) return false;
+  if (n == 0) return true;
+  const cpu::Kernels& kernels = cpu::kernels();
+  const int64_t h = config_.hidden, vectors = (h + 15) / 16, v_width = 16 * vectors, n_padded = (n + 31) / 32 * 32;
+  const int64_t query_rows = kernels.query_rows;
+  // Workspace: qkv [n, 3h], q scaled [n, h], key tiles [n_padded / 16, h, 16], values and output [n, v_width],
+  // u [n, 50], y [n, 25], the attention's scratch [query_rows, n_padded].
+  const int64_t sizes[] = {n * 3 * h, n * h, n_padded * h, n * v_width, n * v_width, n * 2 * kFeatureDim,
+                           n * kFeatureDim, query_rows * n_padded};
+  int64_t total = 0;
+  for (int64_t size : sizes) total += size;
+  workspace.resize(static_cast<std::size_t>(total));
+  float* next = workspace.data();
+  const auto take = [&](int64_t size) {
+    float* p = next;
+    next += size;
+    return p;
+  };
+  float* qkv = take(sizes[0]);
+  float* q = take(sizes[1]);
+  float* key_tiles = take(sizes[2]);
+  float* v = take(sizes[3]);
+  float* o = take(sizes[4]);
+  float* u = take(sizes[5]);
+  float* y = take(sizes[6]);
+  float* scratch = take(sizes[7]);
+
+  cpu::linear_in_out(x, x_stride, n, host_->qkv, qkv, 3 * h, kernels);
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(h)));
+  std::fill(key_tiles, key_tiles + n_padded * h, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = qkv + i * 3 * h;
+    float* key_tile = key_tiles + i / 16 * 16 * h + i % 16;
+    for (int64_t c = 0; c < h; ++c) {
+      q[i * h + c] = row[c] * scale;
+      key_tile[16 * c] = row[h + c];
+    }
+    std::copy(row + 2 * h, row + 3 * h, v + i * v_width);
+    std::fill(v + i * v_width + h, v + (i + 1) * v_width, 0.0f);
+  }
+  const cpu::BackwardAttentionHead head{q, key_tiles, v, o, n, n_padded, h, vectors};
+  for (int64_t i0 = 0; i0 < n; i0 += query_rows) kernels.backward_attention_rows(head, i0, scratch);
+  cpu::linear_in_out(o, v_width, n, host_->out, u, 2 * kFeatureDim, kernels);
+  // y = x * (1 + m) + r, rounded as the tensor operations round it.
+  for (int64_t i = 0; i < n; ++i) {
+    const float* r = u + i * 2 * kFeatureDim;
+    const float* m = r + kFeatureDim;
+    for (int64_t c = 0; c < kFeatureDim; ++c) {
+      const float scaled = x[i * x_stride + c] * (m[c] + 1.0f);
+      y[i * kFeatureDim + c] = scaled + r[c];
+    }
+  }
+  internal::dot_rows_on_host(y, kFeatureDim, n, final_weight_, final_bias_, scores);
+  return true;
 }
 
 at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,

@@ -1,5 +1,6 @@
 #include "namm/feature_norm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "aten.h"
@@ -23,6 +24,22 @@ NormStats norm_stats_of(const at::Tensor& values) {
   return stats;
 }
 
+namespace {
+// Statistics are applied in float32, as the reference stores and applies them.
+void AffineOf(const NormStats& stats, std::array<float, kStftBins>& mean, std::array<float, kStftBins>& scale) {
+  for (std::size_t f = 0; f < mean.size(); ++f) {
+    mean[f] = static_cast<float>(stats.mean[f]);
+    scale[f] = std::max(std::sqrt(static_cast<float>(stats.var[f])), 1e-7f);
+  }
+}
+}  // namespace
+
+bool FeatureNormalizer::FrozenAffine(std::array<float, kStftBins>& mean, std::array<float, kStftBins>& scale) const {
+  if (state_ != NormState::kFrozen || stats_.count == 0) return false;
+  AffineOf(stats_, mean, scale);
+  return true;
+}
+
 at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
   if (state_ == NormState::kCollecting) stats_ = stats_.Merge(norm_stats_of(ema));
   // Frozen before anything was collected: the reference skips normalization (with a warning) in this state.
@@ -31,16 +48,12 @@ at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
   if (frozen && frozen_mean_.defined() && frozen_mean_.device() == ema.device()) {
     return (ema - frozen_mean_) / frozen_scale_;
   }
-  // Statistics are applied in float32, as the reference stores and applies them.
   at::Tensor mean = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
   at::Tensor scale = at::empty({kStftBins}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
-  auto mean_values = mean.accessor<float, 1>();
-  auto scale_values = scale.accessor<float, 1>();
-  for (std::size_t f = 0; f < stats_.mean.size(); ++f) {
-    const auto i = static_cast<int64_t>(f);
-    mean_values[i] = static_cast<float>(stats_.mean[f]);
-    scale_values[i] = std::max(std::sqrt(static_cast<float>(stats_.var[f])), 1e-7f);
-  }
+  std::array<float, kStftBins> mean_values{}, scale_values{};
+  AffineOf(stats_, mean_values, scale_values);
+  std::copy(mean_values.begin(), mean_values.end(), mean.data_ptr<float>());
+  std::copy(scale_values.begin(), scale_values.end(), scale.data_ptr<float>());
   mean = mean.to(ema.device());
   scale = scale.to(ema.device());
   if (frozen) {

@@ -1,6 +1,8 @@
 #include "namm/query_history.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "aten.h"
@@ -8,6 +10,7 @@
 #ifdef NAMM_CUDA_KERNELS
 #include "cuda_kernels/tensor_kernels.h"
 #endif
+#include "host_rows.h"
 #include "namm/dtype.h"
 #include "namm/kv_cache.h"
 #include "namm/stft_features.h"
@@ -34,37 +37,83 @@ at::Tensor attention_probabilities(const at::Tensor& scores, int64_t lse_from, c
 Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum_exp, int64_t first_query,
                             int64_t window, int64_t keep) {
   if (!queries.defined() || queries.dim() != 3 || !log_sum_exp.defined() || log_sum_exp.dim() != 2 ||
-      log_sum_exp.size(0) != queries.size(0) || log_sum_exp.size(1) != queries.size(1)) {
+      log_sum_exp.size(0) != queries.size(0) || log_sum_exp.size(1) != queries.size(1) || keep < 1) {
     return Status::InvalidArgument("query history needs queries [q_heads, t, head_dim] and their log-sum-exp "
                                    "[q_heads, t]");
   }
+  const int64_t t = queries.size(1);
   // A call with at least `keep` queries replaces the history (the engine records only a call's newest ones).
-  if (queries.size(1) >= keep) {
-    queries_ = at::Tensor();
-    log_sum_exp_ = at::Tensor();
-  }
-  if (size() > 0 && first_query != first_query_ + size()) {
+  if (t >= keep) size_ = 0;
+  if (size_ > 0 && first_query != first_query_ + size_) {
     return Status::InvalidArgument("query history holds queries " + std::to_string(first_query_) + ".." +
-                                   std::to_string(first_query_ + size() - 1) + "; cannot append query " +
+                                   std::to_string(first_query_ + size_ - 1) + "; cannot append query " +
                                    std::to_string(first_query));
   }
-  const bool empty = size() == 0;
-  if (empty) first_query_ = first_query;
-  // contiguous(): a view of a larger tensor (the chunk's queries) would keep all of it alive.
-  queries_ = empty ? queries.contiguous() : at::cat({queries_, queries}, 1);
-  log_sum_exp_ = empty ? log_sum_exp.to(at::kFloat) : at::cat({log_sum_exp_, log_sum_exp.to(at::kFloat)}, 1);
-  window_ = window;
-  if (const int64_t drop = size() - keep; drop > 0) {
-    // Copied, so that the dropped rows (and a caller's larger tensor) are not kept alive by a view.
-    queries_ = queries_.narrow(1, drop, keep).clone();
-    log_sum_exp_ = log_sum_exp_.narrow(1, drop, keep).clone();
-    first_query_ += drop;
+  // Fixed storage for `keep` queries, made once: rows are shifted within it, never reallocated.
+  const at::Tensor lse = log_sum_exp.to(at::kFloat);
+  if (!query_store_.defined() || query_store_.size(0) != queries.size(0) || query_store_.size(1) != keep ||
+      query_store_.size(2) != queries.size(2) || query_store_.scalar_type() != queries.scalar_type() ||
+      query_store_.device() != queries.device()) {
+    if (size_ > 0) {
+      return Status::InvalidArgument("query history holds queries of another shape or kind than " +
+                                     shape_to_string(queries.sizes().vec()));
+    }
+    query_store_ = at::empty({queries.size(0), keep, queries.size(2)}, queries.options());
+    lse_store_ = at::empty({queries.size(0), keep}, lse.options());
   }
+  const int64_t take = std::min(t, keep);  // of this call's queries, the newest `keep`
+  if (size_ == 0) first_query_ = first_query + t - take;
+  if (const int64_t drop = size_ + take - keep; drop > 0) {
+    Shift(drop);
+    first_query_ += drop;
+    size_ -= drop;
+  }
+  const at::Tensor new_queries = queries.narrow(1, t - take, take), new_lse = lse.narrow(1, t - take, take);
+  if (internal::host_rows(new_queries, query_store_) && internal::host_rows(new_lse.unsqueeze(2), lse_store_.unsqueeze(2))) {
+    internal::copy_rows_on_host(new_queries, query_store_, size_);
+    internal::copy_rows_on_host(new_lse.unsqueeze(2), lse_store_.unsqueeze(2), size_);
+  } else {
+    query_store_.narrow(1, size_, take).copy_(new_queries);
+    lse_store_.narrow(1, size_, take).copy_(new_lse);
+  }
+  size_ += take;
+  window_ = window;
+  queries_ = query_store_.narrow(1, 0, size_);
+  log_sum_exp_ = lse_store_.narrow(1, 0, size_);
   return Status::Ok();
 }
 
+// Rows [drop, size_) moved to [0, size_ - drop) in both stores (overlapping: through a copy off the host).
+void QueryHistory::Shift(int64_t drop) {
+  const int64_t kept = size_ - drop;
+  if (kept <= 0) return;
+  for (at::Tensor* store : {&query_store_, &lse_store_}) {
+    if (store->device().is_cpu() && store->is_contiguous()) {
+      const int64_t row = (store->dim() == 3 ? store->size(2) : 1) * static_cast<int64_t>(store->element_size());
+      auto* base = static_cast<char*>(store->data_ptr());
+      for (int64_t h = 0; h < store->size(0); ++h) {
+        char* head = base + h * store->size(1) * row;
+        std::memmove(head, head + drop * row, static_cast<std::size_t>(kept * row));
+      }
+    } else {
+      store->narrow(1, 0, kept).copy_(store->narrow(1, drop, kept).clone());
+    }
+  }
+}
+
+QueryHistory QueryHistory::Clone() const {
+  QueryHistory copy = *this;
+  if (query_store_.defined()) {
+    copy.query_store_ = query_store_.clone();
+    copy.lse_store_ = lse_store_.clone();
+    copy.queries_ = copy.query_store_.narrow(1, 0, size_);
+    copy.log_sum_exp_ = copy.lse_store_.narrow(1, 0, size_);
+  }
+  return copy;
+}
+
 int64_t QueryHistory::bytes() const {
-  if (size() == 0) return 0;
+  if (size_ == 0) return 0;
   return queries_.numel() * queries_.element_size() + log_sum_exp_.numel() * log_sum_exp_.element_size();
 }
 

@@ -45,6 +45,27 @@ TEST(LayerKVCache, AppendThenGatherMovesEveryPerTokenTensorTogether) {
   EXPECT_EQ(cache.state("ema")[0][2][0].item<float>(), 4.0f);
 }
 
+// The engine appends views of its packed rows ([t, kv_heads, head_dim] transposed): copied as they read, and a
+// clone (a shared prefix handed to another sequence) shares no storage with its source.
+TEST(LayerKVCache, AppendsStridedViewsAndClonesShareNothing) {
+  LayerKVCache cache(3, 4, at::TensorOptions().dtype(at::kFloat), {{"ema", {2}, at::kFloat}});
+  const at::Tensor rows = testing::RandomNormal({6, 3, 4}, 11);  // [t, kv_heads, head_dim]
+  ASSERT_TRUE(cache.Append(rows.transpose(0, 1), (-rows).transpose(0, 1), Positions(0, 6)).ok());
+  EXPECT_TRUE(cache.keys().equal(rows.transpose(0, 1)));
+  EXPECT_TRUE(cache.values().equal((-rows).transpose(0, 1)));
+  LayerKVCache copy = cache.Clone();
+  cache.state("ema").fill_(7.0);
+  ASSERT_TRUE(cache.Gather(Index({{0, 5}, {1, 5}, {2, 5}})).ok());
+  EXPECT_EQ(copy.size(), 6);
+  EXPECT_TRUE(copy.keys().equal(rows.transpose(0, 1)));
+  EXPECT_EQ(copy.state("ema").abs().max().item<float>(), 0.0f);
+  ASSERT_TRUE(copy.Append(rows.narrow(0, 0, 1).transpose(0, 1), rows.narrow(0, 0, 1).transpose(0, 1), Positions(6, 1)).ok());
+  EXPECT_EQ(copy.tokens_seen(), 7);
+  EXPECT_EQ(cache.tokens_seen(), 6);
+  EXPECT_EQ(cache.size(), 2);
+  EXPECT_EQ(cache.keys()[2][1][3].item<float>(), rows[5][2][3].item<float>());
+}
+
 TEST(LayerKVCache, GrowthPreservesContents) {
   LayerKVCache cache(1, 0, at::TensorOptions().dtype(at::kFloat), {{"x", {}, at::kFloat}});
   for (int64_t t = 0; t < 300; ++t) {

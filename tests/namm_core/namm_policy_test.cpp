@@ -193,6 +193,65 @@ TEST(NammPolicy, CudaMatchesCpu) {
   }
 }
 
+// A batch's memory update (apply_memory_updates: every NAMM's features, scorer and selection in one pass of our
+// kernels, no tensor operation) keeps, for each sequence, exactly what the traced tensor pipeline keeps alone:
+// BAM and MLP scorers, binary and dynamic selection, collecting and frozen statistics, caches of different sizes.
+TEST(NammPolicy, UpdatesOfABatchKeepWhatEachTensorPipelineKeepsAlone) {
+  std::vector<NammModel> models;
+  for (uint64_t seed = 0; seed < 4; ++seed) models.push_back(BamModel(0.15, 90 + seed));
+  NammModel mlp = models[0];
+  mlp.architecture.scorer = default_scorer_config(ScorerKind::kMlp);
+  mlp.params.assign(static_cast<std::size_t>(scorer_param_count(mlp.architecture.scorer)), 0.0f);
+  at::Tensor p = testing::RandomNormal({static_cast<int64_t>(mlp.params.size())}, 95, 0.3);
+  std::copy(p.data_ptr<float>(), p.data_ptr<float>() + p.numel(), mlp.params.begin());
+  models.push_back(mlp);
+  models[1].architecture.selection = SelectionConfig{SelectionKind::kDynamic, 0, -2.0};
+  models[1].params.push_back(-2.0f);
+  for (std::size_t m : {std::size_t{2}, std::size_t{4}}) {
+    models[m].norm_state = NormState::kFrozen;
+    models[m].norm_stats.count = 100;
+    models[m].norm_stats.mean.fill(0.003);
+    models[m].norm_stats.var.fill(2e-6);
+  }
+  std::vector<std::unique_ptr<NammPolicy>> batched, traced;
+  std::vector<LayerKVCache> batch_caches, traced_caches;
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    batched.push_back(std::move(NammPolicy::Create(models[m])).value());
+    traced.push_back(std::move(NammPolicy::Create(models[m])).value());
+    traced.back()->set_tracing(true);
+    batch_caches.emplace_back(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), batched.back()->token_state());
+    traced_caches.emplace_back(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), traced.back()->token_state());
+  }
+  for (int64_t u = 0; u < 2; ++u) {
+    std::vector<MemoryUpdate> updates;
+    for (std::size_t m = 0; m < models.size(); ++m) {
+      const int64_t n_new = kNew - 64 * static_cast<int64_t>(m);  // caches of different sizes
+      for (const auto& pair : {std::make_pair(&batch_caches[m], batched[m].get()),
+                               std::make_pair(&traced_caches[m], traced[m].get())}) {
+        LayerKVCache& cache = *pair.first;
+        const int64_t first = cache.tokens_seen();
+        at::Tensor attention = testing::RandomCausalAttention(kQHeads, n_new, cache.size(), 200 + m + 10 * u);
+        ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), at::arange(first, first + n_new, at::TensorOptions().dtype(at::kLong))).ok());
+        ASSERT_TRUE(observe_newest(*pair.second, 0, attention, cache).ok());
+      }
+      updates.push_back(MemoryUpdate{batched[m].get(), 0, &batch_caches[m]});
+    }
+    const std::vector<Status> statuses = apply_memory_updates(updates);
+    int64_t evicted = 0;
+    for (std::size_t m = 0; m < models.size(); ++m) {
+      SCOPED_TRACE("model " + std::to_string(m) + ", update " + std::to_string(u));
+      ASSERT_TRUE(statuses[m].ok()) << statuses[m].ToString();
+      const int64_t before = traced_caches[m].size();
+      ASSERT_TRUE(apply_memory_update(*traced[m], 0, traced_caches[m]).ok());
+      evicted += before - traced_caches[m].size();
+      EXPECT_TRUE(batch_caches[m].positions().equal(traced_caches[m].positions()));
+      EXPECT_TRUE(batch_caches[m].state("namm.ema").equal(traced_caches[m].state("namm.ema")));
+      EXPECT_EQ(batched[m]->normalizer().stats().count, traced[m]->normalizer().stats().count);
+    }
+    EXPECT_GT(evicted, 50);  // the comparison means something only if tokens were dropped
+  }
+}
+
 TEST(NammPolicy, RefusesAnUpdateInTheMiddleOfASpectrogramHop) {
   NammModel model;
   model.params = initial_params(model.architecture);

@@ -1,7 +1,6 @@
 // namm-worker serve: the worker daemon. Loads the model once, registers with a run's coordinator and runs the
 // prompts it leases (proto/namm/v1/coordinator.proto) until the run ends or a signal drains it.
 // namm-worker fingerprint: prints the model fingerprint a run spec's model.fingerprint must name.
-#include <ATen/Parallel.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "namm/cpu_threads.h"
 #include "namm/file_util.h"
 #include "namm/tasks/task_path_options.h"
 #include "namm/worker/coordinator_client.h"
@@ -116,7 +116,7 @@ Status Serve(const ServeOptions& o) {
   NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, TokenizerFile(o.model)));
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  SetCpuThreads(o.threads > 0 ? o.threads : std::max(1, cores / o.concurrency));
+  set_cpu_threads(o.threads > 0 ? o.threads : std::max(1, cores / o.concurrency));
 
   WorkerClientOptions client;
   client.coordinator = o.coordinator;

@@ -1,9 +1,8 @@
 #include "setup.h"
 
 #include <ATen/Context.h>
-#include <ATen/Parallel.h>
 
-#include "namm/blas_threads.h"
+#include "namm/cpu_threads.h"
 #include "namm/file_util.h"
 #include "namm/worker/chat_tokenizer.h"
 #include "namm/worker/policy_spec.h"
@@ -103,17 +102,12 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
                   "Longest prompt + answer to run (default: the task's max_context, else the model's context; larger "
                   "values run beyond the trained length)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", o.threads, "Intra-op CPU threads (default: libtorch's, one per core)")
+  cmd->add_option("--threads", o.threads, "CPU threads: libtorch's, BLAS's and our kernels' alike (default: one per core)")
       ->check(CLI::PositiveNumber);
 }
 
-void SetCpuThreads(int threads) {
-  at::set_num_threads(threads);
-  set_blas_threads(threads);
-}
-
 void ApplyThreads(const InferenceOptions& o) {
-  if (o.threads > 0) SetCpuThreads(o.threads);
+  if (o.threads > 0) set_cpu_threads(o.threads);
 }
 
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& o) {

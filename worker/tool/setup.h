@@ -40,10 +40,7 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& options);
 // --batch N: rows run together through the batched engine (each row's result is the same bits as alone on the
 // CPU in float32).
 void AddBatchOption(CLI::App* cmd, InferenceOptions& options);
-// libtorch's intra-op threads and BLAS's (the attention products' OpenBLAS, whose idle threads otherwise spin
-// beside ours).
-void SetCpuThreads(int threads);
-// Sets the CPU thread counts when --threads was given.
+// The CPU thread budget (namm/cpu_threads.h: libtorch, BLAS and our kernels' pool) when --threads was given.
 void ApplyThreads(const InferenceOptions& options);
 
 struct PolicyOptions {

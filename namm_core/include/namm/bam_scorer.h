@@ -16,6 +16,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
+
 #include "namm/scorer.h"
 
 namespace namm {
@@ -25,10 +27,15 @@ class BamScorer final : public Scorer {
   // params: [scorer_param_count(config)] float32; config.kind must be kBam.
   BamScorer(const ScorerConfig& config, const at::Tensor& params);
   at::Tensor Score(const at::Tensor& features) const override;
+  bool ScoreOnHost(const float* x, int64_t x_stride, int64_t n, float* scores,
+                   std::vector<float>& workspace) const override;
 
  private:
   ScorerConfig config_;
   at::Tensor qkv_weight_, qkv_bias_, out_weight_, out_bias_, final_weight_, final_bias_;  // undefined if no bias
+  // The projections laid out for our kernels, when ScoreOnHost can run (float32 host parameters, hidden <= 64).
+  struct HostLayers;
+  std::shared_ptr<const HostLayers> host_;
 };
 
 // softmax(q k^T * scale + backward mask) v per head, with the mask j >= i. q, k: [H, n, d], v: [H, n, dv].

@@ -11,9 +11,15 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace namm {
+
+namespace cpu {
+struct InOutWeight;  // cpu_kernels/tensor_kernels.h
+}  // namespace cpu
 
 // True where the operations below are bit-for-bit row-invariant: float32 tensors on the CPU.
 bool row_invariant(const at::Tensor& x);
@@ -21,12 +27,36 @@ bool row_invariant(const at::Tensor& x);
 // x [m, in] times w [out, in] transposed, plus b [out] when defined: [m, out].
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = at::Tensor());
 
+// A linear layer prepared once for the row-invariant product, for the products a model runs at every step. With
+// few input features (in <= kInOutMaxFeatures: the small models' widths, stories260K's 64 and 172) and float32
+// host weights it also holds w transposed and padded, and each output sums its products in order, one fused
+// multiply-add each (cpu_kernels.h: LinearInOut): the per-output lane sums that invariant_linear's kernel needs
+// cost as much as the products at such widths. Either way a row's numbers do not depend on the other rows (the
+// two orders give different bits, but a layer always takes the same one). Elsewhere it is invariant_linear.
+class InvariantLinear {
+ public:
+  static constexpr int64_t kInOutMaxFeatures = 256;
+  InvariantLinear() = default;
+  InvariantLinear(at::Tensor w, at::Tensor b);  // w [out, in], b [out] or undefined
+  // x [m, in] -> [m, out].
+  at::Tensor operator()(const at::Tensor& x) const;
+
+ private:
+  at::Tensor w_, b_;
+  std::shared_ptr<const cpu::InOutWeight> in_out_;  // null unless prepared for the output-major kernel
+};
+
 // silu(gate) * up, element by element (the SwiGLU of a feed-forward block).
 at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up);
 
 // Each row of x [m, dim] divided by its root mean square (computed in float32, as Hugging Face's LlamaRMSNorm
 // does, whatever x's dtype) and scaled by weight [dim].
 at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Rotary embedding in place (float32 CPU, row_invariant): rows [first, first + cos.size(0)) of x [rows, heads *
+// head_dim] (rows contiguous), row first + i rotated by cos and sin row i ([count, head_dim] float32, contiguous):
+// x * cos + rotate_half(x) * sin, the same bits as the tensor operations of worker/engine rope.h's apply_rope.
+void invariant_rope_(const at::Tensor& x, int64_t heads, int64_t first, const at::Tensor& cos, const at::Tensor& sin);
 
 // One sequence's causal attention over its cache (the engine's LlamaModel::Attention), for invariant_attention.
 struct AttentionRequest {

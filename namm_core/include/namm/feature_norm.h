@@ -8,6 +8,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
+#include "namm/feature_constants.h"
 #include "namm/norm_stats.h"
 
 namespace namm {
@@ -26,6 +29,10 @@ class FeatureNormalizer {
   // input is returned unnormalized, as the reference does.
   at::Tensor Normalize(const at::Tensor& ema);
 
+  // The map Normalize applies once frozen with statistics, (ema - mean[f]) / scale[f] in float32, for callers
+  // that normalize host memory themselves. False while collecting or frozen without statistics (then Normalize
+  // must run).
+  bool FrozenAffine(std::array<float, kStftBins>& mean, std::array<float, kStftBins>& scale) const;
   NormState state() const { return state_; }
   const NormStats& stats() const { return stats_; }
   void Freeze() { state_ = NormState::kFrozen; }

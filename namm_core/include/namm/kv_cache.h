@@ -65,6 +65,12 @@ class LayerKVCache {
   void ExpectTokens(int64_t total, bool allocate_now);
   // Tokens the storage has room for.
   int64_t capacity() const { return capacity_; }
+  // Bytes of the keys and values held (all heads), and of the policy's per-token state held.
+  int64_t kv_bytes() const;
+  int64_t state_bytes() const;
+
+  // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences).
+  LayerKVCache Clone() const;
 
   // The layer's latest queries, recorded by the engine for a policy that asks for them
   // (MemoryPolicy::query_history()); empty otherwise.
@@ -74,6 +80,10 @@ class LayerKVCache {
  private:
   void Reserve(int64_t capacity);
   at::Tensor Live(const at::Tensor& buffer) const { return buffer.narrow(1, 0, size_); }
+  // Recomputes live_ after the size or the storage changed.
+  void RefreshViews();
+  bool on_host() const;
+  Status GatherOnHost(const at::Tensor& indices);
 
   int64_t kv_heads_;
   int64_t head_dim_;
@@ -85,6 +95,7 @@ class LayerKVCache {
   // Every per-token buffer, [kv_heads, capacity, ...]: keys, values, positions, then the declared states.
   std::vector<std::string> names_;
   std::vector<at::Tensor> buffers_;
+  std::vector<at::Tensor> live_;  // buffers_[i].narrow(1, 0, size_): the accessors' views, made once per change
   QueryHistory query_history_;
 };
 

@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
+
 #include "namm/scorer.h"
 
 namespace namm {
@@ -15,9 +17,14 @@ class MlpScorer final : public Scorer {
   // params: [scorer_param_count(config)] float32; config.kind must be kMlp.
   MlpScorer(const ScorerConfig& config, const at::Tensor& params);
   at::Tensor Score(const at::Tensor& features) const override;
+  bool ScoreOnHost(const float* x, int64_t x_stride, int64_t n, float* scores,
+                   std::vector<float>& workspace) const override;
 
  private:
   at::Tensor hidden_weight_, hidden_bias_, final_weight_, final_bias_;  // biases undefined when disabled
+  // The hidden layer laid out for our kernels, when ScoreOnHost can run (float32 host parameters).
+  struct HostLayers;
+  std::shared_ptr<const HostLayers> host_;
 };
 
 }  // namespace namm

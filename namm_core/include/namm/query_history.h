@@ -30,13 +30,15 @@ class QueryHistory {
   // Appends queries with absolute indices first_query .. first_query + t - 1 (contiguous with those already held
   // unless t >= keep, which replaces them): post-RoPE queries [q_heads, t, head_dim] in the keys' dtype, the log-sum-exp of
   // their scaled, masked scores [q_heads, t] float32, and the sliding window their layer applies (0: none). Only
-  // the newest `keep` are held.
+  // the newest `keep` are held, in storage for `keep` made at the first call (copied into, not reallocated).
   Status Record(const at::Tensor& queries, const at::Tensor& log_sum_exp, int64_t first_query, int64_t window,
                 int64_t keep);
 
   int64_t first_query() const { return first_query_; }
-  int64_t size() const { return queries_.defined() ? queries_.size(1) : 0; }
-  int64_t heads() const { return queries_.defined() ? queries_.size(0) : 0; }
+  int64_t size() const { return size_; }
+  int64_t heads() const { return query_store_.defined() ? query_store_.size(0) : 0; }
+  // A copy sharing no storage with this history.
+  QueryHistory Clone() const;
   // Bytes held (queries and log-sum-exp).
   int64_t bytes() const;
 
@@ -58,7 +60,14 @@ class QueryHistory {
   // Products scaled by 1 / sqrt(head_dim) as the forward pass scaled them (in the keys' dtype), then float32.
   Result<at::Tensor> Scores(const LayerKVCache& cache, int64_t from, int64_t to) const;
 
+  // Moves rows [drop, size_) of the stores to the front.
+  void Shift(int64_t drop);
+
+  // Room for `keep` queries [q_heads, keep, head_dim] and their log-sum-exp [q_heads, keep], made once; the first
+  // size_ rows are held (queries_ and log_sum_exp_ view them).
+  at::Tensor query_store_, lse_store_;
   at::Tensor queries_, log_sum_exp_;
+  int64_t size_ = 0;
   int64_t first_query_ = 0;
   int64_t window_ = 0;
 };

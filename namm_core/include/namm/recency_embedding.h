@@ -15,6 +15,12 @@
 namespace namm {
 
 // positions: [kv_heads, n] int64, chronological per head (newest last), n >= 1 -> [kv_heads, n, 8] float32.
+// On the host the values come from a table by distance (computed with the C library's sin and cos in float64;
+// a device computes them element by element, which may differ in the last bit of a float64 before rounding).
 at::Tensor recency_embedding(const at::Tensor& positions);
+
+// One head's embeddings on the host: row j (out + j * out_stride, 8 floats) for positions[j], j < n, the
+// newest last.
+void recency_embedding_on_host(const int64_t* positions, int64_t n, float* out, int64_t out_stride);
 
 }  // namespace namm

@@ -7,19 +7,28 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "namm/scorer_config.h"
 #include "namm/status.h"
 
 namespace namm {
 
-// A scorer bound to one parameter vector. Score() is const and safe to call from several threads.
+// A scorer bound to one parameter vector. Score() and ScoreOnHost() are const and safe to call from several
+// threads.
 class Scorer {
  public:
   virtual ~Scorer() = default;
   // features [kv_heads, n, 25] float32 -> scores [kv_heads, n] float32, on the parameters' device.
   virtual at::Tensor Score(const at::Tensor& features) const = 0;
+  // One KV head's scores[i], i < n, from features x [n][25] (rows x_stride floats apart) in host memory, with
+  // our CPU kernels and no tensor operation: the computation Score() runs per head on the CPU, so the two give
+  // the same bits. `workspace` is the caller's, reused across calls. False (nothing written) when the
+  // parameters are not float32 on the host: call Score() instead.
+  virtual bool ScoreOnHost(const float* x, int64_t x_stride, int64_t n, float* scores,
+                           std::vector<float>& workspace) const = 0;
 };
 
 // params: [scorer_param_count(config)] float32, on the device where scoring will run.

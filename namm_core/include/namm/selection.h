@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "namm/selection_config.h"
 
@@ -30,5 +31,15 @@ at::Tensor force_keep_newest(const at::Tensor& scores);
 int64_t max_count_not_below(const at::Tensor& scores, double threshold);
 // Each head's k best tokens (ties to the more recent), as ascending indices [kv_heads, k].
 at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k);
+
+// The same rules on float32 scores [heads][n] in host memory, without a tensor (the memory update of a batch):
+// the newest slot of each head is raised in place, the kept indices are written to keep [heads][k] (resized),
+// and k is returned. `order` is a workspace. log_threshold: theta of kDynamic, unused otherwise.
+int64_t select_tokens_on_host(float* scores, int64_t heads, int64_t n, const SelectionConfig& config,
+                              double log_threshold, std::vector<int64_t>& keep, std::vector<int64_t>& order);
+// max_count_not_below and keep_top_k_per_head on host scores [heads][n] (keep: [heads][k]).
+int64_t count_not_below_on_host(const float* scores, int64_t heads, int64_t n, float threshold);
+void keep_top_k_on_host(const float* scores, int64_t heads, int64_t n, int64_t k, int64_t* keep,
+                        std::vector<int64_t>& order);
 
 }  // namespace namm

@@ -78,6 +78,23 @@ struct Linear {
   int64_t m, n, k;
 };
 
+// y[i][j] = sum_k x[i][k] w[k][j] (+ b[j]) with w stored (in, out), as a NAMM's parameters are: each output
+// sums its k products in order, one fused multiply-add each (a plain one where the instruction set has none),
+// then adds its bias. Row-invariant as Linear, and quicker where k is small (a NAMM scorer's 25 or 32: no
+// per-output lane sums). Rows of w and the bias are read in whole vectors: each must be readable up to n
+// rounded up to a multiple of 16 (kLinearInOutPad), the padding zero.
+constexpr int64_t kLinearInOutPad = 16;
+struct LinearInOut {
+  const float* x;  // [m][k], rows x_stride apart
+  int64_t x_stride;
+  const float* w;  // [k][n], rows w_stride apart, padded
+  int64_t w_stride;
+  const float* bias;  // [n], padded, or null
+  float* y;           // [m][n], rows y_stride apart
+  int64_t y_stride;
+  int64_t m, n, k;
+};
+
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i], element by element through one code path.
 struct SiluMul {
   const float* gate;
@@ -136,6 +153,20 @@ inline int64_t attention_items(const BatchedAttention& a) {
   return items;
 }
 
+// Rotary position embedding of packed rows, in place: each of a row's `heads` vectors x of head_dim floats
+// becomes x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1], with the row's own cos and sin
+// [head_dim]. Rounded as libtorch's element-wise operations round it (two products, then their sum, never fused),
+// so a row is the same bits as apply_rope gives. One code path for every instruction set (rope_rows.cpp).
+struct RopeRows {
+  float* x;  // row r, head j: x + r * x_row_stride + j * head_dim
+  int64_t x_row_stride;
+  int64_t heads, head_dim;
+  const float* cos;  // row r: cos + r * table_row_stride
+  const float* sin;
+  int64_t table_row_stride;
+};
+void rope_rows(const RopeRows& op, int64_t begin, int64_t end);
+
 struct Kernels {
   const char* isa;     // "avx512", "avx2" or "baseline"
   int64_t query_rows;  // query rows per backward_attention_rows call
@@ -155,6 +186,8 @@ struct Kernels {
   void (*rms_norm_rows)(const RmsNormRows& op, int64_t begin, int64_t end);
   // Work items [begin, end) of a BatchedAttention.
   void (*attention_rows)(const BatchedAttention& attention, int64_t begin, int64_t end);
+  // Rows [begin, end) of a LinearInOut.
+  void (*linear_in_out_rows)(const LinearInOut& linear, int64_t begin, int64_t end);
 };
 
 // The kernels for the widest instruction set this CPU supports.

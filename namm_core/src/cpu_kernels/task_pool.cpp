@@ -1,6 +1,7 @@
 #include "cpu_kernels/task_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -13,18 +14,16 @@ namespace {
 
 class TaskPool {
  public:
-  TaskPool() {
-    const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency()) - 1;
-    for (int64_t i = 0; i < threads; ++i) threads_.emplace_back([this, i] { Serve(i + 1); });
+  explicit TaskPool(int threads) { Start(threads); }
+  ~TaskPool() { Stop(); }
+
+  // Waits for a call in progress (busy_), then replaces the threads.
+  void Resize(int threads) {
+    std::lock_guard<std::mutex> busy(busy_);
+    Stop();
+    Start(threads);
   }
-  ~TaskPool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
+  int threads() const { return size_.load(); }
 
   void Run(int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
     // A call from inside a share (this thread holds busy_ already, or is a pool thread) runs inline: try_lock on
@@ -34,8 +33,9 @@ class TaskPool {
       return;
     }
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    const int64_t shares = std::min<int64_t>(count, static_cast<int64_t>(threads_.size()) + 1);
-    if (!busy.owns_lock() || shares <= 1) {
+    // threads_ is read under busy_, which Resize holds while it changes them.
+    const int64_t shares = busy.owns_lock() ? std::min<int64_t>(count, static_cast<int64_t>(threads_.size()) + 1) : 1;
+    if (shares <= 1) {
       if (count > 0) fn(0, count);
       return;
     }
@@ -57,6 +57,29 @@ class TaskPool {
   }
 
  private:
+  // `threads` in all, the caller's included: threads - 1 of the pool's own. Called with busy_ held (or from the
+  // constructor).
+  void Start(int threads) {
+    uint64_t now = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = false;
+      now = generation_;
+    }
+    // A new thread starts from the current generation, so an earlier call's never looks new to it.
+    for (int i = 1; i < std::max(1, threads); ++i) threads_.emplace_back([this, i, now] { Serve(i, now); });
+    size_ = std::max(1, threads);
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
   // Runs one share; what it throws is kept (the first of the call's) for the caller.
   void RunShare(int64_t share) {
     const int64_t begin = count_ * share / shares_, end = count_ * (share + 1) / shares_;
@@ -72,8 +95,7 @@ class TaskPool {
   }
   static thread_local bool inside_;  // this thread runs a share
 
-  void Serve(int64_t share) {
-    uint64_t seen = 0;
+  void Serve(int64_t share, uint64_t seen) {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
@@ -87,7 +109,7 @@ class TaskPool {
     }
   }
 
-  std::mutex busy_;   // held by the call in progress
+  std::mutex busy_;   // held by the call in progress, and by Resize
   std::mutex mutex_;  // guards what follows
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
@@ -96,15 +118,23 @@ class TaskPool {
   bool stopping_ = false;
   std::exception_ptr failure_;  // the first exception of the call in progress
   std::vector<std::thread> threads_;
+  std::atomic<int> size_{1};  // threads_.size() + 1, readable from anywhere
 };
 
 thread_local bool TaskPool::inside_ = false;
 
+// Process-wide, like libtorch's and OpenBLAS's pools; one thread per core until the budget is set.
+TaskPool& Pool() {
+  static TaskPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  return pool;
+}
+
 }  // namespace
 
-void parallel_tasks(int64_t count, const std::function<void(int64_t begin, int64_t end)>& fn) {
-  static TaskPool pool;  // process-wide, like libtorch's and OpenBLAS's thread pools
-  pool.Run(count, fn);
-}
+void parallel_tasks(int64_t count, const std::function<void(int64_t begin, int64_t end)>& fn) { Pool().Run(count, fn); }
+
+void set_task_threads(int threads) { Pool().Resize(threads); }
+
+int task_threads() { return Pool().threads(); }
 
 }  // namespace namm::cpu

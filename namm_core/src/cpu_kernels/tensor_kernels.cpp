@@ -9,6 +9,22 @@
 
 namespace namm::cpu {
 
+namespace {
+
+// Below this many multiply-adds a call stays on the calling thread: waking the pool costs more than it saves
+// (the results are the same either way).
+constexpr int64_t kParallelWork = 1 << 17;
+
+void run(int64_t tasks, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
+  if (work < kParallelWork) {
+    fn(0, tasks);
+  } else {
+    parallel_tasks(tasks, fn);
+  }
+}
+
+}  // namespace
+
 // The kernel's layout: queries scaled, keys transposed and padded to whole vectors, values padded to whole
 // vectors.
 at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -28,7 +44,7 @@ at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, c
   const int64_t rows = kernels.query_rows, blocks = (n + rows - 1) / rows;
   // A block's cost falls with its first row (it sees keys from there on): taking blocks alternately from both
   // ends gives every thread's contiguous share of the tasks about the same cost.
-  parallel_tasks(heads * blocks, [&](int64_t begin, int64_t end) {
+  run(heads * blocks, heads * n * n * (d + 16 * vectors) / 2, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(static_cast<std::size_t>(rows * n_padded));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task % heads, i = task / heads;
@@ -60,7 +76,7 @@ void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Te
                      rows,
                      n,
                      round_to_bf16};
-  parallel_tasks(kv_heads * rows, [&](int64_t begin, int64_t end) { kernels.gqa_mean(mean, begin, end); });
+  run(kv_heads * rows, attention.size(0) * rows * n, [&](int64_t begin, int64_t end) { kernels.gqa_mean(mean, begin, end); });
 }
 
 void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const at::Tensor& key_positions,
@@ -83,8 +99,9 @@ void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const
                            rows,
                            n,
                            round_to_bf16};
-  parallel_tasks(kv_heads * rows,
-                 [&](int64_t begin, int64_t end) { kernels.scores_gqa_mean(mean, begin, end); });
+  // An exponential costs about ten multiply-adds.
+  run(kv_heads * rows, 10 * scores.size(0) * rows * n,
+      [&](int64_t begin, int64_t end) { kernels.scores_gqa_mean(mean, begin, end); });
 }
 
 void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Tensor& basis, double a,
@@ -92,7 +109,8 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
   // Tasks of 256 tokens (the kernel's sweep).
   const int64_t kv_heads = ema.size(0), n = ema.size(1), groups = (n + 255) / 256;
   const int64_t frames = samples.size(1) / 16 - 1;
-  parallel_tasks(kv_heads * groups, [&](int64_t begin, int64_t end) {
+  // A token's frame: a 32 x 34 product, halved by the basis' symmetry.
+  run(kv_heads * groups, kv_heads * n * frames * 32 * 17, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end;) {
       // The tasks of one head at a time: tokens [256 g, 256 g_end) of head h.
       const int64_t h = task / groups, g = task % groups, g_end = std::min(groups, g + (end - task));
@@ -110,22 +128,6 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
   });
 }
 
-namespace {
-
-// Below this many multiply-adds a call stays on the calling thread: waking the pool costs more than it saves
-// (the results are the same either way).
-constexpr int64_t kParallelWork = 1 << 17;
-
-void run(int64_t tasks, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
-  if (work < kParallelWork) {
-    fn(0, tasks);
-  } else {
-    parallel_tasks(tasks, fn);
-  }
-}
-
-}  // namespace
-
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
   const at::Tensor y = at::empty({m, n}, x.options());
@@ -136,6 +138,34 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
     kernels.linear_columns(product, 2 * begin, std::min(n, 2 * end));
   });
   return y;
+}
+
+InOutWeight make_in_out_weight(const at::Tensor& w, const at::Tensor& b, bool out_in) {
+  const at::Tensor in_out = (out_in ? w.t() : w).contiguous();
+  InOutWeight padded;
+  padded.in = in_out.size(0);
+  padded.out = in_out.size(1);
+  padded.stride = (padded.out + kLinearInOutPad - 1) / kLinearInOutPad * kLinearInOutPad;
+  padded.weight.assign(static_cast<std::size_t>(padded.in * padded.stride), 0.0f);
+  const float* from = in_out.data_ptr<float>();
+  for (int64_t i = 0; i < padded.in; ++i) {
+    std::copy(from + i * padded.out, from + (i + 1) * padded.out, padded.weight.begin() + i * padded.stride);
+  }
+  if (b.defined()) {
+    padded.bias.assign(static_cast<std::size_t>(padded.stride), 0.0f);
+    const at::Tensor bias = b.contiguous();
+    std::copy(bias.data_ptr<float>(), bias.data_ptr<float>() + padded.out, padded.bias.begin());
+  }
+  return padded;
+}
+
+void linear_in_out(const float* x, int64_t x_stride, int64_t m, const InOutWeight& w, float* y, int64_t y_stride,
+                   const Kernels& kernels) {
+  const LinearInOut op{x, x_stride, w.weight.data(), w.stride, w.bias.empty() ? nullptr : w.bias.data(),
+                       y, y_stride, m, w.out, w.in};
+  // Tasks of 4 rows (the kernel's tile), so that a share's edge never splits one.
+  run((m + 3) / 4, m * w.out * w.in,
+      [&](int64_t begin, int64_t end) { kernels.linear_in_out_rows(op, 4 * begin, std::min(m, 4 * end)); });
 }
 
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels) {

@@ -41,6 +41,18 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels&
 // x [m, dim] normalized by its root mean square and scaled by weight [dim].
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels);
 
+// A weight as LinearInOut reads it (cpu_kernels.h): [in][out rounded up to kLinearInOutPad], zeros beyond out,
+// and its bias likewise (empty without one).
+struct InOutWeight {
+  int64_t in = 0, out = 0, stride = 0;
+  std::vector<float> weight, bias;
+};
+// From w [in, out] (a NAMM's layout) or, with out_in, w [out, in] (torch's), float32 host tensors.
+InOutWeight make_in_out_weight(const at::Tensor& w, const at::Tensor& b, bool out_in);
+// y [m][out] = x [m][in] W (+ b), rows in parallel where the work is worth waking the pool for.
+void linear_in_out(const float* x, int64_t x_stride, int64_t m, const InOutWeight& w, float* y, int64_t y_stride,
+                   const Kernels& kernels);
+
 using AttentionInput = namm::AttentionRequest;  // batch_invariant.h
 using AttentionOutput = namm::AttentionResult;
 

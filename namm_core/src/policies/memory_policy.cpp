@@ -1,6 +1,7 @@
 #include "namm/policies/memory_policy.h"
 
 #include <algorithm>
+#include <typeinfo>
 
 #include "aten.h"
 #include "namm/dtype.h"
@@ -18,9 +19,42 @@ Result<std::optional<at::Tensor>> MemoryPolicy::EndPrefill(int /*layer*/, LayerK
   return std::optional<at::Tensor>();
 }
 
+std::vector<Result<at::Tensor>> MemoryPolicy::SelectTogether(const std::vector<MemoryUpdate>& updates) {
+  std::vector<Result<at::Tensor>> kept;
+  kept.reserve(updates.size());
+  for (const MemoryUpdate& u : updates) kept.push_back(u.policy->Select(u.layer, *u.cache));
+  return kept;
+}
+
 Status apply_memory_update(MemoryPolicy& policy, int layer, LayerKVCache& cache) {
   NAMM_ASSIGN_OR_RETURN(at::Tensor keep, policy.Select(layer, cache));
   return cache.Gather(keep);
+}
+
+std::vector<Status> apply_memory_updates(const std::vector<MemoryUpdate>& updates) {
+  // Updates grouped by their policy's class, each group's first policy selecting for all of it.
+  std::vector<Result<at::Tensor>> kept(updates.size(), Result<at::Tensor>(Status::Internal("not selected")));
+  std::vector<bool> grouped(updates.size(), false);
+  for (std::size_t i = 0; i < updates.size(); ++i) {
+    if (grouped[i]) continue;
+    std::vector<MemoryUpdate> group;
+    std::vector<std::size_t> where;
+    for (std::size_t j = i; j < updates.size(); ++j) {
+      if (!grouped[j] && typeid(*updates[j].policy) == typeid(*updates[i].policy)) {
+        grouped[j] = true;
+        group.push_back(updates[j]);
+        where.push_back(j);
+      }
+    }
+    std::vector<Result<at::Tensor>> selected = updates[i].policy->SelectTogether(group);
+    for (std::size_t g = 0; g < where.size(); ++g) kept[where[g]] = std::move(selected[g]);
+  }
+  // A gather is a few row copies per head: on the calling thread (waking the pool would cost more).
+  std::vector<Status> statuses(updates.size());
+  for (std::size_t i = 0; i < updates.size(); ++i) {
+    statuses[i] = kept[i].ok() ? updates[i].cache->Gather(*kept[i]) : kept[i].status();
+  }
+  return statuses;
 }
 
 Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache& cache) {

@@ -1,6 +1,11 @@
 #include "namm/policies/namm_policy.h"
 
+#include <algorithm>
+#include <array>
+#include <string>
+
 #include "aten.h"
+#include "cpu_kernels/task_pool.h"
 #include "namm/recency_embedding.h"
 #include "namm/selection.h"
 #include "namm/stft_features.h"
@@ -89,7 +94,7 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   if (earlier > 0) {
     const int64_t zeros = std::max<int64_t>(0, -start);
     if (zeros > 0) samples.narrow(1, 0, zeros).zero_();
-    if (earlier > zeros) samples.narrow(1, zeros, earlier - zeros).copy_(EarlierRows(layer, cache, start + zeros, first_query));
+    if (earlier > zeros) EarlierRowsInto(layer, cache, start + zeros, first_query, samples.narrow(1, zeros, earlier - zeros));
   }
   const at::Tensor own = samples.narrow(1, earlier, rows);
   gqa_mean_into(attention, precision, own);
@@ -108,15 +113,14 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   }
 }
 
-at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to) const {
-  std::vector<at::Tensor> parts;
+void NammPolicy::EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t from, int64_t to,
+                                 const at::Tensor& out) const {
   int64_t next = from;
   const bool valid = remembered_.ValidFor(layer, cache);
   // The remembered blocks are contiguous and end at `to`; rows before the first of them are computed again.
   const int64_t remembered_from = valid && !remembered_.blocks.empty() ? remembered_.blocks.front().first : to;
   if (next < remembered_from) {
     const int64_t upto = std::min(to, remembered_from);
-    at::Tensor rows = at::empty({cache.kv_heads(), upto - next, cache.size()}, cache.state(kEmaState).options());
     // A few queries at a time, so that their probabilities ([q_heads, piece, n]) stay as small as the engine's
     // attention blocks.
     const int64_t heads = cache.query_history().heads();
@@ -124,25 +128,36 @@ at::Tensor NammPolicy::EarlierRows(int layer, const LayerKVCache& cache, int64_t
     for (int64_t q = next; q < upto; q += piece) {
       const int64_t len = std::min(piece, upto - q);
       const Status computed = cache.query_history().GqaMeanAttention(cache, q, q + len, architecture_.attention_precision,
-                                                                      rows.narrow(1, q - next, len));
+                                                                      out.narrow(1, q - from, len));
       TORCH_CHECK(computed.ok(), "NAMM observe: ", computed.message(),
                   " (the engine must record the queries: MemoryPolicy::query_history())");
     }
-    parts.push_back(rows);
     next = upto;
   }
   for (const auto& [first, block] : remembered_.blocks) {
     if (!valid || next >= to) break;
     const int64_t last = first + block.size(1);
     if (last <= next) continue;
-    parts.push_back(block.narrow(1, next - first, std::min(to, last) - next));
-    next = std::min(to, last);
+    const int64_t end = std::min(to, last);
+    out.narrow(1, next - from, end - next).copy_(block.narrow(1, next - first, end - next));
+    next = end;
   }
   TORCH_CHECK(next == to, "NAMM observe: rows ", next, "..", to - 1, " are neither remembered nor recorded");
-  return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
 }
 
-Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {
+std::string NammPolicy::prefix_key() const {
+  std::string key = "namm;";
+  key += architecture_.attention_precision == AttentionPrecision::kBf16 ? "bf16;" : "f32;";
+  key += from_history_ ? "history;" : "samples;";
+  key += FeaturesNeeded() ? "features" : "none";
+  return key;
+}
+
+void NammPolicy::AdoptPrefix(const MemoryPolicy& leader) {
+  observe_skipped_ = static_cast<const NammPolicy&>(leader).observe_skipped_;  // the keys matched: a NAMM too
+}
+
+Status NammPolicy::CheckSelect(const LayerKVCache& cache) const {
   if (cache.tokens_seen() % kStftHop != 0) {
     return Status::FailedPrecondition("a NAMM update needs a sequence length that is a multiple of " +
                                       std::to_string(kStftHop) + " (complete spectrogram frames), got " +
@@ -152,6 +167,14 @@ Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {
   if (tracing_ && observe_skipped_) {
     return Status::FailedPrecondition("tracing was enabled after Observe calls it would have needed");
   }
+  return Status::Ok();
+}
+
+Result<at::Tensor> NammPolicy::Select(int layer, LayerKVCache& cache) {
+  return std::move(SelectTogether({MemoryUpdate{this, layer, &cache}}).front());
+}
+
+Result<at::Tensor> NammPolicy::SelectWithTensors(LayerKVCache& cache) {
   return internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
     if (constant_score_ && !tracing_) {
       if (normalizer_.state() == NormState::kCollecting) normalizer_.Normalize(cache.state(kEmaState));
@@ -166,6 +189,108 @@ Result<at::Tensor> NammPolicy::Select(int /*layer*/, LayerKVCache& cache) {
     if (tracing_) trace_ = {features, scores, keep};
     return keep;
   });
+}
+
+// On the host, every (sequence, KV head) of the updates is one task of one parallel pass: its features built
+// in place (recency from the table, the EMA normalized), scored by its own NAMM's ScoreOnHost, then each
+// sequence's selection. No tensor operation but the result's. The tensor path (SelectWithTensors) takes the
+// rest: a device, tracing, a constant scorer.
+std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<MemoryUpdate>& updates) {
+  struct Item {
+    NammPolicy* policy = nullptr;
+    LayerKVCache* cache = nullptr;
+    int64_t heads = 0, n = 0;
+    at::Tensor ema, positions;            // [heads, n, 17] and [heads, n], rows contiguous
+    bool affine = false;                  // normalized by mean and scale; else `ema` is already normalized
+    std::array<float, kStftBins> mean{}, scale{};
+    std::vector<float> scores;            // [heads][n]
+    bool host = true;                     // else (ScoreOnHost declined) the tensor path
+  };
+  std::vector<Result<at::Tensor>> kept(updates.size(), Result<at::Tensor>(Status::Internal("not selected")));
+  std::vector<Item> items;
+  std::vector<std::size_t> where;
+  for (std::size_t u = 0; u < updates.size(); ++u) {
+    auto* policy = static_cast<NammPolicy*>(updates[u].policy);  // apply_memory_updates groups by class
+    LayerKVCache& cache = *updates[u].cache;
+    if (Status checked = policy->CheckSelect(cache); !checked.ok()) {
+      kept[u] = checked;
+      continue;
+    }
+    const bool host = cache.positions().device().is_cpu() && !policy->tracing_ && !policy->constant_score_;
+    if (!host) {
+      kept[u] = policy->SelectWithTensors(cache);
+      continue;
+    }
+    Item item;
+    item.policy = policy;
+    item.cache = &cache;
+    item.heads = cache.kv_heads();
+    item.n = cache.size();
+    item.ema = cache.state(kEmaState);
+    item.positions = cache.positions();
+    item.affine = policy->normalizer_.FrozenAffine(item.mean, item.scale);
+    // Collecting statistics (or frozen without any): the normalizer's own pass, which also gathers them.
+    if (!item.affine) item.ema = policy->normalizer_.Normalize(item.ema).contiguous();
+    item.scores.resize(static_cast<std::size_t>(item.heads * item.n));
+    items.push_back(std::move(item));
+    where.push_back(u);
+  }
+  std::vector<int64_t> first_task(items.size() + 1, 0);
+  for (std::size_t i = 0; i < items.size(); ++i) first_task[i + 1] = first_task[i] + items[i].heads;
+  std::vector<std::string> failures(static_cast<std::size_t>(first_task.back()));  // a task's exception, if any
+  cpu::parallel_tasks(first_task.back(), [&](int64_t begin, int64_t end) {
+    std::vector<float> features, workspace;
+    for (int64_t task = begin; task < end; ++task) {
+      const auto i = static_cast<std::size_t>(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                                              first_task.begin() - 1);
+      Item& item = items[i];
+      const int64_t h = task - first_task[i], n = item.n;
+      try {
+        features.resize(static_cast<std::size_t>(n * kFeatureDim));
+        recency_embedding_on_host(item.positions.data_ptr<int64_t>() + h * item.positions.stride(0), n,
+                                  features.data(), kFeatureDim);
+        const float* ema = item.ema.data_ptr<float>() + h * item.ema.stride(0);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* bins = ema + j * item.ema.stride(1);
+          float* x = features.data() + j * kFeatureDim + kRecencyDims;
+          for (std::size_t f = 0; f < static_cast<std::size_t>(kStftBins); ++f) {
+            x[f] = item.affine ? (bins[f] - item.mean[f]) / item.scale[f] : bins[f];
+          }
+        }
+        // Declining is a property of the policy (its parameters' device), the same for all of its heads.
+        item.host = item.policy->scorer_->ScoreOnHost(features.data(), kFeatureDim, n, item.scores.data() + h * n,
+                                                      workspace);
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(task)] = e.what();
+      }
+    }
+  });
+  std::vector<int64_t> keep, order;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Item& item = items[i];
+    const auto failed = std::find_if(failures.begin() + first_task[i], failures.begin() + first_task[i + 1],
+                                     [](const std::string& f) { return !f.empty(); });
+    if (failed != failures.begin() + first_task[i + 1]) {
+      kept[where[i]] = Status::Internal("NAMM select: " + *failed);
+      continue;
+    }
+    if (!item.host) {
+      kept[where[i]] = item.policy->SelectWithTensors(*item.cache);
+      continue;
+    }
+    const NammPolicy& policy = *item.policy;
+    const double theta = policy.architecture_.selection.kind == SelectionKind::kDynamic
+                             ? static_cast<double>(policy.selection_params_.data_ptr<float>()[0])
+                             : 0.0;
+    kept[where[i]] = internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
+      const int64_t k = select_tokens_on_host(item.scores.data(), item.heads, item.n, policy.architecture_.selection,
+                                              theta, keep, order);
+      at::Tensor out = at::empty({item.heads, k}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+      std::copy(keep.begin(), keep.end(), out.data_ptr<int64_t>());
+      return out;
+    });
+  }
+  return kept;
 }
 
 }  // namespace namm

@@ -52,11 +52,6 @@ void WaitForDevice(const at::Tensor& t) {
   if (!t.device().is_cpu()) (void)t.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
 }
 
-// Bytes of a layer's cached keys and values.
-int64_t KvBytes(const LayerKVCache& cache) {
-  return (cache.keys().numel() + cache.values().numel()) * cache.keys().element_size();
-}
-
 // Bookkeeping shared by prefill and decoding: memory updates at multiples of n_up, the end-of-prefill hook, and
 // cache sizes.
 class CacheTracker {
@@ -64,7 +59,7 @@ class CacheTracker {
   // With `positions` > 0, records evictions (GenerationResult::retention) over that many positions.
   CacheTracker(std::vector<LayerKVCache>& caches, MemoryPolicy& policy, int64_t n_up, GenerationResult& result,
                int64_t positions)
-      : caches_(caches), policy_(policy), state_specs_(policy.token_state()), n_up_(n_up), result_(result) {
+      : caches_(caches), policy_(policy), n_up_(n_up), result_(result) {
     if (positions > 0) {
       Retention& r = result_.retention;
       r.layers = static_cast<int64_t>(caches_.size());
@@ -74,18 +69,14 @@ class CacheTracker {
     }
   }
 
-  // After a forward pass of `t` tokens: record sizes and the peak, then run a memory update if the length is a
-  // multiple of n_up.
-  Status AfterForward(int64_t t) {
+  // After a forward pass of `t` tokens: records sizes and the peak; true when the length is a multiple of n_up
+  // (a memory update is due: AddUpdates, apply_memory_updates, then EndUpdate).
+  bool Account(int64_t t) {
     int64_t kv = 0, state = 0;
     double held = 0, attended = 0;
     for (const auto& cache : caches_) {
-      kv += KvBytes(cache);
-      for (const auto& spec : state_specs_) {
-        const at::Tensor s = cache.state(spec.name);
-        state += s.numel() * s.element_size();
-      }
-      state += cache.query_history().bytes();
+      kv += cache.kv_bytes();
+      state += cache.state_bytes() + cache.query_history().bytes();
       // The step's queries saw n - t + 1, ..., n cached tokens.
       const auto n = static_cast<double>(cache.size()), steps = static_cast<double>(t);
       held += n;
@@ -105,13 +96,34 @@ class CacheTracker {
       result_.peak_kv_bytes = kv;
       result_.peak_policy_state_bytes = state;
     }
+    return caches_[0].tokens_seen() % n_up_ == 0;
+  }
+
+  // Another sequence's accounts so far (a shared prefix: the same tokens through the same caches).
+  void CopyAccountsFrom(const CacheTracker& other) {
+    attended_sum_ = other.attended_sum_;
+    answer_sum_ = other.answer_sum_;
+    queries_ = other.queries_;
+    answer_queries_ = other.answer_queries_;
+    answering_ = other.answering_;
+  }
+
+  // The due update of every layer, for apply_memory_updates (with the batch's other sequences').
+  void AddUpdates(std::vector<MemoryUpdate>& updates) {
+    before_.clear();
+    for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
+      before_.push_back(Positions(layer));
+      updates.push_back(MemoryUpdate{&policy_, static_cast<int>(layer), &caches_[layer]});
+    }
+  }
+
+  // The updates' statuses, one per layer in order: the first error, or the update recorded.
+  Status EndUpdate(const Status* statuses) {
     const int64_t length = caches_[0].tokens_seen();
-    if (length % n_up_ != 0) return Status::Ok();
     MemoryUpdateRecord record{length, {}, false};
     for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
-      const at::Tensor before = Positions(layer);
-      NAMM_RETURN_IF_ERROR(apply_memory_update(policy_, static_cast<int>(layer), caches_[layer]));
-      RecordEvictions(layer, before, length);
+      NAMM_RETURN_IF_ERROR(statuses[layer]);
+      RecordEvictions(layer, before_[layer], length);
       record.cache_sizes.push_back(caches_[layer].size());
     }
     result_.updates.push_back(std::move(record));
@@ -163,7 +175,7 @@ class CacheTracker {
 
   std::vector<LayerKVCache>& caches_;
   MemoryPolicy& policy_;
-  const std::vector<TokenStateSpec> state_specs_;
+  std::vector<at::Tensor> before_;  // per layer, the positions before a due update (when recording evictions)
   int64_t n_up_;
   GenerationResult& result_;
   double attended_sum_ = 0, answer_sum_ = 0;
@@ -236,10 +248,46 @@ class Sequence {
 
   bool done() const { return phase_ == Phase::kDone; }
   bool prefilling() const { return phase_ == Phase::kPrompt; }
+  int64_t tokens_seen() const { return caches_.empty() ? 0 : caches_[0].tokens_seen(); }
+
+  // Prefix sharing (MemoryPolicy::prefix_key): sequences with equal keys and prompts compute the same caches
+  // and accounts until the first memory update (or the prompt's end, if sooner); only one of them, the leader,
+  // runs that prefix, and the others copy it (ForkFrom) once the leader's pass reaches fork_at() and before
+  // its update. A key of "" never shares.
+  std::string PrefixKey() const {
+    const MemoryPolicy& policy = *request_.policy;
+    if (done() || tokens_seen() != 0 || policy.prefix_key().empty()) return "";
+    return policy.prefix_key() + "|" + std::to_string(options_.chunk_size) + "|" +
+           std::to_string(options_.memory_update_interval) + "|" + std::to_string(options_.record_logits) + "|" +
+           std::to_string(options_.record_retention) + "|" +
+           std::to_string(static_cast<int64_t>(options_.forced_tokens.size()) + options_.max_new_tokens) + "|" +
+           std::to_string(policy.may_evict()) + "|" + std::to_string(policy.query_history());
+  }
+  const std::vector<int64_t>& prompt() const { return request_.prompt_ids; }
+  int64_t fork_at() const {
+    return std::min(options_.memory_update_interval, static_cast<int64_t>(request_.prompt_ids.size()));
+  }
+  // Becomes `leader` as it stands after the pass that reached fork_at(): caches, accounts and the step's logits.
+  void ForkFrom(const Sequence& leader) {
+    for (std::size_t layer = 0; layer < caches_.size(); ++layer) caches_[layer] = leader.caches_[layer].Clone();
+    request_.policy->AdoptPrefix(*leader.request_.policy);
+    tracker_->CopyAccountsFrom(*leader.tracker_);
+    result_.mean_kv_tokens = leader.result_.mean_kv_tokens;
+    result_.answer_kv_tokens = leader.result_.answer_kv_tokens;
+    result_.peak_kv_tokens = leader.result_.peak_kv_tokens;
+    result_.peak_kv_bytes = leader.result_.peak_kv_bytes;
+    result_.peak_policy_state_bytes = leader.result_.peak_policy_state_bytes;
+    result_.prefill_seconds = leader.result_.prefill_seconds;
+    result_.shared_prefix_tokens = leader.tokens_seen();
+    fed_ = leader.fed_;
+    step_length_ = leader.step_length_;
+    pieces_ = leader.pieces_;
+    logits_ = leader.logits_;
+  }
   const std::vector<int64_t>& tokens() const { return result_.token_ids; }
   int64_t kv_bytes() const {
     int64_t bytes = 0;
-    for (const auto& cache : caches_) bytes += KvBytes(cache);
+    for (const auto& cache : caches_) bytes += cache.kv_bytes();
     return bytes;
   }
 
@@ -255,9 +303,28 @@ class Sequence {
     return {feed_.narrow(0, fed_, step_length_), &caches_, request_.policy, all_logits_};
   }
 
-  // The step's logits (or its error).
-  void AfterStep(Result<at::Tensor> logits) {
-    Status status = logits.ok() ? Advance(std::move(*logits)) : logits.status();
+  // After a step, in three parts so that a batch's memory updates run together between them: the step's logits
+  // (or its error) taken, true when a memory update is due; the due updates (AddUpdates, then
+  // apply_memory_updates); then the rest of the step, with the updates' statuses (one per layer) if one was due.
+  bool TakeLogits(Result<at::Tensor> logits) {
+    if (!logits.ok()) {
+      Fail(logits.status());
+      return false;
+    }
+    if (phase_ == Phase::kDecode) {
+      ++result_.decode_steps;
+    } else {
+      if (all_logits_) pieces_.push_back(*logits);
+      fed_ += step_length_;
+    }
+    logits_ = std::move(*logits);
+    return tracker_->Account(phase_ == Phase::kDecode ? 1 : step_length_);
+  }
+  void AddUpdates(std::vector<MemoryUpdate>& updates) { tracker_->AddUpdates(updates); }
+  void FinishStep(const Status* update_statuses) {
+    if (done()) return;
+    Status status = update_statuses != nullptr ? tracker_->EndUpdate(update_statuses) : Status::Ok();
+    if (status.ok()) status = Continue();
     if (!status.ok()) Fail(std::move(status));
   }
 
@@ -287,17 +354,9 @@ class Sequence {
     pieces_.clear();
   }
 
-  Status Advance(at::Tensor logits) {
-    if (phase_ == Phase::kDecode) {
-      logits_ = std::move(logits);
-      ++result_.decode_steps;
-      NAMM_RETURN_IF_ERROR(tracker_->AfterForward(1));
-      return Decide();
-    }
-    if (all_logits_) pieces_.push_back(logits);
-    logits_ = std::move(logits);
-    fed_ += step_length_;
-    NAMM_RETURN_IF_ERROR(tracker_->AfterForward(step_length_));
+  // The step's end, its logits taken and its memory update done: the next token, or the feed's end.
+  Status Continue() {
+    if (phase_ == Phase::kDecode) return Decide();
     if (fed_ < feed_.size(0)) return Status::Ok();
     return phase_ == Phase::kPrompt ? EndPrompt() : EndForced();
   }
@@ -420,6 +479,8 @@ struct GenerationBatch::Entry {
   explicit Entry(Generator::Request r) : request(std::move(r)) {}
   Generator::Request request;
   std::unique_ptr<Sequence> sequence;
+  Entry* leader = nullptr;         // the sequence whose prefix this one waits for
+  std::vector<Entry*> followers;   // the sequences waiting for this one's prefix
 };
 
 GenerationBatch::GenerationBatch(const LlamaModel& model, const Tokenizer& tokenizer)
@@ -440,26 +501,78 @@ int64_t GenerationBatch::Join(Generator::Request request) {
   return id;
 }
 
+void GenerationBatch::SharePrefixes() {
+  std::map<std::pair<std::string, std::vector<int64_t>>, Entry*> leaders;
+  for (const auto& [id, entry] : entries_) {
+    if (entry->leader != nullptr || !entry->followers.empty()) continue;
+    std::string key = entry->sequence->PrefixKey();
+    if (key.empty()) continue;
+    auto [it, first] = leaders.try_emplace({std::move(key), entry->sequence->prompt()}, entry.get());
+    if (first) continue;
+    entry->leader = it->second;
+    it->second->followers.push_back(entry.get());
+  }
+}
+
+void GenerationBatch::Unpark(Entry& leader) {
+  for (Entry* follower : leader.followers) follower->leader = nullptr;
+  leader.followers.clear();
+}
+
 bool GenerationBatch::Step() {
   const c10::InferenceMode inference;
-  std::vector<Sequence*> active;
+  SharePrefixes();
+  std::vector<Entry*> active;  // followers of a leader wait for its prefix
   std::vector<LlamaModel::Step> steps;
   for (const auto& [id, entry] : entries_) {
-    if (entry->sequence->done()) continue;
-    active.push_back(entry->sequence.get());
+    if (entry->sequence->done() || entry->leader != nullptr) continue;
+    active.push_back(entry.get());
     steps.push_back(entry->sequence->NextStep());
   }
   if (active.empty()) return false;
   const auto start = Clock::now();
   std::vector<bool> prefilling;
-  for (const Sequence* sequence : active) prefilling.push_back(sequence->prefilling());
+  for (const Entry* entry : active) prefilling.push_back(entry->sequence->prefilling());
   std::vector<Result<at::Tensor>> logits = model_.ForwardBatch(steps);
-  for (std::size_t i = 0; i < active.size(); ++i) active[i]->AfterStep(std::move(logits[i]));
+  // The memory updates due after this pass, every sequence's and layer's at once (a batch of NAMMs scores all
+  // of its tokens in one pass, on the thread budget), then each sequence's next token or end. A leader
+  // whose pass reached the end of the shared prefix hands it to its followers first, which then take part.
+  std::vector<MemoryUpdate> updates;
+  std::vector<std::ptrdiff_t> first_update;
+  const std::size_t stepped = active.size();
+  for (std::size_t i = 0; i < stepped; ++i) {
+    Sequence& sequence = *active[i]->sequence;
+    const bool due = sequence.TakeLogits(std::move(logits[i]));
+    first_update.push_back(-1);
+    if (due) {
+      first_update.back() = static_cast<std::ptrdiff_t>(updates.size());
+      sequence.AddUpdates(updates);
+    }
+    if (active[i]->followers.empty() || (!sequence.done() && sequence.tokens_seen() < sequence.fork_at())) continue;
+    const std::vector<Entry*> followers = active[i]->followers;
+    Unpark(*active[i]);
+    if (sequence.done()) continue;  // failed: each follower runs its own prefix from the next step
+    for (Entry* follower : followers) {
+      follower->sequence->ForkFrom(sequence);
+      active.push_back(follower);
+      prefilling.push_back(true);
+      first_update.push_back(-1);
+      if (due) {
+        first_update.back() = static_cast<std::ptrdiff_t>(updates.size());
+        follower->sequence->AddUpdates(updates);
+      }
+    }
+  }
+  const std::vector<Status> statuses = apply_memory_updates(updates);
+  // Microseconds each (the next token's choice, bookkeeping): on this thread.
+  for (std::size_t i = 0; i < active.size(); ++i) {
+    active[i]->sequence->FinishStep(first_update[i] < 0 ? nullptr : statuses.data() + first_update[i]);
+  }
   if (!model_.options().device().is_cpu()) {
     generation_internal::WaitForDevice(at::zeros({1}, model_.options()));  // after the step, memory updates included
   }
   const double seconds = generation_internal::Since(start);
-  for (std::size_t i = 0; i < active.size(); ++i) active[i]->AddTime(prefilling[i], seconds);
+  for (std::size_t i = 0; i < active.size(); ++i) active[i]->sequence->AddTime(prefilling[i], seconds);
   return true;
 }
 
@@ -477,6 +590,12 @@ Result<GenerationResult> GenerationBatch::Leave(int64_t id) {
   if (it == entries_.end()) return Status::NotFound("no sequence " + std::to_string(id) + " in the batch");
   std::unique_ptr<Entry> entry = std::move(it->second);
   entries_.erase(it);
+  // A leader's followers run their own prefix; a follower is no longer waited for.
+  Unpark(*entry);
+  if (entry->leader != nullptr) {
+    std::vector<Entry*>& others = entry->leader->followers;
+    others.erase(std::remove(others.begin(), others.end(), entry.get()), others.end());
+  }
   if (!entry->sequence->done()) return Status::FailedPrecondition("the sequence left before it finished");
   return entry->sequence->TakeResult();
 }

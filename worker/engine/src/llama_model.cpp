@@ -2,16 +2,33 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "aten.h"
 #include "namm/batch_invariant.h"
+#include "namm/cpu_threads.h"
 #include "namm/query_history.h"
 #include "namm/worker/rope.h"
 
 namespace namm::worker {
+
+struct LlamaModel::RopeEntry {
+  at::Tensor positions;  // [t] int64
+  RopeTables tables;     // [t, head_dim] each
+};
+
+// Entries by (first position, length); cleared whole when it would pass kMaxBytes (a table is cheap to make
+// again, and a long generation reaches a new one per decoded token).
+struct LlamaModel::RopeCache {
+  static constexpr int64_t kMaxBytes = int64_t{64} << 20;
+  std::mutex mutex;
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<const RopeEntry>> entries;
+  int64_t bytes = 0;
+};
 
 
 Result<LlamaModel> LlamaModel::Load(const std::string& path, const LoadOptions& options) {
@@ -24,7 +41,14 @@ LlamaModel::LlamaModel(LoadedModel loaded, at::TensorOptions options)
       weights_(std::move(loaded.weights)),
       options_(options),
       inv_freq_(rope_inverse_frequencies(config_, options.device())),
-      attention_block_elements_(options.device().is_cpu() ? kAttentionBlockElements : kDeviceAttentionBlockElements) {}
+      attention_block_elements_(options.device().is_cpu() ? kAttentionBlockElements : kDeviceAttentionBlockElements),
+      rope_cache_(std::make_shared<RopeCache>()) {
+  for (const LlamaLayerWeights& w : weights_.layers) {
+    projections_.push_back(Projections{{w.wq, w.bq}, {w.wk, w.bk}, {w.wv, w.bv}, {w.wo, w.bo},
+                                       {w.w_gate, w.b_gate}, {w.w_up, w.b_up}, {w.w_down, w.b_down}});
+  }
+  head_ = InvariantLinear(weights_.lm_head, at::Tensor());
+}
 
 std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) const {
   std::vector<LayerKVCache> caches;
@@ -35,20 +59,67 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
   return caches;
 }
 
+// Where each sequence of a batch lies in the packed rows: rows [offset, offset + length), at the positions and
+// with the RoPE tables of its entry (null for a sequence that failed its checks).
+struct LlamaModel::Packing {
+  std::vector<int64_t> offset, length;
+  std::vector<std::shared_ptr<const RopeEntry>> tables;
+};
+
 std::pair<at::Tensor, at::Tensor> LlamaModel::RotateQueriesAndKeys(int layer, const at::Tensor& q_rows,
                                                                    const at::Tensor& k_rows,
-                                                                   const RopeTables& rope) const {
+                                                                   const Packing& packing) const {
   const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
   const int64_t rows = q_rows.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
   // Qwen3 normalizes each head's query and key before rotating them.
   at::Tensor q = q_rows, k = k_rows;
   if (config_.qk_norm) {
-    q = invariant_rms_norm(q.reshape({rows * heads, hd}), w.q_norm, config_.norm_eps);
-    k = invariant_rms_norm(k.reshape({rows * kv_heads, hd}), w.k_norm, config_.norm_eps);
+    q = invariant_rms_norm(q.reshape({rows * heads, hd}), w.q_norm, config_.norm_eps).view({rows, heads * hd});
+    k = invariant_rms_norm(k.reshape({rows * kv_heads, hd}), w.k_norm, config_.norm_eps).view({rows, kv_heads * hd});
   }
-  // Row r's table applies to all of its heads.
-  const RopeTables per_row{rope.cos.unsqueeze(1), rope.sin.unsqueeze(1)};
+  if (row_invariant(q) && q.is_contiguous() && k.is_contiguous()) {
+    // In place, each sequence's rows by its own tables (the same bits as apply_rope): the products' outputs are
+    // this pass's own.
+    for (std::size_t s = 0; s < packing.tables.size(); ++s) {
+      if (!packing.tables[s]) continue;
+      const RopeTables& table = packing.tables[s]->tables;
+      invariant_rope_(q, heads, packing.offset[s], table.cos, table.sin);
+      invariant_rope_(k, kv_heads, packing.offset[s], table.cos, table.sin);
+    }
+    return {q.view({rows, heads, hd}), k.view({rows, kv_heads, hd})};
+  }
+  // Elsewhere by tensor operations; row r's table applies to all of its heads.
+  std::vector<at::Tensor> cos, sin;
+  for (const auto& entry : packing.tables) {
+    if (!entry) continue;
+    cos.push_back(entry->tables.cos);
+    sin.push_back(entry->tables.sin);
+  }
+  const RopeTables per_row{at::cat(cos, 0).unsqueeze(1), at::cat(sin, 0).unsqueeze(1)};
   return {apply_rope(q.reshape({rows, heads, hd}), per_row), apply_rope(k.reshape({rows, kv_heads, hd}), per_row)};
+}
+
+std::shared_ptr<const LlamaModel::RopeEntry> LlamaModel::RopeFor(int64_t start, int64_t t) const {
+  RopeCache& cache = *rope_cache_;
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (const auto it = cache.entries.find({start, t}); it != cache.entries.end()) return it->second;
+  }
+  // Computed as the sequence alone would compute it; dynamic NTK rescales from the length it reaches.
+  auto entry = std::make_shared<RopeEntry>();
+  entry->positions = at::arange(start, start + t, options_.dtype(at::kLong));
+  entry->tables = rope_tables(rope_depends_on_length(config_)
+                                  ? rope_inverse_frequencies(config_, options_.device(), start + t)
+                                  : inv_freq_,
+                              entry->positions, config_.rope_scaling.yarn_attention_factor());
+  const int64_t bytes = 2 * t * config_.head_dim * 4 + t * 8;
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (cache.bytes + bytes > RopeCache::kMaxBytes) {
+    cache.entries.clear();
+    cache.bytes = 0;
+  }
+  if (cache.entries.emplace(std::make_pair(start, t), entry).second) cache.bytes += bytes;
+  return entry;
 }
 
 bool LlamaModel::KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const {
@@ -110,10 +181,8 @@ Result<at::Tensor> LlamaModel::Attend(int layer, const at::Tensor& q, LayerKVCac
   return out.view({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd});
 }
 
-at::Tensor LlamaModel::FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const {
-  return invariant_linear(
-      invariant_silu_mul(invariant_linear(x, w.w_gate, w.b_gate), invariant_linear(x, w.w_up, w.b_up)), w.w_down,
-      w.b_down);
+at::Tensor LlamaModel::FeedForward(const Projections& p, const at::Tensor& x) const {
+  return p.down(invariant_silu_mul(p.gate(x), p.up(x)));
 }
 
 Status LlamaModel::CheckStep(const Step& step) const {
@@ -145,78 +214,95 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
   return std::move(ForwardBatch({Step{tokens, &caches, &policy, all_logits}}).front());
 }
 
-// Where each sequence of a batch lies in the packed rows: rows [offset, offset + length), at its positions; the
-// RoPE tables of all rows, each sequence's part computed as it alone would compute it.
-struct LlamaModel::Packing {
-  std::vector<int64_t> offset, length;
-  std::vector<at::Tensor> positions;
-  RopeTables rope;  // [total rows, head_dim] each
-};
-
 void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
                              const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
                              std::vector<Status>& errors) const {
-  const auto count = steps.size();
+  const auto count = static_cast<int64_t>(steps.size());
   const int64_t q_width = config_.n_heads * config_.head_dim;
-  std::vector<at::Tensor> queries(count);
-  std::vector<AttentionRequest> kernel_inputs;
-  std::vector<std::size_t> kernel_sequences;
+  std::vector<at::Tensor> queries(steps.size());
+  std::vector<char> in_kernel(steps.size(), 0);
   const int64_t window = config_.window_of(layer);
-  for (std::size_t s = 0; s < count; ++s) {
-    if (!errors[s].ok()) continue;
-    LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
+  const auto cache_of = [&](std::size_t s) -> LayerKVCache& { return (*steps[s].caches)[static_cast<std::size_t>(layer)]; };
+  // Sequences apart on the thread budget (the coarsest grain: each has its own cache and policy) where each has
+  // real work, else on this thread: a fork and join costs more than appending a chunk.
+  const auto for_each_sequence = [&](bool apart, int64_t n, const std::function<void(int64_t)>& fn) {
+    if (apart) {
+      parallel_items(n, fn);
+    } else {
+      for (int64_t i = 0; i < n; ++i) fn(i);
+    }
+  };
+  // Each sequence's keys and values cached, and its attention unless the kernel takes it (on the CPU in half
+  // precision libtorch's operations attend each sequence: apart).
+  for_each_sequence(q.device().is_cpu() && !row_invariant(q), count, [&](int64_t item) {
+    const auto s = static_cast<std::size_t>(item);
+    if (!errors[s].ok()) return;
+    LayerKVCache& cache = cache_of(s);
     MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
     const at::Tensor v_heads = v.narrow(0, first, t).reshape({t, config_.n_kv_heads, config_.head_dim});
     if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1), v_heads.transpose(0, 1),
-                                       packing.positions[s]);
+                                       packing.tables[s]->positions);
         !appended.ok()) {
       errors[s] = std::move(appended);
-      continue;
+      return;
     }
     queries[s] = q.narrow(0, first, t).transpose(0, 1);  // [heads, t, head_dim]
     if (KernelAttends(queries[s], cache, policy)) {
-      AttentionRequest in;
-      in.q = q.narrow(0, first, t).reshape({t, q_width});
-      in.keys = cache.keys();
-      in.values = cache.values();
-      in.key_positions = cache.positions();
-      in.first_position = cache.tokens_seen() - t;
-      in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
-      in.out = heads_out.narrow(0, first, t);
-      in.probabilities = policy.needs_attention();
-      in.log_sum_exp = policy.query_history() > 0;
-      kernel_inputs.push_back(std::move(in));
-      kernel_sequences.push_back(s);
-      continue;
+      in_kernel[s] = 1;
+      return;
     }
     Result<at::Tensor> out = Attend(layer, queries[s], cache, policy);
     if (!out.ok()) {
       errors[s] = out.status();
-      continue;
+      return;
     }
     heads_out.narrow(0, first, t).copy_(*out);
+  });
+  std::vector<AttentionRequest> kernel_inputs;
+  std::vector<std::size_t> kernel_sequences;
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    if (!in_kernel[s]) continue;
+    const LayerKVCache& cache = cache_of(s);
+    const MemoryPolicy& policy = *steps[s].policy;
+    const int64_t first = packing.offset[s], t = packing.length[s];
+    AttentionRequest in;
+    in.q = q.narrow(0, first, t).reshape({t, q_width});
+    in.keys = cache.keys();
+    in.values = cache.values();
+    in.key_positions = cache.positions();
+    in.first_position = cache.tokens_seen() - t;
+    in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
+    in.out = heads_out.narrow(0, first, t);
+    in.probabilities = policy.needs_attention();
+    in.log_sum_exp = policy.query_history() > 0;
+    kernel_inputs.push_back(std::move(in));
+    kernel_sequences.push_back(s);
   }
   const std::vector<AttentionResult> attended =
       kernel_inputs.empty() ? std::vector<AttentionResult>()
                             : invariant_attention(kernel_inputs, config_.n_heads,
                                                   1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
-  // What the policies see: the chunk's attention probabilities, and the newest queries with their log-sum-exp.
-  for (std::size_t i = 0; i < kernel_sequences.size(); ++i) {
-    const std::size_t s = kernel_sequences[i];
-    LayerKVCache& cache = (*steps[s].caches)[static_cast<std::size_t>(layer)];
+  // What the policies see: the chunk's attention probabilities, and the newest queries with their log-sum-exp
+  // (a NAMM's observation folds its spectrogram: apart).
+  bool observing = false;
+  for (std::size_t s : kernel_sequences) observing = observing || steps[s].policy->needs_attention();
+  for_each_sequence(observing, static_cast<int64_t>(kernel_sequences.size()), [&](int64_t i) {
+    const std::size_t s = kernel_sequences[static_cast<std::size_t>(i)];
+    const AttentionResult& result = attended[static_cast<std::size_t>(i)];
+    LayerKVCache& cache = cache_of(s);
     MemoryPolicy& policy = *steps[s].policy;
     const int64_t t = packing.length[s], first_query = cache.tokens_seen() - t;
     Status observed = Status::Ok();
-    if (policy.needs_attention()) observed = policy.Observe(layer, attended[i].probabilities, first_query, cache);
+    if (policy.needs_attention()) observed = policy.Observe(layer, result.probabilities, first_query, cache);
     const int64_t history = std::min(policy.query_history(), t);
     if (observed.ok() && history > 0) {
       observed = cache.query_history().Record(queries[s].narrow(1, t - history, history),
-                                              attended[i].log_sum_exp.narrow(1, t - history, history),
+                                              result.log_sum_exp.narrow(1, t - history, history),
                                               first_query + t - history, window, policy.query_history());
     }
     if (!observed.ok()) errors[s] = std::move(observed);
-  }
+  });
 }
 
 std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>& steps) const {
@@ -224,12 +310,11 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
   // rows (nothing reads them) and its error.
   const auto count = steps.size();
   std::vector<Status> errors(count);
-  Packing packing{std::vector<int64_t>(count), std::vector<int64_t>(count), std::vector<at::Tensor>(count), {}};
+  Packing packing{std::vector<int64_t>(count), std::vector<int64_t>(count),
+                  std::vector<std::shared_ptr<const RopeEntry>>(count)};
   std::vector<int64_t>& offset = packing.offset;
   std::vector<int64_t>& length = packing.length;
-  std::vector<at::Tensor> ids, cos, sin;
-  // A table depends only on the rows' first position and count, so sequences in lockstep share one.
-  std::map<std::pair<int64_t, int64_t>, RopeTables> tables;
+  std::vector<at::Tensor> ids;
   int64_t total = 0;
   for (std::size_t s = 0; s < count; ++s) {
     const Step& step = steps[s];
@@ -240,34 +325,25 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     length[s] = t;
     total += t;
     ids.push_back(step.tokens.to(at::kLong).to(options_.device()));
-    packing.positions[s] = at::arange(start, start + t, options_.dtype(at::kLong));
-    // Computed as the sequence alone would compute it; dynamic NTK rescales from the length it reaches.
-    auto [table, made] = tables.try_emplace({start, t});
-    if (made) {
-      table->second = rope_tables(rope_depends_on_length(config_)
-                                      ? rope_inverse_frequencies(config_, options_.device(), start + t)
-                                      : inv_freq_,
-                                  packing.positions[s], config_.rope_scaling.yarn_attention_factor());
-    }
-    cos.push_back(table->second.cos);
-    sin.push_back(table->second.sin);
+    // A table depends only on the rows' first position and count: sequences in lockstep, and every batch that
+    // reaches the same positions, share one.
+    packing.tables[s] = RopeFor(start, t);
   }
   const auto alive = [&](std::size_t s) { return errors[s].ok(); };
 
   const int64_t q_width = config_.n_heads * config_.head_dim;
   if (ids.empty()) return std::vector<Result<at::Tensor>>(errors.begin(), errors.end());
-  packing.rope = ids.size() == 1 ? RopeTables{cos.front(), sin.front()} : RopeTables{at::cat(cos, 0), at::cat(sin, 0)};
-  at::Tensor x = weights_.token_embedding.index_select(0, at::cat(ids, 0));  // [total, dim]
+  at::Tensor x = weights_.token_embedding.index_select(0, ids.size() == 1 ? ids.front() : at::cat(ids, 0));  // [total, dim]
   for (int layer = 0; layer < static_cast<int>(config_.n_layers); ++layer) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
+    const Projections& p = projections_[static_cast<std::size_t>(layer)];
     const at::Tensor normed = invariant_rms_norm(x, w.attention_norm, config_.norm_eps);
-    const auto [q, k] =
-        RotateQueriesAndKeys(layer, invariant_linear(normed, w.wq, w.bq), invariant_linear(normed, w.wk, w.bk), packing.rope);
-    const at::Tensor v = invariant_linear(normed, w.wv, w.bv);
+    const auto [q, k] = RotateQueriesAndKeys(layer, p.q(normed), p.k(normed), packing);
+    const at::Tensor v = p.v(normed);
     const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
     AttendBatch(layer, steps, packing, q, k, v, heads_out, errors);
-    x = x + invariant_linear(heads_out, w.wo, w.bo);
-    x = x + FeedForward(w, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));
+    x = x + p.o(heads_out);
+    x = x + FeedForward(p, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));
   }
   // The rows whose logits are wanted, through the final norm and the head together.
   std::vector<at::Tensor> wanted;
@@ -278,7 +354,7 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
   std::vector<Result<at::Tensor>> results(errors.begin(), errors.end());
   if (wanted.empty()) return results;
   const at::Tensor logits =
-      invariant_linear(invariant_rms_norm(at::cat(wanted, 0), weights_.final_norm, config_.norm_eps), weights_.lm_head)
+      head_(invariant_rms_norm(at::cat(wanted, 0), weights_.final_norm, config_.norm_eps))
           .to(at::kFloat);
   int64_t at_row = 0;
   for (std::size_t s = 0; s < count; ++s) {

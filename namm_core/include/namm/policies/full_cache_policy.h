@@ -11,6 +11,7 @@ class FullCachePolicy final : public MemoryPolicy {
  public:
   std::string name() const override { return "full"; }
   bool may_evict() const override { return false; }
+  std::string prefix_key() const override { return "full"; }  // stateless
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
 };
 

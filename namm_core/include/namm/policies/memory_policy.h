@@ -42,6 +42,15 @@ constexpr int64_t kAttentionBlockElements = int64_t{1} << 22;
 // chunk over 16k cached tokens was 8 blocks, so 8 Observe calls and their launches).
 constexpr int64_t kDeviceAttentionBlockElements = int64_t{1} << 26;
 
+class MemoryPolicy;
+
+// One layer's memory update of one sequence (apply_memory_updates).
+struct MemoryUpdate {
+  MemoryPolicy* policy = nullptr;
+  int layer = 0;
+  LayerKVCache* cache = nullptr;
+};
+
 class MemoryPolicy {
  public:
   virtual ~MemoryPolicy() = default;
@@ -75,6 +84,20 @@ class MemoryPolicy {
   // (last slot) included. Called at a memory update, after the Observe() of the chunk that completed it.
   virtual Result<at::Tensor> Select(int layer, LayerKVCache& cache) = 0;
 
+  // Select() of several updates at once, in order: this policy's and those of other policies of the same class
+  // (other sequences of a batch, or other layers). The default calls each one's Select(); a policy that can share
+  // the work overrides it (a batch of NAMMs scores every sequence's tokens in one pass of our kernels). Each
+  // result equals what that update's Select() alone returns.
+  virtual std::vector<Result<at::Tensor>> SelectTogether(const std::vector<MemoryUpdate>& updates);
+
+  // Prefix sharing. Sequences with the same prompt may run their first tokens, up to the first memory update, once
+  // and copy the result (caches, then this state through AdoptPrefix) if their policies would observe and keep
+  // exactly the same over them: policies that can say so return a key, equal exactly when that holds ("" never
+  // shares, the default). The engine then calls AdoptPrefix(leader) on each follower, whose caches already hold the
+  // leader's, before the first update.
+  virtual std::string prefix_key() const { return ""; }
+  virtual void AdoptPrefix(const MemoryPolicy& /*leader*/) {}
+
   // Called once per layer at the end of the prompt. Returns retained indices as Select() does, or
   // std::nullopt to leave the cache as it is (the default, for policies that evict only at memory updates).
   virtual Result<std::optional<at::Tensor>> EndPrefill(int layer, LayerKVCache& cache);
@@ -82,6 +105,9 @@ class MemoryPolicy {
 
 // Select() then LayerKVCache::Gather(): one memory update of one layer.
 Status apply_memory_update(MemoryPolicy& policy, int layer, LayerKVCache& cache);
+// apply_memory_update of many updates (each with its own cache): policies of one class select together
+// (SelectTogether), then each cache keeps its tokens. Statuses in order; a failure is its update's alone.
+std::vector<Status> apply_memory_updates(const std::vector<MemoryUpdate>& updates);
 // EndPrefill() then, if it chose tokens, LayerKVCache::Gather(). Returns whether the cache was compressed.
 Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache& cache);
 

@@ -38,6 +38,14 @@ class NammPolicy final : public MemoryPolicy {
   Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Fails unless the sequence length is a multiple of the STFT hop (16), where every frame is complete.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
+  // Every update's NAMM (each its own parameters) in one pass on the CPU: features, scorer and selection of
+  // every (sequence, KV head) as tasks of our kernels, without tensor operations; each result the same bits as
+  // Select() alone (Select() is this with one update).
+  std::vector<Result<at::Tensor>> SelectTogether(const std::vector<MemoryUpdate>& updates) override;
+  // Until the first update a NAMM's parameters play no part: NAMMs observing the same way (precision, query
+  // history, whether features are needed at all) share a prefix, whatever their parameters.
+  std::string prefix_key() const override;
+  void AdoptPrefix(const MemoryPolicy& leader) override;
 
   // What the last Select() computed, kept only while tracing is on.
   struct Trace {
@@ -65,12 +73,16 @@ class NammPolicy final : public MemoryPolicy {
 
   // The features are needed unless the scorer is constant and no statistics are being gathered.
   bool FeaturesNeeded() const;
+  // Select()'s preconditions.
+  Status CheckSelect(const LayerKVCache& cache) const;
+  // Select() by tensor operations: any device, tracing, the constant-score shortcut.
+  Result<at::Tensor> SelectWithTensors(LayerKVCache& cache);
   // Observe() with the query history: folds the frames that end within the given rows.
   void ObserveFromHistory(const at::Tensor& attention, int layer, int64_t first_query, LayerKVCache& cache);
-  // GQA-reduced attention of queries [from, to) before this Observe() call's, query-major [kv_heads, to - from, n]:
-  // remembered from the same layer's earlier blocks of the same forward pass, else computed from the query
-  // history.
-  at::Tensor EarlierRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to) const;
+  // GQA-reduced attention of queries [from, to) before this Observe() call's, query-major, written into out
+  // [kv_heads, to - from, n]: remembered from the same layer's earlier blocks of the same forward pass, else
+  // computed from the query history.
+  void EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t from, int64_t to, const at::Tensor& out) const;
 
   NammArchitecture architecture_;
   std::unique_ptr<Scorer> scorer_;

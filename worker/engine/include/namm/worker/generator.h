@@ -73,6 +73,9 @@ struct GenerationResult {
   std::vector<int64_t> final_cache_sizes;  // per layer, at the end of generation
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t decode_steps = 0;          // forward passes of single generated tokens
+  // Prompt tokens this sequence did not compute: a batch's sequence with the same prompt ran them, and this one
+  // copied its caches (GenerationBatch's prefix sharing; exact, so only the time differs).
+  int64_t shared_prefix_tokens = 0;
   int64_t peak_kv_bytes = 0;         // keys + values of all layers at their largest
   int64_t peak_policy_state_bytes = 0;  // the policy's per-token state and query history at the same point
   // Cache sizes in tokens per KV head, averaged over layers: the mean over every query processed (prompt,
@@ -125,7 +128,10 @@ class Generator {
 // The loop of GenerateBatch opened for continuous batching (namm-api): sequences join and leave between steps,
 // and each Step() is one batched forward pass in which every unfinished sequence advances one chunk of its
 // prompt (or forced tokens) or one generated token. A sequence's result is the same as GenerateBatch's, whenever
-// it joined and whatever ran beside it. Not thread-safe: one thread joins, steps and leaves.
+// it joined and whatever ran beside it. Sequences that begin together with the same prompt and policies that
+// observe alike (MemoryPolicy::prefix_key: NAMMs, whatever their parameters) compute the prompt up to the first
+// memory update once: one of them runs it, the others copy its caches (exact, so nothing changes but the time).
+// Not thread-safe: one thread joins, steps and leaves.
 class GenerationBatch {
  public:
   GenerationBatch(const LlamaModel& model, const Tokenizer& tokenizer);
@@ -154,6 +160,11 @@ class GenerationBatch {
 
  private:
   struct Entry;
+  // Sequences that have not begun and share a prefix (Sequence::PrefixKey and the prompt) wait for one leader's:
+  // the prefix is computed once per batch, and each follower's result stays the same bits as alone.
+  void SharePrefixes();
+  void Unpark(Entry& leader);
+
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
   std::map<int64_t, std::unique_ptr<Entry>> entries_;  // by id: the order of the batch's rows

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 
 #include <ATen/core/Tensor.h>
 
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "namm/batch_invariant.h"
 #include "namm/kv_cache.h"
 #include "namm/policies/memory_policy.h"
 #include "namm/status.h"
@@ -68,17 +70,22 @@ class LlamaModel {
 
  private:
   // Qwen3's per-head norms and RoPE on a batch's packed projected queries [rows, heads * head_dim] and keys
-  // [rows, kv_heads * head_dim], row r rotated by the tables' row r: [rows, heads, head_dim] and
-  // [rows, kv_heads, head_dim]. Element-wise, so a row's numbers do not depend on the others.
+  // [rows, kv_heads * head_dim], each sequence's rows by its own tables (in place on the CPU in float32):
+  // [rows, heads, head_dim] and [rows, kv_heads, head_dim]. Element-wise, so a row's numbers do not depend on
+  // the others.
+  struct Packing;
   std::pair<at::Tensor, at::Tensor> RotateQueriesAndKeys(int layer, const at::Tensor& q, const at::Tensor& k,
-                                                         const RopeTables& rope) const;
+                                                         const Packing& packing) const;
+  // The positions [t] and RoPE tables of a chunk of t rows from position `start`, computed once and kept
+  // (RopeCache): every step of every batch needs them again.
+  struct RopeEntry;
+  std::shared_ptr<const RopeEntry> RopeFor(int64_t start, int64_t t) const;
   // Whether a sequence's attention runs in the batched CPU kernel (invariant_attention): float32 on the CPU,
   // and the probabilities its policy observes, if any, within attention_block_elements_.
   bool KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const;
   // A prepared sequence's attention over its cache with libtorch's operations, in blocks of rows (any device and
   // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
   Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
-  struct Packing;
   // Attention of `layer` for every sequence of a batch without an error yet, from the packed rotated queries and
   // keys [rows, heads, head_dim] and values [rows, kv_heads * head_dim]: each one's keys and values cached; then, on the CPU in float32, one kernel call for all of them (each query's numbers
   // independent of the others'), else one sequence at a time; the policies observe. Writes the heads' outputs
@@ -86,7 +93,11 @@ class LlamaModel {
   void AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
                    const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
                    std::vector<Status>& errors) const;
-  at::Tensor FeedForward(const LlamaLayerWeights& w, const at::Tensor& x) const;
+  // A layer's products, prepared once (batch_invariant.h: InvariantLinear).
+  struct Projections {
+    InvariantLinear q, k, v, o, gate, up, down;
+  };
+  at::Tensor FeedForward(const Projections& p, const at::Tensor& x) const;
   Status CheckStep(const Step& step) const;
 
   LlamaConfig config_;
@@ -94,6 +105,10 @@ class LlamaModel {
   at::TensorOptions options_;
   at::Tensor inv_freq_;
   int64_t attention_block_elements_;  // kAttentionBlockElements on the CPU, kDeviceAttentionBlockElements elsewhere
+  std::vector<Projections> projections_;  // per layer
+  InvariantLinear head_;
+  struct RopeCache;
+  std::shared_ptr<RopeCache> rope_cache_;  // shared by copies of the model (its config and weights are too)
 };
 
 }  // namespace namm::worker

@@ -1,0 +1,24 @@
+// The CPU threads a process computes with, from one budget: libtorch's intra-op threads, BLAS's, and the pool
+// our kernels and the batched engine share. A local worker's budget is its share of the machine, so that two
+// workers on two cores never run more than two threads between them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace namm {
+
+// Sets the budget (>= 1) for libtorch, BLAS and the pool (threads - 1 of its own beside the calling thread).
+// Before any call the pool has one thread per core and libtorch and BLAS their defaults.
+void set_cpu_threads(int threads);
+// The pool's threads, the caller's included.
+int cpu_threads();
+
+// Runs fn(i) for every i in [0, count), each item once, on the budget's threads: the coarse grain (the
+// sequences of a batch) that has work for every thread. Items are handed out one at a time as threads free up,
+// so items of unequal cost balance. Returns when all are done; the first exception is rethrown then (every
+// item is still run or failed). The caller's inference mode holds for every item, whichever thread runs it;
+// kernels called inside an item run on that item's thread.
+void parallel_items(int64_t count, const std::function<void(int64_t item)>& fn);
+
+}  // namespace namm
