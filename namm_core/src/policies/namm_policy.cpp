@@ -102,10 +102,20 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
     const int64_t last_end = first_end + (first_query + rows - 1 - first_end) / kStftHop * kStftHop;
     fold_frames(samples.narrow(1, 0, last_end + 1 - start), cache.state(kEmaState));
   }
-  // What later blocks of this forward pass may need: the 31 newest rows of this layer.
-  if (last_block) return;
-  if (!valid) remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
+  // What later blocks of this forward pass may need: the 31 newest rows of this layer; after its last block, what
+  // the next pass's first frame needs (its 16 earlier queries), when that is small (kCarriedRowsMaxBytes).
   const int64_t kept = std::min<int64_t>(rows, kStftWindow - 1);
+  if (last_block) {
+    if (carried_.size() <= static_cast<std::size_t>(layer)) carried_.resize(static_cast<std::size_t>(layer) + 1);
+    CarriedRows& carried = carried_[static_cast<std::size_t>(layer)];
+    carried = CarriedRows{};
+    if (rows >= kStftHop && own.device().is_cpu() &&
+        kept * kv_heads * n * static_cast<int64_t>(sizeof(float)) <= kCarriedRowsMaxBytes) {
+      carried = CarriedRows{first_query + rows - kept, cache.tokens_seen(), n, own.narrow(1, rows - kept, kept).clone()};
+    }
+    return;
+  }
+  if (!valid) remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
   remembered_.blocks.emplace_back(first_query + rows - kept, own.narrow(1, rows - kept, kept).clone());
   while (remembered_.blocks.size() > 1 &&
          remembered_.blocks[1].first <= first_query + rows - (kStftWindow - 1)) {
@@ -119,6 +129,9 @@ void NammPolicy::EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t f
   const bool valid = remembered_.ValidFor(layer, cache);
   // The remembered blocks are contiguous and end at `to`; rows before the first of them are computed again.
   const int64_t remembered_from = valid && !remembered_.blocks.empty() ? remembered_.blocks.front().first : to;
+  if (next < remembered_from && CopyCarriedRows(layer, cache, next, std::min(to, remembered_from), out)) {
+    next = std::min(to, remembered_from);
+  }
   if (next < remembered_from) {
     const int64_t upto = std::min(to, remembered_from);
     // A few queries at a time, so that their probabilities ([q_heads, piece, n]) stay as small as the engine's
@@ -145,6 +158,57 @@ void NammPolicy::EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t f
   TORCH_CHECK(next == to, "NAMM observe: rows ", next, "..", to - 1, " are neither remembered nor recorded");
 }
 
+bool NammPolicy::CopyCarriedRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to,
+                                 const at::Tensor& out) const {
+  if (static_cast<std::size_t>(layer) >= carried_.size()) return false;
+  const CarriedRows& c = carried_[static_cast<std::size_t>(layer)];
+  // Since the rows were taken the cache has only grown by the tokens that arrived (a gather by this policy's own
+  // Select is applied to them too), and they cover [from, to).
+  if (!c.rows.defined() || c.first > from || c.first + c.rows.size(1) < to ||
+      cache.size() - c.size != cache.tokens_seen() - c.tokens_seen || cache.size() < c.size) {
+    return false;
+  }
+  // Tokens that arrived since are after these queries: they got nothing.
+  out.narrow(2, 0, c.size).copy_(c.rows.narrow(1, from - c.first, to - from));
+  out.narrow(2, c.size, cache.size() - c.size).zero_();
+  return true;
+}
+
+void NammPolicy::GatherCarriedRows(int layer, const LayerKVCache& cache, const int64_t* keep, int64_t k) {
+  if (static_cast<std::size_t>(layer) >= carried_.size()) return;
+  CarriedRows& c = carried_[static_cast<std::size_t>(layer)];
+  if (!c.rows.defined()) return;
+  if (keep == nullptr || c.tokens_seen != cache.tokens_seen() || c.size != cache.size()) {
+    c = CarriedRows{};
+    return;
+  }
+  // Column j of head h becomes the kept token keep[h][j], as the cache's own gather does.
+  const int64_t heads = c.rows.size(0), r = c.rows.size(1);
+  at::Tensor gathered = at::empty({heads, r, k}, c.rows.options());
+  const at::Tensor rows = c.rows.contiguous();
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t q = 0; q < r; ++q) {
+      const float* from = rows.data_ptr<float>() + (h * r + q) * c.size;
+      float* to = gathered.data_ptr<float>() + (h * r + q) * k;
+      for (int64_t j = 0; j < k; ++j) to[j] = from[keep[h * k + j]];
+    }
+  }
+  c.rows = gathered;
+  c.size = k;
+}
+
+Status NammPolicy::BeginSequence(const SequenceInfo& /*info*/) {
+  carried_.clear();
+  remembered_ = RememberedRows{};
+  return Status::Ok();
+}
+
+int64_t NammPolicy::state_bytes() const {
+  int64_t bytes = 0;
+  for (const CarriedRows& c : carried_) bytes += c.rows.defined() ? c.rows.numel() * c.rows.element_size() : 0;
+  return bytes;
+}
+
 std::string NammPolicy::prefix_key() const {
   std::string key = "namm;";
   key += architecture_.attention_precision == AttentionPrecision::kBf16 ? "bf16;" : "f32;";
@@ -154,7 +218,12 @@ std::string NammPolicy::prefix_key() const {
 }
 
 void NammPolicy::AdoptPrefix(const MemoryPolicy& leader) {
-  observe_skipped_ = static_cast<const NammPolicy&>(leader).observe_skipped_;  // the keys matched: a NAMM too
+  const auto& namm = static_cast<const NammPolicy&>(leader);  // the keys matched: a NAMM too
+  observe_skipped_ = namm.observe_skipped_;
+  carried_ = namm.carried_;
+  for (CarriedRows& c : carried_) {
+    if (c.rows.defined()) c.rows = c.rows.clone();
+  }
 }
 
 Status NammPolicy::CheckSelect(const LayerKVCache& cache) const {
@@ -174,8 +243,8 @@ Result<at::Tensor> NammPolicy::Select(int layer, LayerKVCache& cache) {
   return std::move(SelectTogether({MemoryUpdate{this, layer, &cache}}).front());
 }
 
-Result<at::Tensor> NammPolicy::SelectWithTensors(LayerKVCache& cache) {
-  return internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
+Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache) {
+  Result<at::Tensor> keep = internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
     if (constant_score_ && !tracing_) {
       if (normalizer_.state() == NormState::kCollecting) normalizer_.Normalize(cache.state(kEmaState));
       const at::Tensor scores = at::full({cache.kv_heads(), cache.size()}, *constant_score_,
@@ -185,10 +254,18 @@ Result<at::Tensor> NammPolicy::SelectWithTensors(LayerKVCache& cache) {
     const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState));
     const at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
     const at::Tensor scores = scorer_->Score(features);
-    at::Tensor keep = select_tokens(scores, architecture_.selection, selection_params_);
-    if (tracing_) trace_ = {features, scores, keep};
-    return keep;
+    at::Tensor kept = select_tokens(scores, architecture_.selection, selection_params_);
+    if (tracing_) trace_ = {features, scores, kept};
+    return kept;
   });
+  // The carried rows follow the cache (rows are only carried on the host).
+  if (!keep.ok() || !keep->device().is_cpu()) {
+    GatherCarriedRows(layer, cache, nullptr, 0);
+  } else {
+    const at::Tensor host = keep->contiguous();
+    GatherCarriedRows(layer, cache, host.data_ptr<int64_t>(), host.size(1));
+  }
+  return keep;
 }
 
 // On the host, every (sequence, KV head) of the updates is one task of one parallel pass: its features built
@@ -198,6 +275,7 @@ Result<at::Tensor> NammPolicy::SelectWithTensors(LayerKVCache& cache) {
 std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<MemoryUpdate>& updates) {
   struct Item {
     NammPolicy* policy = nullptr;
+    int layer = 0;
     LayerKVCache* cache = nullptr;
     int64_t heads = 0, n = 0;
     at::Tensor ema, positions;            // [heads, n, 17] and [heads, n], rows contiguous
@@ -218,11 +296,12 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     }
     const bool host = cache.positions().device().is_cpu() && !policy->tracing_ && !policy->constant_score_;
     if (!host) {
-      kept[u] = policy->SelectWithTensors(cache);
+      kept[u] = policy->SelectWithTensors(updates[u].layer, cache);
       continue;
     }
     Item item;
     item.policy = policy;
+    item.layer = updates[u].layer;
     item.cache = &cache;
     item.heads = cache.kv_heads();
     item.n = cache.size();
@@ -275,7 +354,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
       continue;
     }
     if (!item.host) {
-      kept[where[i]] = item.policy->SelectWithTensors(*item.cache);
+      kept[where[i]] = item.policy->SelectWithTensors(item.layer, *item.cache);
       continue;
     }
     const NammPolicy& policy = *item.policy;
@@ -285,6 +364,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     kept[where[i]] = internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
       const int64_t k = select_tokens_on_host(item.scores.data(), item.heads, item.n, policy.architecture_.selection,
                                               theta, keep, order);
+      item.policy->GatherCarriedRows(item.layer, *item.cache, keep.data(), k);
       at::Tensor out = at::empty({item.heads, k}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
       std::copy(keep.begin(), keep.end(), out.data_ptr<int64_t>());
       return out;

@@ -82,6 +82,7 @@ class CacheTracker {
       held += n;
       attended += steps * n - steps * (steps - 1) / 2;
     }
+    state += policy_.state_bytes();
     const auto layers = static_cast<double>(caches_.size());
     attended_sum_ += attended / layers;
     queries_ += t;

@@ -68,6 +68,9 @@ class MemoryPolicy {
   // log-sum-exp of their scores, so that Observe() can compute the attention they paid again (0: none).
   virtual int64_t query_history() const { return 0; }
 
+  // Bytes the policy holds for its sequence outside the caches (reported with the per-token state).
+  virtual int64_t state_bytes() const { return 0; }
+
   // Whether Select() or EndPrefill() may ever drop a token. Engines preallocate the whole sequence's cache for a
   // policy that never evicts.
   virtual bool may_evict() const { return true; }

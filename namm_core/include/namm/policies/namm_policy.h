@@ -33,6 +33,10 @@ class NammPolicy final : public MemoryPolicy {
   // statistics, no tracing).
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
+  // Forgets what an earlier sequence's passes left (the carried rows).
+  Status BeginSequence(const SequenceInfo& info) override;
+  // The carried rows' bytes.
+  int64_t state_bytes() const override;
   // 31 with the query history on (a frame's queries before the one Observe() is given), else 0.
   int64_t query_history() const override;
   Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
@@ -76,7 +80,13 @@ class NammPolicy final : public MemoryPolicy {
   // Select()'s preconditions.
   Status CheckSelect(const LayerKVCache& cache) const;
   // Select() by tensor operations: any device, tracing, the constant-score shortcut.
-  Result<at::Tensor> SelectWithTensors(LayerKVCache& cache);
+  Result<at::Tensor> SelectWithTensors(int layer, LayerKVCache& cache);
+  // The carried rows of `layer` (CarriedRows) for queries [from, to) into out [kv_heads, to - from, n], if they
+  // cover them and the cache has only grown since; false (nothing written) otherwise.
+  bool CopyCarriedRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to, const at::Tensor& out) const;
+  // An update of `layer` keeping keep [kv_heads][k] (host memory) applied to its carried rows; null: dropped.
+  // Called by Select() whichever path it takes, with the cache as it is before the update.
+  void GatherCarriedRows(int layer, const LayerKVCache& cache, const int64_t* keep, int64_t k);
   // Observe() with the query history: folds the frames that end within the given rows.
   void ObserveFromHistory(const at::Tensor& attention, int layer, int64_t first_query, LayerKVCache& cache);
   // GQA-reduced attention of queries [from, to) before this Observe() call's, query-major, written into out
@@ -104,6 +114,18 @@ class NammPolicy final : public MemoryPolicy {
     }
   };
   RememberedRows remembered_;
+  // Per layer, the reduced rows of the last forward pass's newest queries (at most 31), so that the next pass's
+  // first frame takes its earlier queries from them instead of computing their attention again from the query
+  // history: [kv_heads, r, size] over the cache as it was (size tokens), from query `first`. The next pass's new
+  // tokens are after those queries (zero), and an update by Select() gathers their columns as the cache's. Kept
+  // only on the host and while small (kCarriedRowsMaxBytes per layer: the small models of training; a large model's long cache
+  // keeps the query history's bounded state and computes them again).
+  static constexpr int64_t kCarriedRowsMaxBytes = int64_t{1} << 20;
+  struct CarriedRows {
+    int64_t first = 0, tokens_seen = -1, size = -1;
+    at::Tensor rows;
+  };
+  std::vector<CarriedRows> carried_;
 };
 
 }  // namespace namm
