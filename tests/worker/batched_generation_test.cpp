@@ -159,6 +159,14 @@ TEST(BatchedGeneration, CandidatesOnOnePromptAndMixedBatchesGiveEachRowWhatItGet
   int64_t copied = 0;
   for (const auto& r : results) copied += r.ok() && r->shared_prefix_tokens == 128 ? 1 : 0;
   EXPECT_EQ(copied, 7);
+  // Sharers and others interleaved: the one that forks is not the last of its step (namm-api admits rows in any
+  // order), and the rows after it have updates of their own at that step.
+  const std::vector<Result<GenerationResult>> mixed = ExpectBatchEqualsAlone(
+      s, {{"namm/1", 400, 24}, {"h2o:budget=100", 256, 6}, {"namm/2", 400, 24}, {"full", 100, 4}, {"namm/3", 400, 24}});
+  ASSERT_EQ(mixed.size(), 5u);
+  ASSERT_TRUE(mixed[2].ok() && mixed[4].ok());
+  EXPECT_EQ(mixed[2]->shared_prefix_tokens, 128);
+  EXPECT_EQ(mixed[4]->shared_prefix_tokens, 128);
   ExpectBatchEqualsAlone(s, {{"namm/3", 500, 10}});
   ExpectBatchEqualsAlone(s, {{"namm/5", 420, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 390, 3, true}});
 }

@@ -539,14 +539,13 @@ bool GenerationBatch::Step() {
   // of its tokens in one pass, on the thread budget), then each sequence's next token or end. A leader
   // whose pass reached the end of the shared prefix hands it to its followers first, which then take part.
   std::vector<MemoryUpdate> updates;
-  std::vector<std::ptrdiff_t> first_update;
+  std::vector<std::ptrdiff_t> first_update(active.size(), -1);  // per entry of `active`, its first update
   const std::size_t stepped = active.size();
   for (std::size_t i = 0; i < stepped; ++i) {
     Sequence& sequence = *active[i]->sequence;
     const bool due = sequence.TakeLogits(std::move(logits[i]));
-    first_update.push_back(-1);
     if (due) {
-      first_update.back() = static_cast<std::ptrdiff_t>(updates.size());
+      first_update[i] = static_cast<std::ptrdiff_t>(updates.size());
       sequence.AddUpdates(updates);
     }
     if (active[i]->followers.empty() || (!sequence.done() && sequence.tokens_seen() < sequence.fork_at())) continue;
