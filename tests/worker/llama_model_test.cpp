@@ -276,6 +276,41 @@ TEST(Stories260K, PrefillChunkSizeDoesNotChangeTheResult) {
   EXPECT_LT((a.prompt_logits - c.prompt_logits).abs().max().item<float>(), 1e-4f);
 }
 
+// The engine's NAMM (observing from the query history) takes a prefill frame's earlier queries from the previous
+// pass's rows, carried (small caches), so its features, evictions and logits are the same bits for every prefill
+// chunk that divides the update interval.
+TEST(Stories260K, NammFromTheQueryHistoryIsTheSameForEveryPrefillChunk) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 700);
+  std::vector<at::Tensor> features;  // of the last update, per run
+  auto run = [&](int64_t chunk) {
+    auto namm = NammPolicy::Create(NammWith(0.15, 4));
+    (*namm)->set_observe_from_query_history(true);
+    (*namm)->set_tracing(true);
+    GenerationOptions options;
+    options.max_new_tokens = 20;
+    options.chunk_size = chunk;
+    options.memory_update_interval = 128;
+    options.record_logits = true;
+    auto result = Generator(s.model, *s.tokenizer).Generate(prompt, **namm, options);
+    EXPECT_TRUE(result.ok());
+    features.push_back((*namm)->last_trace().features);
+    return std::move(result).value();
+  };
+  const GenerationResult a = run(32), b = run(64), c = run(128);
+  EXPECT_TRUE(features[0].equal(features[1]));  // the last update's features, to the last bit
+  EXPECT_TRUE(features[0].equal(features[2]));
+  for (const GenerationResult* other : {&b, &c}) {
+    EXPECT_EQ(a.token_ids, other->token_ids);
+    EXPECT_EQ(a.final_cache_sizes, other->final_cache_sizes);
+    ASSERT_EQ(a.updates.size(), other->updates.size());
+    for (std::size_t u = 0; u < a.updates.size(); ++u) EXPECT_EQ(a.updates[u].cache_sizes, other->updates[u].cache_sizes);
+    EXPECT_TRUE(a.generated_logits.equal(other->generated_logits));
+  }
+  EXPECT_LT(a.final_cache_sizes[0], 600);  // it evicted
+}
+
 // Attention in blocks of query rows (one row at a time here) gives what one block per chunk gives, evictions
 // included: the NAMM observes each block at its own query indices.
 TEST(Stories260K, AttentionBlocksDoNotChangeTheResult) {

@@ -103,15 +103,18 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
     fold_frames(samples.narrow(1, 0, last_end + 1 - start), cache.state(kEmaState));
   }
   // What later blocks of this forward pass may need: the 31 newest rows of this layer; after its last block, what
-  // the next pass's first frame needs (its 16 earlier queries), when that is small (kCarriedRowsMaxBytes).
+  // the next pass's first frame needs (the queries from its start, 16 + T mod 16 before the next token T), when
+  // that is small (kCarriedRowsMaxBytes).
   const int64_t kept = std::min<int64_t>(rows, kStftWindow - 1);
   if (last_block) {
     if (carried_.size() <= static_cast<std::size_t>(layer)) carried_.resize(static_cast<std::size_t>(layer) + 1);
     CarriedRows& carried = carried_[static_cast<std::size_t>(layer)];
     carried = CarriedRows{};
+    const int64_t needed = std::min(rows, kStftHop + cache.tokens_seen() % kStftHop);
     if (rows >= kStftHop && own.device().is_cpu() &&
-        kept * kv_heads * n * static_cast<int64_t>(sizeof(float)) <= kCarriedRowsMaxBytes) {
-      carried = CarriedRows{first_query + rows - kept, cache.tokens_seen(), n, own.narrow(1, rows - kept, kept).clone()};
+        needed * kv_heads * n * static_cast<int64_t>(sizeof(float)) <= kCarriedRowsMaxBytes) {
+      carried = CarriedRows{first_query + rows - needed, cache.tokens_seen(), n,
+                            own.narrow(1, rows - needed, needed).clone()};
     }
     return;
   }

@@ -114,7 +114,7 @@ class NammPolicy final : public MemoryPolicy {
     }
   };
   RememberedRows remembered_;
-  // Per layer, the reduced rows of the last forward pass's newest queries (at most 31), so that the next pass's
+  // Per layer, the reduced rows of the last forward pass's newest queries (16 to 31), so that the next pass's
   // first frame takes its earlier queries from them instead of computing their attention again from the query
   // history: [kv_heads, r, size] over the cache as it was (size tokens), from query `first`. The next pass's new
   // tokens are after those queries (zero), and an update by Select() gathers their columns as the cache's. Kept
