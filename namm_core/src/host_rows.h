@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace namm::internal {
@@ -24,6 +25,20 @@ inline bool host_rows(const at::Tensor& from, const at::Tensor& to) {
   return true;
 }
 
+// `bytes` from `from` to `to` (not overlapping): rows of a few dozen bytes (a small model's key, a token's
+// positions) copied in place, where a call to memcpy per row cost more than the copy.
+inline void copy_row(char* to, const char* from, int64_t bytes) {
+  if (bytes % 8 == 0 && bytes <= 128) {
+    for (int64_t w = 0; w < bytes; w += 8) {
+      uint64_t word;
+      std::memcpy(&word, from + w, 8);
+      std::memcpy(to + w, &word, 8);
+    }
+  } else {
+    std::memcpy(to, from, static_cast<std::size_t>(bytes));
+  }
+}
+
 // from [heads, t, row...] (host_rows) into slots [at, at + t) of to [heads, capacity, row...] (contiguous), byte
 // for byte: what to.narrow(1, at, t).copy_(from) does.
 inline void copy_rows_on_host(const at::Tensor& from, const at::Tensor& to, int64_t at) {
@@ -33,8 +48,8 @@ inline void copy_rows_on_host(const at::Tensor& from, const at::Tensor& to, int6
   auto* dst = static_cast<char*>(to.data_ptr());
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < t; ++i) {
-      std::memcpy(dst + (h * to.size(1) + at + i) * row * elem, src + (h * from.stride(0) + i * from.stride(1)) * elem,
-                  static_cast<std::size_t>(row * elem));
+      copy_row(dst + (h * to.size(1) + at + i) * row * elem, src + (h * from.stride(0) + i * from.stride(1)) * elem,
+               row * elem);
     }
   }
 }

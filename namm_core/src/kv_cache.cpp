@@ -206,9 +206,13 @@ Status LayerKVCache::GatherOnHost(const at::Tensor& indices) {
     auto* base = static_cast<char*>(buffer.data_ptr());
     for (int64_t h = 0; h < kv_heads_; ++h) {
       char* head = base + h * capacity_ * row;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t i = index[h * k + j];
-        if (i != j) std::memcpy(head + j * row, head + i * row, static_cast<std::size_t>(row));
+      const int64_t* kept = index + h * k;
+      // Runs of consecutive kept tokens move together (one copy each); rows already in place stay.
+      for (int64_t j = 0; j < k;) {
+        int64_t run = 1;
+        while (j + run < k && kept[j + run] == kept[j] + run) ++run;
+        if (kept[j] != j) std::memmove(head + j * row, head + kept[j] * row, static_cast<std::size_t>(run * row));
+        j += run;
       }
     }
   }

@@ -68,13 +68,24 @@ Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum
     first_query_ += drop;
     size_ -= drop;
   }
-  const at::Tensor new_queries = queries.narrow(1, t - take, take), new_lse = lse.narrow(1, t - take, take);
-  if (internal::host_rows(new_queries, query_store_) && internal::host_rows(new_lse.unsqueeze(2), lse_store_.unsqueeze(2))) {
-    internal::copy_rows_on_host(new_queries, query_store_, size_);
-    internal::copy_rows_on_host(new_lse.unsqueeze(2), lse_store_.unsqueeze(2), size_);
+  if (queries.device().is_cpu() && lse.device().is_cpu() && queries.stride(2) == 1) {
+    // Row by row on the host (no tensor operation: this runs per layer, sequence and step).
+    const auto elem = static_cast<int64_t>(queries.element_size()), hd = queries.size(2);
+    const auto* q = static_cast<const char*>(queries.data_ptr());
+    auto* q_store = static_cast<char*>(query_store_.data_ptr());
+    const float* l = lse.data_ptr<float>();
+    float* l_store = lse_store_.data_ptr<float>();
+    for (int64_t h = 0; h < queries.size(0); ++h) {
+      for (int64_t i = 0; i < take; ++i) {
+        const int64_t from = t - take + i, to = size_ + i;
+        internal::copy_row(q_store + ((h * keep + to) * hd) * elem,
+                           q + (h * queries.stride(0) + from * queries.stride(1)) * elem, hd * elem);
+        l_store[h * keep + to] = l[h * lse.stride(0) + from * lse.stride(1)];
+      }
+    }
   } else {
-    query_store_.narrow(1, size_, take).copy_(new_queries);
-    lse_store_.narrow(1, size_, take).copy_(new_lse);
+    query_store_.narrow(1, size_, take).copy_(queries.narrow(1, t - take, take));
+    lse_store_.narrow(1, size_, take).copy_(lse.narrow(1, t - take, take));
   }
   size_ += take;
   window_ = window;

@@ -109,12 +109,26 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   if (last_block) {
     if (carried_.size() <= static_cast<std::size_t>(layer)) carried_.resize(static_cast<std::size_t>(layer) + 1);
     CarriedRows& carried = carried_[static_cast<std::size_t>(layer)];
+    // The replaced rows' storage is reused for the new ones (one allocation per layer, not per pass).
+    if (carried.rows.defined() && carried.rows.is_contiguous()) spare_rows_ = carried.rows.view({-1});
     carried = CarriedRows{};
     const int64_t needed = std::min(rows, kStftHop + cache.tokens_seen() % kStftHop);
     if (rows >= kStftHop && own.device().is_cpu() &&
         needed * kv_heads * n * static_cast<int64_t>(sizeof(float)) <= kCarriedRowsMaxBytes) {
-      carried = CarriedRows{first_query + rows - needed, cache.tokens_seen(), n,
-                            own.narrow(1, rows - needed, needed).clone()};
+      // Into the storage the layer's rows had, when it is large enough (a pass's rows replace the last's).
+      at::Tensor storage = std::move(spare_rows_);
+      if (!storage.defined() || storage.numel() < kv_heads * needed * n) {
+        storage = at::empty({kv_heads * needed * n}, own.options());
+      }
+      const at::Tensor rows_copy = storage.narrow(0, 0, kv_heads * needed * n).view({kv_heads, needed, n});
+      float* dst = rows_copy.data_ptr<float>();
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        for (int64_t q = 0; q < needed; ++q) {
+          const float* row = own.data_ptr<float>() + h * own.stride(0) + (rows - needed + q) * own.stride(1);
+          std::copy(row, row + n, dst + (h * needed + q) * n);
+        }
+      }
+      carried = CarriedRows{first_query + rows - needed, cache.tokens_seen(), n, rows_copy};
     }
     return;
   }
@@ -171,9 +185,19 @@ bool NammPolicy::CopyCarriedRows(int layer, const LayerKVCache& cache, int64_t f
       cache.size() - c.size != cache.tokens_seen() - c.tokens_seen || cache.size() < c.size) {
     return false;
   }
-  // Tokens that arrived since are after these queries: they got nothing.
-  out.narrow(2, 0, c.size).copy_(c.rows.narrow(1, from - c.first, to - from));
-  out.narrow(2, c.size, cache.size() - c.size).zero_();
+  // Tokens that arrived since are after these queries: they got nothing. (Host memory, row by row: the tensor
+  // operations cost more than the copy at these sizes.)
+  const int64_t heads = c.rows.size(0), r = c.rows.size(1), n = cache.size();
+  const float* rows = c.rows.data_ptr<float>();
+  float* target = out.data_ptr<float>();
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t q = from; q < to; ++q) {
+      const float* row = rows + (h * r + (q - c.first)) * c.size;
+      float* dst = target + h * out.stride(0) + (q - from) * out.stride(1);
+      std::copy(row, row + c.size, dst);
+      std::fill(dst + c.size, dst + n, 0.0f);
+    }
+  }
   return true;
 }
 

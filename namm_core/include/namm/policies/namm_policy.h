@@ -126,6 +126,7 @@ class NammPolicy final : public MemoryPolicy {
     at::Tensor rows;
   };
   std::vector<CarriedRows> carried_;
+  at::Tensor spare_rows_;  // storage of the rows just replaced, for the next to reuse
 };
 
 }  // namespace namm
