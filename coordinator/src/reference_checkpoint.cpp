@@ -47,6 +47,14 @@ Status Bad(const std::string& path, const std::string& what) {
   return Status::Corruption(path + " is not a reference checkpoint namm can read: " + what);
 }
 
+// A count stored as a float: a whole number from 0 to 2^53 (where doubles stop holding every integer).
+Result<int64_t> Count(double v, const std::string& what, const std::string& path) {
+  if (!(v >= 0 && v <= 9007199254740992.0) || v != std::floor(v)) {
+    return Bad(path, what + " is " + std::to_string(v) + ", not a whole number from 0 to 2^53");
+  }
+  return static_cast<int64_t>(v);
+}
+
 // A float tensor entry of `state` with `numel` elements (any shape), finite.
 Result<std::vector<double>> Floats(const TorchValue& state, const std::string& key, int64_t numel,
                                    const std::string& path) {
@@ -152,15 +160,16 @@ Result<ReferenceCheckpoint> read_reference_checkpoint(const std::string& path) {
   NAMM_ASSIGN_OR_RETURN(std::vector<double> g, Floats(*state, "g", 1, path));
   out.sigma = sigma[0];
   out.best_fitness = best_fitness[0];
-  out.generation = static_cast<int64_t>(g[0]);
+  NAMM_ASSIGN_OR_RETURN(out.generation, Count(g[0], "evolution_state['g']", path));
   if (const TorchValue* num = state->Find(std::string(kStatsPrefix) + "output_num");
       num != nullptr && num->kind == TorchValue::Kind::kTensor && num->tensor.numel() == kStftBins) {
     NAMM_ASSIGN_OR_RETURN(std::vector<double> count, Floats(*state, std::string(kStatsPrefix) + "output_num", kStftBins, path));
     NAMM_ASSIGN_OR_RETURN(std::vector<double> mean, Floats(*state, std::string(kStatsPrefix) + "output_mean", kStftBins, path));
     NAMM_ASSIGN_OR_RETURN(std::vector<double> var, Floats(*state, std::string(kStatsPrefix) + "output_var", kStftBins, path));
-    if (count[0] > 0) {
+    NAMM_ASSIGN_OR_RETURN(const int64_t counted, Count(count[0], "the normalization count", path));
+    if (counted > 0) {
       NormStats stats;
-      stats.count = static_cast<int64_t>(count[0]);
+      stats.count = counted;
       std::copy(mean.begin(), mean.end(), stats.mean.begin());
       std::copy(var.begin(), var.end(), stats.var.begin());
       out.norm_stats = stats;

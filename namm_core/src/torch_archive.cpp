@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -18,6 +19,27 @@ namespace namm {
 
 int64_t TorchTensor::numel() const { return shape_numel(shape).value_or(0); }
 
+namespace {
+
+// IEEE half precision: 1 sign, 5 exponent (bias 15), 10 fraction bits.
+double F16ToDouble(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f, fraction = h & 0x3ff;
+  const double sign = (h & 0x8000) != 0 ? -1.0 : 1.0;
+  if (exponent == 0x1f) return fraction != 0 ? std::numeric_limits<double>::quiet_NaN() : sign * HUGE_VAL;
+  if (exponent == 0) return sign * std::ldexp(fraction, -24);  // subnormal
+  return sign * std::ldexp(fraction + 1024, exponent - 25);
+}
+
+// bfloat16: the top half of a float32.
+double Bf16ToDouble(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+}  // namespace
+
 std::vector<double> TorchTensor::ToDoubles() const {
   const auto n = static_cast<std::size_t>(numel());
   std::vector<double> out(n);
@@ -25,7 +47,7 @@ std::vector<double> TorchTensor::ToDoubles() const {
     using T = decltype(zero);
     for (std::size_t i = 0; i < n; ++i) {
       T v;
-      std::memcpy(&v, bytes.data() + i * sizeof(T), sizeof(T));
+      std::memcpy(&v, bytes().data() + i * sizeof(T), sizeof(T));
       out[i] = static_cast<double>(v);
     }
   };
@@ -37,18 +59,24 @@ std::vector<double> TorchTensor::ToDoubles() const {
     case DType::kI16: read(int16_t{}); break;
     case DType::kI8: read(int8_t{}); break;
     case DType::kU8: case DType::kBool: read(uint8_t{}); break;
-    default: out.clear();  // half types: callers check the dtype first
+    case DType::kF16: case DType::kBF16:
+      for (std::size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes().data() + i * 2, 2);
+        out[i] = dtype == DType::kBF16 ? Bf16ToDouble(h) : F16ToDouble(h);
+      }
+      break;
   }
   return out;
 }
 
 TorchTensor TorchTensor::FromFloats(const std::vector<double>& values, std::vector<int64_t> shape) {
-  TorchTensor t{DType::kF32, std::move(shape), std::string(values.size() * sizeof(float), '\0')};
+  std::string bytes(values.size() * sizeof(float), '\0');
   for (std::size_t i = 0; i < values.size(); ++i) {
     const auto f = static_cast<float>(values[i]);
-    std::memcpy(t.bytes.data() + i * sizeof(float), &f, sizeof(float));
+    std::memcpy(bytes.data() + i * sizeof(float), &f, sizeof(float));
   }
-  return t;
+  return TorchTensor(DType::kF32, std::move(shape), std::move(bytes));
 }
 
 TorchValue TorchValue::Int(int64_t v) {
@@ -308,6 +336,9 @@ struct Item {
   enum class Kind { kValue, kMark, kGlobal, kStorage };
   Kind kind = Kind::kValue;
   TorchValue value;
+  // What the value costs: its values (nodes) and the bytes of its strings and tensors, all levels down, and how
+  // deeply its containers nest. Copying it (APPEND of a memoized list, say) costs all of it again.
+  int64_t nodes = 1, bytes = 0, depth = 1;
   std::string global;  // "module.name"
   DType storage_dtype = DType::kU8;
   std::string storage_key;
@@ -315,10 +346,26 @@ struct Item {
 };
 using ItemRef = std::shared_ptr<Item>;
 
+// The unpickler's limits, proportional to the archive (a pickle's values cost what the file is worth: a memo
+// that appends a list to itself 40 times in 286 bytes would otherwise hold 2^40 values): the values and the bytes
+// of strings and tensors it may make, copies included, and how deep containers may nest (the values are copied
+// and freed recursively; checkpoints nest a few levels).
+struct UnpickleLimits {
+  int64_t nodes = 0, bytes = 0, depth = 0;
+  static UnpickleLimits For(std::size_t archive_bytes) {
+    const auto size = static_cast<int64_t>(archive_bytes);
+    // Within ~4x the file in memory: the file itself, tensors and strings of twice its bytes (two different views
+    // of one storage are two tensors), and values of sizeof(TorchValue) for twice the file's size.
+    return {std::max<int64_t>(int64_t{1} << 16, 2 * size / static_cast<int64_t>(sizeof(TorchValue))),
+            2 * size + (int64_t{1} << 20), 256};
+  }
+};
+
 class Unpickler {
  public:
-  Unpickler(std::string_view pickle, const ZipReader& zip, std::string prefix, const std::string& path)
-      : in_(pickle), zip_(zip), prefix_(std::move(prefix)), path_(path) {}
+  Unpickler(std::string_view pickle, const ZipReader& zip, std::string prefix, const std::string& path,
+            UnpickleLimits limits)
+      : in_(pickle), zip_(zip), prefix_(std::move(prefix)), path_(path), limits_(limits) {}
 
   Result<TorchValue> Run() {
     while (true) {
@@ -326,7 +373,12 @@ class Unpickler {
       const auto op = static_cast<uint8_t>(in_[at_++]);
       if (op == '.') {
         if (stack_.size() != 1 || stack_.back()->kind != Item::Kind::kValue) return Bad("stops with a malformed stack");
-        return Materialize(*stack_.back());
+        TorchValue result = std::move(stack_.back()->value);  // unpickling ends: no copy
+        // Freed level by level (a deep value's destructor would recurse), before the result is returned.
+        memo_.clear();
+        tuple_items_.clear();
+        stack_.clear();
+        return result;
       }
       NAMM_RETURN_IF_ERROR(Step(op));
     }
@@ -355,10 +407,16 @@ class Unpickler {
     at_ = end + 1;
     return line;
   }
-  void PushValue(TorchValue v) {
+  Status PushValue(TorchValue v, bool charge_tensor = true) {
     auto item = std::make_shared<Item>();
+    // A tensor's bytes are new here (unless shared with an identical view); its copies later share them (only
+    // strings are copied).
+    if (charge_tensor) NAMM_RETURN_IF_ERROR(Charge(0, static_cast<int64_t>(v.tensor.bytes().size())));
+    item->bytes = static_cast<int64_t>(v.text.size());
+    NAMM_RETURN_IF_ERROR(Charge(1, item->bytes));
     item->value = std::move(v);
     stack_.push_back(std::move(item));
+    return Status::Ok();
   }
   Result<ItemRef> Pop() {
     if (stack_.empty() || stack_.back()->kind == Item::Kind::kMark) return Bad("pops an empty stack");
@@ -387,18 +445,41 @@ class Unpickler {
   Status AddToDict(Item& dict, std::vector<ItemRef>& items) {
     if (items.size() % 2 != 0) return Bad("sets a key without a value");
     for (std::size_t i = 0; i < items.size(); i += 2) {
-      NAMM_ASSIGN_OR_RETURN(TorchValue key, Materialize(*items[i]));
-      NAMM_ASSIGN_OR_RETURN(TorchValue value, Materialize(*items[i + 1]));
+      NAMM_ASSIGN_OR_RETURN(TorchValue key, Materialize(*items[i], &dict));
+      NAMM_ASSIGN_OR_RETURN(TorchValue value, Materialize(*items[i + 1], &dict));
       dict.value.dict.emplace_back(std::move(key), std::move(value));
     }
     return Status::Ok();
   }
-  Result<TorchValue> Materialize(const Item& item) const {
+  // A copy of `item`'s value for a container, charged against the limits; `container` takes its cost.
+  Result<TorchValue> Materialize(const Item& item, Item* container) {
     if (item.kind != Item::Kind::kValue) {
       return Bad(item.kind == Item::Kind::kGlobal ? "holds the class " + item.global + " as a value"
                                                   : std::string("holds a storage outside a tensor"));
     }
+    NAMM_RETURN_IF_ERROR(Charge(item.nodes, item.bytes));
+    if (container != nullptr) {
+      container->nodes += item.nodes;
+      container->bytes += item.bytes;
+      container->depth = std::max(container->depth, item.depth + 1);
+      if (container->depth > limits_.depth) {
+        return Bad("nests containers deeper than " + std::to_string(limits_.depth) + " levels");
+      }
+    }
     return item.value;
+  }
+  // Values and bytes about to be made.
+  Status Charge(int64_t nodes, int64_t bytes) {
+    made_nodes_ += nodes;
+    made_bytes_ += bytes;
+    if (made_nodes_ > limits_.nodes) {
+      return Bad("makes more than " + std::to_string(limits_.nodes) + " values (its limit for an archive of this size)");
+    }
+    if (made_bytes_ > limits_.bytes) {
+      return Bad("makes more than " + std::to_string(limits_.bytes) +
+                 " bytes of strings and tensors (its limit for an archive of this size)");
+    }
+    return Status::Ok();
   }
   Result<int64_t> IntOf(const Item& item, const char* what) const {
     if (item.kind != Item::Kind::kValue || item.value.kind != TorchValue::Kind::kInt) {
@@ -417,31 +498,27 @@ class Unpickler {
         stack_.push_back(std::move(mark));
         return Status::Ok();
       }
-      case 'N': PushValue(TorchValue()); return Status::Ok();
+      case 'N': return PushValue(TorchValue());
       case 0x88: case 0x89: {
         TorchValue v;
         v.kind = TorchValue::Kind::kBool;
         v.boolean = op == 0x88;
-        PushValue(std::move(v));
-        return Status::Ok();
+        return PushValue(std::move(v));
       }
       case 'J': {
         NAMM_ASSIGN_OR_RETURN(uint64_t v, TakeUnsigned(4));
-        PushValue(TorchValue::Int(static_cast<int32_t>(static_cast<uint32_t>(v))));
-        return Status::Ok();
+        return PushValue(TorchValue::Int(static_cast<int32_t>(static_cast<uint32_t>(v))));
       }
       case 'K': case 'M': {
         NAMM_ASSIGN_OR_RETURN(uint64_t v, TakeUnsigned(op == 'K' ? 1 : 2));
-        PushValue(TorchValue::Int(static_cast<int64_t>(v)));
-        return Status::Ok();
+        return PushValue(TorchValue::Int(static_cast<int64_t>(v)));
       }
       case 0x8a: {  // LONG1: little-endian two's complement
         NAMM_ASSIGN_OR_RETURN(uint64_t n, TakeUnsigned(1));
         if (n > 8) return Bad("holds an integer wider than 64 bits");
         NAMM_ASSIGN_OR_RETURN(uint64_t v, TakeUnsigned(static_cast<int>(n)));
         if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
-        PushValue(TorchValue::Int(static_cast<int64_t>(v)));
-        return Status::Ok();
+        return PushValue(TorchValue::Int(static_cast<int64_t>(v)));
       }
       case 'G': {  // big-endian double
         NAMM_ASSIGN_OR_RETURN(std::string_view b, Take(8));
@@ -449,22 +526,19 @@ class Unpickler {
         for (char c : b) bits = (bits << 8) | static_cast<uint8_t>(c);
         double v;
         std::memcpy(&v, &bits, sizeof v);
-        PushValue(TorchValue::Float(v));
-        return Status::Ok();
+        return PushValue(TorchValue::Float(v));
       }
       case 'X': case 0x8c: case 0x8d: case 'B': case 'C': {  // strings (bytes read as strings)
         const int width = op == 0x8c || op == 'C' ? 1 : op == 0x8d ? 8 : 4;
         NAMM_ASSIGN_OR_RETURN(uint64_t n, TakeUnsigned(width));
         NAMM_ASSIGN_OR_RETURN(std::string_view s, Take(n));
-        PushValue(TorchValue::String(std::string(s)));
-        return Status::Ok();
+        return PushValue(TorchValue::String(std::string(s)));
       }
-      case '}': PushValue(TorchValue::Dict()); return Status::Ok();
+      case '}': return PushValue(TorchValue::Dict());
       case ']': {
         TorchValue v;
         v.kind = TorchValue::Kind::kList;
-        PushValue(std::move(v));
-        return Status::Ok();
+        return PushValue(std::move(v));
       }
       case ')': {
         auto tuple = std::make_shared<Item>();
@@ -486,22 +560,25 @@ class Unpickler {
         // A tuple of a storage reference (BINPERSID's argument) may hold a class: kept as items.
         auto tuple = std::make_shared<Item>();
         tuple->value.kind = op == 'l' ? TorchValue::Kind::kList : TorchValue::Kind::kTuple;
-        tuple_items_[tuple.get()] = items;
+        NAMM_RETURN_IF_ERROR(Charge(1, 0));
         for (const ItemRef& item : items) {
-          if (item->kind == Item::Kind::kValue) tuple->value.items.push_back(item->value);
+          if (item->kind != Item::Kind::kValue) continue;
+          NAMM_ASSIGN_OR_RETURN(TorchValue v, Materialize(*item, tuple.get()));
+          tuple->value.items.push_back(std::move(v));
         }
+        tuple_items_[tuple.get()] = std::move(items);
         stack_.push_back(std::move(tuple));
         return Status::Ok();
       }
       case 'd': {
         NAMM_ASSIGN_OR_RETURN(std::vector<ItemRef> items, PopToMark());
-        PushValue(TorchValue::Dict());
+        NAMM_RETURN_IF_ERROR(PushValue(TorchValue::Dict()));
         return AddToDict(*stack_.back(), items);
       }
       case 'a': {
         NAMM_ASSIGN_OR_RETURN(ItemRef item, Pop());
         NAMM_ASSIGN_OR_RETURN(Item * list, Top(TorchValue::Kind::kList, "APPEND"));
-        NAMM_ASSIGN_OR_RETURN(TorchValue v, Materialize(*item));
+        NAMM_ASSIGN_OR_RETURN(TorchValue v, Materialize(*item, list));
         list->value.items.push_back(std::move(v));
         return Status::Ok();
       }
@@ -509,7 +586,7 @@ class Unpickler {
         NAMM_ASSIGN_OR_RETURN(std::vector<ItemRef> items, PopToMark());
         NAMM_ASSIGN_OR_RETURN(Item * list, Top(TorchValue::Kind::kList, "APPENDS"));
         for (const ItemRef& item : items) {
-          NAMM_ASSIGN_OR_RETURN(TorchValue v, Materialize(*item));
+          NAMM_ASSIGN_OR_RETURN(TorchValue v, Materialize(*item, list));
           list->value.items.push_back(std::move(v));
         }
         return Status::Ok();
@@ -611,10 +688,7 @@ class Unpickler {
     if (callable->kind != Item::Kind::kGlobal || found == tuple_items_.end()) return Bad("calls something unknown");
     const std::vector<ItemRef>& args = found->second;
     const std::string& name = callable->global;
-    if (name == "collections.OrderedDict") {
-      PushValue(TorchValue::Dict());
-      return Status::Ok();
-    }
+    if (name == "collections.OrderedDict") return PushValue(TorchValue::Dict());
     if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state") {
       if (args.empty() || args[0]->value.kind != TorchValue::Kind::kTensor) return Bad("has a parameter without data");
       stack_.push_back(args[0]);
@@ -658,20 +732,32 @@ class Unpickler {
       }
     }
     if (*numel > 0 && (offset < 0 || last >= storage.storage_numel)) return Bad("views past its storage's end");
-    TorchTensor t{storage.storage_dtype, size, std::string(static_cast<std::size_t>(*numel) * element, '\0')};
+    // The same view of the same storage again (a tensor pickled twice under two names) shares its bytes.
+    std::string view_key = storage.storage_key + "/" + std::to_string(static_cast<int>(storage.storage_dtype)) + "/" +
+                           std::to_string(offset);
+    for (std::size_t d = 0; d < size.size(); ++d) view_key += "/" + std::to_string(size[d]) + ":" + std::to_string(stride[d]);
+    if (const auto seen = views_.find(view_key); seen != views_.end()) {
+      TorchTensor shared;
+      shared.dtype = storage.storage_dtype;
+      shared.shape = size;
+      shared.data = seen->second;
+      return PushValue(TorchValue::Tensor(std::move(shared)), /*charge_tensor=*/false);
+    }
+    std::string bytes(static_cast<std::size_t>(*numel) * element, '\0');
     std::vector<int64_t> index(size.size(), 0);
     for (int64_t i = 0; i < *numel; ++i) {
       int64_t at = offset;
       for (std::size_t d = 0; d < size.size(); ++d) at += index[d] * stride[d];
-      std::memcpy(t.bytes.data() + static_cast<std::size_t>(i) * element,
+      std::memcpy(bytes.data() + static_cast<std::size_t>(i) * element,
                   data.data() + static_cast<std::size_t>(at) * element, element);
       for (std::size_t d = size.size(); d-- > 0;) {
         if (++index[d] < size[d]) break;
         index[d] = 0;
       }
     }
-    PushValue(TorchValue::Tensor(std::move(t)));
-    return Status::Ok();
+    TorchTensor tensor(storage.storage_dtype, size, std::move(bytes));
+    views_.emplace(std::move(view_key), tensor.data);
+    return PushValue(TorchValue::Tensor(std::move(tensor)));
   }
 
   std::string_view in_;
@@ -682,6 +768,9 @@ class Unpickler {
   std::vector<ItemRef> stack_;
   std::map<uint64_t, ItemRef> memo_;
   std::map<const Item*, std::vector<ItemRef>> tuple_items_;  // every tuple's items as pushed (classes included)
+  UnpickleLimits limits_;
+  int64_t made_nodes_ = 0, made_bytes_ = 0;
+  std::map<std::string, std::shared_ptr<const std::string>> views_;  // tensors' bytes by storage and view
 };
 
 // Pickle protocol 2, as Python's pickler writes torch.save's data.pkl (without the memo).
@@ -753,9 +842,9 @@ class Pickler {
       if (dtype == t.dtype && storage == nullptr) storage = name;
     }
     const std::optional<int64_t> numel = shape_numel(t.shape);
-    if (!numel || static_cast<uint64_t>(*numel) * dtype_size(t.dtype) != t.bytes.size()) {
+    if (!numel || static_cast<uint64_t>(*numel) * dtype_size(t.dtype) != t.bytes().size()) {
       return Status::InvalidArgument("a tensor of shape " + shape_to_string(t.shape) + " holds " +
-                                     std::to_string(t.bytes.size()) + " bytes");
+                                     std::to_string(t.bytes().size()) + " bytes");
     }
     const std::string key = std::to_string(storages_.size());
     storages_.emplace_back(key, &t);
@@ -791,7 +880,7 @@ Result<TorchValue> parse_torch_archive(const std::string& bytes, const std::stri
   if (slash == std::string::npos) return Status::Corruption(path + ": its entries lie in no archive folder");
   const std::string prefix = zip.first_name().substr(0, slash + 1);
   NAMM_ASSIGN_OR_RETURN(std::string_view pickle, zip.Get(prefix + "data.pkl"));
-  return Unpickler(pickle, zip, prefix, path).Run();
+  return Unpickler(pickle, zip, prefix, path, UnpickleLimits::For(bytes.size())).Run();
 }
 
 Result<TorchValue> read_torch_archive(const std::string& path) {
@@ -805,7 +894,7 @@ Status write_torch_archive(const std::string& path, const TorchValue& value) {
   ZipWriter zip;
   zip.Add("archive/data.pkl", pickle);
   zip.Add("archive/byteorder", "little");
-  for (const auto& [key, tensor] : pickler.storages()) zip.Add("archive/data/" + key, tensor->bytes);
+  for (const auto& [key, tensor] : pickler.storages()) zip.Add("archive/data/" + key, tensor->bytes());
   zip.Add("archive/version", "3\n");
   NAMM_ASSIGN_OR_RETURN(std::string bytes, zip.Finish());
   return write_file_atomically(path, {bytes});

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 
 #include "namm/coordinator/reference_checkpoint.h"
@@ -140,6 +141,73 @@ TEST(ReferenceCheckpoint, ClassesOutsideACheckpointAndDamagedArchivesAreRefused)
   const auto back = read_reference_checkpoint(good);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_FALSE(back->norm_stats.has_value());
+}
+
+// A torch.save-shaped archive (stored zip, archive/data.pkl) around `pickle`, made with Python's zipfile.
+std::string ArchiveWith(const std::string& pickle, const std::string& name) {
+  const std::string pkl = TempPath(name + ".pkl"), out = TempPath(name + ".pt");
+  EXPECT_TRUE(write_file_atomically(pkl, {pickle}).ok());
+  const auto made = RunProcess(kPython + " -c \"import zipfile; z = zipfile.ZipFile('" + out +
+                               "', 'w', zipfile.ZIP_STORED); z.writestr('archive/data.pkl', open('" + pkl +
+                               "', 'rb').read()); z.writestr('archive/version', '3\\n'); z.close()\" 2>&1");
+  EXPECT_EQ(made.exit_code, 0) << made.output;
+  return read_file(out).value();
+}
+
+// Hostile pickles cost what their file is worth: a 286-byte memo bomb (a list appended to itself 40 times, 2^40
+// values by copying) and deep nesting are refused at once, naming the limit and the pickle's offset.
+TEST(TorchArchive, MemoBombsAndDeepNestingAreRefusedNamingTheLimit) {
+  // Pickle bytes by value (string literals would end at the memo indices' zero bytes).
+  const auto bytes = [](std::initializer_list<int> b) {
+    std::string out;
+    for (int c : b) out += static_cast<char>(c);
+    return out;
+  };
+  const std::string proto = bytes({0x80, 0x02});
+  std::string bomb = proto + bytes({']', 'q', 0});
+  for (int i = 0; i < 40; ++i) bomb += bytes({'h', 0, 'h', 0, 'a', 'q', 0});  // APPEND the list to itself, memoize
+  bomb += ".";
+  const std::string archive = ArchiveWith(bomb, "memo_bomb");
+  EXPECT_LT(archive.size(), 600u);
+  const Status refused = parse_torch_archive(archive, "bomb.pt").status();
+  EXPECT_EQ(refused.code(), Status::Code::kCorruption);
+  EXPECT_NE(refused.message().find("limit for an archive of this size"), std::string::npos) << refused.ToString();
+  EXPECT_NE(refused.message().find("at byte"), std::string::npos) << refused.ToString();
+
+  const std::string deep = proto + std::string(20000, ']') + std::string(19999, 'a') + ".";
+  const Status nested = parse_torch_archive(ArchiveWith(deep, "deep"), "deep.pt").status();
+  EXPECT_EQ(nested.code(), Status::Code::kCorruption);
+  EXPECT_NE(nested.message().find("deeper than 256 levels"), std::string::npos) << nested.ToString();
+
+  // Within the limits the same constructs still read: a memoized list referenced twice, 200 levels of nesting.
+  const std::string twice = proto + bytes({'(', ']', 'q', 0, 'h', 0, 't', '.'});
+  const auto shared = parse_torch_archive(ArchiveWith(twice, "shared"), "shared.pt");
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_EQ(shared->items.size(), 2u);
+  const auto nested_ok = parse_torch_archive(
+      ArchiveWith(proto + std::string(200, ']') + std::string(199, 'a') + ".", "nested_ok"), "ok.pt");
+  ASSERT_TRUE(nested_ok.ok()) << nested_ok.status().ToString();
+}
+
+// Half-precision scalars read as numbers (they read past a vector's end), and counts that are not whole numbers
+// within a double's exact range are refused.
+TEST(ReferenceCheckpoint, HalfPrecisionScalarsAndOutOfRangeCountsAreHandled) {
+  SKIP_WITHOUT_TORCH();
+  const auto [params, state] = EvolvedState();
+  const std::string good = TempPath("half_ckpt.pt"), half = TempPath("half_loss.pt"), huge = TempPath("huge_g.pt");
+  ASSERT_TRUE(write_reference_checkpoint(good, params, state, std::nullopt, 3, 0.5).ok());
+  const auto made = RunProcess(kPython + " -c \"import torch; c = torch.load('" + good +
+                               "'); c['best_val_loss'] = torch.tensor(1.5, dtype=torch.bfloat16); torch.save(c, '" +
+                               half + "'); c['best_val_loss'] = torch.tensor(-2.25, dtype=torch.float16); "
+                               "c['evolution_state']['g'] = torch.tensor([1e30], dtype=torch.float64); torch.save(c, '" +
+                               huge + "')\" 2>&1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto read = read_reference_checkpoint(half);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->best_val_loss, 1.5);
+  const auto refused = read_reference_checkpoint(huge);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not a whole number"), std::string::npos) << refused.status().ToString();
 }
 
 }  // namespace

@@ -6,10 +6,14 @@
 // (collections.OrderedDict too, read as a dict; a state dict's `_metadata` attribute is dropped) and tensors
 // (torch._utils._rebuild_tensor_v2 / _rebuild_parameter over a typed or untyped storage, any strides within the
 // storage). Anything else (another class, a compressed entry, a zip64 archive) is refused with a Corruption status
-// naming the file and what was found. No code is ever run: classes are matched by name, never imported.
+// naming the file and what was found. No code is ever run: classes are matched by name, never imported. A file
+// costs what it is worth: the values, string and tensor bytes an archive may make (memoized values copied
+// included) and how deep its containers nest are bounded in proportion to its size, about 4x the file in
+// memory at most; beyond a bound the file is refused with an error naming the limit and the pickle's offset.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,10 +27,16 @@ namespace namm {
 struct TorchTensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  std::string bytes;
+  // The elements, shared by copies: a pickle that refers to one tensor many times holds its bytes once.
+  std::shared_ptr<const std::string> data = std::make_shared<const std::string>();
+
+  TorchTensor() = default;
+  TorchTensor(DType d, std::vector<int64_t> s, std::string bytes)
+      : dtype(d), shape(std::move(s)), data(std::make_shared<const std::string>(std::move(bytes))) {}
+  const std::string& bytes() const { return *data; }
 
   int64_t numel() const;
-  // The elements as doubles (float and integer dtypes); the tensor must be one of those.
+  // The elements as doubles, any dtype (half precision converted exactly).
   std::vector<double> ToDoubles() const;
   static TorchTensor FromFloats(const std::vector<double>& values, std::vector<int64_t> shape);  // float32
 };
