@@ -211,6 +211,35 @@ TEST(CpuKernels, LinearRowsAreTheSameBitsWhateverTheyAreBatchedWith) {
   }
 }
 
+// The output-major product (a NAMM scorer's layers, a small model's products): every variant against float64, and
+// a row's bits independent of the rows beside it, from weights in either layout.
+TEST(CpuKernels, OutputMajorLinearRowsAreTheSameBitsWhateverTheyAreBatchedWith) {
+  for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
+    for (auto [k, n] : std::vector<std::pair<int64_t, int64_t>>{{25, 96}, {32, 50}, {25, 25}, {64, 172}, {172, 64}, {7, 1}}) {
+      const at::Tensor x = RandomNormal({300, k}, 90 + k), w = RandomNormal({k, n}, 91 + n), b = RandomNormal({n}, 92 + n);
+      const cpu::InOutWeight in_out = cpu::make_in_out_weight(w, b, /*out_in=*/false);
+      const auto run = [&](const cpu::InOutWeight& weight, const at::Tensor& rows) {
+        at::Tensor y = at::empty({rows.size(0), n}, rows.options());
+        cpu::linear_in_out(rows.data_ptr<float>(), rows.stride(0), rows.size(0), weight, y.data_ptr<float>(), n, *kernels);
+        return y;
+      };
+      const at::Tensor all = run(in_out, x);
+      const double tolerance = 4e-7 * static_cast<double>(k);
+      EXPECT_TRUE(AllClose(all, ToArray(x.to(at::kDouble).matmul(w.to(at::kDouble)) + b.to(at::kDouble)), tolerance,
+                           tolerance))
+          << kernels->isa << " k " << k << " n " << n;
+      for (int64_t m : {1, 2, 3, 5, 8, 13}) {
+        for (int64_t first : {int64_t{0}, 300 - m}) {
+          EXPECT_TRUE(run(in_out, x.narrow(0, first, m).contiguous()).equal(all.narrow(0, first, m)))
+              << kernels->isa << " k " << k << " n " << n << " rows " << first << "+" << m;
+        }
+      }
+      // The same weight given as torch's [out, in] layout.
+      EXPECT_TRUE(run(cpu::make_in_out_weight(w.t().contiguous(), b, /*out_in=*/true), x).equal(all)) << kernels->isa;
+    }
+  }
+}
+
 TEST(CpuKernels, SiluMulAndRmsNormAreTheSameBitsWhateverTheyAreBatchedWith) {
   for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
     const at::Tensor gate = RandomNormal({301, 172}, 80, 4.0), up = RandomNormal({301, 172}, 81);

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "../namm_core/test_util.h"
+#include "namm/batch_invariant.h"
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/h2o_policy.h"
 #include "namm/policies/l2_policy.h"
@@ -59,6 +60,30 @@ TEST(Rope, LinearAndLlama3Scaling) {
       expected = (1 - smooth) * f / 8 + smooth * f;
     }
     EXPECT_NEAR(llama3[i].item<float>(), expected, expected * 1e-5) << i;
+  }
+}
+
+// The engine rotates packed rows in place on the CPU (invariant_rope_): the same bits as the tensor operations,
+// for each sequence's rows by its own tables, YaRN's scaled tables included.
+TEST(Rope, InPlaceRotationIsTheTensorOperationsBitForBit) {
+  LlamaConfig c;
+  c.head_dim = 64;
+  c.rope_theta = 10000;
+  const at::Tensor inv_freq = rope_inverse_frequencies(c, at::kCPU);
+  for (const double scale : {1.0, 1.1377}) {
+    const int64_t heads = 3, rows = 37;
+    const at::Tensor x = testing::RandomNormal({rows, heads * 64}, 5, 3.0);
+    const RopeTables first = rope_tables(inv_freq, at::arange(100, 120, at::TensorOptions().dtype(at::kLong)), scale);
+    const RopeTables second = rope_tables(inv_freq, at::arange(7, 24, at::TensorOptions().dtype(at::kLong)), scale);
+    at::Tensor rotated = x.clone();
+    invariant_rope_(rotated, heads, 0, first.cos, first.sin);
+    invariant_rope_(rotated, heads, 20, second.cos, second.sin);
+    const at::Tensor a = apply_rope(x.narrow(0, 0, 20).view({20, heads, 64}),
+                                    RopeTables{first.cos.unsqueeze(1), first.sin.unsqueeze(1)});
+    const at::Tensor b = apply_rope(x.narrow(0, 20, 17).view({17, heads, 64}),
+                                    RopeTables{second.cos.unsqueeze(1), second.sin.unsqueeze(1)});
+    EXPECT_TRUE(rotated.narrow(0, 0, 20).view({20, heads, 64}).equal(a)) << "scale " << scale;
+    EXPECT_TRUE(rotated.narrow(0, 20, 17).view({17, heads, 64}).equal(b)) << "scale " << scale;
   }
 }
 
