@@ -14,36 +14,11 @@
 #include <limits>
 #include <memory>
 
+#include "namm/utf8.h"
+
 namespace namm::tasks {
 
 namespace {
-
-// Length of the well-formed UTF-8 sequence at s[i], or minus the length of the maximal ill-formed subpart.
-int SequenceLength(const std::string& s, std::size_t i) {
-  auto byte = [&](std::size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0x100u; };
-  const unsigned b0 = byte(i);
-  if (b0 < 0x80) return 1;
-  unsigned lo = 0x80, hi = 0xBF;
-  int length = 0;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    length = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    length = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    length = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return -1;
-  }
-  for (int k = 1; k < length; ++k) {
-    const unsigned b = byte(i + static_cast<std::size_t>(k));
-    if (!(k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF))) return -k;
-  }
-  return length;
-}
 
 // Applies an ICU full case mapping (root locale) to UTF-8 text.
 std::string CaseMap(const std::string& utf8, bool lower) {
@@ -166,7 +141,7 @@ std::u32string to_u32(const std::string& s) {
   std::u32string out;
   out.reserve(s.size());
   for (std::size_t i = 0; i < s.size();) {
-    const int n = SequenceLength(s, i);
+    const int n = utf8_sequence_length(s, i);
     if (n < 0) {
       out.push_back(0xFFFD);
       i += static_cast<std::size_t>(-n);
@@ -186,25 +161,7 @@ std::u32string to_u32(const std::string& s) {
   return out;
 }
 
-std::string to_utf8(char32_t c) {
-  std::string out;
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return out;
-}
+std::string to_utf8(char32_t c) { return utf8_encode(static_cast<uint32_t>(c)); }
 
 std::string to_utf8(const std::u32string& text) {
   std::string out;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "namm/file_util.h"
+#include "namm/utf8.h"
 #include "namm/v1/coordinator.grpc.pb.h"
 #include "namm/v1/norm_stats_proto.h"
 #include "namm/v1/protocol.h"
@@ -45,23 +46,6 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> Credentials(const ClientTls& t
     NAMM_ASSIGN_OR_RETURN(ssl.pem_private_key, read_file(tls.key));
   }
   return grpc::SslCredentials(ssl);
-}
-
-// At most `max` bytes of `text` as valid UTF-8 (protobuf strings must be): a cut never splits a character, and a
-// byte that starts no valid sequence becomes '?'. The coordinator could not parse a report otherwise.
-std::string Utf8Prefix(const std::string& text, std::size_t max) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size();) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    const std::size_t length = byte < 0x80 ? 1 : (byte >> 5) == 0x6 ? 2 : (byte >> 4) == 0xE ? 3 : (byte >> 3) == 0x1E ? 4 : 0;
-    bool valid = length > 0 && i + length <= text.size();
-    for (std::size_t k = 1; valid && k < length; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
-    const std::size_t take = valid ? length : 1;
-    if (out.size() + take > max) break;
-    out += valid ? text.substr(i, length) : std::string("?");
-    i += take;
-  }
-  return out;
 }
 
 bool Fatal(grpc::StatusCode code) {
@@ -487,7 +471,7 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
           spdlog::error("lease {} ({} prompt {}): {}", lease.id, lease.task, prompt, r.status().ToString());
           v1::PromptFailure* failure = unsent.add_failures();
           failure->set_prompt(prompt);
-          failure->set_error(Utf8Prefix(r.status().ToString(), 2048));
+          failure->set_error(utf8_prefix(r.status().ToString(), 2048));  // protobuf strings must be valid UTF-8
           Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kPrompt); });
           ++stats.failed;
         } else {

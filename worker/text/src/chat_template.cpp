@@ -16,6 +16,7 @@
 
 #include "namm/file_util.h"
 #include "namm/python_repr.h"
+#include "namm/utf8.h"
 #include "utf8.h"
 
 namespace namm::worker {
@@ -1110,7 +1111,7 @@ Result<size_t> Lexer::String(size_t pos) {
         }
         const unsigned long cp = std::strtoul(hex.c_str(), nullptr, 16);
         if (cp > 0x10FFFF) return Error(k - 1, "invalid \\U escape: beyond U+10FFFF");
-        value += utf8::Encode(static_cast<uint32_t>(cp));
+        value += utf8_encode(static_cast<uint32_t>(cp));
         k += n;
         break;
       }

@@ -40,7 +40,7 @@ const ByteMap& GetByteMap() {
     uint32_t next = 256;
     for (uint32_t b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      const std::string c = utf8::Encode(printable ? b : next++);
+      const std::string c = utf8_encode(printable ? b : next++);
       m.to_char[b] = c;
       m.to_byte[c] = static_cast<unsigned char>(b);
     }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "namm/status.h"
+#include "namm/utf8.h"  // sanitize_utf8, which decoded text goes through
 
 namespace namm::worker {
 
@@ -50,9 +51,5 @@ struct ContextPrompt {
 };
 Result<ContextPrompt> truncate_to_context(const Tokenizer& tokenizer, const std::string& text, int64_t context,
                                          int64_t max_new_tokens);
-
-// Replaces invalid UTF-8 sequences by U+FFFD (as Python's errors="replace" does, one per maximal invalid run
-// of bytes that cannot start or continue a valid sequence).
-std::string sanitize_utf8(const std::string& bytes);
 
 }  // namespace namm::worker
