@@ -153,6 +153,7 @@ struct CompletionScheduler::Impl {
   Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, SchedulerOptions o, ApiMetrics* mx)
       : model(m), tokenizer(t), options(std::move(o)), metrics(mx), factory(m.options().device(), &t), batch(m, t) {
     rows.reserve(options.max_running);
+    batch.set_contain_failures(true);  // a request whose step throws fails alone (its error without internals)
   }
 
   const worker::LlamaModel& model;
@@ -188,7 +189,7 @@ struct CompletionScheduler::Impl {
         Publish();  // also the rows that could not begin, which took no step
         Gauges();
       } catch (const std::exception& e) {
-        SafeFailAll(ServerError(500, std::string("the model failed: ") + e.what()));
+        SafeFailAll(ServerError(500, "the model failed: " + worker::failure_status(e).message()));
       } catch (...) {
         SafeFailAll(ServerError(500, "the model failed"));
       }

@@ -1,12 +1,14 @@
 // The batched engine's determinism rule: a sequence generated in a batch (any size, beside any other
 // sequences, policies and lengths) gets the same bits as generated alone, on the CPU in float32: tokens, text,
 // logits, memory updates and cache sizes.
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "namm/policies/memory_policy.h"
 #include "namm/policies/namm_policy.h"
 #include "namm/policies/oracle_policy.h"
 #include "namm/worker/generator.h"
@@ -229,6 +231,63 @@ TEST(BatchedGeneration, SequencesJoiningAndLeavingARunningBatchGetWhatTheyGetAlo
     EXPECT_EQ(static_cast<int64_t>(results[i]->token_ids.size()), rows[i].new_tokens);
     ExpectSame(*results[i], *alone);
   }
+}
+
+// A policy whose observation throws a torch error on its third call (a cache growing out of memory would throw
+// from the same place).
+class ThrowingPolicy final : public MemoryPolicy {
+ public:
+  std::string name() const override { return "throwing"; }
+  bool needs_attention() const override { return true; }
+  bool may_evict() const override { return false; }
+  Status Observe(int, const at::Tensor&, int64_t, LayerKVCache&) override {
+    TORCH_CHECK(++calls_ < 3, "the policy failed on call ", calls_);
+    return Status::Ok();
+  }
+  Result<at::Tensor> Select(int, LayerKVCache& cache) override { return all_token_indices(cache); }
+
+ private:
+  int calls_ = 0;
+};
+
+// A server's batch (set_contain_failures): a row whose step throws fails alone, with the error's first line and
+// no stack frames; the rows beside it get what they get alone. Without containment the exception propagates.
+TEST(BatchedGeneration, ARowThatThrowsMidBatchFailsAlone) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  const std::vector<Row> rows = {{"namm/2", 300, 12}, {"throwing", 200, 12}, {"full", 150, 12}};
+  std::vector<std::unique_ptr<MemoryPolicy>> policies;
+  std::vector<Generator::Request> requests;
+  for (const Row& row : rows) {
+    policies.push_back(row.policy == "throwing" ? std::make_unique<ThrowingPolicy>() : MakePolicy(row.policy, *s.tokenizer));
+    Generator::Request request = RowRequest(s, row, policies.back().get());
+    request.options.max_new_tokens = row.new_tokens;
+    requests.push_back(std::move(request));
+  }
+  GenerationBatch batch(s.model, *s.tokenizer);
+  batch.set_contain_failures(true);
+  std::vector<int64_t> ids;
+  for (const Generator::Request& request : requests) ids.push_back(batch.Join(request));
+  while (batch.Step()) {
+  }
+  const Result<GenerationResult> failed = batch.Leave(ids[1]);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("the policy failed on call 3"), std::string::npos) << failed.status().ToString();
+  EXPECT_EQ(failed.status().message().find("Exception raised from"), std::string::npos) << failed.status().ToString();
+  const Generator generator(s.model, *s.tokenizer);
+  for (std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+    const Result<GenerationResult> got = batch.Leave(ids[i]);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
+    const Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
+    ASSERT_TRUE(alone.ok());
+    ExpectSame(*got, *alone);
+  }
+  // The default (a training worker's batch): the exception reaches the caller, which can retry with less.
+  ThrowingPolicy again;
+  Generator::Request throwing = requests[1];
+  throwing.policy = &again;
+  EXPECT_THROW((void)generator.GenerateBatch({throwing}), c10::Error);
 }
 
 TEST(BatchedGeneration, ABadRequestFailsAloneAndTheOthersGoOn) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -534,39 +535,68 @@ bool GenerationBatch::Step() {
   const auto start = Clock::now();
   std::vector<bool> prefilling;
   for (const Entry* entry : active) prefilling.push_back(entry->sequence->prefilling());
-  std::vector<Result<at::Tensor>> logits = model_.ForwardBatch(steps);
+  // With contain_failures_, what one sequence's part throws fails it alone (Sequence::Fail), and what the shared
+  // work throws fails every sequence of the step; without, exceptions propagate.
+  const auto guarded = [&](Sequence& sequence, const std::function<void()>& part) {
+    if (!contain_failures_) return part();
+    try {
+      part();
+    } catch (const std::exception& e) {
+      sequence.Fail(failure_status(e));
+    }
+  };
+  std::vector<Result<at::Tensor>> logits;
+  try {
+    logits = model_.ForwardBatch(steps, contain_failures_);
+  } catch (const std::exception& e) {
+    if (!contain_failures_) throw;
+    logits.assign(steps.size(), Result<at::Tensor>(failure_status(e)));
+  }
   // The memory updates due after this pass, every sequence's and layer's at once (a batch of NAMMs scores all
   // of its tokens in one pass, on the thread budget), then each sequence's next token or end. A leader
   // whose pass reached the end of the shared prefix hands it to its followers first, which then take part.
   std::vector<MemoryUpdate> updates;
   std::vector<std::ptrdiff_t> first_update(active.size(), -1);  // per entry of `active`, its first update
+  // A sequence's updates, or none if adding them failed it (its caches are gone: no update may point at them).
+  const auto add_updates = [&](Sequence& sequence, std::ptrdiff_t& first) {
+    const std::size_t before = updates.size();
+    guarded(sequence, [&] { sequence.AddUpdates(updates); });
+    if (sequence.done()) {
+      updates.resize(before);
+    } else {
+      first = static_cast<std::ptrdiff_t>(before);
+    }
+  };
   const std::size_t stepped = active.size();
   for (std::size_t i = 0; i < stepped; ++i) {
     Sequence& sequence = *active[i]->sequence;
-    const bool due = sequence.TakeLogits(std::move(logits[i]));
-    if (due) {
-      first_update[i] = static_cast<std::ptrdiff_t>(updates.size());
-      sequence.AddUpdates(updates);
-    }
+    bool due = false;
+    guarded(sequence, [&] { due = sequence.TakeLogits(std::move(logits[i])); });
+    if (due && !sequence.done()) add_updates(sequence, first_update[i]);
     if (active[i]->followers.empty() || (!sequence.done() && sequence.tokens_seen() < sequence.fork_at())) continue;
     const std::vector<Entry*> followers = active[i]->followers;
     Unpark(*active[i]);
     if (sequence.done()) continue;  // failed: each follower runs its own prefix from the next step
     for (Entry* follower : followers) {
-      follower->sequence->ForkFrom(sequence);
+      Sequence& copy = *follower->sequence;
+      guarded(copy, [&] { copy.ForkFrom(sequence); });
       active.push_back(follower);
       prefilling.push_back(true);
       first_update.push_back(-1);
-      if (due) {
-        first_update.back() = static_cast<std::ptrdiff_t>(updates.size());
-        follower->sequence->AddUpdates(updates);
-      }
+      if (due && !copy.done()) add_updates(copy, first_update.back());
     }
   }
-  const std::vector<Status> statuses = apply_memory_updates(updates);
+  std::vector<Status> statuses;
+  try {
+    statuses = apply_memory_updates(updates);
+  } catch (const std::exception& e) {
+    if (!contain_failures_) throw;
+    statuses.assign(updates.size(), failure_status(e));
+  }
   // Microseconds each (the next token's choice, bookkeeping): on this thread.
   for (std::size_t i = 0; i < active.size(); ++i) {
-    active[i]->sequence->FinishStep(first_update[i] < 0 ? nullptr : statuses.data() + first_update[i]);
+    Sequence& sequence = *active[i]->sequence;
+    guarded(sequence, [&] { sequence.FinishStep(first_update[i] < 0 ? nullptr : statuses.data() + first_update[i]); });
   }
   if (!model_.options().device().is_cpu()) {
     generation_internal::WaitForDevice(at::zeros({1}, model_.options()));  // after the step, memory updates included

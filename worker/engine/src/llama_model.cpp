@@ -6,7 +6,11 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <new>
+#include <string>
 #include <utility>
+
+#include <c10/util/Exception.h>
 
 #include "aten.h"
 #include "namm/batch_invariant.h"
@@ -216,7 +220,7 @@ Result<at::Tensor> LlamaModel::Forward(const at::Tensor& tokens, std::vector<Lay
 
 void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
                              const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
-                             std::vector<Status>& errors) const {
+                             std::vector<Status>& errors, bool contain_exceptions) const {
   const auto count = static_cast<int64_t>(steps.size());
   const int64_t q_width = config_.n_heads * config_.head_dim;
   std::vector<at::Tensor> queries(steps.size());
@@ -225,7 +229,18 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
   const auto cache_of = [&](std::size_t s) -> LayerKVCache& { return (*steps[s].caches)[static_cast<std::size_t>(layer)]; };
   // Sequences apart on the thread budget (the coarsest grain: each has its own cache and policy) where each has
   // real work, else on this thread: a fork and join costs more than appending a chunk.
-  const auto for_each_sequence = [&](bool apart, int64_t n, const std::function<void(int64_t)>& fn) {
+  // Item i is sequence sequences[i] (all of them, in order, when null). With contain_exceptions, what a
+  // sequence's part throws is its error alone.
+  const auto for_each_sequence = [&](bool apart, int64_t n, const std::vector<std::size_t>* sequences,
+                                     const std::function<void(int64_t)>& part) {
+    const std::function<void(int64_t)> fn = !contain_exceptions ? part : [&](int64_t i) {
+      try {
+        part(i);
+      } catch (const std::exception& e) {
+        const auto item = static_cast<std::size_t>(i);
+        errors[sequences != nullptr ? (*sequences)[item] : item] = failure_status(e);
+      }
+    };
     if (apart) {
       parallel_items(n, fn);
     } else {
@@ -234,7 +249,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
   };
   // Each sequence's keys and values cached, and its attention unless the kernel takes it (on the CPU in half
   // precision libtorch's operations attend each sequence: apart).
-  for_each_sequence(q.device().is_cpu() && !row_invariant(q), count, [&](int64_t item) {
+  for_each_sequence(q.device().is_cpu() && !row_invariant(q), count, nullptr, [&](int64_t item) {
     const auto s = static_cast<std::size_t>(item);
     if (!errors[s].ok()) return;
     LayerKVCache& cache = cache_of(s);
@@ -279,15 +294,21 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     kernel_inputs.push_back(std::move(in));
     kernel_sequences.push_back(s);
   }
-  const std::vector<AttentionResult> attended =
-      kernel_inputs.empty() ? std::vector<AttentionResult>()
-                            : invariant_attention(kernel_inputs, config_.n_heads,
-                                                  1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+  std::vector<AttentionResult> attended;
+  try {
+    if (!kernel_inputs.empty()) {
+      attended = invariant_attention(kernel_inputs, config_.n_heads, 1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+    }
+  } catch (const std::exception& e) {
+    if (!contain_exceptions) throw;
+    for (std::size_t s : kernel_sequences) errors[s] = failure_status(e);  // the call's outputs are theirs alone
+    kernel_sequences.clear();
+  }
   // What the policies see: the chunk's attention probabilities, and the newest queries with their log-sum-exp
   // (a NAMM's observation folds its spectrogram: apart).
   bool observing = false;
   for (std::size_t s : kernel_sequences) observing = observing || steps[s].policy->needs_attention();
-  for_each_sequence(observing, static_cast<int64_t>(kernel_sequences.size()), [&](int64_t i) {
+  for_each_sequence(observing, static_cast<int64_t>(kernel_sequences.size()), &kernel_sequences, [&](int64_t i) {
     const std::size_t s = kernel_sequences[static_cast<std::size_t>(i)];
     const AttentionResult& result = attended[static_cast<std::size_t>(i)];
     LayerKVCache& cache = cache_of(s);
@@ -305,7 +326,18 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
   });
 }
 
-std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>& steps) const {
+Status failure_status(const std::exception& e) {
+  const auto* torch = dynamic_cast<const c10::Error*>(&e);
+  std::string message = torch != nullptr ? torch->what_without_backtrace() : e.what();
+  message.resize(std::min(message.size(), message.find('\n')));
+  const bool memory = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                      dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                      message.find("out of memory") != std::string::npos;
+  return Status::Internal(memory && message.find("out of memory") == std::string::npos ? "out of memory: " + message
+                                                                                       : message);
+}
+
+std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>& steps, bool contain_exceptions) const {
   // Sequence s is rows [offset[s], offset[s] + length[s]) of the packed hidden states; a failed one keeps its
   // rows (nothing reads them) and its error.
   const auto count = steps.size();
@@ -341,7 +373,7 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     const auto [q, k] = RotateQueriesAndKeys(layer, p.q(normed), p.k(normed), packing);
     const at::Tensor v = p.v(normed);
     const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
-    AttendBatch(layer, steps, packing, q, k, v, heads_out, errors);
+    AttendBatch(layer, steps, packing, q, k, v, heads_out, errors, contain_exceptions);
     x = x + p.o(heads_out);
     x = x + FeedForward(p, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));
   }

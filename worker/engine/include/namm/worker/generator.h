@@ -158,6 +158,12 @@ class GenerationBatch {
   // Sequences joined and not left, finished or not.
   std::size_t size() const;
 
+  // Whether an exception in one sequence's part of a step (its cache growing out of memory, its policy) fails
+  // that sequence alone with failure_status's error while the others go on (a server's requests), rather than
+  // propagating out of Step() (the default: NammExecutor retries a batch that ran out of memory with less). An
+  // exception in the batch's shared products then fails every sequence of the step, each with that error.
+  void set_contain_failures(bool on) { contain_failures_ = on; }
+
  private:
   struct Entry;
   // Sequences that have not begun and share a prefix (Sequence::PrefixKey and the prompt) wait for one leader's:
@@ -169,6 +175,7 @@ class GenerationBatch {
   const Tokenizer& tokenizer_;
   std::map<int64_t, std::unique_ptr<Entry>> entries_;  // by id: the order of the batch's rows
   int64_t next_id_ = 0;
+  bool contain_failures_ = false;
 };
 
 }  // namespace namm::worker

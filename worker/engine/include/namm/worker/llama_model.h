@@ -29,6 +29,10 @@ namespace namm::worker {
 
 struct RopeTables;
 
+// An exception as a sequence's error (Internal): its message's first line (a torch error's stack frames and source
+// paths stay out of what clients see), said to be out of memory when it was.
+Status failure_status(const std::exception& e);
+
 class LlamaModel {
  public:
   static Result<LlamaModel> Load(const std::string& path, const LoadOptions& options);
@@ -65,8 +69,11 @@ class LlamaModel {
   // one after another, of any lengths), each through attention over its own cache with its own policy. A
   // sequence's logits are the same bits as Forward gives it alone on the CPU in float32 (batch_invariant.h),
   // and equal up to rounding elsewhere. An error in one sequence (its policy's, say) is its result alone: the
-  // others go on.
-  std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps) const;
+  // others go on. With contain_exceptions, so is an exception thrown by one sequence's part (its cache growing
+  // out of memory, its policy): its result is the error (failure_status); without, exceptions propagate, so that
+  // a caller can retry with less (NammExecutor splits its batch on out of memory). An exception in the shared
+  // products propagates either way.
+  std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps, bool contain_exceptions = false) const;
 
  private:
   // Qwen3's per-head norms and RoPE on a batch's packed projected queries [rows, heads * head_dim] and keys
@@ -92,7 +99,7 @@ class LlamaModel {
   // into heads_out's rows; an error stays with its sequence.
   void AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
                    const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
-                   std::vector<Status>& errors) const;
+                   std::vector<Status>& errors, bool contain_exceptions) const;
   // A layer's products, prepared once (batch_invariant.h: InvariantLinear).
   struct Projections {
     InvariantLinear q, k, v, o, gate, up, down;
