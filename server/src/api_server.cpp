@@ -113,10 +113,12 @@ class TimedSocket {
   Clock::time_point deadline_ = Clock::time_point::max();
 };
 
-// Whether the client closed its end (or the connection broke): checked while its request waits.
+// Whether the connection broke (reset, or closed both ways): checked while a request waits. A client that only
+// shut down its sending side after its request (shutdown(SHUT_WR), `nc -N`) still reads: it gets its response.
+// One that closed entirely is noticed when the stream's next write fails, or once its reset arrives.
 bool PeerGone(int fd) {
-  pollfd p{fd, static_cast<short>(POLLRDHUP), 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  pollfd p{fd, 0, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
 // The same key, compared in time independent of where they differ.

@@ -34,8 +34,13 @@ uint64_t DrawSeed(uint64_t seed, uint64_t n) {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD: what a character still arriving decodes as
 
+// The longest clean-up rule's reach: " n't" is 4 bytes.
+constexpr std::size_t kCleanUpReach = 4;
+
 // How much of `text` (the answer so far) can be sent: not a trailing U+FFFD (the rest of its bytes may come with
-// the next token), nor a tail that could begin a stop string (which would be cut from the answer).
+// the next token), nor a tail that could begin a stop string (which would be cut from the answer), nor a space
+// that a tokenizer's clean-up could still remove.
+
 std::size_t StableLength(const std::string& text, const std::vector<std::string>& stop) {
   std::size_t end = text.size();
   while (end >= kReplacement.size() && std::string_view(text).substr(end - kReplacement.size()) == kReplacement) {
@@ -51,6 +56,11 @@ std::size_t StableLength(const std::string& text, const std::vector<std::string>
     }
   }
   end -= hold;
+  // A space among the last few bytes may still go: tokenizers that clean up spaces (transformers'
+  // clean_up_tokenization_spaces: " ." -> ".", " n't" -> "n't", ...) rewrite it once the next token arrives, so
+  // what was sent would no longer begin the answer. It waits for the text after it.
+  const std::size_t space = text.find(' ', end >= kCleanUpReach ? end - kCleanUpReach : 0);  // the first near the end
+  if (space < end) end = space;
   while (end > 0 && end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;  // whole characters
   return end;
 }

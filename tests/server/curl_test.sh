@@ -45,13 +45,34 @@ streamed=$(grep '^data: {' "$work/sse" | sed 's/^data: //' | python3 -c \
   "import json,sys; print(''.join(json.loads(l)['choices'][0]['text'] for l in sys.stdin))")
 [ "$streamed" = "$text" ] || fail "streamed '$streamed' != '$text'"
 
+echo "== a client that shuts down its sending side after its request still gets the response (nc -N, curl's peers)"
+half=$(python3 - "$URL" <<'PY'
+import json, socket, sys, urllib.parse
+url = urllib.parse.urlparse(sys.argv[1])
+body = json.dumps({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 32, "temperature": 0})
+s = socket.create_connection((url.hostname, url.port))
+s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+           f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+s.shutdown(socket.SHUT_WR)
+reply = b""
+while chunk := s.recv(65536):
+    reply += chunk
+head, _, payload = reply.partition(b"\r\n\r\n")
+try:
+    print(head.split(b"\r\n")[0].decode(), json.loads(payload)["choices"][0]["text"])
+except ValueError:
+    print("no answer:", reply[:200])
+PY
+)
+[ "$half" = "HTTP/1.1 200 OK $text" ] || fail "half-closed client got: $half"
+
 echo "== health, metrics (promtool), errors as JSON"
 [ "$(curl -sS "$URL/health" | json 'd["status"]')" = ok ] || fail "health"
 curl -sS "$URL/metrics" > "$work/metrics"
 promtool check metrics < "$work/metrics" || fail "promtool refused the exposition"
-grep -q '^namm_api_requests_total{endpoint="completions",status="200"} 2' "$work/metrics" || fail "request counter: $(grep requests_total "$work/metrics")"
+grep -q '^namm_api_requests_total{endpoint="completions",status="200"} 3' "$work/metrics" || fail "request counter: $(grep requests_total "$work/metrics")"
 grep -q '^namm_api_generated_tokens_total ' "$work/metrics" || fail "no token counter"
-grep -q '^namm_api_time_to_first_token_seconds_count 2' "$work/metrics" || fail "TTFT histogram"
+grep -q '^namm_api_time_to_first_token_seconds_count 3' "$work/metrics" || fail "TTFT histogram"
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d '{"model":')
 [ "$code" = 400 ] || fail "malformed JSON gave $code"
 [ "$(json 'd["error"]["type"]' < "$work/body")" = invalid_request_error ] || fail "error object: $(cat "$work/body")"
