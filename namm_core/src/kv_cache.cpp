@@ -87,7 +87,9 @@ void LayerKVCache::Reserve(int64_t capacity) {
   for (auto& buffer : buffers_) {
     std::vector<int64_t> shape = buffer.sizes().vec();
     shape[1] = grown;
-    at::Tensor bigger = at::zeros(shape, buffer.options());
+    // Not zero-filled: nothing reads past size_ (Append writes every row it adds, state rows included), and the
+    // host's untouched pages then cost no memory.
+    at::Tensor bigger = at::empty(shape, buffer.options());
     bigger.narrow(1, 0, size_).copy_(buffer.narrow(1, 0, size_));
     buffer = bigger;
   }

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
@@ -408,6 +409,18 @@ struct ApiServer::Impl {
     return match;
   }
 
+  // Whether a request may name `spec` (of `family`) besides the server's own (ApiServerOptions::allowed_policies).
+  bool Allowed(const std::string& spec, const std::string& family) const {
+    if (!options.allowed_policies.empty()) {
+      return std::any_of(options.allowed_policies.begin(), options.allowed_policies.end(),
+                         [&](const std::string& a) { return a == "any" || a == family || a == spec; });
+    }
+    const Result<std::string> own = worker::policy_family(options.default_policy);
+    if (family == "full") return own.ok() && *own == "full";
+    // A token budget or a share of the prompt bounds what the cache holds.
+    return spec.find("budget=") != std::string::npos || spec.find("ratio=") != std::string::npos;
+  }
+
   // The job of a parsed request, or the error to answer.
   std::variant<CompletionJob, ApiError> MakeJob(const CompletionRequest& r) {
     if (r.model != options.model_name) {
@@ -423,6 +436,13 @@ struct ApiServer::Impl {
       if ((*family == "namm" || *family == "oracle") && r.policy != options.default_policy) {
         return Error(400, "namm_policy '" + r.policy + "' is not available per request: ask for 'default' (the server's " +
                               PolicyLabel(options.default_policy) + ") or a baseline (full, h2o:budget=N, ...)",
+                     "namm_policy");
+      }
+      if (r.policy != options.default_policy && !Allowed(r.policy, *family)) {
+        return Error(400, "namm_policy '" + r.policy + "' may hold more than this server's " +
+                              PolicyLabel(options.default_policy) +
+                              ": ask for 'default' or a bounded baseline (h2o:budget=N, streaming:ratio=R, ...), or have "
+                              "the operator allow it (--allow-policies)",
                      "namm_policy");
       }
       job.policy = r.policy;

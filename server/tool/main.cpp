@@ -131,6 +131,11 @@ int main(int argc, char** argv) {
   app.add_option("--drain-timeout", o.drain_seconds,
                  "On SIGTERM or SIGINT: seconds to let running requests finish before ending them (default 30)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--allow-policies", s.allowed_policies,
+                 "Policy families a request's namm_policy may name besides the server's own (e.g. full,h2o), or 'any' "
+                 "(default: those with a token budget or a share of the prompt; the full cache only if it is the "
+                 "server's)")
+      ->delimiter(',');
   app.add_option("--seed", s.scheduler.seed, "Seed of the sampling seeds drawn for requests that give none (default 0)");
   app.add_option("--log-level", o.log_level, "trace, debug, info (default), warn, error or off");
   CLI11_PARSE(app, argc, argv);

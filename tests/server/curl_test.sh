@@ -81,6 +81,22 @@ code=$(curl -sS -o /dev/null -w '%{http_code}' -X DELETE "$URL/v1/completions")
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v2/nothing")
 [ "$code" = 404 ] || fail "unknown path gave $code"
 
+echo "== a request cannot make the server hold more than its operator chose (--allow-policies)"
+kill "$PID"; wait "$PID" 2>/dev/null || true
+start --policy streaming:budget=64
+full_policy='{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "namm_policy": "full"}'
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$full_policy")
+[ "$code" = 400 ] && grep -q -- "--allow-policies" "$work/body" || fail "namm_policy full on a bounded server: $code $(cat "$work/body")"
+code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "namm_policy": "h2o:budget=32"}')
+[ "$code" = 200 ] || fail "a bounded baseline was refused: $code"
+kill "$PID"; wait "$PID" 2>/dev/null || true
+start --policy streaming:budget=64 --allow-policies full,tova
+code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$full_policy")
+[ "$code" = 200 ] || fail "an allowed policy was refused: $code"
+kill "$PID"; wait "$PID" 2>/dev/null || true
+start --max-context 4096
+
 echo "== SIGTERM drains: a running stream completes, new connections are refused, exit 0"
 curl -sSN "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stream": true}' > "$work/drain" &

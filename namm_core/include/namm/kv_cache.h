@@ -8,7 +8,8 @@
 //
 // Storage has spare capacity that grows geometrically, so appending a decoded token costs O(1) amortized
 // copies, never beyond a bound on the sequence's length when one is given (ExpectTokens), and it can be
-// allocated whole up front when no token will be evicted. Views returned by the accessors are valid until the
+// allocated whole up front when no token will be evicted. Spare capacity is not zero-filled: on the host, pages
+// never written are never resident. Views returned by the accessors are valid until the
 // next Append() or Gather().
 // Not thread-safe: one cache belongs to one sequence being generated.
 #pragma once

@@ -237,9 +237,12 @@ class Sequence {
     result_.prompt_tokens = length;
     NAMM_RETURN_IF_ERROR(policy.BeginSequence(SequenceInfo{request_.prompt_ids}));
     caches_ = model_.NewCaches(policy);
-    // The sequence's length is known: a cache that keeps everything is allocated once, one that evicts never
-    // grows past what the rest of the sequence can fill.
-    for (LayerKVCache& cache : caches_) cache.ExpectTokens(length + forced + options_.max_new_tokens, !policy.may_evict());
+    // The sequence's length is bounded: a cache never grows past what the rest of the sequence can fill. One that
+    // keeps everything is allocated once on the host, where pages cost memory only as they are written; on a
+    // device (whose allocator commits what it hands out) it grows with the sequence, as a request's allowance
+    // (max_tokens) may be far more than it uses.
+    const bool allocate_now = !policy.may_evict() && model_.options().device().is_cpu();
+    for (LayerKVCache& cache : caches_) cache.ExpectTokens(length + forced + options_.max_new_tokens, allocate_now);
     tracker_ = std::make_unique<CacheTracker>(
         caches_, policy, options_.memory_update_interval, result_,
         options_.record_retention ? length + forced + options_.max_new_tokens : 0);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "namm/server/completion_scheduler.h"
 #include "namm/status.h"
@@ -28,6 +29,11 @@ struct ApiServerOptions {
   std::string listen = "127.0.0.1:8000";  // HOST:PORT, or a port alone (loopback); port 0 picks a free one
   std::string model_name;                 // what /v1/models lists and requests must name
   std::string default_policy = "full";    // a policy spec (worker/policy_spec.h)
+  // What a request's namm_policy may name besides the server's own: policy families ("full", "h2o", ...) or "any"
+  // baseline. Empty: the policies that hold a bounded cache (a token budget or a share of the prompt), and the
+  // full cache only when it is the server's own: a client cannot make the server hold more than its operator chose.
+  // NAMM files and the oracle never (a client must not make the server read files).
+  std::vector<std::string> allowed_policies;
   std::string tls_cert, tls_key, tls_client_ca;  // PEM files; a cert and key enable TLS, a CA requires client certs
   std::string api_keys_file;              // one key per line ('#' comments); empty: no authentication
   std::size_t max_body_bytes = 1 << 20;
