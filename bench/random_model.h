@@ -14,8 +14,8 @@
 namespace namm::bench {
 
 // `spec` is "layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000" (each key optional, those the
-// defaults): Gaussian weights (std 0.02, seed 1, drawn in float32 on the CPU so that every dtype and device runs
-// the same model), unit norms, plain RoPE with theta 500000 and a context of `context` tokens.
+// defaults): Gaussian weights (std 0.02, each matrix from its own seed 1 + i, drawn in float32 on the CPU so
+// that every dtype and device runs the same model), unit norms, plain RoPE with theta 500000 and a context of `context` tokens.
 Result<worker::LlamaModel> RandomModel(const std::string& spec, int64_t context, at::ScalarType dtype,
                                        at::Device device);
 

@@ -41,7 +41,7 @@ struct Options {
   at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16|fp16
   at::Device device = at::kCPU;       // --device cpu|cuda:N
   int64_t threads = 0;                // --threads N: libtorch's intra-op threads (default: libtorch's)
-  std::string only;                   // --only TEXT: the full cache and the rows whose name contains TEXT
+  std::string only;                   // --only TEXT: the full cache and the rows whose name contains TEXT ("A|B": either)
   bool profile = false;               // --profile: where each row's time goes
   std::vector<int64_t> parts;         // --parts N1,N2: the NAMM's parts at those cache sizes
 };
@@ -290,7 +290,14 @@ int Run(const Options& o) {
   };
   if (!o.only.empty()) {
     rows.erase(std::remove_if(rows.begin() + 1, rows.end(),
-                              [&](const Row& row) { return row.name.find(o.only) == std::string::npos; }),
+                              [&](const Row& row) {
+                                for (std::size_t from = 0; from <= o.only.size();) {  // "A|B": A or B
+                                  const std::size_t bar = std::min(o.only.find('|', from), o.only.size());
+                                  if (row.name.find(o.only.substr(from, bar - from)) != std::string::npos) return false;
+                                  from = bar + 1;
+                                }
+                                return true;
+                              }),
                rows.end());
   }
   for (int64_t r = 0; r < o.repeats + 1; ++r) {  // round robin; the first round warms up
@@ -366,7 +373,8 @@ int Run(const Options& o) {
 constexpr const char* kUsage = R"(Usage: worker_generation_bench [--model M] [--tokenizer T] [--prompt-tokens N] [--new-tokens N]
        [--repeats R] [--dtype fp32|bf16|fp16] [--device cpu|cuda:N] [--only TEXT] [--profile 1] [--parts N1,N2,...]
        [--chunk 128] [--threads N]
---only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one).
+--only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one;
+"A|B": rows containing A or B).
 --chunk sets the prefill chunk of every row (the reference's 128; a divisor of the 512-token memory update
 interval, so the NAMM's updates and what they see are the same, and fewer, larger chunks cost fewer launches).
 --threads N: the CPU thread budget (libtorch, BLAS and our kernels' pool; default: one per core).
