@@ -105,6 +105,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, const Run
       results_refused_(Counter("namm_results_refused_total",
                                "Results and failures in worker reports that the coordinator did not take (a prompt "
                                "the lease does not hold, a lease the worker does not hold); the rest was taken")),
+      progress_log_errors_(Counter("namm_progress_log_errors_total",
+                                   "Appends to the run's progress log that failed (retried with the next one; the "
+                                   "reports they held were refused and are sent again)")),
+      progress_log_failing_(Gauge("namm_progress_log_failing",
+                                  "1 while the progress log's last append failed: no report is acknowledged")),
       rejected_(BuildCounter()
                     .Name("namm_requests_rejected_total")
                     .Help("Worker calls refused, by gRPC status code")
@@ -180,6 +185,8 @@ void CoordinatorMetrics::Observe(const ServiceCounters& c, int64_t references_ou
   Advance(leases_reattached_, s.leases_reattached, last_.leases_reattached);
   Advance(leases_reserved_, s.leases_reserved, last_.leases_reserved);
   Advance(results_refused_, c.results_refused, last_results_refused_);
+  Advance(progress_log_errors_, c.journal_failures, last_progress_log_errors_);
+  progress_log_failing_.Set(c.journal_failing ? 1 : 0);
   for (const auto& [code, n] : c.refused_by_code) Advance(rejected_.Add({{"code", code}}), n, last_rejected_[code]);
   phase_units_.Set(static_cast<double>(c.units_total));
   phase_units_done_.Set(static_cast<double>(c.units_done));

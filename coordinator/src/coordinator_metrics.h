@@ -62,6 +62,8 @@ class CoordinatorMetrics {
   prometheus::Counter &leases_issued_, &leases_duplicated_, &leases_expired_, &leases_returned_;
   prometheus::Counter &leases_reattached_, &leases_reserved_;
   prometheus::Counter& results_refused_;
+  prometheus::Counter& progress_log_errors_;
+  prometheus::Gauge& progress_log_failing_;
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Gauge &phase_units_, &phase_units_done_, &queue_units_, &leases_active_;
   prometheus::Family<prometheus::Gauge>& workers_;
@@ -72,6 +74,7 @@ class CoordinatorMetrics {
   SchedulerCounters last_;  // what Observe() saw last
   std::map<std::string, int64_t> last_rejected_;
   int64_t last_results_refused_ = 0;
+  int64_t last_progress_log_errors_ = 0;
 };
 
 }  // namespace namm::coordinator

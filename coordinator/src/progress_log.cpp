@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <ctime>
 #include <map>
 #include <type_traits>
@@ -225,7 +226,18 @@ std::string HolderOf(int fd) {
 }  // namespace
 
 std::string progress_log_path(const std::string& db, int64_t run_id) {
-  return db + ".run" + std::to_string(run_id) + ".progress";
+  // Beside the file itself, whatever symbolic link names it: a restart through another link finds the same log.
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(db, ec);
+  return (ec ? db : real.string()) + ".run" + std::to_string(run_id) + ".progress";
+}
+
+std::string progress_log_holder(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string holder = HolderOf(fd);
+  ::close(fd);
+  return holder;
 }
 
 Result<std::unique_ptr<ProgressLog>> ProgressLog::Open(const std::string& path) {
@@ -302,7 +314,9 @@ Status ProgressLog::Rewrite(const std::string& bytes) {
     return Status::IOError("cannot truncate the progress log " + path_ + ": " + std::strerror(errno));
   }
   end_ = 0;
-  return Write(bytes);
+  const Status written = Write(bytes);
+  if (!written.ok()) end_ = 0;  // the next Append() writes the header again, over whatever part went
+  return written;
 }
 
 Status ProgressLog::Append(const ProgressEntries& entries) {
@@ -310,11 +324,17 @@ Status ProgressLog::Append(const ProgressEntries& entries) {
   std::string bytes;
   Encode(entries, &bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  // A Reset() that emptied the file and could not write it again: the header goes first.
+  if (end_ == 0) bytes = Header(holder_) + bytes;
   const uint64_t start = end_;
   const Status written = Write(bytes);
   // A torn record must not stay in the middle: reading stops there, and records appended after it (a later
-  // append that fits again) would be lost on a restart although acknowledged.
-  if (!written.ok() && ::ftruncate(fd_, static_cast<off_t>(start)) == 0) end_ = start;
+  // append that fits again) would be lost on a restart although acknowledged. The next append overwrites it
+  // even where the cut fails (an I/O error), and Open() cuts whatever follows the last whole record.
+  if (!written.ok()) {
+    (void)::ftruncate(fd_, static_cast<off_t>(start));
+    end_ = start;
+  }
   return written;
 }
 

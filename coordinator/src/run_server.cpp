@@ -431,9 +431,8 @@ Status RunServer::Impl::Recover() {
 void RunServer::Impl::Tick() {
   service->ExpireLeases();
   const ServiceCounters counters = service->counters();  // one snapshot a tick, for the checks and the metrics
-  Status stop = DropAbandoned(counters.abandoned);
-  if (stop.ok()) stop = service->JournalStatus();  // without its progress log the run can neither lease nor take results
-  if (!stop.ok()) {
+  // A progress log that cannot be written is no stop (WorkerService::Log): reports wait for it.
+  if (const Status stop = DropAbandoned(counters.abandoned); !stop.ok()) {
     const Status flushed = Flush();  // keep what did finish
     return Fail(flushed.ok() ? stop : flushed);
   }
@@ -446,8 +445,9 @@ void RunServer::Impl::Tick() {
   if (done) {
     Result<AdvanceSummary> summary = trainer.Advance();
     if (!summary.ok()) return Fail(summary.status());
-    // The committed generation's progress is in the store: the log starts over for the next one.
-    if (Status s = progress_log.Reset(); !s.ok()) return Fail(s);
+    // The committed generation's progress is in the store: the log starts over for the next one. If it cannot,
+    // its records stay (a restart ignores another generation's) and the next generation's follow them.
+    if (Status s = progress_log.Reset(); !s.ok()) spdlog::warn("progress log: {}", s.ToString());
     ReportProgress(*summary);
     if (summary->finished) {
       service->End(v1::WorkBatch::END_RUN_FINISHED);

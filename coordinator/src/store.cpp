@@ -2,12 +2,15 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -242,6 +245,14 @@ bool Transient(const SQLite::Exception& e) {
   return code == SQLITE_BUSY || code == SQLITE_LOCKED || code == SQLITE_PROTOCOL;
 }
 
+// Whether SQLite's error may pass if waited for: an I/O error (EIO on one write, a disk that comes back), a full
+// disk that is freed, a file that cannot be opened now (a process out of descriptors: EMFILE). SQLite rolls the
+// transaction back on each, so that trying it again is safe. Corruption, a foreign file, a constraint: never.
+bool CanPass(const SQLite::Exception& e) {
+  const int code = e.getErrorCode() & 0xff;
+  return code == SQLITE_IOERR || code == SQLITE_FULL || code == SQLITE_CANTOPEN;
+}
+
 // SQLite's message with the name of its code, e.g. "database or disk is full (SQLITE_FULL)".
 std::string Described(const SQLite::Exception& e) {
   static const std::map<int, const char*> kNames = {
@@ -275,6 +286,10 @@ class Wait {
     Tell(false, false);
     std::this_thread::sleep_for(backoff_);
     backoff_ = std::min(backoff_ * 2, backoff_max_);
+  }
+  // Seconds since the first failed attempt (0 before one).
+  double seconds() const {
+    return retries_ == 0 ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
   // The call went through (else it failed for good, or its body returned an error).
   void End(bool succeeded) {
@@ -374,12 +389,13 @@ Result<std::optional<NormStats>> NormStatsOf(const SQLite::Column& c, const std:
   return std::optional<NormStats>(stats);
 }
 
-// Runs `body`, again after a transient error (its transaction rolled back) for as long as it takes, and turns
-// SQLite's other exceptions into a Status naming `what`, the file and the error. `body` must be one transaction
-// (or reads): what a failed attempt did is gone when it runs again.
+// Runs `body`, again after a transient error (its transaction rolled back) for as long as it takes and after an
+// error that can pass for up to `patience`, and turns SQLite's other exceptions into a Status naming `what`, the
+// file and the error. `body` must be one transaction (or reads): what a failed attempt did is gone when it runs
+// again.
 template <typename F>
-auto GuardCall(const std::string& path, const StoreOptions& options, const std::string& what, F&& body)
-    -> decltype(body()) {
+auto GuardCall(const std::string& path, const StoreOptions& options, std::chrono::seconds patience,
+               const std::string& what, F&& body) -> decltype(body()) {
   Wait wait(what, options);
   while (true) {
     try {
@@ -387,7 +403,13 @@ auto GuardCall(const std::string& path, const StoreOptions& options, const std::
       wait.End(result.ok());
       return result;
     } catch (const SQLite::Exception& e) {
-      if (!Transient(e)) return Status::IOError(what + " failed on " + path + ": " + Described(e));
+      const bool wait_more = CanPass(e) && wait.seconds() < static_cast<double>(patience.count());
+      if (!Transient(e) && !wait_more) {
+        const std::string waited = wait.seconds() > 0 ? " (after " + std::to_string(static_cast<int64_t>(
+                                                                          wait.seconds())) + " s of retries)"
+                                                      : "";
+        return Status::IOError(what + " failed on " + path + ": " + Described(e) + waited);
+      }
       wait.Retry(Described(e));
     } catch (const json::exception& e) {
       return Status::Corruption(what + ": malformed JSON in " + path + ": " + e.what());
@@ -538,11 +560,14 @@ std::string Hex32(int32_t v) {
 Store::Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOptions options)
     : path_(std::move(path)), db_(std::move(db)), options_(std::move(options)) {}
 
-Store::~Store() = default;
+Store::~Store() {
+  db_.reset();
+  if (run_lock_fd_ >= 0) ::close(run_lock_fd_);
+}
 
 template <typename F>
 auto Store::Guard(const std::string& what, F&& body) const -> decltype(body()) {
-  return GuardCall(path_, options_, what, std::forward<F>(body));
+  return GuardCall(path_, options_, options_.io_error_patience, what, std::forward<F>(body));
 }
 
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mode, StoreOptions options) {
@@ -573,7 +598,12 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mod
   } else if (mode == OpenMode::kReadOnly) {
     return Status::NotFound(path + " is empty, not a namm database");
   }
-  return GuardCall(path, options, "opening the database", [&]() -> Result<std::unique_ptr<Store>> {
+  return Connect(path, mode, std::move(options), std::chrono::seconds(0));
+}
+
+Result<std::unique_ptr<Store>> Store::Connect(const std::string& path, OpenMode mode, StoreOptions options,
+                                              std::chrono::seconds patience) {
+  return GuardCall(path, options, patience, "opening the database", [&]() -> Result<std::unique_ptr<Store>> {
     const int flags = mode == OpenMode::kReadOnly ? SQLite::OPEN_READONLY
                                                   : SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE;
     auto db = std::make_unique<SQLite::Database>(path, flags);
@@ -1272,7 +1302,34 @@ Result<std::unique_ptr<Store>> Store::OpenAnother() const {
   StoreOptions options = options_;
   options.before_commit = nullptr;
   options.checkpoint_elsewhere = true;  // the trainer's compaction checkpoints
-  return Store::Open(path_, OpenMode::kExisting, std::move(options));
+  // The file was checked when this connection opened it; a background connection that meets EMFILE or EIO waits.
+  return Connect(path_, OpenMode::kExisting, std::move(options), options_.io_error_patience);
+}
+
+Status Store::LockRun(int64_t run_id) {
+  if (run_id < 0) return Status::InvalidArgument("no run " + std::to_string(run_id));
+  if (run_lock_fd_ < 0) {
+    run_lock_fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    if (run_lock_fd_ < 0) return Status::IOError("cannot open " + path_ + " to lock run " + std::to_string(run_id) +
+                                                 ": " + std::strerror(errno));
+  }
+  // One byte per run at 2^62 + run id: beyond any file's end and SQLite's own lock bytes (at 2^30).
+  struct flock lock = {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = (off_t{1} << 62) + static_cast<off_t>(run_id);
+  lock.l_len = 1;
+  if (::fcntl(run_lock_fd_, F_OFD_SETLK, &lock) == 0) return Status::Ok();
+  const int error = errno;
+  if (error != EAGAIN && error != EACCES) {
+    return Status::IOError("cannot lock run " + std::to_string(run_id) + " of " + path_ + ": " + std::strerror(error));
+  }
+  struct stat st = {};
+  const std::string identity = ::fstat(run_lock_fd_, &st) == 0 ? "device " + std::to_string(st.st_dev) + ", inode " +
+                                                                     std::to_string(st.st_ino)
+                                                               : "its identity unknown";
+  return Status::FailedPrecondition("another coordinator holds the lock on run " + std::to_string(run_id) + " of " +
+                                    path_ + " (the database file by any path naming it: " + identity + ")");
 }
 
 Status Store::DropSnapshotsConcurrently(int64_t run_id, const std::vector<int64_t>& ids) const {

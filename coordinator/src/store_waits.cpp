@@ -95,9 +95,15 @@ void StoreWaits::Record(const StoreWait& w) {
     o.seconds = w.seconds;
     if (WarnNow(w.seconds, o.warned_at)) {
       o.warned_at = w.seconds;
-      spdlog::warn("still waiting for the database after {:.0f} s ({}: {}; {} attempts): another connection or "
-                   "process holds its lock, or the disk is slow; retrying",
-                   w.seconds, w.what, w.error, w.retries);
+      // A lock (BUSY, LOCKED, PROTOCOL) is another connection's or a slow disk's; an I/O error, a full disk or a
+      // file that cannot be opened is the disk's or the process's (retried up to --io-error-patience).
+      const bool lock_wait = w.error.find("SQLITE_BUSY") != std::string::npos ||
+                             w.error.find("SQLITE_LOCKED") != std::string::npos ||
+                             w.error.find("SQLITE_PROTOCOL") != std::string::npos;
+      spdlog::warn("still waiting for the database after {:.0f} s ({}: {}; {} attempts): {}; retrying", w.seconds,
+                   w.what, w.error, w.retries,
+                   lock_wait ? "another connection or process holds its lock, or the disk is slow"
+                             : "the disk fails (full, an I/O error) or the process cannot open more files");
     }
   } else {
     ongoing_.erase(self);

@@ -55,19 +55,38 @@ WorkerService::WorkerService(ServiceConfig config, SchedulerOptions scheduler, S
     : config_(std::move(config)), hooks_(std::move(hooks)), scheduler_(scheduler), lockout_(LockoutOptions(config_)) {}
 
 bool WorkerService::Log(const ProgressEntries& entries) {
-  if (!hooks_.log || entries.empty()) return true;
-  if (!journal_error_.ok()) return false;  // the run stops at its next tick; nothing more is journaled meanwhile
-  if (const Status s = hooks_.log(entries); !s.ok()) {
-    spdlog::error("progress log: {} (what it misses is lost if the coordinator restarts)", s.ToString());
-    if (journal_error_.ok()) journal_error_ = s;
+  if (!hooks_.log || (entries.empty() && unjournaled_leases_.empty())) return true;
+  // Leases first, in the order they were handed out and ended: a lease's end never precedes its issue.
+  ProgressEntries all = unjournaled_leases_;
+  all.leases_issued.insert(all.leases_issued.end(), entries.leases_issued.begin(), entries.leases_issued.end());
+  all.leases_ended.insert(all.leases_ended.end(), entries.leases_ended.begin(), entries.leases_ended.end());
+  all.evaluations = entries.evaluations;
+  all.references = entries.references;
+  if (const Status s = hooks_.log(all); !s.ok()) {
+    ++journal_failures_;
+    ++journal_failing_since_;
+    // Lease records wait: without them a restarted coordinator only leases those prompts again (duplicate work),
+    // while results must be refused, for their worker to keep them and send them again.
+    unjournaled_leases_.leases_issued = std::move(all.leases_issued);
+    unjournaled_leases_.leases_ended = std::move(all.leases_ended);
+    const auto now = Clock::now();
+    if (now - journal_warned_ >= std::chrono::seconds(10)) {  // a disk failing in bursts: a line per 10 s
+      journal_warned_ = now;
+      journal_failure_logged_ = true;
+      spdlog::error("progress log: {} ({} failed appends in a row; reports are refused and sent again by their "
+                    "workers, and {} lease records wait, until an append goes through)",
+                    s.ToString(), journal_failing_since_,
+                    unjournaled_leases_.leases_issued.size() + unjournaled_leases_.leases_ended.size());
+    }
     return false;
   }
+  if (journal_failing_since_ > 0 && journal_failure_logged_) {
+    spdlog::info("progress log: appends go through again after {} failed", journal_failing_since_);
+  }
+  journal_failing_since_ = 0;
+  journal_failure_logged_ = false;
+  unjournaled_leases_ = ProgressEntries();
   return true;
-}
-
-Status WorkerService::JournalStatus() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return journal_error_;
 }
 
 int64_t WorkerService::ReserveLeases(const std::vector<LeaseRecord>& leases) {
@@ -168,12 +187,7 @@ class WorkerService::LeaseStream final : public grpc::ServerWriteReactor<v1::Wor
       return;
     }
     if (!service_.scheduler_.HasCancelled(id_) && !service_.scheduler_.HasWorkFor(id_)) return;
-    // Leases that could not be logged are not sent: they expire and run elsewhere.
-    if (!service_.FillBatch(id_, *session_, &batch_)) {
-      for (const v1::CandidateParameters& p : batch_.parameters()) session_->params_sent.erase({p.generation(), p.candidate()});
-      batch_.clear_leases();
-      batch_.clear_parameters();
-    }
+    service_.FillBatch(id_, *session_, &batch_);
     if (batch_.leases_size() == 0 && batch_.cancelled_lease_ids_size() == 0) return;
     writing_ = true;
     HandedToGrpc(this);
@@ -329,6 +343,8 @@ ServiceCounters WorkerService::counters() const {
   }
   c.refused = refused_;
   c.results_refused = results_refused_;
+  c.journal_failures = journal_failures_;
+  c.journal_failing = journal_failing_since_ > 0;
   for (std::size_t code = 0; code < refused_by_code_.size(); ++code) {
     if (const int64_t n = refused_by_code_[code]; n > 0) {
       c.refused_by_code[StatusCodeName(static_cast<StatusCode>(code))] = n;
@@ -412,7 +428,7 @@ grpc::Status WorkerService::Register(grpc::ServerContext* context, const v1::Reg
   return grpc::Status::OK;
 }
 
-bool WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
+void WorkerService::FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch) {
   for (uint64_t id : scheduler_.TakeCancelled(worker_id)) batch->add_cancelled_lease_ids(id);
   const Clock::time_point now = Clock::now();
   ProgressEntries issued;
@@ -443,7 +459,9 @@ bool WorkerService::FillBatch(const std::string& worker_id, Session& session, v1
       p->mutable_values()->Add(values.begin(), values.end());
     }
   }
-  return Log(issued);  // before the worker can see them: a restarted coordinator keeps them for it
+  // Before the worker can see them: a restarted coordinator keeps them for it. Sent even when the log cannot
+  // take them now (they wait in unjournaled_leases_): a restart meanwhile costs duplicate work, not results.
+  Log(issued);
 }
 
 grpc::ServerWriteReactor<v1::WorkBatch>* WorkerService::Leases(grpc::CallbackServerContext* context,

@@ -57,6 +57,8 @@ struct ServiceCounters {
   int64_t workers_draining = 0, workers_quarantined = 0;  // among them
   int64_t refused = 0;             // calls refused (authentication, validation, fingerprint)
   int64_t results_refused = 0;     // results and failures of reports that the coordinator did not take
+  int64_t journal_failures = 0;    // appends to the progress log that failed (retried: never a stop)
+  bool journal_failing = false;    // the last append failed
   std::map<std::string, int64_t> refused_by_code;  // gRPC status code name -> calls
   int64_t units_total = 0, units_done = 0, units_queued = 0, leases_active = 0;
   std::vector<AbandonedUnit> abandoned;  // prompts that failed on too many workers: the run drops them
@@ -94,9 +96,6 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   // Every stream ends with `end`; from now on registrations and reports are refused (UNAVAILABLE).
   void End(v1::WorkBatch::End end);
   ServiceCounters counters() const;
-  // The first failure to write the progress log (a full disk, an I/O error): nothing can be leased or
-  // acknowledged without it, so the run stops. OK while none.
-  Status JournalStatus() const;
 
   // gRPC handlers.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
@@ -141,11 +140,14 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   grpc::Status FindSession(const std::string& worker_id, std::shared_ptr<Session>* session, bool departed = false);
   // Why the worker's stream ends now, if it does (mu_ held).
   std::optional<v1::WorkBatch::End> StreamEnd(const std::string& worker_id) const;
-  // Fills `batch` with cancellations and as many leases as the worker has free slots; false when they could not
-  // be logged (mu_ held).
-  bool FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
-  // Appends to the progress log (mu_ held); false (logged) when it cannot.
+  // Fills `batch` with cancellations and as many leases as the worker has free slots (mu_ held).
+  void FillBatch(const std::string& worker_id, Session& session, v1::WorkBatch* batch);
+  // Appends to the progress log, after what earlier failures left behind (mu_ held); false when it cannot. A
+  // failure is counted and logged (at most every 10 s), never a stop: the disk may come back. Lease records that
+  // could not be written wait for the next append that can; results are the caller's to refuse.
   bool Log(const ProgressEntries& entries);
+  // Lease records (issued, ended) of the appends that failed, oldest first.
+  ProgressEntries unjournaled_leases_;
   // Every lease stream looks for work again (mu_ held).
   void WakeAll();
   // One worker's lease stream looks again (mu_ held).
@@ -163,7 +165,10 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   std::shared_ptr<const PhaseData> phase_;
   std::optional<v1::WorkBatch::End> end_;
   std::chrono::steady_clock::time_point last_wake_all_;  // ExpireLeases' once-a-second look at every stream
-  Status journal_error_;  // the first failed Log()
+  int64_t journal_failures_ = 0;  // failed appends to the progress log
+  int64_t journal_failing_since_ = 0;  // failures since the last append that went through (0: it works)
+  std::chrono::steady_clock::time_point journal_warned_;  // the last failure logged
+  bool journal_failure_logged_ = false;  // this run of failures was logged: so is its end
   std::vector<EvaluationRecord> evaluations_;  // accepted, not yet taken for the store
   std::vector<ReferenceResult> references_;
   AuthLockout lockout_;

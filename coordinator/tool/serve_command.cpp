@@ -45,6 +45,7 @@ struct ServeFlags {
   double max_dropped_share = 0.05;
   int heartbeat_ms = 2000;
   int store_interval_ms = 2000;
+  int io_error_patience_s = 600;
   int max_streams_per_peer = 256;
   int max_auth_failures_per_peer = 20;
   int max_message_bytes = 4 << 20;
@@ -68,12 +69,26 @@ bool IsDeviceName(const std::string& d) {
 }
 
 // The run of `spec` in `store`, resumed when the database holds it (the spec edited only where the trajectory
-// stays the same), else created; and its progress log, whose lock this process holds from before the trainer
-// touches the store: a second coordinator of the run stops here, naming the first.
+// stays the same), else created; the run's lock (Store::LockRun: the database file's, whatever path names it) and
+// its progress log, both held from before the trainer touches the store: a second coordinator of the run stops
+// here, naming the first.
 struct OpenedRun {
   std::unique_ptr<ProgressLog> log;
   std::unique_ptr<Trainer> trainer;  // goes first (background work included), then the lock
 };
+
+// Refused with who holds the run, as its progress log names them.
+Status LockRun(Store& store, const RunSpec& spec, int64_t run_id) {
+  const Status locked = store.LockRun(run_id);
+  if (locked.code() != Status::Code::kFailedPrecondition) {
+    return locked.ok() ? locked : locked.WithContext("run '" + spec.name + "' in " + store.path());
+  }
+  const std::string holder = progress_log_holder(progress_log_path(store.path(), run_id));
+  return Status::FailedPrecondition("run '" + spec.name + "' in " + store.path() +
+                                    ": another coordinator serves this run (" +
+                                    (holder.empty() ? std::string("its pid and host unknown") : holder) + "; " +
+                                    locked.message() + "): stop it first, or let it finish");
+}
 
 Result<OpenedRun> OpenRun(Store& store, const RunSpec& spec, const std::string& config,
                           const std::map<std::string, int64_t>& rows) {
@@ -93,11 +108,13 @@ Result<OpenedRun> OpenRun(Store& store, const RunSpec& spec, const std::string& 
       if (it == runs.end()) return created.status();
       stored = *it;
     } else {
+      NAMM_RETURN_IF_ERROR(LockRun(store, spec, *created));
       NAMM_ASSIGN_OR_RETURN(opened.log, ProgressLog::Open(progress_log_path(store.path(), *created)));
       NAMM_ASSIGN_OR_RETURN(opened.trainer, Trainer::Resume(store, *created, rows));
       return opened;
     }
   }
+  NAMM_RETURN_IF_ERROR(LockRun(store, spec, stored->id));
   Result<std::unique_ptr<ProgressLog>> log = ProgressLog::Open(progress_log_path(store.path(), stored->id));
   if (!log.ok()) return log.status().WithContext("run '" + spec.name + "' in " + store.path());
   opened.log = std::move(*log);
@@ -320,10 +337,11 @@ Status Serve(const ServeFlags& f) {
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(f.paths));
   NAMM_ASSIGN_OR_RETURN(PromptCosts costs, load_prompt_costs(spec.all_tasks(), paths));
   // Waits for the database (another process holding its lock, a slow disk) are retried for as long as they
-  // last, logged and counted; only a permanent error stops the run.
+  // last, I/O errors that can pass (EIO, a full disk, EMFILE) for --io-error-patience; each is logged and counted.
   StoreWaits store_waits;
   StoreOptions store_options;
   store_options.on_wait = store_waits.Observer();
+  store_options.io_error_patience = std::chrono::seconds(f.io_error_patience_s);
   store_options.checkpoint_elsewhere = true;  // the trainer's background compaction checkpoints
   NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(f.db, OpenMode::kCreate, store_options));
   NAMM_ASSIGN_OR_RETURN(OpenedRun run, OpenRun(*store, spec, f.config, row_counts(costs)));
@@ -455,6 +473,11 @@ void AddCommonOptions(CLI::App* cmd, ServeFlags& f) {
                   "How often accepted results are written to the database (default 2000; they are in the "
                   "progress log beside it at once)")
       ->check(CLI::Range(10, 600000));
+  cmd->add_option("--io-error-patience", f.io_error_patience_s,
+                  "Seconds the database's I/O errors that can pass (EIO, a full disk, too many open files) are "
+                  "retried before the run stops (default 600; the progress log's are retried for as long as they "
+                  "last; a stop signal takes effect when a wait ends)")
+      ->check(CLI::Range(0, 86400 * 7));
   cmd->add_option("--max-message-bytes", f.max_message_bytes,
                   "Largest message accepted from a worker (default 4 MiB; a report of 1,024 prompts with statistics "
                   "is about 0.4 MiB)")

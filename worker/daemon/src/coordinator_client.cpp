@@ -53,7 +53,37 @@ bool Fatal(grpc::StatusCode code) {
          code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::PERMISSION_DENIED;
 }
 
+// Reports of one lease failing in a row with a status the protocol gives no reason for, before it is given up.
+constexpr int kMaxUnexplainedReportFailures = 20;
+
+bool Unexplained(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
+         code == grpc::StatusCode::DATA_LOSS;
+}
+
 }  // namespace
+
+ReportHandling report_handling(int code, const std::string& message, int sent) {
+  switch (static_cast<grpc::StatusCode>(code)) {
+    case grpc::StatusCode::OK:
+      return ReportHandling::kTaken;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // gRPC's size limit ("Received message larger than max (N vs. M)") or the coordinator's: an address locked
+      // out after failed authentications, too many streams from one address, which pass within a minute.
+      if (message.find("larger than max") == std::string::npos) return ReportHandling::kRetry;
+      return sent > 1 ? ReportHandling::kSplit : ReportHandling::kDrop;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return ReportHandling::kDrop;
+    case grpc::StatusCode::NOT_FOUND:          // the session is gone (a restarted coordinator)
+    case grpc::StatusCode::UNAUTHENTICATED:    // the secret changed
+    case grpc::StatusCode::PERMISSION_DENIED:  // a client certificate refused
+    case grpc::StatusCode::FAILED_PRECONDITION:  // the protocol or the model no longer match
+      return ReportHandling::kReconnect;
+    default:  // UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, ABORTED, INTERNAL, UNKNOWN, DATA_LOSS, ...
+      return ReportHandling::kRetry;
+  }
+}
 
 struct WorkerClient::Impl {
   Impl(WorkerClientOptions o, LeaseExecutor& e) : options(std::move(o)), executor(e) {}
@@ -582,13 +612,11 @@ void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lea
   // result alone larger than the coordinator accepts.
   const int sent = request.results_size();
   const grpc::StatusCode code = s.error_code();
-  const bool too_large = code == grpc::StatusCode::RESOURCE_EXHAUSTED && sent > 1;
-  const bool never = code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::UNIMPLEMENTED ||
-                     (code == grpc::StatusCode::RESOURCE_EXHAUSTED && !too_large);
-  if (!s.ok() && !never) {
+  const ReportHandling handling = report_handling(static_cast<int>(code), s.error_message(), sent);
+  if (handling != ReportHandling::kTaken && handling != ReportHandling::kDrop) {
     // The session may be gone or no longer good (a restarted coordinator, a changed secret): registering again
     // tells which leases it still wants.
-    if (code == grpc::StatusCode::NOT_FOUND || Fatal(code)) Reconnect(s.error_message());
+    if (handling == ReportHandling::kReconnect) Reconnect(s.error_message());
     if (h == nullptr) return;
     v1::ReportRequest& unsent = outbox[lease];  // keep them, before whatever finished meanwhile
     v1::ReportRequest again = std::move(request);
@@ -598,13 +626,20 @@ void WorkerClient::Impl::Report(std::unique_lock<std::mutex>& lock, uint64_t lea
     for (const v1::PromptFailure& f : unsent.failures()) *again.add_failures() = f;
     again.set_lease_done(again.lease_done() || unsent.lease_done());
     unsent = std::move(again);
-    if (too_large) {
+    if (handling == ReportHandling::kSplit) {
       report_limit[lease] = std::max(1, sent / 2);
       spdlog::warn("report for lease {} too large for the coordinator ({}): sent again {} results at a time", lease,
                    s.error_message(), report_limit[lease]);
       return;
     }
     const int failures = ++report_failures[lease];
+    if (Unexplained(code) && failures >= kMaxUnexplainedReportFailures) {
+      spdlog::error("report for lease {} failed {} times in a row ({}): the lease is given up, its {} results "
+                    "dropped; the coordinator runs its prompts elsewhere once it expires",
+                    lease, failures, s.error_message(), unsent.results_size());
+      Metrics([](WorkerMetrics& w) { w.Error(WorkerError::kReport); });
+      return Forget(lease);
+    }
     retry_after[lease] = Clock::now() + std::min(kReportInterval * (1 << std::min(failures - 1, 4)), kReportBackoffMax);
     if (failures == 1 || failures % 10 == 0) {
       spdlog::warn("report for lease {} not taken ({}); its {} results are kept and sent again", lease,

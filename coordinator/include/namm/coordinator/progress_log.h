@@ -5,9 +5,10 @@
 // run loop stores results in the database in batches; a restarted coordinator reads the log back, stores the
 // results it holds and keeps the leases still open for their workers. Truncated once a generation is committed.
 //
-// One coordinator per run: Open() takes an exclusive lock on the file (flock; the kernel releases it when the
-// process ends, however it ends) and writes who holds it into the header, so that a second coordinator of the
-// same run is refused at once with the first one's pid and host instead of truncating its log.
+// One coordinator per run: Store::LockRun() decides, by the database file's identity; Open() also takes an
+// exclusive lock on the log (flock; the kernel releases it when the process ends, however it ends) and writes who
+// holds it into the header, so that a second coordinator of the same run is refused at once with the first one's
+// pid and host instead of truncating its log.
 //
 // File: "NAMMPLOG", a version (2), the holder (128 bytes: "pid P on HOST since TIME", zero-padded; version 1,
 // written by older builds, has none), then records of (payload length, CRC-32 of the payload, payload). Reading
@@ -54,8 +55,10 @@ struct ProgressEntries {
   }
 };
 
-// The progress log of run `run_id` of the database at `db`.
+// The progress log of run `run_id` of the database at `db`: beside the file `db` names after symbolic links.
 std::string progress_log_path(const std::string& db, int64_t run_id);
+// Who holds the progress log at `path`, as its header names them ("pid P on HOST since TIME"; "" when unknown).
+std::string progress_log_holder(const std::string& path);
 
 class ProgressLog {
  public:

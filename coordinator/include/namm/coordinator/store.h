@@ -12,10 +12,12 @@
 //
 // Contention: a call that meets a transient error (another connection holds a lock it needs: SQLITE_BUSY,
 // SQLITE_LOCKED, or a WAL race, SQLITE_PROTOCOL) rolls its transaction back and tries again, with backoff, for as
-// long as it takes; StoreOptions::on_wait hears of each such wait. Only a permanent error (disk full, an I/O
-// error, corruption, a foreign file, a constraint) is returned, its SQLite error named. The database's write lock
-// is never held while waiting for another of this process's connections, and checkpoints never wait for readers
-// (docs/coordinator.md, "The store under contention").
+// long as it takes; StoreOptions::on_wait hears of each such wait. Errors that can pass (an I/O error, a full disk
+// that is freed, a process out of file descriptors: SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN) are retried the
+// same way for up to StoreOptions::io_error_patience, then returned. Permanent errors (corruption, a foreign file,
+// a constraint) are returned at once, their SQLite error named. The database's write lock is never held while
+// waiting for another of this process's connections, and checkpoints never wait for readers (docs/coordinator.md,
+// "The store under contention" and "Transient I/O errors").
 #pragma once
 
 #include <chrono>
@@ -73,6 +75,10 @@ struct StoreOptions {
   // The trainer's connection leaves checkpoints (copying the WAL into the database) to Checkpoint() on another
   // connection, so that its commits never pay for them (SQLite's automatic checkpoint runs in the committing call).
   bool checkpoint_elsewhere = false;
+  // How long a call retries SQLITE_IOERR, SQLITE_FULL and SQLITE_CANTOPEN before returning them (0: at once). Not
+  // for Open(), whose first connection fails at once (a missing directory, a file that is not readable), only for
+  // the calls after it and the connections the store opens for background work.
+  std::chrono::seconds io_error_patience{0};
 };
 
 // The work recorded for one generation, from its evaluations.
@@ -97,6 +103,13 @@ class Store final : public TrainingStore {
 
   const std::string& path() const { return path_; }
   int schema_version() const;
+
+  // Takes this process's lock on run `run_id` of the database file: an open-file-description lock on one byte of
+  // the file (far past SQLite's lock bytes), so that the file's identity decides, not the path naming it (a
+  // symbolic or hard link finds the same lock). Held until the store is destroyed, or the process ends however it
+  // ends. FailedPrecondition when another process (or another Store of this one) holds it. Local file systems
+  // only, as SQLite's WAL mode is (docs/coordinator.md, "One coordinator per run").
+  Status LockRun(int64_t run_id);
 
   // Runs. CreateRun writes the run, its stages and the initial state as its latest checkpoint.
   Result<int64_t> CreateRun(const NewRun& run) override;
@@ -177,11 +190,15 @@ class Store final : public TrainingStore {
   // Runs `body` (one transaction, or reads) again after each transient error until it goes through (store.cpp).
   template <typename F>
   auto Guard(const std::string& what, F&& body) const -> decltype(body());
+  // A connection to the file at `path`, opened (SQLite errors that can pass retried for `patience`) and migrated.
+  static Result<std::unique_ptr<Store>> Connect(const std::string& path, OpenMode mode, StoreOptions options,
+                                                std::chrono::seconds patience);
   // Another connection to the file, for a background thread.
   Result<std::unique_ptr<Store>> OpenAnother() const;
   std::string path_;
   std::unique_ptr<SQLite::Database> db_;
   StoreOptions options_;
+  int run_lock_fd_ = -1;  // LockRun()'s descriptor of the file; closed after db_ (closing it drops SQLite's locks)
 };
 
 }  // namespace namm::coordinator

@@ -100,6 +100,20 @@ struct WorkerClientStats {
   int64_t refused = 0;  // results and failures the coordinator did not take (ReportResponse.refused)
 };
 
+// What the worker does with a report the coordinator answered with gRPC status `code` (its `message`), `sent`
+// results in it: one deliberate handling per status (docs/distribution.md, "A report is never lost by the
+// worker"). Results are idempotent, so whatever is not known taken or never takeable is kept.
+enum class ReportHandling {
+  kTaken,      // OK: the results leave the outbox (the answer names those it refused, with their reasons)
+  kRetry,      // kept, sent again with backoff; a lease whose reports fail this way without a reason the protocol
+               // names (INTERNAL, UNKNOWN, DATA_LOSS) 20 times in a row is given up (logged): it expires and runs
+               // elsewhere instead of being retried forever
+  kSplit,      // more than gRPC lets the coordinator receive: sent again in halves
+  kReconnect,  // kept; the worker registers again first (its session is gone, or its secret or model refused)
+  kDrop,       // can never be taken (malformed, not understood, one result over the size limit): logged, dropped
+};
+ReportHandling report_handling(int code, const std::string& message, int sent);
+
 class WorkerClient {
  public:
   WorkerClient(WorkerClientOptions options, LeaseExecutor& executor);
