@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "namm/coordinator/auth_lockout.h"
+#include "namm/auth_lockout.h"
 #include "namm/coordinator/lease_scheduler.h"
 #include "namm/coordinator/store.h"
 #include "namm/v1/coordinator.grpc.pb.h"

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "api_metrics.h"
+#include "namm/auth_lockout.h"
 #include "namm/file_util.h"
 #include "namm/listen_address.h"
 #include "namm/worker/llama_model.h"
@@ -185,6 +186,13 @@ struct ApiServer::Impl {
   int port = 0;
   std::string url;
 
+  // Addresses that keep presenting wrong API keys: 429 for a minute after 20 in a minute (a valid key still passes).
+  AuthLockout lockout{[] {
+    AuthLockout::Options o;
+    o.callers = "API clients";
+    return o;
+  }()};
+
   std::atomic<bool> draining{false};  // no new connections; new requests get 503
   std::atomic<bool> stopping{false};  // every socket operation ends
   std::atomic<int64_t> in_flight{0};  // completion requests being answered
@@ -297,18 +305,20 @@ struct ApiServer::Impl {
     beast::error_code ec;
     socket.non_blocking(true, ec);
     socket.set_option(tcp::no_delay(true), ec);
+    const tcp::endpoint remote = socket.remote_endpoint(ec);
+    const std::string peer = ec ? std::string("unknown") : remote.address().to_string();
     TimedSocket timed(socket, idle_timeout, stopping);
-    if (!tls) return ServeRequests(timed, timed, socket.native_handle());
+    if (!tls) return ServeRequests(timed, timed, socket.native_handle(), peer);
     timed.set_deadline(Clock::now() + idle_timeout);
     ssl::stream<TimedSocket> stream(timed, *tls);
     stream.handshake(ssl::stream_base::server, ec);
     if (ec) return;  // not TLS, a certificate refused, or too slow
-    ServeRequests(stream, stream.next_layer(), socket.native_handle());
+    ServeRequests(stream, stream.next_layer(), socket.native_handle(), peer);
   }
 
-  // `timed` is the socket under `stream` (the stream itself without TLS).
+  // `timed` is the socket under `stream` (the stream itself without TLS); `peer` the client's address.
   template <class Stream>
-  void ServeRequests(Stream& stream, TimedSocket& timed, int fd) {
+  void ServeRequests(Stream& stream, TimedSocket& timed, int fd, const std::string& peer) {
     beast::flat_buffer buffer;
     while (!stopping.load()) {
       http::request_parser<http::string_body> parser;
@@ -323,6 +333,9 @@ struct ApiServer::Impl {
         return;
       }
       if (ec) return;  // closed, idle, or not HTTP
+      // The key is checked on the headers: a client without one is answered before a 100 Continue or any of its
+      // body is read (the connection then closes, the body unread).
+      if (!Authorized(parser.get())) return RefuseKey(stream, parser.get(), peer);
       if (parser.get().version() == 11 && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
         http::response<http::empty_body> go_on{http::status::continue_, 11};
         http::write(stream, go_on, ec);
@@ -367,12 +380,6 @@ struct ApiServer::Impl {
     if (path.rfind("/v1/", 0) != 0) {
       return Reply(stream, request, "other", Error(404, "no such endpoint: " + path), request.keep_alive());
     }
-    if (!Authorized(request)) {
-      return Reply(stream, request, "auth",
-                   Error(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'", "",
-                         "invalid_api_key"),
-                   request.keep_alive());
-    }
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
       if (!get) return Reply(stream, request, "models", Error(405, "use GET " + path), request.keep_alive(), {{"Allow", "GET"}});
       if (path == "/v1/models") {
@@ -398,15 +405,40 @@ struct ApiServer::Impl {
     return Complete(stream, fd, request, completions ? Endpoint::kCompletions : Endpoint::kChatCompletions, endpoint);
   }
 
+  // Whether the request may go on: /health and /metrics need no key; /v1/ needs one of --api-keys (if any) as
+  // "Authorization: Bearer KEY", the scheme in any case (RFC 9110: case-insensitive).
   bool Authorized(const Request& request) const {
-    if (api_keys.empty()) return true;
-    const std::string header(request[http::field::authorization]);
-    const std::string scheme = "Bearer ";
-    if (header.size() <= scheme.size() || header.compare(0, scheme.size(), scheme) != 0) return false;
-    const std::string key = header.substr(scheme.size());
+    if (api_keys.empty() || request.target().substr(0, 4) != "/v1/") return true;
+    const beast::string_view header = request[http::field::authorization];
+    const std::size_t space = header.find(' ');
+    if (space == beast::string_view::npos || !beast::iequals(header.substr(0, space), "bearer")) return false;
+    const std::size_t start = header.find_first_not_of(' ', space);
+    if (start == beast::string_view::npos) return false;
+    const std::string key(header.substr(start));
     bool match = false;
     for (const std::string& k : api_keys) match = SameKey(k, key) || match;  // every key compared
     return match;
+  }
+
+  // A request without a valid key: 401, or 429 once its address failed 20 times within a minute (for a minute;
+  // AuthLockout). The connection closes: its body, if any, was not read.
+  template <class Stream>
+  void RefuseKey(Stream& stream, const Request& request, const std::string& peer) {
+    const bool missing = request[http::field::authorization].empty();
+    const AuthLockout::Verdict v =
+        lockout.Failed(peer, missing ? "no API key" : "a wrong API key", AuthLockout::Clock::now());
+    if (!v.warning.empty()) spdlog::warn("namm-api: {}", v.warning);
+    if (v.locked_out) {
+      (void)Reply(stream, request, "auth",
+                  Error(429, "too many requests without a valid API key from " + peer + "; refused for a minute", "",
+                        "rate_limit_exceeded"),
+                  false, {{"Retry-After", "60"}});
+      return;
+    }
+    (void)Reply(stream, request, "auth",
+                Error(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'", "",
+                      "invalid_api_key"),
+                false);
   }
 
   // Whether a request may name `spec` (of `family`) besides the server's own (ApiServerOptions::allowed_policies).

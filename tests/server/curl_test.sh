@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# namm-api driven by curl on stories260K: the README's example, a stream, health and metrics (promtool), an API
-# key, TLS, and SIGTERM draining a stream that is still running (it completes, then the server exits 0).
+# namm-api driven by curl on stories260K: the README's example, a stream, health and metrics (promtool), API keys
+# (any-case scheme, 401 before a 100 Continue, 429 after repeated failures), TLS, and SIGTERM draining a stream
+# that is still running (it completes, then the server exits 0).
 # Usage: curl_test.sh NAMM_API STORIES260K_DIR
 set -euo pipefail
 API=$1
@@ -137,6 +138,46 @@ print(round(time.time() - start, 1))
 PY
 )
 python3 -c "import sys; sys.exit(0 if float('$elapsed') < 3 else 1)" || fail "a trickling request held its connection $elapsed s"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+
+echo "== API keys: 'Bearer' in any case; no key and Expect: 100-continue: 401 before any body; then 429 for a minute"
+printf 'sk-a\n' > "$work/keys_a"
+start --api-keys "$work/keys_a"
+for header in 'Authorization: bearer sk-a' 'Authorization: BEARER   sk-a'; do
+  code=$(curl -sS -o /dev/null -w '%{http_code}' -H "$header" "$URL/v1/models")
+  [ "$code" = 200 ] || fail "'$header' gave $code"
+done
+early=$(python3 - "$URL" <<'PY'
+import socket, sys, urllib.parse
+url = urllib.parse.urlparse(sys.argv[1])
+s = socket.create_connection((url.hostname, url.port), timeout=5)
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Expect: 100-continue\r\nContent-Length: 1000000\r\n\r\n")  # the body is never sent
+reply = b""
+try:
+    while chunk := s.recv(65536):
+        reply += chunk
+except socket.timeout:
+    pass
+print(reply.split(b"\r\n")[0].decode(), "continue" if b"100 Continue" in reply else "no-continue")
+PY
+)
+[ "$early" = "HTTP/1.1 401 Unauthorized no-continue" ] || fail "no key with Expect: 100-continue: $early"
+codes=""
+for _ in $(seq 25); do
+  codes="$codes $(curl -sS -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer wrong' "$URL/v1/models")"
+done
+echo "   wrong keys: $codes"
+case "$codes" in " 401"*" 429") ;; *) fail "wrong keys gave: $codes" ;; esac
+echo "$codes" | grep -q '429.*401' && fail "a 401 after a 429: $codes"
+curl -sS -D "$work/headers" -o "$work/body" -H 'Authorization: Bearer wrong' "$URL/v1/models" > /dev/null
+grep -qi '^Retry-After: 60' "$work/headers" || fail "429 without Retry-After: $(cat "$work/headers")"
+[ "$(json 'd["error"]["code"]' < "$work/body")" = rate_limit_exceeded ] || fail "429 body: $(cat "$work/body")"
+code=$(curl -sS -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-a' "$URL/v1/models")
+[ "$code" = 200 ] || fail "a valid key from the locked-out address gave $code"
+code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/health")
+[ "$code" = 200 ] || fail "/health needs no key, gave $code"
 kill -TERM "$PID"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 

@@ -4,8 +4,9 @@
 //   GET  /v1/models, /v1/models/{id}
 //   GET  /health    200 {"status": "ok", ...}, 503 while draining
 //   GET  /metrics   Prometheus text exposition
-// With API keys, every /v1/ request needs "Authorization: Bearer KEY" (401 otherwise); /health and /metrics stay
-// open, as scrapers and load balancers expect.
+// With API keys, every /v1/ request needs "Authorization: Bearer KEY" (the scheme in any case; 401 otherwise,
+// answered on the headers, before any body or 100 Continue; 429 for a minute to an address with 20 failures in a
+// minute); /health and /metrics stay open, as scrapers and load balancers expect.
 //
 // Limits, each answered with an OpenAI error object: a body over max_body_bytes (413), a prompt over
 // max_prompt_tokens or max_tokens over its limit or the context (400 naming the limit), a full queue (429 with

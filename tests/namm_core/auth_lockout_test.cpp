@@ -1,10 +1,10 @@
-#include "namm/coordinator/auth_lockout.h"
+#include "namm/auth_lockout.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace namm::coordinator {
+namespace namm {
 namespace {
 
 using Clock = AuthLockout::Clock;
@@ -54,7 +54,7 @@ TEST(AuthLockout, WarningsAreRateLimitedAndCountWhatTheyLeftOut) {
   o.max_failures = 0;  // no lockout: only the warnings
   AuthLockout lockout(o);
   const Clock::time_point t0;
-  EXPECT_NE(lockout.Failed("a", "wrong secret", t0).warning.find("refused a worker call: a: wrong secret"),
+  EXPECT_NE(lockout.Failed("a", "wrong secret", t0).warning.find("refused a call of workers: a: wrong secret"),
             std::string::npos);
   for (int i = 1; i < 500; ++i) EXPECT_TRUE(lockout.Failed("a", "wrong secret", t0 + milliseconds(i)).warning.empty());
   const std::string next = lockout.Failed("b", "no secret", t0 + milliseconds(1000)).warning;
@@ -63,4 +63,4 @@ TEST(AuthLockout, WarningsAreRateLimitedAndCountWhatTheyLeftOut) {
 }
 
 }  // namespace
-}  // namespace namm::coordinator
+}  // namespace namm

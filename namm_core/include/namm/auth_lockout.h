@@ -1,10 +1,10 @@
-// The coordinator's standing of peer addresses that present a wrong shared secret (WorkerService::Authenticate).
+// The standing of peer addresses that present a wrong secret: the coordinator's workers (WorkerService::
+// Authenticate, refused with RESOURCE_EXHAUSTED) and namm-api's clients (a wrong API key, refused with 429).
 //
 // An address with `max_failures` failed authentications within `window` is locked out for `lockout`: its calls
-// with a wrong or missing secret are then refused at once (RESOURCE_EXHAUSTED). A call with the right secret is
-// never refused, so that workers sharing an address with a guesser (behind NAT, on one host) keep working; the
-// secret's length (16 printable characters at least) is what stops guessing, the lockout spares the coordinator
-// the work and the logs. The table is bounded: an entry expires once its window and lockout are over, and at most
+// with a wrong or missing secret are then refused at once. A call with the right secret is never refused, so that
+// clients sharing an address with a guesser (behind NAT, on one host) keep working; the secret's length is what
+// stops guessing, the lockout spares the server the work and the logs. The table is bounded: an entry expires once its window and lockout are over, and at most
 // `max_addresses` are kept (the stalest goes first), so that a flood of addresses cannot grow memory. Warnings
 // are rate-limited: at most one per `warn_interval`, saying how many were left out. Thread-safe; the caller's
 // clock.
@@ -17,7 +17,7 @@
 #include <mutex>
 #include <string>
 
-namespace namm::coordinator {
+namespace namm {
 
 class AuthLockout {
  public:
@@ -27,6 +27,7 @@ class AuthLockout {
     Clock::duration window = std::chrono::minutes(1), lockout = std::chrono::minutes(1);
     std::size_t max_addresses = 4096;
     Clock::duration warn_interval = std::chrono::seconds(1);
+    std::string callers = "workers";  // who calls, for the warnings ("clients")
   };
   struct Verdict {
     bool locked_out = false;  // refuse with RESOURCE_EXHAUSTED (else UNAUTHENTICATED)
@@ -57,4 +58,4 @@ class AuthLockout {
   int64_t unwarned_ = 0;  // failures left out of the log since the last warning
 };
 
-}  // namespace namm::coordinator
+}  // namespace namm

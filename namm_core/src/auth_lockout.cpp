@@ -1,8 +1,8 @@
-#include "namm/coordinator/auth_lockout.h"
+#include "namm/auth_lockout.h"
 
 #include <algorithm>
 
-namespace namm::coordinator {
+namespace namm {
 
 AuthLockout::Verdict AuthLockout::Failed(const std::string& address, const std::string& why, Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -33,8 +33,8 @@ AuthLockout::Verdict AuthLockout::Failed(const std::string& address, const std::
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(options_.lockout).count();
     // This call is an ordinary failure; the lockout starts with the next. Always logged: once per lockout.
     v.warning = address + " failed authentication " + std::to_string(e.failures) + " times: its calls without "
-                "the right secret are refused for " + std::to_string(seconds) + " s (workers presenting it are "
-                "not affected)";
+                "the right secret are refused for " + std::to_string(seconds) + " s (" + options_.callers +
+                " presenting it are not affected)";
     return v;
   }
   v.warning = Warn(address + ": " + why, now);
@@ -63,7 +63,7 @@ std::string AuthLockout::Warn(const std::string& message, Clock::time_point now)
     ++unwarned_;
     return "";
   }
-  std::string out = "refused a worker call: " + message;
+  std::string out = "refused a call of " + options_.callers + ": " + message;
   if (unwarned_ > 0) out += " (and " + std::to_string(unwarned_) + " more authentication failures not logged)";
   warned_ = true;
   last_warning_ = now;
@@ -71,4 +71,4 @@ std::string AuthLockout::Warn(const std::string& message, Clock::time_point now)
   return out;
 }
 
-}  // namespace namm::coordinator
+}  // namespace namm
