@@ -48,6 +48,10 @@ struct ApiMetrics::Impl {
   prometheus::Family<prometheus::Counter>& dropped = prometheus::BuildCounter()
       .Name("namm_api_requests_dropped_total").Help("Requests ended early: their client disconnected, or out of time")
       .Register(registry);
+  prometheus::Family<prometheus::Counter>& closed = prometheus::BuildCounter()
+      .Name("namm_api_connections_closed_total")
+      .Help("Idle connections closed to make room for a new one, by which limit was full")
+      .Register(registry);
   prometheus::Family<prometheus::Gauge>& info = prometheus::BuildGauge()
       .Name("namm_api_info").Help("The model and default memory policy served, and the namm version").Register(registry);
 };
@@ -81,6 +85,10 @@ void ApiMetrics::Finished(const CompletionOutcome& outcome, double seconds) {
 
 void ApiMetrics::Dropped(bool timed_out) {
   impl_->dropped.Add({{"reason", timed_out ? "timeout" : "disconnected"}}).Increment();
+}
+
+void ApiMetrics::ConnectionClosedForRoom(bool per_address) {
+  impl_->closed.Add({{"limit", per_address ? "per_address" : "total"}}).Increment();
 }
 
 std::string ApiMetrics::Exposition() const {

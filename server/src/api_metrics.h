@@ -24,6 +24,8 @@ class ApiMetrics {
   void TokenLatency(double seconds);  // between successive tokens of a request
   void Finished(const CompletionOutcome& outcome, double seconds);
   void Dropped(bool timed_out);  // cancelled by its client (a disconnect), or out of time
+  // An idle connection closed for a new one: its address's limit was full, or the server's.
+  void ConnectionClosedForRoom(bool per_address);
   // The text exposition of every metric.
   std::string Exposition() const;
 

@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -202,6 +203,12 @@ struct ApiServer::Impl {
   struct Connection {
     std::thread thread;
     std::atomic<bool> done{false};
+    std::string peer;  // the client's address
+    int fd = -1;       // its socket while open (connections_mutex; -1 once its thread closes it)
+    bool evicted = false;  // shut down to make room (connections_mutex): no longer counted
+    // Waiting for a request (or its headers, or a TLS handshake), and since when: what a full table closes first.
+    std::atomic<bool> idle{true};
+    std::atomic<int64_t> idle_since{0};  // steady-clock nanoseconds
   };
   std::mutex connections_mutex;  // guards connections
   std::list<std::unique_ptr<Connection>> connections;
@@ -223,19 +230,29 @@ struct ApiServer::Impl {
         if (ec != asio::error::would_block && ec != asio::error::try_again) std::this_thread::sleep_for(kPollSlice);
         continue;
       }
+      const tcp::endpoint remote = socket->remote_endpoint(ec);
+      const std::string peer = ec ? std::string("unknown") : remote.address().to_string();
       std::lock_guard<std::mutex> lock(connections_mutex);
-      if (connections.size() >= options.max_connections) {
-        RefuseConnection(*socket);
+      if (!MakeRoom(peer)) {
+        RefuseConnection(*socket, peer);
         continue;
       }
       connections.push_back(std::make_unique<Connection>());
       Connection* connection = connections.back().get();
+      connection->peer = peer;
+      connection->fd = socket->native_handle();
+      connection->idle_since.store(Clock::now().time_since_epoch().count());
       try {
         connection->thread = std::thread([this, connection, s = std::move(socket)]() mutable {
           try {
-            Serve(*s);
+            Serve(*s, *connection);
           } catch (const std::exception& e) {
             spdlog::warn("namm-api: connection ended: {}", e.what());
+          }
+          {
+            // Before the descriptor can be reused: MakeRoom() shuts sockets down by it.
+            std::lock_guard<std::mutex> closing(connections_mutex);
+            connection->fd = -1;
           }
           CloseGracefully(*s);
           connection->done.store(true);
@@ -285,12 +302,39 @@ struct ApiServer::Impl {
     socket.close(ec);
   }
 
-  // Over max_connections: a 503 in plain HTTP (a TLS client sees a failed handshake), then close.
-  void RefuseConnection(tcp::socket& socket) {
+  // Whether a connection from `peer` may open (connections_mutex held): over --max-connections-per-address its
+  // address's oldest idle connection is closed, over --max-connections the oldest idle one of all; false when
+  // there is none to close (every connection is busy with a request).
+  bool MakeRoom(const std::string& peer) {
+    std::size_t open = 0, from_peer = 0;
+    for (const auto& c : connections) {
+      if (c->evicted || c->fd < 0) continue;
+      ++open;
+      from_peer += c->peer == peer ? 1 : 0;
+    }
+    const bool peer_full = options.max_connections_per_address > 0 && from_peer >= options.max_connections_per_address;
+    if (!peer_full && open < options.max_connections) return true;
+    Connection* oldest = nullptr;
+    for (const auto& c : connections) {
+      if (c->evicted || c->fd < 0 || !c->idle.load() || (peer_full && c->peer != peer)) continue;
+      if (oldest == nullptr || c->idle_since.load() < oldest->idle_since.load()) oldest = c.get();
+    }
+    if (oldest == nullptr) return false;
+    ::shutdown(oldest->fd, SHUT_RDWR);  // its thread's read ends at once; the thread closes the socket
+    oldest->evicted = true;
+    if (metrics) metrics->ConnectionClosedForRoom(peer_full);
+    return true;
+  }
+
+  // No room (every connection busy): a 503 in plain HTTP (a TLS client sees a failed handshake), then close.
+  void RefuseConnection(tcp::socket& socket, const std::string& peer) {
     beast::error_code ec;
     socket.non_blocking(true, ec);
-    const ApiError error = Error(503, "the server has " + std::to_string(options.max_connections) +
-                                          " connections open, its limit (--max-connections); retry later");
+    const ApiError error = Error(503, "the server has no room for another connection from " + peer +
+                                          " (--max-connections " + std::to_string(options.max_connections) +
+                                          ", --max-connections-per-address " +
+                                          std::to_string(options.max_connections_per_address) +
+                                          ", none of them idle); retry later");
     const std::string body = error.ToJson();
     const std::string response = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                                  "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -301,24 +345,24 @@ struct ApiServer::Impl {
 
   // ---- one connection ----------------------------------------------------------------------------------------------
 
-  void Serve(tcp::socket& socket) {
+  void Serve(tcp::socket& socket, Connection& connection) {
     beast::error_code ec;
     socket.non_blocking(true, ec);
     socket.set_option(tcp::no_delay(true), ec);
     const tcp::endpoint remote = socket.remote_endpoint(ec);
     const std::string peer = ec ? std::string("unknown") : remote.address().to_string();
     TimedSocket timed(socket, idle_timeout, stopping);
-    if (!tls) return ServeRequests(timed, timed, socket.native_handle(), peer);
+    if (!tls) return ServeRequests(timed, timed, socket.native_handle(), peer, connection);
     timed.set_deadline(Clock::now() + idle_timeout);
     ssl::stream<TimedSocket> stream(timed, *tls);
     stream.handshake(ssl::stream_base::server, ec);
     if (ec) return;  // not TLS, a certificate refused, or too slow
-    ServeRequests(stream, stream.next_layer(), socket.native_handle(), peer);
+    ServeRequests(stream, stream.next_layer(), socket.native_handle(), peer, connection);
   }
 
   // `timed` is the socket under `stream` (the stream itself without TLS); `peer` the client's address.
   template <class Stream>
-  void ServeRequests(Stream& stream, TimedSocket& timed, int fd, const std::string& peer) {
+  void ServeRequests(Stream& stream, TimedSocket& timed, int fd, const std::string& peer, Connection& connection) {
     beast::flat_buffer buffer;
     while (!stopping.load()) {
       http::request_parser<http::string_body> parser;
@@ -327,6 +371,7 @@ struct ApiServer::Impl {
       beast::error_code ec;
       timed.set_deadline(Clock::now() + idle_timeout);  // the request's headers and body, however they trickle
       http::read_header(stream, buffer, parser, ec);
+      connection.idle.store(false);  // a request: not closed to make room until it is answered
       if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
       if (ec == http::error::header_limit) {
         (void)Reply(stream, parser.get(), "other", Error(431, "the request's headers exceed 16 KiB"), false);
@@ -346,6 +391,8 @@ struct ApiServer::Impl {
       if (ec) return;
       timed.set_deadline(Clock::time_point::max());  // the answer: each write has its own timeout
       if (!Handle(stream, fd, parser.get())) return;
+      connection.idle_since.store(Clock::now().time_since_epoch().count());  // (first: when it was accepted)
+      connection.idle.store(true);
     }
   }
 

@@ -120,8 +120,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-running", s.scheduler.max_running, "Requests in the running batch at once (default 8)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--max-queue", s.scheduler.max_queue, "Requests waiting for a place in the batch; more get 429 (default 64)");
-  app.add_option("--max-connections", s.max_connections, "Open connections at once; more get 503 (default 256)")
+  app.add_option("--max-connections", s.max_connections,
+                 "Open connections at once; when full, the oldest idle one is closed for a new one, and only when "
+                 "none is idle a new one gets 503 (default 256)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-connections-per-address", s.max_connections_per_address,
+                 "Open connections from one client address; when full, that address's oldest idle one is closed "
+                 "for its new one (default 64; 0: only --max-connections)");
   app.add_option("--request-timeout", s.scheduler.request_timeout_seconds,
                  "Seconds a request may take from arrival to its last token (default 600; then 408)")
       ->check(CLI::PositiveNumber);

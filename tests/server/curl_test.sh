@@ -141,6 +141,43 @@ python3 -c "import sys; sys.exit(0 if float('$elapsed') < 3 else 1)" || fail "a 
 kill -TERM "$PID"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 
+echo "== idle connections cannot lock clients out: the oldest idle one goes for a new one (per address, in all)"
+start --max-connections 40 --max-connections-per-address 30
+idle=$(python3 - "$URL" <<'PY'
+import json, socket, sys, time, urllib.parse, urllib.request
+url = urllib.parse.urlparse(sys.argv[1])
+held = [socket.create_connection((url.hostname, url.port)) for _ in range(100)]  # they never send a byte
+time.sleep(0.5)
+start = time.monotonic()
+health = urllib.request.urlopen(sys.argv[1] + "/health", timeout=5).status
+health_s = time.monotonic() - start
+body = json.dumps({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 8}).encode()
+request = urllib.request.Request(sys.argv[1] + "/v1/completions", body, {"Content-Type": "application/json"})
+completion = urllib.request.urlopen(request, timeout=10).status
+def closed(s):
+    s.settimeout(0.2)
+    try:
+        return s.recv(1) == b""
+    except (socket.timeout, BlockingIOError):
+        return False
+    except OSError:
+        return True
+states = [closed(s) for s in held]
+# 70 closed for the held ones over 30, and one or two for /health and the completion (the second only when the
+# first's connection had not ended yet)
+closed_n = sum(states)
+print(health, completion, "fast" if health_s < 1 else f"slow {health_s:.2f}s",
+      "closed-70+" if closed_n in (71, 72) else f"closed {closed_n}",
+      "oldest-first" if all(states[:closed_n]) and not any(states[closed_n:]) else f"order {states}")
+PY
+)
+echo "   $idle"
+[ "$idle" = "200 200 fast closed-70+ oldest-first" ] || fail "100 idle connections: $idle"
+curl -sS "$URL/metrics" | grep -q '^namm_api_connections_closed_total{limit="per_address"} 7[12]' ||
+  fail "closed connections not counted: $(curl -sS "$URL/metrics" | grep connections_closed)"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+
 echo "== API keys: 'Bearer' in any case; no key and Expect: 100-continue: 401 before any body; then 429 for a minute"
 printf 'sk-a\n' > "$work/keys_a"
 start --api-keys "$work/keys_a"

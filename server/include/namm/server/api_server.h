@@ -10,8 +10,9 @@
 //
 // Limits, each answered with an OpenAI error object: a body over max_body_bytes (413), a prompt over
 // max_prompt_tokens or max_tokens over its limit or the context (400 naming the limit), a full queue (429 with
-// Retry-After), connections over max_connections (503), a request over the scheduler's time limit (408). A
-// client that disconnects, streaming or not, frees its row at the next step. One thread per connection.
+// Retry-After), connections over max_connections or max_connections_per_address (the oldest idle one under the
+// limit closed; 503 when all are busy), a request over the scheduler's time limit (408). A client that
+// disconnects, streaming or not, frees its row at the next step. One thread per connection.
 #pragma once
 
 #include <chrono>
@@ -40,7 +41,10 @@ struct ApiServerOptions {
   std::size_t max_body_bytes = 1 << 20;
   int64_t max_prompt_tokens = 0;  // 0: the model's context
   int64_t max_tokens = 0;         // most new tokens a request may ask for; 0: the model's context
+  // Open connections at once, and from one client address (0: no limit of its own). When one is full, the
+  // oldest idle connection (waiting for a request) under it is closed for the new one; a 503 only when none is.
   std::size_t max_connections = 256;
+  std::size_t max_connections_per_address = 64;
   double idle_timeout_seconds = 60;  // a connection with no request (or a stalled read or write) this long is closed
   SchedulerOptions scheduler;
 };
