@@ -6,6 +6,8 @@
 #include <limits>
 #include <set>
 
+#include "namm/utf8.h"
+
 namespace namm::server {
 
 namespace {
@@ -213,7 +215,16 @@ std::string ApiError::ToJson() const {
 
 std::variant<CompletionRequest, ApiError> parse_completion_request(Endpoint endpoint, std::string_view body_text) {
   const json body = json::parse(body_text.begin(), body_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return Invalid("the request body is not valid JSON", "");
+  if (body.is_discarded()) {
+    // JSON is UTF-8: name the first ill-formed byte, which a client can find, rather than a parse error.
+    const std::string text(body_text);
+    for (std::size_t i = 0; i < text.size();) {
+      const int n = utf8_sequence_length(text, i);
+      if (n < 0) return Invalid("the request body is not valid UTF-8 (an ill-formed byte at offset " + std::to_string(i) + ")", "");
+      i += static_cast<std::size_t>(n);
+    }
+    return Invalid("the request body is not valid JSON", "");
+  }
   if (!body.is_object()) return Invalid("the request body must be a JSON object, not " + TypeName(body), "");
   const std::set<std::string>& known = KnownFields(endpoint);
   for (const auto& [key, value] : body.items()) {

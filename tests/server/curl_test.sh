@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# namm-api driven by curl on stories260K: the README's example, a stream, health and metrics (promtool), API keys
-# (any-case scheme, 401 before a 100 Continue, 429 after repeated failures), TLS, and SIGTERM draining a stream
-# that is still running (it completes, then the server exits 0).
+# namm-api driven by curl on stories260K: the README's example, a stream, health and metrics (promtool), errors
+# (invalid UTF-8, 431, HTTP/1.0 streaming), --allow-policies, SIGTERM draining a stream that is still running (it
+# completes, then the server exits 0) and --drain-timeout cutting one, --request-timeout on a running request,
+# --idle-timeout, idle connections closed oldest first, API keys (any-case scheme, 401 before a 100 Continue, 429
+# after repeated failures), TLS and --tls-client-ca.
 # Usage: curl_test.sh NAMM_API STORIES260K_DIR
 set -euo pipefail
 API=$1
@@ -81,6 +83,19 @@ code=$(curl -sS -o /dev/null -w '%{http_code}' -X DELETE "$URL/v1/completions")
 [ "$code" = 405 ] || fail "DELETE gave $code"
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v2/nothing")
 [ "$code" = 404 ] || fail "unknown path gave $code"
+printf '{"model": "stories260K", "prompt": "Once \xff upon", "max_tokens": 4}' > "$work/latin1.json"
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  --data-binary @"$work/latin1.json")
+[ "$code" = 400 ] && grep -q 'not valid UTF-8 (an ill-formed byte at offset 41)' "$work/body" ||
+  fail "invalid UTF-8 gave $code $(cat "$work/body")"
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/health" -H "X-Big: $(head -c 20000 /dev/zero | tr '\0' a)")
+[ "$code" = 431 ] || fail "20 KB of headers gave $code"
+# HTTP/1.0 has no chunked encoding: a stream's events come unframed and the connection's end ends the body.
+curl -sS -0 -N -D "$work/headers10" "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stream": true}' > "$work/sse10"
+head -1 "$work/headers10" | grep -q '^HTTP/1.0 200' || fail "HTTP/1.0 stream: $(head -1 "$work/headers10")"
+grep -qi '^Transfer-Encoding: chunked' "$work/headers10" && fail "chunked encoding sent to an HTTP/1.0 client"
+[ "$(grep -c '^data: \[DONE\]' "$work/sse10")" = 1 ] || fail "HTTP/1.0 stream: $(cat "$work/sse10")"
 
 echo "== a request cannot make the server hold more than its operator chose (--allow-policies)"
 kill "$PID"; wait "$PID" 2>/dev/null || true
@@ -113,6 +128,33 @@ grep -q '^data: \[DONE\]' "$work/drain" || fail "the stream did not finish while
 [ "$(grep -c '"finish_reason":"length"' "$work/drain")" = 1 ] || fail "the stream was cut: $(tail -c 300 "$work/drain")"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 grep -q 'draining' "$work/out" || fail "no drain message"
+
+echo "== --request-timeout ends a running request (not only a queued one) with 408, and frees its row"
+start --max-context 4096 --request-timeout 1
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0}')
+[ "$code" = 408 ] && [ "$(json 'd["error"]["code"]' < "$work/body")" = request_timeout ] ||
+  fail "a running request past --request-timeout gave $code $(cat "$work/body")"
+curl -sS "$URL/metrics" > "$work/metrics"
+grep -q '^namm_api_requests_dropped_total{reason="timeout"} 1' "$work/metrics" || fail "the timeout was not counted"
+grep -q '^namm_api_requests_running 0' "$work/metrics" || fail "its row was not freed: $(grep running "$work/metrics")"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+
+echo "== --drain-timeout: a stream still running when it passes ends with an error event, exit 0"
+start --max-context 4096 --drain-timeout 1
+curl -sSN "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "stream": true}' > "$work/cut" &
+curl_pid=$!
+while [ ! -s "$work/cut" ]; do sleep 0.01; done
+started=$(date +%s.%N)
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after its drain timeout"
+took=$(python3 -c "import time; print(round(time.time() - $started, 1))")
+wait "$curl_pid" || true
+python3 -c "import sys; sys.exit(0 if $took < 5 else 1)" || fail "the drain took $took s with --drain-timeout 1"
+grep -q '503\|shutting down\|drain' "$work/cut" || fail "the cut stream says nothing: $(tail -c 300 "$work/cut")"
+grep -q '"finish_reason":"length"' "$work/cut" && fail "the stream finished although the drain timed out"
 
 echo "== a client trickling its request a byte at a time is cut off at --idle-timeout for the whole request"
 start --idle-timeout 1
@@ -230,6 +272,20 @@ code=$(curl -sS --cacert "$work/cert.pem" -o "$work/body" -w '%{http_code}' "$UR
 ids=$(curl -sS --cacert "$work/cert.pem" -H 'Authorization: Bearer sk-test' "$URL/v1/models" | json '[m["id"] for m in d["data"]]')
 [ "$ids" = "['stories260K']" ] || fail "models: $ids"
 curl -sS "${URL/https/http}/health" > /dev/null 2>&1 && fail "plain HTTP was answered on the TLS port"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+
+echo "== --tls-client-ca: only clients with a certificate from that CA are served"
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$work/ca.key" -out "$work/ca.pem" -days 1 -subj /CN=test-ca 2> /dev/null
+openssl req -newkey rsa:2048 -nodes -keyout "$work/client.key" -out "$work/client.csr" -subj /CN=client 2> /dev/null
+openssl x509 -req -in "$work/client.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial \
+  -out "$work/client.pem" -days 1 2> /dev/null
+start --tls-cert "$work/cert.pem" --tls-key "$work/key.pem" --tls-client-ca "$work/ca.pem"
+curl -sS --cacert "$work/cert.pem" "$URL/health" > /dev/null 2>&1 && fail "a client without a certificate was served"
+curl -sS --cacert "$work/cert.pem" --cert "$work/cert.pem" --key "$work/key.pem" "$URL/health" > /dev/null 2>&1 &&
+  fail "a client with a certificate from another CA was served"
+[ "$(curl -sS --cacert "$work/cert.pem" --cert "$work/client.pem" --key "$work/client.key" "$URL/health" |
+  json 'd["status"]')" = ok ] || fail "a client with the CA's certificate was refused"
 kill -TERM "$PID"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 echo "all passed"

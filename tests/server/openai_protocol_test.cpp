@@ -69,6 +69,9 @@ TEST(OpenAIProtocol, RefusesWhatItCannotHonourNamingTheField) {
   const Endpoint c = Endpoint::kCompletions, chat = Endpoint::kChatCompletions;
   for (const Case& k : std::vector<Case>{
            {c, "{", "", "not valid JSON"},
+           {c, "{\"model\": \"m\", \"prompt\": \"a\xff\"}", "", "not valid UTF-8 (an ill-formed byte at offset 27)"},
+           {chat, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"\xc0\xaf\"}]}", "",
+            "not valid UTF-8 (an ill-formed byte at offset 57)"},
            {c, "[1]", "", "must be a JSON object"},
            {c, R"({"prompt": "x"})", "model", "model is required"},
            {c, R"({"model": "m"})", "prompt", "prompt is required"},
