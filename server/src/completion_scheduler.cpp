@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <thread>
@@ -153,6 +154,7 @@ struct CompletionScheduler::Impl {
   };
   struct Row {
     Waiting request;
+    int64_t kv_reserved = 0;  // its worst case (KvBytesAtMost)
     std::unique_ptr<MemoryPolicy> policy;
     int64_t id = 0;
     std::size_t tokens_seen = 0;  // generated tokens already turned into text
@@ -161,7 +163,14 @@ struct CompletionScheduler::Impl {
   };
 
   Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, SchedulerOptions o, ApiMetrics* mx)
-      : model(m), tokenizer(t), options(std::move(o)), metrics(mx), factory(m.options().device(), &t), batch(m, t) {
+      : model(m),
+        tokenizer(t),
+        options(std::move(o)),
+        metrics(mx),
+        kv_bytes_per_token(2 * m.config().n_layers * m.config().n_kv_heads * m.config().head_dim *
+                           static_cast<int64_t>(c10::elementSize(m.options().dtype().toScalarType()))),
+        factory(m.options().device(), &t),
+        batch(m, t) {
     rows.reserve(options.max_running);
     batch.set_contain_failures(true);  // a request whose step throws fails alone (its error without internals)
   }
@@ -170,6 +179,7 @@ struct CompletionScheduler::Impl {
   const worker::Tokenizer& tokenizer;
   const SchedulerOptions options;
   ApiMetrics* metrics;
+  const int64_t kv_bytes_per_token;  // keys and values of one token, all layers, in the model's dtype
   worker::PolicyFactory factory;  // the scheduler's thread only (after Start)
   worker::GenerationBatch batch;  // the scheduler's thread only
   std::vector<Row> rows;          // the scheduler's thread only
@@ -216,12 +226,29 @@ struct CompletionScheduler::Impl {
     }
   }
 
+  // The most keys and values `job` may hold at once (SchedulerOptions::max_kv_bytes), all layers.
+  int64_t KvBytesAtMost(const CompletionJob& job) const {
+    const int64_t prompt = static_cast<int64_t>(job.prompt_ids.size());
+    int64_t tokens = prompt + job.max_tokens;
+    const Result<std::optional<int64_t>> bound = worker::policy_token_bound(job.policy, prompt);
+    if (bound.ok() && bound->has_value()) {
+      tokens = std::min(tokens, **bound + std::max(options.chunk_size, options.update_interval));
+    }
+    return tokens * kv_bytes_per_token;
+  }
+
   void Admit() {
     while (rows.size() < options.max_running) {
       Waiting next;
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (queue.empty()) return;
+        if (options.max_kv_bytes > 0 && !rows.empty()) {
+          int64_t reserved = 0;
+          for (const Row& row : rows) reserved += row.kv_reserved;
+          // The oldest waits for room; the ones behind it wait for it.
+          if (reserved + KvBytesAtMost(queue.front().job) > options.max_kv_bytes) return;
+        }
         next = std::move(queue.front());
         queue.pop_front();
         running = rows.size() + 1;
@@ -247,6 +274,7 @@ struct CompletionScheduler::Impl {
         return;
       }
       Row row;
+      row.kv_reserved = KvBytesAtMost(next.job);
       row.policy = std::move(*policy);
       worker::Generator::Request request;
       request.prompt_ids = next.job.prompt_ids;
@@ -428,6 +456,23 @@ Result<std::unique_ptr<CompletionScheduler>> CompletionScheduler::Start(const wo
 
 std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job, bool* stopping) {
   auto handle = std::make_shared<CompletionHandle>();
+  const int64_t need = impl_->KvBytesAtMost(job);
+  if (impl_->options.max_kv_bytes > 0 && need > impl_->options.max_kv_bytes) {
+    const auto mib = [](int64_t bytes) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+      return std::string(text);
+    };
+    handle->Fail(ApiError{400,
+                          "the request may need " + mib(need) + " of KV cache (" +
+                              std::to_string(job.prompt_ids.size()) + " prompt tokens + max_tokens " +
+                              std::to_string(job.max_tokens) + " with " + job.policy_label +
+                              "), more than the server holds for all requests together (--max-kv-bytes, " +
+                              mib(impl_->options.max_kv_bytes) + "): ask for fewer max_tokens or a policy with a "
+                              "budget",
+                          "invalid_request_error", "max_tokens", "context_length_exceeded"});
+    return handle;
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (stopping != nullptr) *stopping = impl_->stopping;

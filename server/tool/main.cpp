@@ -1,7 +1,10 @@
 // namm-api: an OpenAI-compatible HTTP server for one model and its memory policy (an evolved NAMM or a
 // baseline), with continuous batching. Not to be confused with `namm-worker serve`, the training daemon.
 #include <csignal>
+#include <cstdint>
+#include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -21,7 +24,20 @@ struct Options {
   namm::server::ApiServerOptions server;
   std::string chat_template, log_level = "info";
   double drain_seconds = 30;
+  std::optional<uint64_t> max_kv_bytes;  // --max-kv-bytes
 };
+
+// MemAvailable of /proc/meminfo in bytes (0 when it cannot be read).
+int64_t AvailableMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
 
 int Fail(const std::string& message) {
   std::cerr << "namm-api: error: " << message << "\n";
@@ -78,10 +94,18 @@ int Run(Options& o) {
   if (o.inference.chunk_size > 0) s.scheduler.chunk_size = o.inference.chunk_size;
   if (o.inference.update_interval > 0) s.scheduler.update_interval = o.inference.update_interval;
   s.scheduler.max_context = o.inference.max_context;
+  if (o.max_kv_bytes) {
+    s.scheduler.max_kv_bytes = static_cast<int64_t>(*o.max_kv_bytes);
+  } else if (loaded->model->options().device().is_cpu()) {
+    s.scheduler.max_kv_bytes = AvailableMemory() / 2;  // 0 when unknown: no limit
+  }
   auto server = namm::server::ApiServer::Start(*loaded->model, *loaded->tokenizer, chat->has_value() ? &**chat : nullptr, s);
   if (!server.ok()) return Fail(server.status().message());
   std::cout << "namm-api: serving " << s.model_name << " with " << s.default_policy << " on " << (*server)->url()
-            << (chat->has_value() ? " (the model's chat template)" : " (plain chat template)") << std::endl;
+            << (chat->has_value() ? " (the model's chat template)" : " (plain chat template)") << "; KV caches up to "
+            << (s.scheduler.max_kv_bytes > 0 ? std::to_string(s.scheduler.max_kv_bytes >> 20) + " MiB together"
+                                             : std::string("any size (no --max-kv-bytes)"))
+            << std::endl;
   int signal = 0;
   sigwait(&signals, &signal);
   std::cout << "namm-api: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to " << o.drain_seconds
@@ -127,6 +151,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections-per-address", s.max_connections_per_address,
                  "Open connections from one client address; when full, that address's oldest idle one is closed "
                  "for its new one (default 64; 0: only --max-connections)");
+  app.add_option("--max-kv-bytes", o.max_kv_bytes,
+                 "Keys and values the running requests may hold together, e.g. 2GiB: a request joins the batch when "
+                 "its worst case fits beside the others' (it waits meanwhile), one that never could gets 400 "
+                 "(default on the CPU: half the memory available at start; on a GPU: no limit)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--request-timeout", s.scheduler.request_timeout_seconds,
                  "Seconds a request may take from arrival to its last token (default 600; then 408)")
       ->check(CLI::PositiveNumber);

@@ -1,5 +1,6 @@
 // namm-api's scheduler without HTTP: a stream's pieces add up to the whole answer, whatever the tokenizer does to
-// text already decoded (GPT-2's cleans up spaces before punctuation once the next token arrives).
+// text already decoded (GPT-2's cleans up spaces before punctuation once the next token arrives); requests join
+// the batch only as their KV caches fit (--max-kv-bytes).
 #include "namm/server/completion_scheduler.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../worker/shared_data.h"
@@ -26,6 +28,14 @@ std::pair<std::string, std::string> StreamedAndWhole(CompletionHandle& handle) {
       EXPECT_FALSE(update.error.has_value()) << update.error->message;
       return {streamed, update.outcome.text};
     }
+  }
+}
+
+// How a handle finishes (its last update), whatever it streams before.
+CompletionUpdate Final(CompletionHandle& handle) {
+  while (true) {
+    CompletionUpdate update = handle.Wait(std::chrono::milliseconds(100));
+    if (update.finished) return update;
   }
 }
 
@@ -79,6 +89,82 @@ TEST(CompletionScheduler, EveryStreamAddsUpToTheWholeAnswerForEveryTokenizer) {
       punctuated += whole.find_first_of(".,?!") != std::string::npos ? 1 : 0;
     }
     EXPECT_GT(punctuated, 4);
+    (*scheduler)->Stop();
+  }
+}
+
+// Admission (SchedulerOptions::max_kv_bytes): 16 requests, 12 of which fit two at a time and 2 of which could
+// never fit, on a budget of 500 tokens' keys and values (1,280 bytes a token on stories260K in float32): the two are
+// refused at once with a 400 naming the limit, the twelve all finish, never more than two running at once; the same
+// long request with a budgeted policy is taken. Without the limit the twelve run eight at once (the batch's
+// size), which is what the server's memory would have had to hold.
+TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeverCould) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  auto model = worker::LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), worker::LoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto tokenizer = worker::load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  const auto job = [](const std::string& policy, int64_t max_tokens, uint64_t seed) {
+    CompletionJob j;
+    j.prompt_ids = {1, 300, 301, 302};
+    j.policy = j.policy_label = policy;
+    j.max_tokens = max_tokens;
+    j.temperature = 1.0;
+    j.seed = seed;
+    return j;
+  };
+  for (const int64_t limit : {int64_t{1280} * 500, int64_t{0}}) {
+    SCOPED_TRACE(limit);
+    SchedulerOptions options;
+    options.chunk_size = 32;
+    options.update_interval = 64;
+    options.max_kv_bytes = limit;
+    options.max_context = 2048;
+    auto scheduler = CompletionScheduler::Start(*model, **tokenizer, "full", options, nullptr);
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status().ToString();
+    std::vector<std::shared_ptr<CompletionHandle>> fitting, never;
+    for (uint64_t i = 0; i < 16; ++i) {
+      const bool huge = i == 5 || i == 11;  // 1,004 tokens of full cache: 1.2 MiB
+      (huge ? never : fitting).push_back((*scheduler)->Submit(job("full", huge ? 1000 : 200, i + 1)));
+    }
+    std::size_t most_running = 0;
+    std::size_t finished = 0;
+    std::vector<bool> done(fitting.size(), false);
+    while (finished < fitting.size()) {
+      most_running = std::max(most_running, (*scheduler)->running());
+      for (std::size_t i = 0; i < fitting.size(); ++i) {
+        if (done[i]) continue;
+        const CompletionUpdate update = fitting[i]->Wait(std::chrono::milliseconds(0));
+        if (!update.finished) continue;
+        EXPECT_FALSE(update.error.has_value()) << update.error->message;
+        done[i] = true;
+        ++finished;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    for (const auto& handle : never) {
+      const CompletionUpdate update = Final(*handle);
+      if (limit > 0) {
+        ASSERT_TRUE(update.error.has_value());
+        EXPECT_EQ(update.error->http_status, 400);
+        EXPECT_NE(update.error->message.find("the request may need 1.2 MiB of KV cache (4 prompt tokens + "
+                                             "max_tokens 1000 with full), more than the server holds for all "
+                                             "requests together (--max-kv-bytes, 0.6 MiB)"),
+                  std::string::npos)
+            << update.error->message;
+      } else {
+        EXPECT_FALSE(update.error.has_value());
+      }
+    }
+    if (limit > 0) {
+      EXPECT_LE(most_running, 2u);
+      // A budget bounds the cache (16 tokens + the 64-token update interval): the same length is taken.
+      const CompletionUpdate bounded = Final(*(*scheduler)->Submit(job("streaming:budget=16", 1000, 99)));
+      EXPECT_FALSE(bounded.error.has_value()) << bounded.error->message;
+    } else {
+      EXPECT_GT(most_running, 2u);
+    }
     (*scheduler)->Stop();
   }
 }

@@ -124,6 +124,14 @@ Result<std::string> policy_family(const std::string& text) {
   return Status::InvalidArgument("unknown policy '" + spec.name + "' (known: " + kKnown + ")");
 }
 
+Result<std::optional<int64_t>> policy_token_bound(const std::string& text, int64_t prompt_tokens) {
+  NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
+  if (!is_budgeted_family(family)) return std::optional<int64_t>();
+  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
+  NAMM_ASSIGN_OR_RETURN(CacheBudget budget, CacheBudget::FromSpec(spec));
+  return std::optional<int64_t>(budget.Resolve(prompt_tokens));
+}
+
 bool is_budgeted_family(const std::string& family) {
   return family == "h2o" || family == "l2" || family == "streaming" || family == "tova" || family == "snapkv" ||
          family == "fastgen";

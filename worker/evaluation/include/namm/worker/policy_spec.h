@@ -64,6 +64,10 @@ Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const
 Result<std::string> policy_family(const std::string& spec);
 // Whether the family takes budget=/ratio= (the fixed-budget baselines).
 bool is_budgeted_family(const std::string& family);
+// Tokens per KV head the policy's cache holds at most after an eviction, for a prompt of `prompt_tokens`: its
+// budget= or ratio= resolved; nullopt when nothing bounds it (full, oracle, a NAMM). Between evictions a cache
+// holds up to a memory-update interval or prefill chunk more (namm-api's admission adds it).
+Result<std::optional<int64_t>> policy_token_bound(const std::string& spec, int64_t prompt_tokens);
 // The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8".
 Result<std::string> with_cache_setting(const std::string& spec, const std::string& setting);
 
