@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "../file_size_limit.h"
 #include "../temp_path.h"
 #include "namm/file_util.h"
 
@@ -165,33 +166,29 @@ TEST(ProgressLog, ReadsAnOlderBuildsLog) {
 namespace namm::coordinator {
 namespace {
 
-// An append the disk cannot take whole (a full 256 KB tmpfs: the write stops part-way) leaves no torn record
-// behind: appends that succeed once there is room again are read back after a restart. Needs root and mount.
+// An append the disk cannot take whole (the write stops part-way: a file size limit, FileSizeLimit, where this
+// test once mounted a 256 KB tmpfs as root) leaves no torn record behind: appends that succeed once there is room
+// again are read back after a restart.
 TEST(ProgressLog, AFailedAppendLeavesNoTornRecordBeforeLaterOnes) {
-  const std::string dir = namm::testing::TempPath("progress_log_full");
-  std::filesystem::create_directories(dir);
-  if (std::system(("mount -t tmpfs -o size=256k tmpfs " + dir + " 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  }
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
-  } unmount{dir};
-  const std::string path = dir + "/run.db.run1.progress", filler = dir + "/filler";
+  const std::string path = namm::testing::TempPath("progress_log_full.progress");
+  std::filesystem::remove(path);
   int64_t acknowledged = 0;
   {
     auto log = ProgressLog::Open(path);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
-    ASSERT_TRUE(write_file_atomically(filler, {std::string(200 << 10, 'f')}).ok());
     ProgressEntries e;
     for (int64_t p = 0; p < 20; ++p) e.evaluations.push_back(Result(p, true));
     Status failed;
-    while (failed.ok()) {
-      failed = (*log)->Append(e);
-      if (failed.ok()) acknowledged += 20;
+    {
+      namm::testing::FileSizeLimit full(64 << 10);
+      while (failed.ok()) {
+        failed = (*log)->Append(e);
+        if (failed.ok()) acknowledged += 20;
+      }
     }
-    EXPECT_NE(failed.message().find("No space left on device"), std::string::npos) << failed.ToString();
-    std::filesystem::remove(filler);
+    EXPECT_NE(failed.message().find("File too large"), std::string::npos) << failed.ToString();
+    EXPECT_GT(acknowledged, 0);
+    EXPECT_LE(std::filesystem::file_size(path), uintmax_t{64} << 10) << "the torn record was cut";
     ASSERT_TRUE((*log)->Append(e).ok());
     acknowledged += 20;
   }
@@ -199,6 +196,29 @@ TEST(ProgressLog, AFailedAppendLeavesNoTornRecordBeforeLaterOnes) {
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   EXPECT_EQ((*reopened)->ignored_bytes(), 0) << "no torn record";
   EXPECT_EQ(static_cast<int64_t>((*reopened)->recovered().evaluations.size()), acknowledged);
+}
+
+// A Reset() that empties the log and then cannot write its header leaves the log empty; the next append that can
+// writes the header first, so that a restart reads it (it found no header and refused the file as not a log).
+TEST(ProgressLog, AnAppendAfterAFailedResetWritesTheHeaderFirst) {
+  const std::string path = namm::testing::TempPath("progress_log_reset.progress");
+  std::filesystem::remove(path);
+  ProgressEntries e;
+  for (int64_t p = 0; p < 3; ++p) e.evaluations.push_back(Result(p, true));
+  {
+    auto log = ProgressLog::Open(path);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    ASSERT_TRUE((*log)->Append(e).ok());
+    {
+      namm::testing::FileSizeLimit full(16);  // not even the header fits
+      EXPECT_FALSE((*log)->Reset().ok());
+    }
+    ASSERT_TRUE((*log)->Append(e).ok());
+  }
+  auto reopened = ProgressLog::Open(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ((*reopened)->ignored_bytes(), 0);
+  EXPECT_EQ((*reopened)->recovered().evaluations.size(), 3u) << "the records after the reset only";
 }
 
 }  // namespace

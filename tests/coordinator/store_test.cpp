@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "../file_size_limit.h"
 #include "../temp_path.h"
 #include "byte_codec.h"
 #include "namm/coordinator/checkpoint_codec.h"
@@ -322,25 +323,18 @@ TEST(Store, ATransientLockIsWaitedOutAndReported) {
             std::string::npos);
 }
 
-// A full disk is a permanent error: the call fails at once, naming SQLite's code, and what was stored stays.
-// (A 1 MB tmpfs; needs root and mount.)
+// A full disk fails a call at once by default (StoreOptions::io_error_patience 0), naming SQLite's code, and what
+// was stored stays. (A file size limit, FileSizeLimit, where this test once mounted a 1 MB tmpfs as root: SQLite
+// names its EFBIG SQLITE_IOERR where a full disk's ENOSPC is SQLITE_FULL; both are retried alike.)
 TEST(Store, AFullDiskIsNamedAndLeavesTheStoredRunWhole) {
-  const std::string dir = TempPath("store_full_disk");
-  std::filesystem::create_directories(dir);
-  if (std::system(("mount -t tmpfs -o size=1m tmpfs " + dir + " 2>/dev/null").c_str()) != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
-  }
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
-  } unmount{dir};
-  const std::string path = dir + "/run.db";
+  const std::string path = FreshDatabasePath("store_full_disk.db");
   const CmaesParams p = SmallParams();
   Status full;
   int64_t stored = 0;
   {
     auto store = Store::Open(path, OpenMode::kCreate).value();
     const int64_t run = *store->CreateRun(OneStageRun(EvolvedState(p)));
+    namm::testing::FileSizeLimit limit(1 << 20);
     for (int64_t batch = 0; batch < 1000 && full.ok(); ++batch) {
       std::vector<EvaluationRecord> records;
       for (int64_t i = 0; i < 100; ++i) {
@@ -356,10 +350,61 @@ TEST(Store, AFullDiskIsNamedAndLeavesTheStoredRunWhole) {
   EXPECT_EQ(full.code(), Status::Code::kIOError);
   EXPECT_NE(full.message().find("recording evaluations failed on " + path + ": "), std::string::npos)
       << full.ToString();
-  EXPECT_NE(full.message().find("(SQLITE_FULL)"), std::string::npos) << full.ToString();
+  EXPECT_NE(full.message().find("(SQLITE_IOERR)"), std::string::npos) << full.ToString();
+  EXPECT_EQ(full.message().find("of retries"), std::string::npos) << "no patience: no retries";
   auto reopened = Store::Open(path, OpenMode::kReadOnly);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
   EXPECT_EQ(static_cast<int64_t>((*reopened)->GetEvaluations(1, 0)->size()), stored);
+}
+
+// With io_error_patience, a full disk that is freed meanwhile is waited out: the call goes through once there is
+// room, each failed attempt reported to on_wait with SQLite's error; one that stays full fails after the patience,
+// saying how long it retried.
+TEST(Store, AFullDiskIsWaitedOutForItsPatience) {
+  const std::string path = FreshDatabasePath("store_patience.db");
+  const CmaesParams p = SmallParams();
+  std::vector<StoreWait> waits;
+  StoreOptions options;
+  options.io_error_patience = std::chrono::seconds(2);
+  options.backoff_initial = std::chrono::milliseconds(5);
+  options.backoff_max = std::chrono::milliseconds(50);
+  options.on_wait = [&](const StoreWait& w) { waits.push_back(w); };
+  auto store = Store::Open(path, OpenMode::kCreate, options).value();
+  const int64_t run = *store->CreateRun(OneStageRun(EvolvedState(p)));
+  const auto batch = [](int64_t first) {
+    std::vector<EvaluationRecord> records;
+    for (int64_t i = 0; i < 50; ++i) {
+      records.push_back(Evaluation(first + i));
+      records.back().worker = std::string(2000, 'w');
+    }
+    return records;
+  };
+  const uintmax_t size = std::filesystem::file_size(path) + std::filesystem::file_size(path + "-wal");
+  {
+    namm::testing::FileSizeLimit limit(size);  // no room for another batch
+    std::thread freed([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      limit.Lift();
+    });
+    const auto r = store->RecordEvaluations(run, batch(0));
+    freed.join();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(*r, 50);
+  }
+  ASSERT_GE(waits.size(), 2u);
+  EXPECT_NE(waits.front().error.find("(SQLITE_IOERR)"), std::string::npos) << waits.front().error;
+  EXPECT_TRUE(waits.back().ended && waits.back().succeeded);
+  EXPECT_GE(waits.back().seconds, 0.2);
+
+  namm::testing::FileSizeLimit limit(std::filesystem::file_size(path) + std::filesystem::file_size(path + "-wal"));
+  const auto start = std::chrono::steady_clock::now();
+  const auto stays_full = store->RecordEvaluations(run, batch(1000));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(stays_full.ok());
+  EXPECT_NE(stays_full.status().message().find("(SQLITE_IOERR) (after 2 s of retries)"), std::string::npos)
+      << stays_full.status().ToString();
+  EXPECT_GE(took, 2.0);
+  EXPECT_LT(took, 10.0);
 }
 
 // A snapshot row whose stored length is corrupt is refused before the length sizes anything (it was passed to
