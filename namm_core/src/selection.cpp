@@ -55,7 +55,7 @@ int64_t select_tokens_on_host(float* scores, int64_t heads, int64_t n, const Sel
   int64_t k = n;
   switch (config.kind) {
     case SelectionKind::kBinary:
-      k = count_not_below_on_host(scores, heads, n, 0.0f);
+      k = count_not_below_on_host(scores, heads, n, config.threshold);
       break;
     case SelectionKind::kTopK:
       TORCH_CHECK(config.budget > 0, "top-k selection needs a budget > 0");
@@ -123,7 +123,7 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
   int64_t k = n;
   switch (config.kind) {
     case SelectionKind::kBinary:
-      k = max_count_not_below(forced, 0.0);
+      k = max_count_not_below(forced, static_cast<double>(config.threshold));
       break;
     case SelectionKind::kTopK:
       TORCH_CHECK(config.budget > 0, "top-k selection needs a budget > 0");

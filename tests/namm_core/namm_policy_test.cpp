@@ -7,6 +7,10 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <optional>
+
 #include "test_util.h"
 
 namespace namm {
@@ -266,6 +270,89 @@ TEST(NammPolicy, RefusesAnUpdateInTheMiddleOfASpectrogramHop) {
   Status bad = observe_newest(**policy, 0, at::zeros({1, 4, 19}), cache);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("19 keys"), std::string::npos);
+}
+
+// One 512-query update of `policy` on a fresh cache (seeded attention): what Select() keeps, and the scores it
+// ranked (tracing on).
+at::Tensor OneUpdate(NammPolicy& policy, at::Tensor* scores) {
+  policy.set_tracing(true);
+  LayerKVCache cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), policy.token_state());
+  const at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, 0, 4242);
+  for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
+    at::Tensor positions = at::arange(q0, q0 + kChunk, at::TensorOptions().dtype(at::kLong));
+    EXPECT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions).ok());
+    EXPECT_TRUE(observe_newest(policy, 0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+  }
+  Result<at::Tensor> keep = policy.Select(0, cache);
+  EXPECT_TRUE(keep.ok()) << keep.status().ToString();
+  *scores = policy.last_trace().scores.clone();
+  scores->select(1, scores->size(1) - 1).fill_(std::numeric_limits<float>::max());  // the newest is always kept
+  return keep.ok() ? *keep : at::Tensor();
+}
+
+// The deployment's knob (namm:FILE,budget=N|ratio=R|threshold=T): each KV head keeps its N best-scored tokens, or
+// R of the prompt, or those scoring at least T; the same NAMM without it keeps what scores >= 0.
+TEST(NammPolicy, TheKnobKeepsEachHeadsBestTokensOrMovesTheThreshold) {
+  const NammModel model = BamModel(0.15, 77);
+  const auto make = [&](NammPolicy::SelectionKnob knob) {
+    auto policy = NammPolicy::Create(model);
+    EXPECT_TRUE(policy.ok());
+    if (knob.budget || knob.ratio || knob.threshold) {
+      EXPECT_TRUE((*policy)->set_selection_knob(knob).ok());
+    }
+    return std::move(*policy);
+  };
+  at::Tensor scores;
+  const auto count_at_least = [&](double t) {
+    return (scores >= t).sum(1).max().item<int64_t>();  // the most any head keeps: every head keeps that many
+  };
+  // Each kept token outscores (or ties) every dropped one of its head.
+  const auto best_kept = [&](const at::Tensor& keep) {
+    for (int64_t h = 0; h < kKvHeads; ++h) {
+      at::Tensor kept_mask = at::zeros({scores.size(1)}, at::TensorOptions().dtype(at::kBool));
+      kept_mask.index_fill_(0, keep[h], true);
+      const at::Tensor row = scores[h];
+      if (kept_mask.all().item<bool>()) continue;
+      EXPECT_GE(row.masked_select(kept_mask).min().item<float>(), row.masked_select(~kept_mask).max().item<float>());
+    }
+  };
+  const at::Tensor own = OneUpdate(*make({}), &scores);
+  EXPECT_EQ(own.size(1), count_at_least(0.0));
+  EXPECT_GT(own.size(1), 100) << "the test needs a NAMM that keeps more than the budgets below";
+  EXPECT_LT(own.size(1), kNew);
+
+  const at::Tensor budget = OneUpdate(*make({int64_t{64}, std::nullopt, std::nullopt}), &scores);
+  EXPECT_EQ(budget.size(1), 64);
+  best_kept(budget);
+
+  auto by_ratio = make({std::nullopt, 0.25, std::nullopt});
+  ASSERT_TRUE(by_ratio->BeginSequence(SequenceInfo{std::vector<int64_t>(300, 1)}).ok());  // ceil(0.25 x 300) = 75
+  const at::Tensor ratio = OneUpdate(*by_ratio, &scores);
+  EXPECT_EQ(ratio.size(1), 75);
+  best_kept(ratio);
+
+  const double median = scores.flatten().median().item<double>();
+  const at::Tensor moved = OneUpdate(*make({std::nullopt, std::nullopt, median}), &scores);
+  EXPECT_EQ(moved.size(1), count_at_least(median));
+  EXPECT_NE(moved.size(1), own.size(1));
+  best_kept(moved);
+
+  // Refused: none or two settings, a budget of 0, a ratio over 1, a threshold for a NAMM that learned its own.
+  auto policy = NammPolicy::Create(model);
+  ASSERT_TRUE(policy.ok());
+  EXPECT_FALSE((*policy)->set_selection_knob({}).ok());
+  EXPECT_FALSE((*policy)->set_selection_knob({int64_t{4}, 0.5, std::nullopt}).ok());
+  EXPECT_FALSE((*policy)->set_selection_knob({int64_t{0}, std::nullopt, std::nullopt}).ok());
+  EXPECT_FALSE((*policy)->set_selection_knob({std::nullopt, 1.5, std::nullopt}).ok());
+  NammModel dynamic = model;
+  dynamic.architecture.selection.kind = SelectionKind::kDynamic;
+  dynamic.params.push_back(static_cast<float>(std::log(1.0 / 2048.0)));
+  auto learned = NammPolicy::Create(dynamic);
+  ASSERT_TRUE(learned.ok()) << learned.status().ToString();
+  const Status refused = (*learned)->set_selection_knob({std::nullopt, std::nullopt, 0.5});
+  EXPECT_NE(refused.message().find("learned its threshold"), std::string::npos) << refused.ToString();
+  EXPECT_TRUE((*learned)->set_selection_knob({int64_t{32}, std::nullopt, std::nullopt}).ok());
+  EXPECT_EQ((*learned)->selection().budget, 32) << "a cap on what it keeps";
 }
 
 }  // namespace

@@ -3,11 +3,12 @@
 # (invalid UTF-8, 431, HTTP/1.0 streaming), --allow-policies, SIGTERM draining a stream that is still running (it
 # completes, then the server exits 0) and --drain-timeout cutting one, --request-timeout on a running request,
 # --idle-timeout, idle connections closed oldest first, API keys (any-case scheme, 401 before a 100 Continue, 429
-# after repeated failures), TLS and --tls-client-ca.
-# Usage: curl_test.sh NAMM_API STORIES260K_DIR
+# after repeated failures), TLS and --tls-client-ca, and a NAMM's budget knob per request.
+# Usage: curl_test.sh NAMM_API STORIES260K_DIR NAMM_TOOL
 set -euo pipefail
 API=$1
 MODEL_DIR=$2
+TOOL=$3
 if [ ! -f "$MODEL_DIR/stories260K.bin" ]; then  # as the C++ tests do without ../shared: skipped (ctest: 77)
   echo "shared data $MODEL_DIR is absent (tests read ../shared; CI provides it)"
   exit 77
@@ -110,6 +111,30 @@ kill "$PID"; wait "$PID" 2>/dev/null || true
 start --policy streaming:budget=64 --allow-policies full,tova
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$full_policy")
 [ "$code" = 200 ] || fail "an allowed policy was refused: $code"
+kill "$PID"; wait "$PID" 2>/dev/null || true
+
+echo "== a NAMM's budget knob per request ('default,budget=N'): a smaller budget holds fewer KV bytes"
+"$TOOL" init --arch bam --seed 7 --scale 0.1 --out "$work/namm.safetensors" > /dev/null
+start --policy "namm:$work/namm.safetensors" --chunk-size 64 --update-interval 64
+story=$(python3 -c "print(' '.join(['Once upon a time there was a little dog named Max.'] * 30))")
+cache() {  # cache SETTING: the policy, final KV tokens and peak KV bytes of a greedy answer
+  curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"stories260K\", \"prompt\": \"$story\", \"max_tokens\": 40, \"temperature\": 0, \"namm_policy\": \"$1\"}" |
+    json 'd["namm"]["policy"], d["namm"]["cache"]["final_kv_tokens"], d["namm"]["cache"]["peak_kv_bytes"]'
+}
+small=$(cache default,budget=16)
+large=$(cache default,budget=128)
+echo "   budget 16: $small; budget 128: $large"
+python3 - "$small" "$large" <<'PY' || fail "the budget did not bound the cache: $small / $large"
+import sys
+(p16, f16, b16), (p128, f128, b128) = ((p, float(f), int(b)) for p, f, b in (a.split() for a in sys.argv[1:]))
+assert p16.endswith(",budget=16") and p128.endswith(",budget=128"), (p16, p128)
+assert f16 <= 16 + 64 and f16 < f128, (f16, f128)
+assert b16 < b128, (b16, b128)
+PY
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,threshold=-5"}')
+[ "$code" = 400 ] && grep -q -- "--allow-policies namm" "$work/body" || fail "a lower threshold per request: $code $(cat "$work/body")"
 kill "$PID"; wait "$PID" 2>/dev/null || true
 start --max-context 4096
 

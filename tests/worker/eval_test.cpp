@@ -13,6 +13,7 @@
 #include "../process_util.h"
 #include "../temp_path.h"
 #include "namm/worker/evaluation.h"
+#include "namm/worker/policy_spec.h"
 #include "shared_data.h"
 
 namespace namm::worker {
@@ -59,6 +60,16 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
             (std::vector<std::string>{"full", "tova:ratio=0.25", "tova:ratio=0.5",
                                       "snapkv:ratio=0.25,window=4", "snapkv:ratio=0.5,window=4", "oracle"}));
   EXPECT_FALSE(split_policy_list({"recent=2,h2o:budget=4"}).ok());
+  // A NAMM draws a curve too: its own threshold, then each budget (the knob: namm:FILE,budget=N).
+  auto namm = expand_policies({"namm:f.safetensors", "namm:g.safetensors,threshold=0.5"}, {"8", "16"}, {});
+  ASSERT_TRUE(namm.ok()) << namm.status().ToString();
+  EXPECT_EQ(*namm, (std::vector<std::string>{"full", "namm:f.safetensors", "namm:f.safetensors,budget=8",
+                                             "namm:f.safetensors,budget=16", "namm:g.safetensors,threshold=0.5"}));
+  auto knobbed = split_policy_list({"namm:f.safetensors,ratio=0.25,tova"});
+  ASSERT_TRUE(knobbed.ok()) << knobbed.status().ToString();
+  EXPECT_EQ(*knobbed, (std::vector<std::string>{"namm:f.safetensors,ratio=0.25", "tova"}));
+  EXPECT_FALSE(policy_family("namm:f.safetensors,budget=8,ratio=0.5").ok()) << "one setting at most";
+  EXPECT_FALSE(policy_family("namm:f.safetensors,budget=x").ok());
   EXPECT_EQ(output_directory_name("namm:runs/a b.safetensors"), "namm_runs_a_b.safetensors");
 }
 
@@ -184,7 +195,8 @@ TEST_F(Eval, WritesPredictionsResultsConfigurationAndPage) {
                                              "fastgen:budget=32,recovery=0.5",
                                              "l2:budget=32",
                                              "oracle",
-                                             "namm:" + *dir_ + "/zero.safetensors"};
+                                             "namm:" + *dir_ + "/zero.safetensors",
+                                             "namm:" + *dir_ + "/zero.safetensors,budget=32"};  // the knob
   EXPECT_EQ(config->policies, expected);
   EXPECT_FALSE(config->commit.empty());
   EXPECT_EQ(config->task_rows.at("syn/interruption_heldout"), "0:6");

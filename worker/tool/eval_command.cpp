@@ -284,7 +284,8 @@ Status RunEval(const EvalOptions& o) {
   NAMM_ASSIGN_OR_RETURN(config.fingerprints["model"], model_fingerprint(o.model.model, o.model.tokenizer));
   for (const auto& spec : config.policies) {
     if (spec.rfind("namm:", 0) != 0) continue;
-    NAMM_ASSIGN_OR_RETURN(config.fingerprints[spec], file_fingerprint(spec.substr(5)));
+    NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(spec));  // one file, whatever its knob
+    NAMM_ASSIGN_OR_RETURN(config.fingerprints["namm:" + namm.path], file_fingerprint(namm.path));
   }
 
   // The output directory: a new evaluation, or the same one resumed.

@@ -10,7 +10,7 @@
 namespace namm {
 
 enum class SelectionKind {
-  kBinary,   // keep s >= 0 (the paper's NAMM)
+  kBinary,   // keep s >= threshold (0: the paper's NAMM)
   kTopK,     // keep the `budget` best tokens per head once the cache exceeds it
   kDynamic,  // keep s >= exp(theta) with theta a learned parameter, optionally capped at `budget`
 };
@@ -21,6 +21,8 @@ struct SelectionConfig {
   int64_t budget = 0;
   // kDynamic: initial value of the learned log-threshold theta (the reference initializes exp(theta) = 1/2048).
   double initial_log_threshold = std::log(1.0 / 2048.0);
+  // kBinary: the keep threshold. 0 in files and the reference; a deployment moves it (namm:FILE,threshold=T).
+  float threshold = 0.0f;
 };
 
 const char* selection_kind_name(SelectionKind kind);  // "binary" | "topk" | "dynamic"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <string>
 
 #include "aten.h"
@@ -224,9 +225,43 @@ void NammPolicy::GatherCarriedRows(int layer, const LayerKVCache& cache, const i
   c.size = k;
 }
 
-Status NammPolicy::BeginSequence(const SequenceInfo& /*info*/) {
+Status NammPolicy::BeginSequence(const SequenceInfo& info) {
   carried_.clear();
   remembered_ = RememberedRows{};
+  if (budget_ratio_) {
+    architecture_.selection.budget = std::max<int64_t>(
+        1, static_cast<int64_t>(std::ceil(*budget_ratio_ * static_cast<double>(info.prompt_ids.size()))));
+  }
+  return Status::Ok();
+}
+
+Status NammPolicy::set_selection_knob(const SelectionKnob& knob) {
+  const int given = int{knob.budget.has_value()} + int{knob.ratio.has_value()} + int{knob.threshold.has_value()};
+  if (given != 1) return Status::InvalidArgument("a NAMM's selection takes one of budget=, ratio= or threshold=");
+  SelectionConfig& s = architecture_.selection;
+  const bool dynamic = s.kind == SelectionKind::kDynamic;
+  budget_ratio_.reset();
+  if (knob.threshold) {
+    if (dynamic) {
+      return Status::InvalidArgument("this NAMM learned its threshold (dynamic selection): give it budget= or "
+                                     "ratio= instead of threshold=");
+    }
+    if (!std::isfinite(*knob.threshold)) return Status::InvalidArgument("threshold= must be a finite number");
+    s.kind = SelectionKind::kBinary;
+    s.budget = 0;
+    s.threshold = static_cast<float>(*knob.threshold);
+    return Status::Ok();
+  }
+  if (knob.budget && *knob.budget <= 0) {
+    return Status::InvalidArgument("budget= must be a positive number of tokens per KV head, got " +
+                                   std::to_string(*knob.budget));
+  }
+  if (knob.ratio && !(*knob.ratio > 0 && *knob.ratio <= 1)) {
+    return Status::InvalidArgument("ratio= must be in (0, 1], got " + std::to_string(*knob.ratio));
+  }
+  if (!dynamic) s.kind = SelectionKind::kTopK;
+  s.budget = knob.budget ? *knob.budget : 1;  // a ratio's budget is resolved when a sequence begins
+  if (knob.ratio) budget_ratio_ = *knob.ratio;
   return Status::Ok();
 }
 

@@ -64,9 +64,12 @@ std::vector<std::pair<std::string, std::string>> Identity(const EvalConfig& c) {
           {"config_dirs", list(c.config_dirs)}};
 }
 
-// "budget=256" / "ratio=0.5" / "".
+// "budget=256" / "ratio=0.5" / "" (a NAMM's threshold= is no cache setting: its curve is the budgets').
 std::string CacheSetting(const std::string& spec) {
-  if (spec.rfind("namm:", 0) == 0) return "";
+  if (spec.rfind("namm:", 0) == 0) {
+    const Result<NammSpec> namm = parse_namm_spec(spec);
+    return namm.ok() && (namm->knob.budget || namm->knob.ratio) ? namm->setting : "";
+  }
   const Result<OptionSpec> parsed = parse_option_spec(spec);
   if (!parsed.ok()) return "";
   for (const char* key : {"budget", "ratio"}) {
@@ -78,7 +81,10 @@ std::string CacheSetting(const std::string& spec) {
 
 // The spec without its cache setting ("fastgen:budget=16,recovery=0.5" -> "fastgen:recovery=0.5"): one curve.
 std::string Family(const std::string& spec) {
-  if (spec.rfind("namm:", 0) == 0) return spec;
+  if (spec.rfind("namm:", 0) == 0) {
+    const Result<NammSpec> namm = parse_namm_spec(spec);
+    return namm.ok() && !CacheSetting(spec).empty() ? "namm:" + namm->path : spec;
+  }
   Result<OptionSpec> parsed = parse_option_spec(spec);
   if (!parsed.ok()) return spec;
   parsed->options.erase("budget");
@@ -222,7 +228,10 @@ Result<std::vector<std::string>> split_policy_list(const std::vector<std::string
     std::string piece;
     while (std::getline(pieces, piece, ',')) {
       const bool continues = piece.find(':') == std::string::npos && piece.find('=') != std::string::npos;
-      if (continues && !specs.empty() && specs.back().rfind("namm:", 0) != 0) {
+      // A NAMM takes its knob (budget=, ratio=, threshold=) after a comma, and nothing else.
+      const bool knob = piece.rfind("budget=", 0) == 0 || piece.rfind("ratio=", 0) == 0 ||
+                        piece.rfind("threshold=", 0) == 0;
+      if (continues && !specs.empty() && (specs.back().rfind("namm:", 0) != 0 || knob)) {
         specs.back() += "," + piece;
         continue;
       }
@@ -246,7 +255,13 @@ Result<std::vector<std::string>> expand_policies(const std::vector<std::string>&
   for (const auto& spec : specs) {
     NAMM_ASSIGN_OR_RETURN(std::string family, policy_family(spec));
     std::vector<std::string> expanded = {spec};
-    if (is_budgeted_family(family) && CacheSetting(spec).empty()) {
+    if (family == "namm" && CacheSetting(spec).empty() && spec.find(",threshold=") == std::string::npos) {
+      // A NAMM at its own threshold, then at each budget: its curve beside the baselines'.
+      for (const auto& setting : settings) {
+        NAMM_ASSIGN_OR_RETURN(std::string with, with_cache_setting(spec, setting));
+        expanded.push_back(with);
+      }
+    } else if (is_budgeted_family(family) && CacheSetting(spec).empty()) {
       if (settings.empty()) {
         return Status::InvalidArgument("policy '" + spec +
                                        "' needs budget=N or ratio=R, or --budgets / --ratios to "

@@ -1,6 +1,7 @@
 #include "namm/worker/policy_spec.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "namm/namm_file.h"
 #include "namm/option_spec.h"
@@ -55,15 +56,17 @@ Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const
 Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& text, const nlohmann::json* row) {
   // A NAMM file's path may contain ':', so it is not parsed as options.
   if (text.rfind("namm:", 0) == 0) {
-    const std::string path = text.substr(5);
-    if (path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
-    auto it = namm_models_.find(path);
+    NAMM_ASSIGN_OR_RETURN(NammSpec namm_spec, parse_namm_spec(text));
+    auto it = namm_models_.find(namm_spec.path);
     if (it == namm_models_.end()) {
-      NAMM_ASSIGN_OR_RETURN(NammModel model, read_namm_file(path));
-      it = namm_models_.emplace(path, std::move(model)).first;
+      NAMM_ASSIGN_OR_RETURN(NammModel model, read_namm_file(namm_spec.path));
+      it = namm_models_.emplace(namm_spec.path, std::move(model)).first;
     }
     NAMM_ASSIGN_OR_RETURN(std::unique_ptr<NammPolicy> namm, NammPolicy::Create(it->second, device_));
     namm->set_observe_from_query_history(true);  // the engine records each layer's queries
+    if (!namm_spec.setting.empty()) {
+      NAMM_RETURN_IF_ERROR(namm->set_selection_knob(namm_spec.knob).WithContext("policy '" + text + "'"));
+    }
     return std::unique_ptr<MemoryPolicy>(std::move(namm));
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
@@ -118,14 +121,55 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
 }
 
 Result<std::string> policy_family(const std::string& text) {
-  if (text.rfind("namm:", 0) == 0) return std::string("namm");
+  if (text.rfind("namm:", 0) == 0) {
+    NAMM_RETURN_IF_ERROR(parse_namm_spec(text).status());
+    return std::string("namm");
+  }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   if (spec.name == "full" || spec.name == "oracle" || is_budgeted_family(spec.name)) return spec.name;
   return Status::InvalidArgument("unknown policy '" + spec.name + "' (known: " + kKnown + ")");
 }
 
+Result<NammSpec> parse_namm_spec(const std::string& text) {
+  if (text.rfind("namm:", 0) != 0) return Status::InvalidArgument("'" + text + "' is not a NAMM spec (namm:FILE)");
+  NammSpec out;
+  // The knob is the first ",budget=" / ",ratio=" / ",threshold=": a file name holding one of those is not supported.
+  std::size_t knob = std::string::npos;
+  for (const char* key : {",budget=", ",ratio=", ",threshold="}) knob = std::min(knob, text.find(key, 5));
+  out.path = text.substr(5, knob == std::string::npos ? std::string::npos : knob - 5);
+  if (out.path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
+  if (knob == std::string::npos) return out;
+  out.setting = text.substr(knob + 1);
+  NAMM_ASSIGN_OR_RETURN(OptionSpec options, parse_option_spec("namm:" + out.setting));
+  const auto where = [&](const Status& s) { return s.WithContext("policy '" + text + "'"); };
+  NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold"})));
+  if (options.options.size() != 1) {
+    return where(Status::InvalidArgument("a NAMM takes one of budget=, ratio= or threshold=, got '" + out.setting + "'"));
+  }
+  const std::string key = options.options.begin()->first;
+  if (key == "budget") {
+    const Result<int64_t> budget = options.GetInt(key, 0);
+    if (!budget.ok()) return where(budget.status());
+    out.knob.budget = *budget;
+  } else {
+    const Result<double> value = options.GetDouble(key, 0);
+    if (!value.ok()) return where(value.status());
+    (key == "ratio" ? out.knob.ratio : out.knob.threshold) = *value;
+  }
+  return out;
+}
+
 Result<std::optional<int64_t>> policy_token_bound(const std::string& text, int64_t prompt_tokens) {
   NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
+  if (family == "namm") {
+    NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
+    if (namm.knob.budget) return std::optional<int64_t>(*namm.knob.budget);
+    if (namm.knob.ratio) {
+      return std::optional<int64_t>(std::max<int64_t>(
+          1, static_cast<int64_t>(std::ceil(*namm.knob.ratio * static_cast<double>(prompt_tokens)))));
+    }
+    return std::optional<int64_t>();
+  }
   if (!is_budgeted_family(family)) return std::optional<int64_t>();
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   NAMM_ASSIGN_OR_RETURN(CacheBudget budget, CacheBudget::FromSpec(spec));
@@ -138,6 +182,12 @@ bool is_budgeted_family(const std::string& family) {
 }
 
 Result<std::string> with_cache_setting(const std::string& text, const std::string& setting) {
+  if (text.rfind("namm:", 0) == 0) {
+    NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
+    const std::string with = "namm:" + namm.path + "," + setting;
+    NAMM_RETURN_IF_ERROR(parse_namm_spec(with).status());
+    return with;
+  }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   NAMM_ASSIGN_OR_RETURN(OptionSpec budget, parse_option_spec("x:" + setting));
   spec.options.erase("budget");

@@ -69,6 +69,18 @@ class NammPolicy final : public MemoryPolicy {
   void set_observe_from_query_history(bool on) { from_history_ = on; }
   const Trace& last_trace() const { return trace_; }
 
+  // A deployment's knob (namm:FILE,budget=N|ratio=R|threshold=T): each KV head keeps its N best-scored tokens
+  // (top-k over the NAMM's scores), or ceil(R x the prompt's tokens) of them, or the tokens scoring at least T
+  // instead of 0. A NAMM that learned its threshold (dynamic selection) takes budget= or ratio= as a cap.
+  // Deliberately beyond the reference, whose NAMM keeps what scores >= 0 and has no knob (docs/namm-core.md).
+  struct SelectionKnob {
+    std::optional<int64_t> budget;
+    std::optional<double> ratio;
+    std::optional<double> threshold;
+  };
+  Status set_selection_knob(const SelectionKnob& knob);
+  const SelectionConfig& selection() const { return architecture_.selection; }
+
   // The statistics in use, including any gathered by this policy while collecting.
   const FeatureNormalizer& normalizer() const { return normalizer_; }
 
@@ -95,6 +107,7 @@ class NammPolicy final : public MemoryPolicy {
   void EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t from, int64_t to, const at::Tensor& out) const;
 
   NammArchitecture architecture_;
+  std::optional<double> budget_ratio_;  // set_selection_knob's ratio, resolved at each BeginSequence()
   std::unique_ptr<Scorer> scorer_;
   std::optional<float> constant_score_;
   bool observe_skipped_ = false;

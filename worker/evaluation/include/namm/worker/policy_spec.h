@@ -6,7 +6,8 @@
 //   tova:budget=N|ratio=R                  attention of the latest query
 //   snapkv:budget=N|ratio=R[,window=32,kernel=7]   prompt compression at the end of prefill
 //   fastgen:budget=N|ratio=R[,recovery=0.95,window=32]   per-head profiles at the end of prefill
-//   namm:FILE.safetensors                  a NAMM file
+//   namm:FILE.safetensors[,budget=N|,ratio=R|,threshold=T]   a NAMM file; with a knob, each KV head keeps its N
+//                                          (or R of the prompt) best-scored tokens, or those scoring >= T (not 0)
 //   oracle                                 evaluation ceiling: evicts a synthetic row's marked interruption
 // budget = tokens kept per KV head; ratio = that number as a share of each prompt.
 #pragma once
@@ -22,6 +23,7 @@
 
 #include "namm/namm_model.h"
 #include "namm/policies/memory_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "namm/status.h"
 #include "namm/worker/tokenizer.h"
 
@@ -57,6 +59,14 @@ class PolicyFactory {
   std::map<std::string, NammModel> namm_models_;
 };
 
+// "namm:FILE[,budget=N|,ratio=R|,threshold=T]" split: the file (which may hold ':' and ',') and the knob.
+struct NammSpec {
+  std::string path;
+  NammPolicy::SelectionKnob knob;
+  std::string setting;  // "budget=N", "ratio=R", "threshold=T" as given, or ""
+};
+Result<NammSpec> parse_namm_spec(const std::string& spec);
+
 // One policy, without a factory's caching.
 Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const PolicyContext& context);
 
@@ -65,10 +75,12 @@ Result<std::string> policy_family(const std::string& spec);
 // Whether the family takes budget=/ratio= (the fixed-budget baselines).
 bool is_budgeted_family(const std::string& family);
 // Tokens per KV head the policy's cache holds at most after an eviction, for a prompt of `prompt_tokens`: its
-// budget= or ratio= resolved; nullopt when nothing bounds it (full, oracle, a NAMM). Between evictions a cache
+// budget= or ratio= resolved (a baseline's or a NAMM's); nullopt when nothing bounds it (full, oracle, a NAMM
+// without one). Between evictions a cache
 // holds up to a memory-update interval or prefill chunk more (namm-api's admission adds it).
 Result<std::optional<int64_t>> policy_token_bound(const std::string& spec, int64_t prompt_tokens);
-// The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8".
+// The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8",
+// ("namm:f.safetensors", "budget=32") -> "namm:f.safetensors,budget=32".
 Result<std::string> with_cache_setting(const std::string& spec, const std::string& setting);
 
 }  // namespace namm::worker
