@@ -570,6 +570,23 @@ auto Store::Guard(const std::string& what, F&& body) const -> decltype(body()) {
   return GuardCall(path_, options_, options_.io_error_patience, what, std::forward<F>(body));
 }
 
+template <typename T, typename Row>
+Result<std::vector<T>> Store::Rows(const std::string& what, const std::string& sql, std::initializer_list<int64_t> ids,
+                                   Row row) const {
+  return Guard(what, [&]() -> Result<std::vector<T>> {
+    SQLite::Statement q(*db_, sql);
+    int k = 1;
+    for (int64_t id : ids) q.bind(k++, id);
+    std::vector<T> out;
+    while (q.executeStep()) {
+      Result<T> made = row(q);
+      if (!made.ok()) return made.status();
+      out.push_back(std::move(made).value());
+    }
+    return out;
+  });
+}
+
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path, OpenMode mode, StoreOptions options) {
   if (options.target_schema_version < 1 || options.target_schema_version > kStoreSchemaVersion) {
     return Status::InvalidArgument("schema version " + std::to_string(options.target_schema_version) +
@@ -750,26 +767,24 @@ Status Store::ReviseRunSpec(int64_t run_id, const std::string& spec_yaml, const 
 }
 
 Result<std::vector<StageRecord>> Store::GetStages(int64_t run_id) const {
-  return Guard("reading stages", [&]() -> Result<std::vector<StageRecord>> {
-    SQLite::Statement q(*db_,
+  NAMM_ASSIGN_OR_RETURN(
+      std::vector<StageRecord> stages,
+      Rows<StageRecord>("reading stages",
                         "SELECT stage, tasks, generations, start_generation, end_generation, best_eval_fitness, "
-                        "best_eval_generation FROM stages WHERE run_id = ? ORDER BY stage");
-    q.bind(1, run_id);
-    std::vector<StageRecord> stages;
-    while (q.executeStep()) {
-      StageRecord s;
-      s.stage = q.getColumn(0).getInt64();
-      s.tasks = json::parse(q.getColumn(1).getString()).get<std::vector<std::string>>();
-      s.generations = q.getColumn(2).getInt64();
-      s.start_generation = OptionalInt(q.getColumn(3));
-      s.end_generation = OptionalInt(q.getColumn(4));
-      s.best_eval_fitness = OptionalDouble(q.getColumn(5));
-      s.best_eval_generation = OptionalInt(q.getColumn(6));
-      stages.push_back(std::move(s));
-    }
-    if (stages.empty()) return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
-    return stages;
-  });
+                        "best_eval_generation FROM stages WHERE run_id = ? ORDER BY stage",
+                        {run_id}, [](SQLite::Statement& q) {
+                          StageRecord s;
+                          s.stage = q.getColumn(0).getInt64();
+                          s.tasks = json::parse(q.getColumn(1).getString()).get<std::vector<std::string>>();
+                          s.generations = q.getColumn(2).getInt64();
+                          s.start_generation = OptionalInt(q.getColumn(3));
+                          s.end_generation = OptionalInt(q.getColumn(4));
+                          s.best_eval_fitness = OptionalDouble(q.getColumn(5));
+                          s.best_eval_generation = OptionalInt(q.getColumn(6));
+                          return s;
+                        }));
+  if (stages.empty()) return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+  return stages;
 }
 
 Status Store::FreezeNormStats(int64_t run_id, const NormStats& stats) {
@@ -846,32 +861,27 @@ Result<int64_t> Store::RecordEvaluations(int64_t run_id, const std::vector<Evalu
 }
 
 Result<std::vector<EvaluationRecord>> Store::GetEvaluations(int64_t run_id, int64_t generation) const {
-  return Guard("reading evaluations", [&]() -> Result<std::vector<EvaluationRecord>> {
-    SQLite::Statement q(*db_,
-                        "SELECT candidate, task, prompt, score, cache_size_mean, cache_size_final, prompt_tokens, "
-                        "generated_tokens, worker, duration_seconds, norm_stats FROM evaluations "
-                        "WHERE run_id = ? AND generation = ? ORDER BY candidate, task, prompt");
-    q.bind(1, run_id);
-    q.bind(2, generation);
-    std::vector<EvaluationRecord> out;
-    while (q.executeStep()) {
-      EvaluationRecord e;
-      e.generation = generation;
-      e.candidate = q.getColumn(0).getInt64();
-      e.task = q.getColumn(1).getString();
-      e.prompt = q.getColumn(2).getInt64();
-      e.score = q.getColumn(3).getDouble();
-      e.cache_size_mean = q.getColumn(4).getDouble();
-      e.cache_size_final = q.getColumn(5).getInt64();
-      e.prompt_tokens = q.getColumn(6).getInt64();
-      e.generated_tokens = q.getColumn(7).getInt64();
-      e.worker = q.getColumn(8).getString();
-      e.duration_seconds = q.getColumn(9).getDouble();
-      NAMM_ASSIGN_OR_RETURN(e.norm_stats, NormStatsOf(q.getColumn(10), "normalization statistics of an evaluation"));
-      out.push_back(std::move(e));
-    }
-    return out;
-  });
+  return Rows<EvaluationRecord>(
+      "reading evaluations",
+      "SELECT candidate, task, prompt, score, cache_size_mean, cache_size_final, prompt_tokens, generated_tokens, "
+      "worker, duration_seconds, norm_stats FROM evaluations WHERE run_id = ? AND generation = ? "
+      "ORDER BY candidate, task, prompt",
+      {run_id, generation}, [&](SQLite::Statement& q) -> Result<EvaluationRecord> {
+        EvaluationRecord e;
+        e.generation = generation;
+        e.candidate = q.getColumn(0).getInt64();
+        e.task = q.getColumn(1).getString();
+        e.prompt = q.getColumn(2).getInt64();
+        e.score = q.getColumn(3).getDouble();
+        e.cache_size_mean = q.getColumn(4).getDouble();
+        e.cache_size_final = q.getColumn(5).getInt64();
+        e.prompt_tokens = q.getColumn(6).getInt64();
+        e.generated_tokens = q.getColumn(7).getInt64();
+        e.worker = q.getColumn(8).getString();
+        e.duration_seconds = q.getColumn(9).getDouble();
+        NAMM_ASSIGN_OR_RETURN(e.norm_stats, NormStatsOf(q.getColumn(10), "normalization statistics of an evaluation"));
+        return e;
+      });
 }
 
 Result<std::map<std::pair<std::string, int64_t>, int64_t>> Store::GetPromptTokens(int64_t run_id) const {
@@ -910,18 +920,14 @@ Status Store::RecordDroppedPrompt(int64_t run_id, const DroppedPrompt& d) {
 }
 
 Result<std::vector<DroppedPrompt>> Store::GetDroppedPrompts(int64_t run_id) const {
-  return Guard("reading dropped prompts", [&]() -> Result<std::vector<DroppedPrompt>> {
-    SQLite::Statement q(*db_,
-                        "SELECT generation, task, prompt, error, dropped_at FROM dropped_prompts WHERE run_id = ? "
-                        "ORDER BY generation, task, prompt");
-    q.bind(1, run_id);
-    std::vector<DroppedPrompt> out;
-    while (q.executeStep()) {
-      out.push_back(DroppedPrompt{q.getColumn(0).getInt64(), q.getColumn(1).getString(), q.getColumn(2).getInt64(),
-                                  q.getColumn(3).getString(), q.getColumn(4).getString()});
-    }
-    return out;
-  });
+  return Rows<DroppedPrompt>("reading dropped prompts",
+                             "SELECT generation, task, prompt, error, dropped_at FROM dropped_prompts "
+                             "WHERE run_id = ? ORDER BY generation, task, prompt",
+                             {run_id}, [](SQLite::Statement& q) {
+                               return DroppedPrompt{q.getColumn(0).getInt64(), q.getColumn(1).getString(),
+                                                    q.getColumn(2).getInt64(), q.getColumn(3).getString(),
+                                                    q.getColumn(4).getString()};
+                             });
 }
 
 Result<int64_t> Store::NextLeaseEpoch(int64_t run_id) {
@@ -1114,14 +1120,10 @@ constexpr const char* kGenerationColumns =
 }  // namespace
 
 Result<std::vector<GenerationRecord>> Store::GetGenerations(int64_t run_id) const {
-  return Guard("reading generations", [&]() -> Result<std::vector<GenerationRecord>> {
-    SQLite::Statement q(*db_, std::string("SELECT ") + kGenerationColumns +
-                                  " FROM generations WHERE run_id = ? ORDER BY generation");
-    q.bind(1, run_id);
-    std::vector<GenerationRecord> out;
-    while (q.executeStep()) out.push_back(GenerationOf(q));
-    return out;
-  });
+  return Rows<GenerationRecord>("reading generations",
+                                 std::string("SELECT ") + kGenerationColumns +
+                                     " FROM generations WHERE run_id = ? ORDER BY generation",
+                                 {run_id}, [](SQLite::Statement& q) { return GenerationOf(q); });
 }
 
 Result<GenerationRecord> Store::GetGeneration(int64_t run_id, int64_t generation) const {
@@ -1142,18 +1144,13 @@ Result<GenerationRecord> Store::GetGeneration(int64_t run_id, int64_t generation
 }
 
 Result<std::vector<CandidateRecord>> Store::GetCandidates(int64_t run_id, int64_t generation) const {
-  return Guard("reading candidates", [&]() -> Result<std::vector<CandidateRecord>> {
-    SQLite::Statement q(*db_, "SELECT candidate, fitness, tasks FROM candidates WHERE run_id = ? AND generation = ? "
-                              "ORDER BY candidate");
-    q.bind(1, run_id);
-    q.bind(2, generation);
-    std::vector<CandidateRecord> out;
-    while (q.executeStep()) {
-      out.push_back(CandidateRecord{q.getColumn(0).getInt64(), q.getColumn(1).getDouble(),
-                                    TaskScoresOf(q.getColumn(2).getString())});
-    }
-    return out;
-  });
+  return Rows<CandidateRecord>(
+      "reading candidates",
+      "SELECT candidate, fitness, tasks FROM candidates WHERE run_id = ? AND generation = ? ORDER BY candidate",
+      {run_id, generation}, [](SQLite::Statement& q) {
+        return CandidateRecord{q.getColumn(0).getInt64(), q.getColumn(1).getDouble(),
+                               TaskScoresOf(q.getColumn(2).getString())};
+      });
 }
 
 Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string& role, int64_t stage,
@@ -1196,34 +1193,26 @@ Result<CheckpointRecord> Store::GetCheckpoint(int64_t run_id, const std::string&
 }
 
 Result<std::vector<CheckpointRecord>> Store::ListCheckpoints(int64_t run_id) const {
-  return Guard("listing checkpoints", [&]() -> Result<std::vector<CheckpointRecord>> {
-    SQLite::Statement q(*db_, "SELECT role, stage, generation, eval_fitness, checksum, created_at FROM checkpoints "
-                              "WHERE run_id = ? ORDER BY role, stage");
-    q.bind(1, run_id);
-    std::vector<CheckpointRecord> out;
-    while (q.executeStep()) {
-      CheckpointRecord c;
-      c.role = q.getColumn(0).getString();
-      c.stage = q.getColumn(1).getInt64();
-      c.generation = q.getColumn(2).getInt64();
-      c.eval_fitness = OptionalDouble(q.getColumn(3));
-      c.checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
-      c.created_at = q.getColumn(5).getString();
-      out.push_back(std::move(c));
-    }
-    return out;
-  });
+  return Rows<CheckpointRecord>("listing checkpoints",
+                                 "SELECT role, stage, generation, eval_fitness, checksum, created_at FROM checkpoints "
+                                 "WHERE run_id = ? ORDER BY role, stage",
+                                 {run_id}, [](SQLite::Statement& q) {
+                                   CheckpointRecord c;
+                                   c.role = q.getColumn(0).getString();
+                                   c.stage = q.getColumn(1).getInt64();
+                                   c.generation = q.getColumn(2).getInt64();
+                                   c.eval_fitness = OptionalDouble(q.getColumn(3));
+                                   c.checksum = static_cast<uint32_t>(q.getColumn(4).getInt64());
+                                   c.created_at = q.getColumn(5).getString();
+                                   return c;
+                                 });
 }
 
 Result<std::vector<SnapshotRecord>> Store::ListSnapshots(int64_t run_id) const {
-  return Guard("listing snapshots", [&]() -> Result<std::vector<SnapshotRecord>> {
-    SQLite::Statement q(*db_, std::string(kSnapshotColumns) +
-                                  " FROM snapshots WHERE run_id = ? AND complete = 1 ORDER BY stage, generation, id");
-    q.bind(1, run_id);
-    std::vector<SnapshotRecord> out;
-    while (q.executeStep()) out.push_back(SnapshotOf(q));
-    return out;
-  });
+  return Rows<SnapshotRecord>(
+      "listing snapshots",
+      std::string(kSnapshotColumns) + " FROM snapshots WHERE run_id = ? AND complete = 1 ORDER BY stage, generation, id",
+      {run_id}, [](SQLite::Statement& q) { return SnapshotOf(q); });
 }
 
 Result<SnapshotRecord> Store::GetSnapshot(int64_t run_id, int64_t id, const CmaesParams& params) const {
@@ -1389,17 +1378,13 @@ Result<std::map<std::string, double>> Store::GetMetrics(int64_t run_id, int64_t 
 }
 
 Result<std::vector<GenerationActivity>> Store::GetGenerationActivity(int64_t run_id) const {
-  return Guard("reading generation activity", [&]() -> Result<std::vector<GenerationActivity>> {
-    SQLite::Statement q(*db_, "SELECT generation, COUNT(*), COUNT(DISTINCT worker), TOTAL(duration_seconds) "
-                              "FROM evaluations WHERE run_id = ? GROUP BY generation ORDER BY generation");
-    q.bind(1, run_id);
-    std::vector<GenerationActivity> out;
-    while (q.executeStep()) {
-      out.push_back({q.getColumn(0).getInt64(), q.getColumn(1).getInt64(), q.getColumn(2).getInt64(),
-                     q.getColumn(3).getDouble()});
-    }
-    return out;
-  });
+  return Rows<GenerationActivity>("reading generation activity",
+                                   "SELECT generation, COUNT(*), COUNT(DISTINCT worker), TOTAL(duration_seconds) "
+                                   "FROM evaluations WHERE run_id = ? GROUP BY generation ORDER BY generation",
+                                   {run_id}, [](SQLite::Statement& q) {
+                                     return GenerationActivity{q.getColumn(0).getInt64(), q.getColumn(1).getInt64(),
+                                                               q.getColumn(2).getInt64(), q.getColumn(3).getDouble()};
+                                   });
 }
 
 Result<ReferenceImport> Store::ImportReferenceScores(const std::string& fingerprint,

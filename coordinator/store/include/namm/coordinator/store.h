@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -190,6 +191,11 @@ class Store final : public TrainingStore {
   // Runs `body` (one transaction, or reads) again after each transient error until it goes through (store.cpp).
   template <typename F>
   auto Guard(const std::string& what, F&& body) const -> decltype(body());
+  // The rows of `sql` (its parameters: `ids`, in order), each made by `row(statement)` (a T or a Result<T>), read
+  // under Guard() (store.cpp).
+  template <typename T, typename Row>
+  Result<std::vector<T>> Rows(const std::string& what, const std::string& sql, std::initializer_list<int64_t> ids,
+                              Row row) const;
   // A connection to the file at `path`, opened (SQLite errors that can pass retried for `patience`) and migrated.
   static Result<std::unique_ptr<Store>> Connect(const std::string& path, OpenMode mode, StoreOptions options,
                                                 std::chrono::seconds patience);
