@@ -131,7 +131,16 @@ class Observability : public ::testing::Test {
 
 TEST_F(Observability, BothExpositionsPassPromtoolAndCountWhatHappened) {
   if (!OnPath("promtool")) GTEST_SKIP() << "promtool is missing (Debian package prometheus: scripts/install-deps.sh)";
-  const std::string coordinator = Scrape(metrics_port_);
+  // The run loop takes the service's counters into the metrics at its next tick: the refused worker of the setup
+  // shows once one has passed.
+  std::string coordinator;
+  const auto refusal_counted = [&] {
+    coordinator = Scrape(metrics_port_);
+    return Sample(coordinator, "namm_requests_rejected_total{run=\"observed\",code=\"UNAUTHENTICATED\"}")
+               .value_or(0) >= 1.0;
+  };
+  EXPECT_TRUE(namm::testing::WaitUntil(refusal_counted, std::chrono::seconds(10)))
+      << "the refused worker was not counted";
   const std::string worker = Scrape(metrics_port_ + 1);
   ASSERT_FALSE(worker.empty()) << "no worker metrics at port " << metrics_port_ + 1;
   for (const auto& [name, text] : std::map<std::string, std::string>{{"coordinator", coordinator}, {"worker", worker}}) {
