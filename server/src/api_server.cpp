@@ -351,20 +351,18 @@ struct ApiServer::Impl {
     beast::error_code ec;
     socket.non_blocking(true, ec);
     socket.set_option(tcp::no_delay(true), ec);
-    const tcp::endpoint remote = socket.remote_endpoint(ec);
-    const std::string peer = ec ? std::string("unknown") : remote.address().to_string();
     TimedSocket timed(socket, idle_timeout, stopping);
-    if (!tls) return ServeRequests(timed, timed, socket.native_handle(), peer, connection);
+    if (!tls) return ServeRequests(timed, timed, socket.native_handle(), connection);
     timed.set_deadline(Clock::now() + idle_timeout);
     ssl::stream<TimedSocket> stream(timed, *tls);
     stream.handshake(ssl::stream_base::server, ec);
     if (ec) return;  // not TLS, a certificate refused, or too slow
-    ServeRequests(stream, stream.next_layer(), socket.native_handle(), peer, connection);
+    ServeRequests(stream, stream.next_layer(), socket.native_handle(), connection);
   }
 
-  // `timed` is the socket under `stream` (the stream itself without TLS); `peer` the client's address.
+  // `timed` is the socket under `stream` (the stream itself without TLS).
   template <class Stream>
-  void ServeRequests(Stream& stream, TimedSocket& timed, int fd, const std::string& peer, Connection& connection) {
+  void ServeRequests(Stream& stream, TimedSocket& timed, int fd, Connection& connection) {
     beast::flat_buffer buffer;
     while (!stopping.load()) {
       http::request_parser<http::string_body> parser;
@@ -382,7 +380,7 @@ struct ApiServer::Impl {
       if (ec) return;  // closed, idle, or not HTTP
       // The key is checked on the headers: a client without one is answered before a 100 Continue or any of its
       // body is read (the connection then closes, the body unread).
-      if (!Authorized(parser.get())) return RefuseKey(stream, parser.get(), peer);
+      if (!Authorized(parser.get())) return RefuseKey(stream, parser.get(), connection.peer);
       if (parser.get().version() == 11 && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
         http::response<http::empty_body> go_on{http::status::continue_, 11};
         http::write(stream, go_on, ec);

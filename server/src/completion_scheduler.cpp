@@ -151,10 +151,10 @@ struct CompletionScheduler::Impl {
     std::shared_ptr<CompletionHandle> handle;
     Clock::time_point arrived;
     uint64_t seed = 0;
+    int64_t kv_bytes = 0;  // its worst case (KvBytesAtMost), counted while it runs
   };
   struct Row {
     Waiting request;
-    int64_t kv_reserved = 0;  // its worst case (KvBytesAtMost)
     std::unique_ptr<MemoryPolicy> policy;
     int64_t id = 0;
     std::size_t tokens_seen = 0;  // generated tokens already turned into text
@@ -245,9 +245,9 @@ struct CompletionScheduler::Impl {
         if (queue.empty()) return;
         if (options.max_kv_bytes > 0 && !rows.empty()) {
           int64_t reserved = 0;
-          for (const Row& row : rows) reserved += row.kv_reserved;
+          for (const Row& row : rows) reserved += row.request.kv_bytes;
           // The oldest waits for room; the ones behind it wait for it.
-          if (reserved + KvBytesAtMost(queue.front().job) > options.max_kv_bytes) return;
+          if (reserved + queue.front().kv_bytes > options.max_kv_bytes) return;
         }
         next = std::move(queue.front());
         queue.pop_front();
@@ -274,7 +274,6 @@ struct CompletionScheduler::Impl {
         return;
       }
       Row row;
-      row.kv_reserved = KvBytesAtMost(next.job);
       row.policy = std::move(*policy);
       worker::Generator::Request request;
       request.prompt_ids = next.job.prompt_ids;
@@ -479,7 +478,7 @@ std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job,
     if (impl_->stopping || impl_->queue.size() >= impl_->options.max_queue) return nullptr;
     const uint64_t n = impl_->arrivals++;
     const uint64_t seed = job.seed ? *job.seed : DrawSeed(impl_->options.seed, n);
-    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed});
+    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed, need});
   }
   impl_->wake.notify_all();
   return handle;

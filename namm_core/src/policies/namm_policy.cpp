@@ -228,9 +228,8 @@ void NammPolicy::GatherCarriedRows(int layer, const LayerKVCache& cache, const i
 Status NammPolicy::BeginSequence(const SequenceInfo& info) {
   carried_.clear();
   remembered_ = RememberedRows{};
-  if (budget_ratio_) {
-    architecture_.selection.budget = std::max<int64_t>(
-        1, static_cast<int64_t>(std::ceil(*budget_ratio_ * static_cast<double>(info.prompt_ids.size()))));
+  if (knob_budget_) {
+    architecture_.selection.budget = knob_budget_->Resolve(static_cast<int64_t>(info.prompt_ids.size()));
   }
   return Status::Ok();
 }
@@ -240,7 +239,7 @@ Status NammPolicy::set_selection_knob(const SelectionKnob& knob) {
   if (given != 1) return Status::InvalidArgument("a NAMM's selection takes one of budget=, ratio= or threshold=");
   SelectionConfig& s = architecture_.selection;
   const bool dynamic = s.kind == SelectionKind::kDynamic;
-  budget_ratio_.reset();
+  knob_budget_.reset();
   if (knob.threshold) {
     if (dynamic) {
       return Status::InvalidArgument("this NAMM learned its threshold (dynamic selection): give it budget= or "
@@ -252,16 +251,11 @@ Status NammPolicy::set_selection_knob(const SelectionKnob& knob) {
     s.threshold = static_cast<float>(*knob.threshold);
     return Status::Ok();
   }
-  if (knob.budget && *knob.budget <= 0) {
-    return Status::InvalidArgument("budget= must be a positive number of tokens per KV head, got " +
-                                   std::to_string(*knob.budget));
-  }
-  if (knob.ratio && !(*knob.ratio > 0 && *knob.ratio <= 1)) {
-    return Status::InvalidArgument("ratio= must be in (0, 1], got " + std::to_string(*knob.ratio));
-  }
+  NAMM_ASSIGN_OR_RETURN(CacheBudget budget,
+                        knob.budget ? CacheBudget::Tokens(*knob.budget) : CacheBudget::Ratio(*knob.ratio));
   if (!dynamic) s.kind = SelectionKind::kTopK;
-  s.budget = knob.budget ? *knob.budget : 1;  // a ratio's budget is resolved when a sequence begins
-  if (knob.ratio) budget_ratio_ = *knob.ratio;
+  s.budget = budget.Resolve(0);  // a ratio's is resolved again when a sequence begins
+  knob_budget_ = budget;
   return Status::Ok();
 }
 

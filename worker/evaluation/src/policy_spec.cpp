@@ -1,7 +1,6 @@
 #include "namm/worker/policy_spec.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "namm/namm_file.h"
 #include "namm/option_spec.h"
@@ -160,16 +159,14 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
 }
 
 Result<std::optional<int64_t>> policy_token_bound(const std::string& text, int64_t prompt_tokens) {
-  NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
-  if (family == "namm") {
+  if (text.rfind("namm:", 0) == 0) {
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
-    if (namm.knob.budget) return std::optional<int64_t>(*namm.knob.budget);
-    if (namm.knob.ratio) {
-      return std::optional<int64_t>(std::max<int64_t>(
-          1, static_cast<int64_t>(std::ceil(*namm.knob.ratio * static_cast<double>(prompt_tokens)))));
-    }
-    return std::optional<int64_t>();
+    if (!namm.knob.budget && !namm.knob.ratio) return std::optional<int64_t>();
+    NAMM_ASSIGN_OR_RETURN(const CacheBudget budget, namm.knob.budget ? CacheBudget::Tokens(*namm.knob.budget)
+                                                                     : CacheBudget::Ratio(*namm.knob.ratio));
+    return std::optional<int64_t>(budget.Resolve(prompt_tokens));
   }
+  NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
   if (!is_budgeted_family(family)) return std::optional<int64_t>();
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   NAMM_ASSIGN_OR_RETURN(CacheBudget budget, CacheBudget::FromSpec(spec));

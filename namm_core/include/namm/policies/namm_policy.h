@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "namm/feature_norm.h"
+#include "namm/policies/cache_budget.h"
 #include "namm/policies/memory_policy.h"
 #include "namm/namm_model.h"
 #include "namm/scorer.h"
@@ -107,7 +108,7 @@ class NammPolicy final : public MemoryPolicy {
   void EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t from, int64_t to, const at::Tensor& out) const;
 
   NammArchitecture architecture_;
-  std::optional<double> budget_ratio_;  // set_selection_knob's ratio, resolved at each BeginSequence()
+  std::optional<CacheBudget> knob_budget_;  // set_selection_knob's budget or ratio, resolved at each BeginSequence()
   std::unique_ptr<Scorer> scorer_;
   std::optional<float> constant_score_;
   bool observe_skipped_ = false;
