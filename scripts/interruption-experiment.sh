@@ -7,12 +7,16 @@
 #  5. the clean-context score (the story without its interruption) for reference.
 # Each step resumes or is skipped when its output exists, so the script can be rerun after an interruption.
 # Run from the repository root with the binaries in $BUILD_DIR/bin.
+# Evolution over budgets (docs/results.md, issue 36): CONFIG=coordinator/runs/interruption-budgets-cpu.yaml
+# OUT=build/interruption-budgets BUDGETS=8,16,32,64 (the eval then pairs the NAMM with each baseline per budget).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 BIN=$BUILD_DIR/bin
 OUT=${OUT:-$BUILD_DIR/interruption}
+CONFIG=${CONFIG:-coordinator/runs/interruption-cpu.yaml}
+BUDGETS=${BUDGETS:-8,16,32,64,128}
 MODEL=../shared/models/stories260K
 MODEL_FLAGS=(--model "$MODEL/stories260K.bin" --tokenizer "$MODEL/tok512.bin")
 mkdir -p "$OUT"
@@ -24,7 +28,7 @@ echo "== 1. rows"
   --seed 2 --rows 128 --pool 128 --out "$OUT/interruption_heldout.jsonl"
 
 echo "== 2. training (resumes the run in $OUT/run.db if there is one)"
-"$BIN/namm-coordinator" run --config coordinator/runs/interruption-cpu.yaml --db "$OUT/run.db" --local-workers 2 \
+"$BIN/namm-coordinator" run --config "$CONFIG" --db "$OUT/run.db" --local-workers 2 \
   --data-dir "synthetic=$OUT" --log-level warn
 
 echo "== 3. the evolved NAMM, what it keeps on the first training row, and the training report"
@@ -37,7 +41,7 @@ explain=$(find "$OUT/explain" -path '*namm*' -name explain-row-0.html | head -1)
 echo "== 4. held-out evaluation"
 "$BIN/namm-worker" eval "${MODEL_FLAGS[@]}" --tasks syn/interruption_heldout --data-dir "synthetic=$OUT" --threads 1 \
   --policies "oracle,namm:$OUT/interruption-namm.safetensors,streaming,h2o,tova,l2,snapkv,fastgen,fastgen:recovery=0.5" \
-  --budgets 8,16,32,64,128 --out "$OUT/eval"
+  --budgets "$BUDGETS" --out "$OUT/eval"
 
 echo "== 5. clean context (the held-out rows without their interruption), full cache"
 "$BIN/namm-worker" run-task "${MODEL_FLAGS[@]}" --task syn/interruption_heldout --data-dir "synthetic=$OUT" \

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "namm/file_util.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::tasks {
 
@@ -49,7 +50,7 @@ Status ReferenceScores::Save(const std::string& path) const {
 }
 
 std::optional<double> ReferenceScores::Get(const std::string& task, int64_t row) const {
-  auto t = scores_.find(task);
+  auto t = scores_.find(base_task(task));  // a variant's reference is its base task's (task_variant.h)
   if (t == scores_.end()) return std::nullopt;
   auto r = t->second.find(row);
   if (r == t->second.end()) return std::nullopt;
@@ -57,6 +58,9 @@ std::optional<double> ReferenceScores::Get(const std::string& task, int64_t row)
 }
 
 Status ReferenceScores::Set(const std::string& task, int64_t row, double score) {
+  if (base_task(task) != task) {
+    return Status::InvalidArgument(task + ": reference scores are kept for the base task " + base_task(task));
+  }
   if (!std::isfinite(score) || score < 0 || score > 1) {
     return Status::InvalidArgument(task + " row " + std::to_string(row) + ": score " + std::to_string(score) +
                                    " is outside [0, 1]");

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <fcntl.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -216,8 +217,12 @@ struct InProcessRun {
 // The finished distributed run in `db` against the in-process one: the same evaluations (each unit once, with the
 // same score) and the same final optimizer state, bit for bit.
 void ExpectSameAsInProcess(const std::string& db, const InProcessRun& expected) {
-  auto store = Store::Open(db, OpenMode::kReadOnly).value();
-  const RunRecord run = store->GetRun(1).value();
+  auto opened = Store::Open(db, OpenMode::kReadOnly);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto store = std::move(opened).value();
+  const auto got_run = store->GetRun(1);
+  ASSERT_TRUE(got_run.ok()) << got_run.status().ToString();
+  const RunRecord run = got_run.value();
   EXPECT_EQ(run.status, "finished");
   const CmaesParams& params = expected.trainer->params();
   EXPECT_TRUE(store->GetCheckpoint(1, "latest", 0, params)->state == expected.FinalState())
@@ -513,12 +518,29 @@ TEST(Distribution, AWorkerKeepsResultsTheCoordinatorDidNotTakeUntilItHasThem) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
+// The LD_PRELOAD value that loads the fault shim. In a sanitizer build the runtime must come first in the initial
+// library list (AddressSanitizer refuses to start otherwise), so the runtime this test process loaded, the one
+// our programs link, goes ahead of the shim.
+std::string PreloadIoFaults() {
+  std::string runtime;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+        const std::string base = name.substr(name.find_last_of('/') + 1);
+        if (base.rfind("libasan.so", 0) != 0 && base.rfind("libtsan.so", 0) != 0) return 0;
+        *static_cast<std::string*>(out) = name;
+        return 1;
+      },
+      &runtime);
+  return "LD_PRELOAD=" + (runtime.empty() ? "" : runtime + ":") + std::string(NAMM_IO_FAULTS_PATH);
+}
+
 // The prefix that runs the coordinator with its database and progress log (every file whose path contains
 // "/run.db") failing with `error` on `calls` while `trigger` exists (tests/coordinator/io_faults.c: no privileges
 // needed), each failure logged in DIR/faults.
 std::vector<std::string> IoFaults(const SimRun& r, const std::string& trigger, const std::string& error,
                                   const std::string& calls, const std::vector<std::string>& more = {}) {
-  std::vector<std::string> prefix = {"/usr/bin/env", "LD_PRELOAD=" + std::string(NAMM_IO_FAULTS_PATH),
+  std::vector<std::string> prefix = {"/usr/bin/env", PreloadIoFaults(),
                                      "NAMM_IO_FAULT_MATCH=/run.db", "NAMM_IO_FAULT_ERRNO=" + error,
                                      "NAMM_IO_FAULT_CALLS=" + calls, "NAMM_IO_FAULT_WHILE=" + trigger,
                                      "NAMM_IO_FAULT_LOG=" + r.dir + "/faults"};
@@ -897,7 +919,7 @@ TEST(DistributionLong, StoreContentionNeverStopsARun) {
   }
   WriteText(r.spec, r.yaml);
   r.seconds_per_token = "0.00001";
-  r.coordinator_prefix = {"/usr/bin/env", "LD_PRELOAD=" + std::string(NAMM_IO_FAULTS_PATH), "NAMM_SLOW_FSYNC_MS=12000",
+  r.coordinator_prefix = {"/usr/bin/env", PreloadIoFaults(), "NAMM_SLOW_FSYNC_MS=12000",
                           "NAMM_SLOW_FSYNC_SUFFIX=/run.db", "NAMM_SLOW_FSYNC_LOG=" + r.dir + "/slow_syncs"};
   const int metrics = FreePort();
   int exit_code = -1;

@@ -87,6 +87,10 @@ TEST(RunSpec, ParsesTheShippedSpecsAndNamesBadKeys) {
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     EXPECT_EQ(spec->architecture.param_count(), 4172);
   }
+  const RunSpec budgets = *load_run_spec(std::string(NAMM_RUNS_DIR) + "/interruption-budgets-cpu.yaml");
+  EXPECT_EQ(budgets.stages[0].tasks,
+            (std::vector<std::string>{"syn/interruption", "syn/interruption@budget=8", "syn/interruption@budget=16",
+                                      "syn/interruption@budget=32", "syn/interruption@budget=64"}));
   const RunSpec paper = *load_run_spec(std::string(NAMM_RUNS_DIR) + "/namm-bam-incremental.yaml");
   EXPECT_EQ(paper.total_generations(), 670);
   EXPECT_EQ(paper.stages[2].tasks.size(), 3u);
@@ -192,6 +196,70 @@ TEST(Trainer, RefusesResultsOutsideThePlan) {
   EXPECT_EQ(t.Missing()->size(), t.plan().units.size());  // nothing was stored
   EXPECT_EQ(*t.Record(results), 1);
   EXPECT_EQ(*t.Record(results), 0);  // a duplicate is not counted twice
+}
+
+// budgets: [own, 8] turns each task into itself and its variant at budget 8; bad settings are named.
+TEST(RunSpec, BudgetsTurnEachTaskIntoItsVariants) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\n");
+  const RunSpec spec = parse_run_spec(yaml, "budgets.yaml").value();
+  EXPECT_EQ(spec.stages[0].tasks, (std::vector<std::string>{"t/a", "t/a@budget=8"}));
+  EXPECT_EQ(spec.stages[1].tasks, (std::vector<std::string>{"t/a", "t/a@budget=8", "t/b", "t/b@budget=8"}));
+  std::string ratios = SyntheticSpecYaml();
+  ratios.insert(ratios.find("stages:"), "ratios: [0.25]\n");
+  EXPECT_EQ(parse_run_spec(ratios, "r.yaml")->stages[1].tasks, (std::vector<std::string>{"t/a@ratio=0.25", "t/b@ratio=0.25"}));
+  for (const auto& [insert, says] : std::vector<std::pair<std::string, std::string>>{
+           {"budgets: [8]\nratios: [0.5]\n", "give 'budgets' or 'ratios', not both"},
+           {"budgets: [8, 8]\n", "budgets lists a value twice"},
+           {"budgets: [0]\n", "stages[0].tasks: task 't/a@budget=0'"},
+           {"ratios: [own, 2]\n", "(0, 1]"}}) {
+    std::string bad = SyntheticSpecYaml();
+    bad.insert(bad.find("stages:"), insert);
+    const Result<RunSpec> parsed = parse_run_spec(bad, "bad.yaml");
+    ASSERT_FALSE(parsed.ok()) << insert;
+    EXPECT_NE(parsed.status().message().find(says), std::string::npos) << parsed.status().ToString();
+  }
+  std::string named = SyntheticSpecYaml();
+  named.replace(named.find("[t/a]"), 5, "[t/a@budget=x]");
+  EXPECT_NE(parse_run_spec(named, "n.yaml").status().message().find("'t/a@budget=x'"), std::string::npos);
+}
+
+// Evolution over budgets: every candidate runs each task's variants on the base task's prompts (paired), its
+// fitness is the mean of the variants' normalized scores, each stored as a task of its own, and the base
+// model's reference runs once per base prompt.
+TEST(Trainer, ARunOverBudgetsScoresEveryCandidateAtEachBudgetOnTheSamePrompts) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\n");
+  const RunSpec spec = parse_run_spec(yaml, "spec").value();
+  std::map<std::string, int64_t> rows = SyntheticTaskRows();
+  rows["t/a@budget=8"] = rows.at("t/a");
+  rows["t/b@budget=8"] = rows.at("t/b");
+  auto store = Store::Open(FreshDatabasePath("budgets.db"), OpenMode::kCreate).value();
+  auto t = Trainer::Create(*store, spec, rows).value();
+  std::set<std::string> reference_tasks;
+  for (const auto& [task, prompt] : t->plan().missing_references) reference_tasks.insert(task);
+  EXPECT_EQ(reference_tasks, (std::set<std::string>{"t/a"}));
+  EXPECT_EQ(t->plan().missing_references.size(), 6u);
+  ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                           "test", false).ok());
+  // At budget 8 a candidate scores 0.8 of what it scores with its own selection.
+  const Evaluator evaluate = [](const Trainer& trainer, const std::vector<WorkUnit>& units) {
+    std::vector<EvaluationRecord> out = EvaluateUnits(trainer, units);
+    for (EvaluationRecord& e : out) e.score *= e.task.find("@budget=8") != std::string::npos ? 0.8 : 1.0;
+    return out;
+  };
+  ASSERT_TRUE(DriveRun(*t, 1, evaluate).ok());  // the statistics phase
+  EXPECT_EQ(t->plan().samples.at("t/a"), t->plan().samples.at("t/a@budget=8"));
+  ASSERT_TRUE(DriveRun(*t, 1, evaluate).ok());
+  const std::vector<CandidateRecord> candidates = store->GetCandidates(t->run_id(), 0).value();
+  ASSERT_EQ(candidates.size(), 8u);
+  for (const CandidateRecord& c : candidates) {
+    ASSERT_EQ(c.tasks.size(), 2u);
+    const TaskScore& own = c.tasks.at("t/a");
+    const TaskScore& eight = c.tasks.at("t/a@budget=8");
+    EXPECT_NEAR(eight.raw, 0.8 * own.raw, 1e-12);
+    EXPECT_DOUBLE_EQ(c.fitness, (own.normalized + eight.normalized) / 2);
+  }
 }
 
 TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {

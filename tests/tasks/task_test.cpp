@@ -8,6 +8,7 @@
 #include "../worker/shared_data.h"
 #include "namm/file_util.h"
 #include "namm/tasks/normalized_score.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::tasks {
 namespace {
@@ -131,6 +132,51 @@ TEST(NormalizedFitness, RatioOfMeansAveragedOverTasks) {
   auto missing = normalized_fitness(unknown_row, reference);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("t1 row 5"), std::string::npos);
+}
+
+// Evolution over budgets: "T@budget=N" / "T@ratio=R" name a task run with the NAMM's cache held to a budget.
+TEST(TaskVariant, ParsesABudgetOrARatioAndRefusesAnythingElseNamingTheTask) {
+  const TaskVariant plain = parse_task_variant("syn/interruption").value();
+  EXPECT_EQ(plain.base, "syn/interruption");
+  EXPECT_FALSE(plain.budget.has_value());
+  const TaskVariant tokens = parse_task_variant("syn/interruption@budget=16").value();
+  EXPECT_EQ(tokens.base, "syn/interruption");
+  ASSERT_TRUE(tokens.budget.has_value());
+  EXPECT_EQ(tokens.budget->ToString(), "budget=16");
+  EXPECT_EQ(tokens.budget->Resolve(1000), 16);
+  const TaskVariant share = parse_task_variant("lb/dureader@ratio=0.25").value();
+  EXPECT_EQ(share.base, "lb/dureader");
+  EXPECT_EQ(share.budget->Resolve(400), 100);
+  for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+           {"syn/interruption@budget=0", "budget > 0"},
+           {"syn/interruption@ratio=1.5", "(0, 1]"},
+           {"syn/interruption@threshold=0.5", "threshold"},
+           {"syn/interruption@budget=8,ratio=0.5", "exactly one"},
+           {"syn/interruption@", "syn/interruption@"},
+           {"@budget=8", "no name before '@'"},
+           {"syn/interruption@budget=eight", "eight"}}) {
+    const Result<TaskVariant> parsed = parse_task_variant(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find(says), std::string::npos) << parsed.status().ToString();
+    EXPECT_NE(parsed.status().message().find("'" + bad + "'"), std::string::npos) << parsed.status().ToString();
+  }
+}
+
+// A variant's reference score is its base task's (the full cache does not depend on the NAMM's budget), so the
+// fitness over variants normalizes each budget's mean against the same base mean; none is stored under a variant.
+TEST(TaskVariant, NormalizesAgainstTheBaseTasksReferenceScores) {
+  ReferenceScores reference;
+  ASSERT_TRUE(reference.Set("t", 0, 0.5).ok());
+  ASSERT_TRUE(reference.Set("t", 1, 0.3).ok());
+  EXPECT_EQ(reference.Get("t@budget=8", 1), 0.3);
+  EXPECT_FALSE(reference.Set("t@budget=8", 0, 0.4).ok());
+  PromptScores candidate = {{"t@budget=8", {{0, 0.2}, {1, 0.2}}}, {"t@budget=64", {{0, 0.6}, {1, 0.4}}}};
+  const Fitness fitness = normalized_fitness(candidate, reference).value();
+  ASSERT_EQ(fitness.tasks.size(), 2u);
+  EXPECT_EQ(fitness.tasks[0].task, "t@budget=64");
+  EXPECT_DOUBLE_EQ(fitness.tasks[0].normalized, 0.5 / 0.4);
+  EXPECT_DOUBLE_EQ(fitness.tasks[1].normalized, 0.2 / 0.4);
+  EXPECT_DOUBLE_EQ(fitness.value, (0.5 / 0.4 + 0.2 / 0.4) / 2);
 }
 
 }  // namespace

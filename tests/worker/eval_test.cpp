@@ -239,6 +239,30 @@ TEST_F(Eval, WritesPredictionsResultsConfigurationAndPage) {
   EXPECT_LT(by_policy["snapkv:budget=32"]["answer_relative_cache"].get<double>(), 1.0);
   EXPECT_EQ(Lines(ReadText(out + "/results.csv")).size(), 1 + expected.size());
 
+  // Paired per row: the NAMM at its own threshold against the full cache, at budget=32 against every policy at
+  // budget=32; the mean difference is the difference of the means, its spread that of the rows' differences.
+  std::map<std::string, json> paired;
+  for (const auto& p : results["paired"]) {
+    EXPECT_EQ(p["task"], "syn/interruption_heldout");
+    paired[p["policy"].get<std::string>() + " vs " + p["other"].get<std::string>()] = p;
+  }
+  const std::string namm = "namm:" + *dir_ + "/zero.safetensors";
+  const std::vector<std::string> at_32 = {"h2o:budget=32,recent=8", "streaming:budget=32", "tova:budget=32",
+                                          "snapkv:budget=32", "fastgen:budget=32,recovery=0.5", "l2:budget=32"};
+  ASSERT_EQ(paired.size(), 1 + at_32.size()) << results["paired"].dump();
+  const json& own = paired.at(namm + " vs full");
+  EXPECT_EQ(own["mean_difference"].get<double>(), 0.0);  // the zero NAMM keeps everything
+  EXPECT_TRUE(own["t"].is_null()) << "no spread, no t";
+  EXPECT_EQ(own["wins"], 0);
+  for (const std::string& other : at_32) {
+    const json& p = paired.at(namm + ",budget=32 vs " + other);
+    EXPECT_EQ(p["cache_setting"], "budget=32");
+    EXPECT_EQ(p["rows"], 6);
+    EXPECT_NEAR(p["mean_difference"].get<double>(),
+                by_policy[namm + ",budget=32"]["score"].get<double>() - by_policy[other]["score"].get<double>(), 1e-12);
+  }
+  EXPECT_NE(r.output.find("Paired per row"), std::string::npos) << r.output;
+
   const std::string html = ReadText(out + "/results.html");
   EXPECT_EQ(html.find("https://"), std::string::npos) << "self-contained";
   if (!namm::testing::ChromiumInstalled())

@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <random>
 
 #include "../process_util.h"
 #include "../temp_path.h"
 #include "namm/policies/full_cache_policy.h"
+#include "namm/policies/namm_policy.h"
 #include "shared_data.h"
 
 namespace namm::worker {
@@ -18,21 +20,27 @@ namespace {
 
 using testing::SharedPath;
 
+// Synthetic rows of the stories model: `namm-worker build-synthetic ARGS` run in a fresh directory (ARGS' --out
+// relative to it), and the task paths that read synthetic data from there.
+void BuildRows(const std::string& name, const std::string& args, tasks::TaskPaths* paths) {
+  const std::string dir = testing::TempPath(name);
+  std::filesystem::create_directories(dir);
+  const auto built = testing::RunProcess("cd " + dir + " && " + NAMM_WORKER_PATH + " build-synthetic --model " +
+                                         SharedPath(testing::kStoriesModel) + " --tokenizer " +
+                                         SharedPath(testing::kStoriesTokenizer) + " " + args);
+  ASSERT_EQ(built.exit_code, 0) << built.output;
+  *paths = tasks::default_task_paths();
+  paths->data_dirs["synthetic"] = dir;
+}
+
 TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePromptErrors) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
-  const std::string dir = testing::TempPath("executor_faults");
-  std::filesystem::create_directories(dir);
-  const std::string model_flags = " --model " + SharedPath(testing::kStoriesModel) + " --tokenizer " +
-                                  SharedPath(testing::kStoriesTokenizer);
-  const auto built = testing::RunProcess(std::string(NAMM_WORKER_PATH) + " build-synthetic" + model_flags + " --out " +
-                                         dir + "/story_recall.jsonl --rows 2 --pool 2 --story-tokens 100 "
-                                         "--prefix-tokens 60 --continuation-tokens 20 --distractor-tokens 300");
-  ASSERT_EQ(built.exit_code, 0) << built.output;
+  tasks::TaskPaths paths;
+  ASSERT_NO_FATAL_FAILURE(BuildRows("executor_faults", "--rows 2 --pool 2 --story-tokens 100 --prefix-tokens 60 "
+                                    "--continuation-tokens 20 --distractor-tokens 300 --out story_recall.jsonl", &paths));
   auto model = LlamaModel::Load(SharedPath(testing::kStoriesModel), LoadOptions{});
   auto tokenizer = load_tokenizer(SharedPath(testing::kStoriesTokenizer));
   ASSERT_TRUE(model.ok() && tokenizer.ok());
-  tasks::TaskPaths paths = tasks::default_task_paths();
-  paths.data_dirs["synthetic"] = dir;
   const tasks::TaskSpec task = tasks::find_task("syn/story_recall", paths).value();
   const std::vector<tasks::TaskRow> rows = tasks::load_rows(task).value();
 
@@ -111,6 +119,51 @@ TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePr
     EXPECT_EQ(split[j]->cache_size_mean, alone->cache_size_mean) << j;
   }
 }
+// A lease on a task variant ("syn/interruption@budget=8", evolution over budgets) runs the candidate with its
+// cache held to that budget: the same outcome as the NAMM with the knob budget=8 run directly, and a smaller
+// cache than the same candidate with its own selection on the same prompt.
+TEST(NammExecutor, ATaskVariantRunsTheCandidateAtItsBudget) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  tasks::TaskPaths paths;
+  ASSERT_NO_FATAL_FAILURE(BuildRows("executor_variant", "--family interruption --rows 1 --pool 2 --story-tokens 110 "
+                                    "--prefix-range 20:40 --interruption-range 60:80 --resume-range 0:8 "
+                                    "--continuation-tokens 16 --out interruption.jsonl", &paths));
+  auto model = LlamaModel::Load(SharedPath(testing::kStoriesModel), LoadOptions{});
+  auto tokenizer = load_tokenizer(SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(model.ok() && tokenizer.ok());
+
+  NammModel namm;
+  namm.architecture.scorer.kind = ScorerKind::kBam;
+  namm.params = initial_params(namm.architecture);
+  std::mt19937 draw(5);
+  std::normal_distribution<float> noise(0.0f, 0.3f);
+  for (float& p : namm.params) p += noise(draw);  // a candidate whose scores keep some tokens and drop others
+  namm.norm_state = NormState::kFrozen;
+  NammExecutor executor(*model, **tokenizer, paths);
+  ASSERT_TRUE(executor.Prepare(RunInfo{"variants", namm.architecture.ToJson(), ""}).ok());
+  const auto run = [&](const std::string& task) {
+    LeaseWork lease;
+    lease.task = task;
+    lease.params = std::make_shared<const std::vector<float>>(namm.params);
+    return std::move(executor.RunPrompts({{&lease, 0}}, 0).front());
+  };
+  const Result<PromptOutcome> own = run("syn/interruption"), eight = run("syn/interruption@budget=8");
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  ASSERT_TRUE(eight.ok()) << eight.status().ToString();
+
+  auto policy = NammPolicy::Create(namm, at::kCPU).value();
+  policy->set_observe_from_query_history(true);
+  ASSERT_TRUE(policy->set_selection_knob({int64_t{8}, std::nullopt, std::nullopt}).ok());
+  const tasks::TaskSpec task = tasks::find_task("syn/interruption", paths).value();
+  const std::vector<tasks::TaskRow> rows = tasks::load_rows(task).value();
+  const PromptResult direct = TaskRunner(*model, **tokenizer).Run(task, rows[0], *policy, TaskRunOptions{}).value();
+  EXPECT_EQ(eight->score, direct.score);
+  EXPECT_EQ(eight->cache_size_mean, direct.mean_kv_tokens);
+  EXPECT_LT(eight->cache_size_mean, own->cache_size_mean);
+
+  EXPECT_NE(run("syn/interruption@budget=0").status().message().find("budget > 0"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace namm::worker
 

@@ -199,6 +199,11 @@ Status Report(const EvalConfig& config, const std::vector<PolicyResult>& results
         << "\nAt the same cache (fixed-budget families interpolated between their two nearest settings):\n"
         << matched;
   }
+  if (const std::string paired = paired_table(paired_comparison(results)); !paired.empty()) {
+    std::cout << "\nPaired per row, each NAMM against the other policies at its cache setting (at its own threshold: "
+                 "the full cache):\n"
+              << paired;
+  }
   std::cout << "\nwrote " << out << "/results.csv, " << out << "/results.json, " << out << "/results.html\n";
   return Status::Ok();
 }

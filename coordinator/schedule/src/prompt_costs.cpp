@@ -3,15 +3,22 @@
 #include <algorithm>
 #include <numeric>
 
+#include "namm/tasks/task_variant.h"
+
 namespace namm::coordinator {
 
 Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names, const tasks::TaskPaths& paths) {
   PromptCosts costs;
   for (const std::string& name : task_names) {
-    NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(name, paths));
+    NAMM_ASSIGN_OR_RETURN(const tasks::TaskVariant variant, tasks::parse_task_variant(name));
+    if (const auto known = costs.find(variant.base); known != costs.end()) {
+      costs[name] = known->second;
+      continue;
+    }
+    NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(variant.base, paths));
     NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
     if (rows.empty()) return Status::InvalidArgument("task " + name + ": " + task.data_path + " has no rows");
-    std::vector<double>& c = costs[name];
+    std::vector<double>& c = costs[variant.base];
     for (const tasks::TaskRow& row : rows) {
       if (task.prompt_source == tasks::PromptSource::kTokenIds) {
         const auto ids = row.fields.find("prompt_ids");
@@ -21,6 +28,7 @@ Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names
       NAMM_ASSIGN_OR_RETURN(std::string prompt, tasks::build_prompt(task, row));
       c.push_back(1.0 + static_cast<double>(prompt.size()) / 4.0);
     }
+    costs[name] = c;
   }
   return costs;
 }

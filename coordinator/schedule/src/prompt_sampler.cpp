@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "namm/philox.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::coordinator {
 
@@ -28,7 +29,7 @@ std::vector<int64_t> sample_prompts(uint64_t seed, uint64_t stream, const std::s
   std::vector<int64_t> order(static_cast<std::size_t>(std::max<int64_t>(rows, 0)));
   std::iota(order.begin(), order.end(), 0);
   if (count >= rows) return order;
-  const uint64_t key = seed ^ NameHash(task);
+  const uint64_t key = seed ^ NameHash(tasks::base_task(task));
   for (int64_t i = 0; i < count; ++i) {
     const PhiloxCounter counter{static_cast<uint32_t>(i), static_cast<uint32_t>(stream),
                                 static_cast<uint32_t>(stream >> 32), kPromptStream};

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "namm/file_util.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::coordinator {
 
@@ -127,6 +128,22 @@ std::vector<std::string> RunSpec::all_tasks() const {
   return {tasks.begin(), tasks.end()};
 }
 
+// The top-level budgets: / ratios: applied to a stage's tasks: each plain task becomes its variants
+// "T@budget=N" (or "T@ratio=R"), one per setting, and the task itself for the setting "own" (the NAMM's own
+// selection); a task that names a variant already is kept as it is.
+static std::vector<std::string> AtEachSetting(const std::vector<std::string>& tasks, const std::string& knob,
+                                       const std::vector<std::string>& settings) {
+  std::vector<std::string> out;
+  for (const std::string& task : tasks) {
+    if (tasks::base_task(task) != task) {
+      out.push_back(task);
+      continue;
+    }
+    for (const std::string& setting : settings) out.push_back(setting == "own" ? task : task + "@" + knob + "=" + setting);
+  }
+  return out;
+}
+
 // parse_run_spec() without its guard against yaml-cpp's exceptions.
 static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& source) {
   YAML::Node root;
@@ -139,7 +156,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   spec.yaml = yaml;
   MapReader r(root, source);
   NAMM_RETURN_IF_ERROR(r.Check({"name", "model", "namm", "cmaes", "prompts_per_task", "eval_interval",
-                                "eval_prompts", "zero_base", "stages"}));
+                                "eval_prompts", "zero_base", "budgets", "ratios", "stages"}));
   NAMM_RETURN_IF_ERROR(r.Get("name", &spec.name, true));
 
   MapReader model(r.Child("model"), source + ".model");
@@ -176,6 +193,18 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
                                    "' is not one_plus_candidate or reference_epsilon");
   }
 
+  std::vector<std::string> budgets, ratios;
+  NAMM_RETURN_IF_ERROR(r.Get("budgets", &budgets));
+  NAMM_RETURN_IF_ERROR(r.Get("ratios", &ratios));
+  if (!budgets.empty() && !ratios.empty()) {
+    return Status::InvalidArgument(source + ": give 'budgets' or 'ratios', not both");
+  }
+  const std::string knob = budgets.empty() ? "ratio" : "budget";
+  const std::vector<std::string>& settings = budgets.empty() ? ratios : budgets;
+  if (std::set<std::string>(settings.begin(), settings.end()).size() != settings.size()) {
+    return Status::InvalidArgument(source + "." + knob + "s lists a value twice");
+  }
+
   const YAML::Node stages = r.Child("stages");
   if (!stages || !stages.IsSequence() || stages.size() == 0) {
     return Status::InvalidArgument(source + ": 'stages' must be a non-empty list");
@@ -189,6 +218,10 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
     NAMM_RETURN_IF_ERROR(s.Get("generations", &stage.generations, true));
     NAMM_RETURN_IF_ERROR(Positive(where + ".generations", stage.generations));
     if (stage.tasks.empty()) return Status::InvalidArgument(where + ".tasks must not be empty");
+    if (!settings.empty()) stage.tasks = AtEachSetting(stage.tasks, knob, settings);
+    for (const std::string& task : stage.tasks) {
+      NAMM_RETURN_IF_ERROR(tasks::parse_task_variant(task).status().WithContext(where + ".tasks"));
+    }
     if (std::set<std::string>(stage.tasks.begin(), stage.tasks.end()).size() != stage.tasks.size()) {
       return Status::InvalidArgument(where + ".tasks lists a task twice");
     }

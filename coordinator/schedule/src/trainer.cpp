@@ -16,6 +16,7 @@
 #include "namm/blas_threads.h"
 #include "namm/coordinator/checkpoint_codec.h"
 #include "namm/coordinator/prompt_sampler.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::coordinator {
 
@@ -586,7 +587,7 @@ Status Trainer::MakePlan() {
   NAMM_ASSIGN_OR_RETURN(tasks::ReferenceScores reference, store_.GetReferenceScores(spec_.model.fingerprint));
   std::set<std::pair<std::string, int64_t>> missing;
   for (const WorkUnit& u : p.units) {
-    if (!reference.Get(u.task, u.prompt)) missing.emplace(u.task, u.prompt);
+    if (!reference.Get(u.task, u.prompt)) missing.emplace(tasks::base_task(u.task), u.prompt);  // one per variant
   }
   p.missing_references.assign(missing.begin(), missing.end());
   plan_ = std::move(p);

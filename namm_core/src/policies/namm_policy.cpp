@@ -253,10 +253,15 @@ Status NammPolicy::set_selection_knob(const SelectionKnob& knob) {
   }
   NAMM_ASSIGN_OR_RETURN(CacheBudget budget,
                         knob.budget ? CacheBudget::Tokens(*knob.budget) : CacheBudget::Ratio(*knob.ratio));
-  if (!dynamic) s.kind = SelectionKind::kTopK;
+  set_selection_budget(budget);
+  return Status::Ok();
+}
+
+void NammPolicy::set_selection_budget(const CacheBudget& budget) {
+  SelectionConfig& s = architecture_.selection;
+  if (s.kind != SelectionKind::kDynamic) s.kind = SelectionKind::kTopK;
   s.budget = budget.Resolve(0);  // a ratio's is resolved again when a sequence begins
   knob_budget_ = budget;
-  return Status::Ok();
 }
 
 int64_t NammPolicy::state_bytes() const {

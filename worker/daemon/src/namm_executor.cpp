@@ -12,6 +12,7 @@
 
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/namm_policy.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::worker {
 
@@ -66,8 +67,10 @@ Result<std::shared_ptr<const NammExecutor::LoadedTask>> NammExecutor::Task(const
   std::lock_guard<std::mutex> lock(mu_);
   if (const auto it = tasks_.find(name); it != tasks_.end()) return it->second;
   auto loaded = std::make_shared<LoadedTask>();
-  NAMM_ASSIGN_OR_RETURN(loaded->spec, tasks::find_task(name, paths_));
+  NAMM_ASSIGN_OR_RETURN(const tasks::TaskVariant variant, tasks::parse_task_variant(name));
+  NAMM_ASSIGN_OR_RETURN(loaded->spec, tasks::find_task(variant.base, paths_));
   NAMM_ASSIGN_OR_RETURN(loaded->rows, tasks::load_rows(loaded->spec));
+  loaded->budget = variant.budget;
   tasks_[name] = loaded;
   return std::shared_ptr<const LoadedTask>(loaded);
 }
@@ -187,6 +190,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<Promp
         continue;
       }
       (*p)->set_observe_from_query_history(true);  // the engine records each layer's queries
+      if (task.budget) (*p)->set_selection_budget(*task.budget);
       namm_policies[j] = p->get();
       policies[j] = std::move(p).value();
     }

@@ -492,6 +492,7 @@ Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, cons
         tokens += static_cast<double>(p.prefill_tokens + p.decode_tokens);
       }
       r.tokens_per_second = r.seconds > 0 ? tokens / r.seconds : 0;
+      for (int64_t row : rows) r.row_scores.push_back(by_policy[policy][row].score);
       results.push_back(r);
     }
   }
@@ -536,8 +537,32 @@ std::string ResultsJson(const EvalConfig& config, const std::vector<PolicyResult
                                   {"family_score", Number(m.family_score)},
                                   {"note", m.note}});
   }
+  j["paired"] = OrderedJson::array();
+  for (const auto& p : paired_comparison(results)) {
+    j["paired"].push_back({{"task", p.task},
+                           {"policy", p.policy},
+                           {"other", p.other},
+                           {"cache_setting", p.cache_setting},
+                           {"rows", p.rows},
+                           {"mean_difference", Number(p.mean_difference)},
+                           {"standard_error", Number(p.standard_error)},
+                           {"t", Number(p.t)},
+                           {"wins", p.wins}});
+  }
   return j.dump(2) + "\n";
 }
+
+// paired_comparison() as table cells.
+std::vector<std::vector<std::string>> PairedRows(const std::vector<PairedComparison>& comparisons) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& p : comparisons) {
+    rows.push_back({p.task, p.policy, p.other, format_number(p.mean_difference, 4), format_number(p.standard_error, 4),
+                    format_number(p.t, 2), std::to_string(p.wins) + " / " + std::to_string(p.rows)});
+  }
+  return rows;
+}
+const std::vector<std::string> kPairedHeader = {"task", "NAMM", "against", "mean difference", "standard error", "t",
+                                                "NAMM higher on"};
 
 std::string ResultsCsv(const std::vector<PolicyResult>& results) {
   std::ostringstream out;
@@ -668,6 +693,12 @@ std::string ResultsHtml(const EvalConfig& config, const std::vector<PolicyResult
                 {"task", "policy", "relative cache", "score", "family", "family at that cache", "note"},
                 matched);
   }
+  if (const auto paired = paired_comparison(results); !paired.empty()) {
+    body << "<h2>Paired per row, at the same setting</h2>\n<p class=\"meta\">Each NAMM against every other policy "
+            "at its cache setting (at its own threshold: the full cache), over the same rows: the mean of the NAMM's "
+            "score minus the other's, its standard error and t = mean / standard error.</p>\n"
+         << html_table(kPairedHeader, PairedRows(paired));
+  }
   body << ExplainLinks(results, dir);
   body << "<h2>Every result</h2>\n";
   std::vector<std::vector<std::string>> rows;
@@ -699,9 +730,10 @@ Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& 
   return write_file_atomically(dir + "/results.html", {html});
 }
 
-std::string results_table(const EvalConfig& config, const std::vector<PolicyResult>& results) {
-  const std::vector<std::string> header = TableHeader(config);
-  const std::vector<std::vector<std::string>> rows = TableRows(config, results);
+namespace {
+
+// Columns padded to their widest cell, the first left-aligned, the others right-aligned, a rule under the header.
+std::string TextTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
   std::vector<std::size_t> width(header.size());
   for (std::size_t c = 0; c < header.size(); ++c) {
     width[c] = header[c].size();
@@ -721,6 +753,12 @@ std::string results_table(const EvalConfig& config, const std::vector<PolicyResu
   out << std::string(total - 2, '-') << "\n";
   for (const auto& row : rows) line(row);
   return out.str();
+}
+
+}  // namespace
+
+std::string results_table(const EvalConfig& config, const std::vector<PolicyResult>& results) {
+  return TextTable(TableHeader(config), TableRows(config, results));
 }
 
 std::vector<MatchedComparison> matched_cache_comparison(const std::vector<PolicyResult>& results) {
@@ -787,6 +825,40 @@ std::string matched_table(const std::vector<MatchedComparison>& comparisons) {
     }
   }
   return out.str();
+}
+
+std::vector<PairedComparison> paired_comparison(const std::vector<PolicyResult>& results) {
+  std::vector<PairedComparison> out;
+  for (const PolicyResult& namm : results) {
+    if (namm.family.rfind("namm:", 0) != 0) continue;
+    for (const PolicyResult& other : results) {
+      const bool same_setting = namm.cache_setting.empty() ? other.family == "full"
+                                                           : other.cache_setting == namm.cache_setting &&
+                                                                 other.family != namm.family;
+      if (other.task != namm.task || !same_setting || other.row_scores.size() != namm.row_scores.size()) continue;
+      PairedComparison p{namm.task, namm.policy, other.policy, namm.cache_setting,
+                         static_cast<int64_t>(namm.row_scores.size()), 0, 0, 0, 0};
+      if (p.rows == 0) continue;
+      std::vector<double> d;
+      for (std::size_t i = 0; i < namm.row_scores.size(); ++i) {
+        d.push_back(namm.row_scores[i] - other.row_scores[i]);
+        p.wins += d.back() > 0 ? 1 : 0;
+        p.mean_difference += d.back();
+      }
+      const auto n = static_cast<double>(p.rows);
+      p.mean_difference /= n;
+      double squares = 0;
+      for (double x : d) squares += (x - p.mean_difference) * (x - p.mean_difference);
+      p.standard_error = p.rows > 1 ? std::sqrt(squares / (n - 1) / n) : std::nan("");
+      p.t = p.standard_error > 0 ? p.mean_difference / p.standard_error : std::nan("");
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::string paired_table(const std::vector<PairedComparison>& comparisons) {
+  return comparisons.empty() ? "" : TextTable(kPairedHeader, PairedRows(comparisons));
 }
 
 Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& shard_dirs,

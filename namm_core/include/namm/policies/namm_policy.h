@@ -80,6 +80,8 @@ class NammPolicy final : public MemoryPolicy {
     std::optional<double> threshold;
   };
   Status set_selection_knob(const SelectionKnob& knob);
+  // The knob's budget= or ratio= (a task variant's budget: namm/tasks/task_variant.h).
+  void set_selection_budget(const CacheBudget& budget);
   const SelectionConfig& selection() const { return architecture_.selection; }
 
   // The statistics in use, including any gathered by this policy while collecting.

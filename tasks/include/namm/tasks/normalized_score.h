@@ -33,8 +33,9 @@ class ReferenceScores {
   // Writes the per-request format, atomically.
   Status Save(const std::string& path) const;
 
+  // A task variant's ("T@budget=16", task_variant.h) is its base task's.
   std::optional<double> Get(const std::string& task, int64_t row) const;
-  // Refuses scores outside [0, 1] and non-finite ones.
+  // Refuses scores outside [0, 1], non-finite ones and a task variant's.
   Status Set(const std::string& task, int64_t row, double score);
   const PromptScores& scores() const { return scores_; }
 

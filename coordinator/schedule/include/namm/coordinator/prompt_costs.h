@@ -16,7 +16,8 @@ namespace namm::coordinator {
 
 using PromptCosts = std::map<std::string, std::vector<double>>;  // task -> cost of each row
 
-// Costs of every row of `task_names`, read from their data files. Errors name the task and the file.
+// Costs of every row of `task_names`, read from their data files. Errors name the task and the file. A task
+// variant ("T@budget=16") gets its base task's rows, and the base task is listed too (its references run).
 Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names, const tasks::TaskPaths& paths);
 
 // The number of rows of each task, as Trainer::Create wants it.

@@ -4,7 +4,8 @@
 //
 // The reference uses numpy's stateful np.random.choice(n, 64, replace=False); we use a partial Fisher-Yates
 // shuffle driven by Philox, keyed by the task's name, so adding a task to a stage does not change the samples
-// of the others.
+// of the others. A task's variants ("T@budget=16", namm/tasks/task_variant.h) draw their base task's prompts:
+// a candidate is scored on the same prompts at every budget, so its per-budget scores pair.
 #pragma once
 
 #include <cstdint>

@@ -22,7 +22,9 @@ struct ModelSpec {
 };
 
 struct StageSpec {
-  std::vector<std::string> tasks;  // the stage's tasks (the incremental recipe adds one per stage)
+  // The stage's tasks (the incremental recipe adds one per stage), task variants included ("T@budget=16": the
+  // candidates scored with that cache budget, namm/tasks/task_variant.h); the spec's budgets: / ratios: expanded.
+  std::vector<std::string> tasks;
   int64_t generations = 0;
 };
 

@@ -69,7 +69,8 @@ struct GenerationPlan {
   std::vector<double> mean;          // the mean, i.e. the solution evaluated
   std::optional<NormStats> norm_stats;  // frozen statistics every unit runs with (none while collecting)
   std::vector<WorkUnit> units;       // all the phase's units, sorted
-  // Prompts with no base-model reference score for the run's model: Advance() fails until they are imported.
+  // Prompts with no base-model reference score for the run's model (base tasks: a variant's is its base's):
+  // Advance() fails until they are imported.
   std::vector<std::pair<std::string, int64_t>> missing_references;
   // (task, prompt) pairs the generation gave up on (Trainer::Drop): no unit of them is waited for, recorded or
   // scored, for any candidate.

@@ -12,9 +12,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "namm/cache_budget.h"
 #include "namm/namm_model.h"
 #include "namm/tasks/task.h"
 #include "namm/worker/coordinator_client.h"
@@ -44,8 +46,9 @@ class NammExecutor final : public LeaseExecutor {
 
  private:
   struct LoadedTask {
-    tasks::TaskSpec spec;
+    tasks::TaskSpec spec;  // a variant's ("T@budget=16"): its base task's
     std::vector<tasks::TaskRow> rows;
+    std::optional<CacheBudget> budget;  // a variant's: the candidates' selection budget
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
   Result<const LlamaModel*> ModelFor(const std::string& rope_scaling);

@@ -5,8 +5,8 @@
 //   config.yaml                        everything needed to re-run the evaluation, and the project commit
 //   <task>/<policy>/predictions.jsonl  one LongBench-format line per row, appended as rows finish
 //   results.json, results.csv          per (task, policy): score, score normalized by the full cache on the
-//   same
-//                                      rows, cache sizes, time
+//                                      same rows, cache sizes, time; the JSON adds the matched-cache and the
+//                                      paired comparisons
 //   results.html                       self-contained: score vs relative cache per task, one line per policy
 //   plot_<task>.svg                    each task's chart as a standalone image
 // Results are computed from the predictions files alone, so a resumed run, a merge of shards and an unsharded
@@ -123,6 +123,7 @@ struct PolicyResult {
   double answer_relative_cache = 0;
   double seconds = 0;            // summed over rows
   double tokens_per_second = 0;  // (prefill + decode tokens) / seconds
+  std::vector<double> row_scores;  // per row, in the configuration's row order: what paired comparisons pair
 };
 
 // Results of every (task, policy) of `config` from the predictions under `dir`; an error names the first
@@ -149,6 +150,18 @@ struct MatchedComparison {
 };
 std::vector<MatchedComparison> matched_cache_comparison(const std::vector<PolicyResult>& results);
 std::string matched_table(const std::vector<MatchedComparison>& comparisons);
+
+// A NAMM against every other policy of its task at the same cache setting (budget=8 against the baselines at
+// budget=8; a NAMM at its own threshold against the full cache), paired per row: the mean of the NAMM's score
+// minus the other's, its standard error (the differences' sample standard deviation / sqrt(rows)), t = mean /
+// standard error (NaN when the differences do not vary), and the rows the NAMM scores higher on.
+struct PairedComparison {
+  std::string task, policy, other, cache_setting;
+  int64_t rows = 0, wins = 0;
+  double mean_difference = 0, standard_error = 0, t = 0;
+};
+std::vector<PairedComparison> paired_comparison(const std::vector<PolicyResult>& results);
+std::string paired_table(const std::vector<PairedComparison>& comparisons);
 
 // eval --merge: joins the shards' predictions into `out` (configurations must agree, every shard 0..N-1
 // present exactly once) and writes the merged configuration and results.
