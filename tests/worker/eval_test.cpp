@@ -109,6 +109,50 @@ TEST(EvalPolicies, MatchedCacheComparisonInterpolatesEachFamily) {
   EXPECT_EQ(with_unknown[2].family, "snapkv");
   EXPECT_TRUE(std::isnan(with_unknown[2].family_score));
   EXPECT_EQ(with_unknown[2].note, "no cache setting of it has a known relative cache");
+  // A NAMM evaluated at budgets too: its own settings are not a family to compare it with (they were, and an
+  // own-threshold point without a setting was taken for one of its settings).
+  std::vector<PolicyResult> knob = results;
+  knob[4].family = "namm:x";
+  knob.push_back(result("namm:x,budget=8", "namm:x", "budget=8", 0.2, 0.27));
+  const auto with_knob = matched_cache_comparison(knob);
+  ASSERT_EQ(with_knob.size(), 2u);
+  EXPECT_EQ(with_knob[0].family, "h2o");
+  EXPECT_EQ(with_knob[1].family, "tova");
+}
+
+// Each NAMM against the policies at its own cache setting, paired per row; at its own threshold, the full cache.
+TEST(EvalPolicies, PairedComparisonPairsRowsAtTheSameSetting) {
+  const auto result = [](const std::string& policy, const std::string& family, const std::string& setting,
+                         std::vector<double> rows) {
+    PolicyResult r;
+    r.task = "t";
+    r.policy = policy;
+    r.family = family;
+    r.cache_setting = setting;
+    r.row_scores = std::move(rows);
+    return r;
+  };
+  const std::vector<PolicyResult> results = {
+      result("full", "full", "", {0.1, 0.1, 0.1}),
+      result("h2o:budget=8", "h2o", "budget=8", {0.1, 0.2, 0.2}),
+      result("h2o:budget=16", "h2o", "budget=16", {0.9, 0.9, 0.9}),
+      result("namm:x", "namm:x", "", {0.3, 0.2, 0.1}),
+      result("namm:x,budget=8", "namm:x", "budget=8", {0.3, 0.2, 0.4}),
+  };
+  const auto paired = paired_comparison(results);
+  ASSERT_EQ(paired.size(), 2u);
+  EXPECT_EQ(paired[0].policy, "namm:x");
+  EXPECT_EQ(paired[0].other, "full");
+  EXPECT_NEAR(paired[0].mean_difference, 0.1, 1e-12);
+  EXPECT_EQ(paired[0].wins, 2);
+  EXPECT_EQ(paired[1].policy, "namm:x,budget=8");
+  EXPECT_EQ(paired[1].other, "h2o:budget=8");
+  // Differences 0.2, 0, 0.2: mean 2/15, sample standard deviation sqrt(1/75), standard error 1/15, t = 2.
+  EXPECT_NEAR(paired[1].mean_difference, 2.0 / 15, 1e-12);
+  EXPECT_NEAR(paired[1].standard_error, 1.0 / 15, 1e-12);
+  EXPECT_NEAR(paired[1].t, 2.0, 1e-9);
+  EXPECT_EQ(paired[1].wins, 2);
+  EXPECT_EQ(paired[1].rows, 3);
 }
 
 TEST(EvalPredictions, ATornLastLineIsCutAndACompleteOneKept) {

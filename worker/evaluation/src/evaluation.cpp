@@ -765,9 +765,10 @@ std::vector<MatchedComparison> matched_cache_comparison(const std::vector<Policy
   std::vector<MatchedComparison> out;
   for (const PolicyResult& p : results) {
     if (p.family == "full" || !p.cache_setting.empty() || !std::isfinite(p.relative_cache)) continue;
+    // Other fixed-budget families: a NAMM's own budget settings are its family, not one to compare it with.
     std::vector<std::string> families;
     for (const PolicyResult& r : results) {
-      if (r.task == p.task && !r.cache_setting.empty() &&
+      if (r.task == p.task && !r.cache_setting.empty() && r.family != p.family &&
           std::find(families.begin(), families.end(), r.family) == families.end()) {
         families.push_back(r.family);
       }
@@ -775,7 +776,9 @@ std::vector<MatchedComparison> matched_cache_comparison(const std::vector<Policy
     for (const auto& family : families) {
       std::vector<const PolicyResult*> points;
       for (const PolicyResult& r : results) {
-        if (r.task == p.task && r.family == family && std::isfinite(r.relative_cache)) points.push_back(&r);
+        if (r.task == p.task && r.family == family && !r.cache_setting.empty() && std::isfinite(r.relative_cache)) {
+          points.push_back(&r);
+        }
       }
       std::sort(points.begin(), points.end(), [](const PolicyResult* a, const PolicyResult* b) {
         return a->relative_cache < b->relative_cache;
