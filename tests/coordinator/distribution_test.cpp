@@ -262,6 +262,29 @@ TEST(Distribution, WorkersKilledOrDrainedMidGenerationTheOthersFinishEveryUnitOn
             0);
 }
 
+// Evolution over budgets through real processes: candidates run each task at its own threshold and at budget 8
+// (task variants), the base model's reference runs once per base prompt, and the run ends as the in-process one.
+TEST(Distribution, ARunOverBudgetsRunsEachReferenceOnceAndEndsAsTheInProcessRun) {
+  SimRun r("dist_budgets", 2, 1);
+  r.yaml.insert(r.yaml.find("stages:"), "budgets: [own, 8]\n");
+  WriteText(r.spec, r.yaml);
+  Child coordinator = r.Serve();
+  Child a = r.SimWorker("sim-a"), b = r.SimWorker("sim-b");
+  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+  EXPECT_EQ(Wait(a), 0) << ReadText(r.log("sim-a"));
+  EXPECT_EQ(Wait(b), 0) << ReadText(r.log("sim-b"));
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+  SQLite::Database raw(r.db, SQLite::OPEN_READONLY);
+  EXPECT_EQ(raw.execAndGet("SELECT COUNT(*) FROM reference_scores WHERE task LIKE '%@%'").getInt64(), 0);
+  EXPECT_GT(raw.execAndGet("SELECT COUNT(*) FROM reference_scores").getInt64(), 0);
+  for (const char* task : {"syn/story_recall", "syn/story_recall@budget=8", "syn/story_recall_accuracy@budget=8"}) {
+    SQLite::Statement count(raw, "SELECT COUNT(*) FROM evaluations WHERE task = ?");
+    count.bind(1, task);
+    ASSERT_TRUE(count.executeStep());
+    EXPECT_GT(count.getColumn(0).getInt64(), 0) << task;
+  }
+}
+
 TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
   SimRun r("dist_coordinator_kill");
   Child coordinator = r.Serve();

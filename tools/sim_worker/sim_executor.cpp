@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "namm/namm_model.h"
+#include "namm/tasks/task_variant.h"
 
 namespace namm::sim {
 
@@ -80,7 +81,7 @@ std::vector<Result<worker::PromptOutcome>> SimExecutor::RunPrompts(const std::ve
 
 Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& lease, int64_t prompt, int slot) {
   const Clock::time_point start = Clock::now();
-  const auto task = costs_.find(lease.task);
+  const auto task = costs_.find(tasks::base_task(lease.task));  // a variant runs its base task's rows
   if (task == costs_.end() || prompt < 0 || prompt >= static_cast<int64_t>(task->second.size())) {
     return Status::InvalidArgument("the simulated worker knows no prompt " + std::to_string(prompt) + " of task " +
                                    lease.task);
