@@ -262,6 +262,47 @@ TEST(Trainer, ARunOverBudgetsScoresEveryCandidateAtEachBudgetOnTheSamePrompts) {
   }
 }
 
+// fitness: mean_rank: a candidate's fitness is the mean over tasks (budgets) of its rank among the candidates,
+// in [0, 1], so a budget whose scores vary little weighs as much as one whose scores vary a lot.
+TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\nfitness: mean_rank\n");
+  const RunSpec spec = parse_run_spec(yaml, "spec").value();
+  EXPECT_TRUE(spec.rank_fitness);
+  std::string bad = SyntheticSpecYaml();
+  bad.insert(bad.find("stages:"), "fitness: best\n");
+  EXPECT_NE(parse_run_spec(bad, "b.yaml").status().message().find("'best' is not mean or mean_rank"), std::string::npos);
+  std::map<std::string, int64_t> rows = SyntheticTaskRows();
+  rows["t/a@budget=8"] = rows.at("t/a");
+  rows["t/b@budget=8"] = rows.at("t/b");
+  auto store = Store::Open(FreshDatabasePath("rank_fitness.db"), OpenMode::kCreate).value();
+  ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                           "test", false).ok());
+  auto t = Trainer::Create(*store, spec, rows).value();
+  // At budget 8 the order of the candidates is reversed (and compressed: a tenth of the spread).
+  const Evaluator evaluate = [](const Trainer& trainer, const std::vector<WorkUnit>& units) {
+    std::vector<EvaluationRecord> out = EvaluateUnits(trainer, units);
+    for (EvaluationRecord& e : out) {
+      if (e.task.find("@budget=8") != std::string::npos) e.score = 0.5 - 0.1 * (e.score - 0.5);
+    }
+    return out;
+  };
+  ASSERT_TRUE(DriveRun(*t, 2, evaluate).ok());
+  const std::vector<CandidateRecord> candidates = store->GetCandidates(t->run_id(), 0).value();
+  ASSERT_EQ(candidates.size(), 8u);
+  for (const CandidateRecord& c : candidates) {
+    double ranks = 0;
+    for (const auto& [task, score] : c.tasks) {
+      int below = 0;
+      for (const CandidateRecord& other : candidates) below += other.tasks.at(task).normalized < score.normalized ? 1 : 0;
+      ranks += below / 7.0;
+    }
+    EXPECT_DOUBLE_EQ(c.fitness, ranks / 2) << c.candidate;
+  }
+  // Reversed orders: every candidate's ranks sum to one, whatever the budget's spread.
+  for (const CandidateRecord& c : candidates) EXPECT_NEAR(c.fitness, 0.5, 1e-12);
+}
+
 TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {
   auto store = Store::Open(FreshDatabasePath("norefs.db"), OpenMode::kCreate).value();
   const RunSpec spec = *parse_run_spec(SyntheticSpecYaml(), "spec");

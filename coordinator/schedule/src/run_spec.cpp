@@ -156,7 +156,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   spec.yaml = yaml;
   MapReader r(root, source);
   NAMM_RETURN_IF_ERROR(r.Check({"name", "model", "namm", "cmaes", "prompts_per_task", "eval_interval",
-                                "eval_prompts", "zero_base", "budgets", "ratios", "stages"}));
+                                "eval_prompts", "zero_base", "fitness", "budgets", "ratios", "stages"}));
   NAMM_RETURN_IF_ERROR(r.Get("name", &spec.name, true));
 
   MapReader model(r.Child("model"), source + ".model");
@@ -193,6 +193,12 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
                                    "' is not one_plus_candidate or reference_epsilon");
   }
 
+  std::string fitness = "mean";
+  NAMM_RETURN_IF_ERROR(r.Get("fitness", &fitness));
+  if (fitness != "mean" && fitness != "mean_rank") {
+    return Status::InvalidArgument(source + ".fitness: '" + fitness + "' is not mean or mean_rank");
+  }
+  spec.rank_fitness = fitness == "mean_rank";
   std::vector<std::string> budgets, ratios;
   NAMM_RETURN_IF_ERROR(r.Get("budgets", &budgets));
   NAMM_RETURN_IF_ERROR(r.Get("ratios", &ratios));

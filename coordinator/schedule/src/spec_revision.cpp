@@ -44,7 +44,8 @@ Flat Flatten(const RunSpec& s) {
                      {"eval_interval", s.eval_interval},
                      {"eval_prompts", s.eval_prompts == 0 ? nlohmann::json("all") : nlohmann::json(s.eval_prompts)},
                      {"zero_base", s.zero_base == tasks::ZeroBase::kOnePlusCandidate ? "one_plus_candidate"
-                                                                                     : "reference_epsilon"}});
+                                                                                     : "reference_epsilon"},
+                     {"fitness", s.rank_fitness ? "mean_rank" : "mean"}});
   for (std::size_t k = 0; k < s.stages.size(); ++k) {
     const std::string stage = "stages[" + std::to_string(k) + "]";
     f.emplace_back(stage + ".tasks", s.stages[k].tasks);

@@ -74,6 +74,29 @@ std::map<std::string, TaskScore> TaskScores(const tasks::Fitness& f) {
   return out;
 }
 
+// fitness: mean_rank (run_spec.h): per candidate, the mean over tasks of its rank among the candidates by the
+// task's normalized score, scaled to [0, 1] (0 the worst, 1 the best; ties share their mean rank).
+std::vector<double> MeanRanks(const std::vector<CandidateRecord>& candidates) {
+  std::vector<double> mean(candidates.size(), 0.0);
+  if (candidates.size() < 2) return mean;
+  const auto scale = static_cast<double>(candidates.size() - 1);
+  const std::map<std::string, TaskScore>& tasks = candidates.front().tasks;
+  for (const auto& [task, unused] : tasks) {
+    for (std::size_t k = 0; k < candidates.size(); ++k) {
+      const double mine = candidates[k].tasks.at(task).normalized;
+      double below = 0, equal = 0;
+      for (const CandidateRecord& other : candidates) {
+        const double theirs = other.tasks.at(task).normalized;
+        below += theirs < mine ? 1 : 0;
+        equal += theirs == mine ? 1 : 0;
+      }
+      mean[k] += (below + (equal - 1) / 2) / scale;
+    }
+  }
+  for (double& m : mean) m /= static_cast<double>(tasks.size());
+  return mean;
+}
+
 // Mean over the population's (or the mean's) evaluations of the mean cache size, or with `final`, of the final one.
 double MeanCacheSize(const std::vector<EvaluationRecord>& evaluations, bool of_mean, bool final = false) {
   double sum = 0;
@@ -845,6 +868,10 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
     if (!f.ok()) return f.status().WithContext("fitness of candidate " + std::to_string(k));
     fitness.push_back(f->value);
     c.candidates.push_back(CandidateRecord{k, f->value, TaskScores(*f)});
+  }
+  if (spec_.rank_fitness) {
+    fitness = MeanRanks(c.candidates);
+    for (std::size_t k = 0; k < fitness.size(); ++k) c.candidates[k].fitness = fitness[k];
   }
   if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
     auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base);

@@ -37,6 +37,11 @@ struct RunSpec {
   int64_t eval_interval = 10;     // evaluate the mean every this many generations (and at each stage's start)
   int64_t eval_prompts = 0;       // per task: 0 = every prompt (the reference), else a fixed seeded subset
   tasks::ZeroBase zero_base = tasks::ZeroBase::kOnePlusCandidate;
+  // How a candidate's tasks combine into its fitness: the mean of their normalized scores (the reference), or,
+  // with `fitness: mean_rank`, the mean of its rank among the generation's candidates on each task (0 worst,
+  // 1 best): every task (every budget of a run over budgets) then weighs the same in the selection, whatever
+  // the spread of its scores. The evaluation of the mean stays the mean of normalized scores.
+  bool rank_fitness = false;
   std::vector<StageSpec> stages;
   std::string yaml;               // the text it was parsed from, stored with the run
 
