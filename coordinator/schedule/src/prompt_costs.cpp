@@ -11,24 +11,23 @@ Result<PromptCosts> load_prompt_costs(const std::vector<std::string>& task_names
   PromptCosts costs;
   for (const std::string& name : task_names) {
     NAMM_ASSIGN_OR_RETURN(const tasks::TaskVariant variant, tasks::parse_task_variant(name));
-    if (const auto known = costs.find(variant.base); known != costs.end()) {
-      costs[name] = known->second;
-      continue;
-    }
-    NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(variant.base, paths));
-    NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
-    if (rows.empty()) return Status::InvalidArgument("task " + name + ": " + task.data_path + " has no rows");
-    std::vector<double>& c = costs[variant.base];
-    for (const tasks::TaskRow& row : rows) {
-      if (task.prompt_source == tasks::PromptSource::kTokenIds) {
-        const auto ids = row.fields.find("prompt_ids");
-        c.push_back(ids != row.fields.end() && ids->is_array() ? static_cast<double>(ids->size()) : 1.0);
-        continue;
+    if (costs.count(variant.base) == 0) {
+      NAMM_ASSIGN_OR_RETURN(tasks::TaskSpec task, tasks::find_task(variant.base, paths));
+      NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(task));
+      if (rows.empty()) return Status::InvalidArgument("task " + name + ": " + task.data_path + " has no rows");
+      std::vector<double> c;
+      for (const tasks::TaskRow& row : rows) {
+        if (task.prompt_source == tasks::PromptSource::kTokenIds) {
+          const auto ids = row.fields.find("prompt_ids");
+          c.push_back(ids != row.fields.end() && ids->is_array() ? static_cast<double>(ids->size()) : 1.0);
+          continue;
+        }
+        NAMM_ASSIGN_OR_RETURN(std::string prompt, tasks::build_prompt(task, row));
+        c.push_back(1.0 + static_cast<double>(prompt.size()) / 4.0);
       }
-      NAMM_ASSIGN_OR_RETURN(std::string prompt, tasks::build_prompt(task, row));
-      c.push_back(1.0 + static_cast<double>(prompt.size()) / 4.0);
+      costs[variant.base] = std::move(c);
     }
-    costs[name] = c;
+    if (name != variant.base) costs[name] = costs.at(variant.base);
   }
   return costs;
 }

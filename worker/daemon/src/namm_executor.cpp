@@ -66,10 +66,20 @@ Status NammExecutor::Prepare(const RunInfo& run) {
 Result<std::shared_ptr<const NammExecutor::LoadedTask>> NammExecutor::Task(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   if (const auto it = tasks_.find(name); it != tasks_.end()) return it->second;
-  auto loaded = std::make_shared<LoadedTask>();
   NAMM_ASSIGN_OR_RETURN(const tasks::TaskVariant variant, tasks::parse_task_variant(name));
-  NAMM_ASSIGN_OR_RETURN(loaded->spec, tasks::find_task(variant.base, paths_));
-  NAMM_ASSIGN_OR_RETURN(loaded->rows, tasks::load_rows(loaded->spec));
+  // A variant shares its base task's rows: they are read once, whatever the number of budgets.
+  std::shared_ptr<const LoadedTask> base;
+  if (const auto it = tasks_.find(variant.base); it != tasks_.end()) {
+    base = it->second;
+  } else {
+    auto loaded = std::make_shared<LoadedTask>();
+    NAMM_ASSIGN_OR_RETURN(loaded->spec, tasks::find_task(variant.base, paths_));
+    NAMM_ASSIGN_OR_RETURN(std::vector<tasks::TaskRow> rows, tasks::load_rows(loaded->spec));
+    loaded->rows = std::make_shared<const std::vector<tasks::TaskRow>>(std::move(rows));
+    base = tasks_[variant.base] = std::move(loaded);
+  }
+  if (!variant.budget) return base;
+  auto loaded = std::make_shared<LoadedTask>(*base);
   loaded->budget = variant.budget;
   tasks_[name] = loaded;
   return std::shared_ptr<const LoadedTask>(loaded);
@@ -101,8 +111,8 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunPrompts(const std::vector<Pr
       outcomes[j] = task.status();
     } else if (jobs[j].lease->task != task_name) {
       outcomes[j] = Status::InvalidArgument("a batch runs one task: " + jobs[j].lease->task + " beside " + task_name);
-    } else if (prompt < 0 || prompt >= static_cast<int64_t>((*task)->rows.size())) {
-      outcomes[j] = Status::InvalidArgument("task " + task_name + " has " + std::to_string((*task)->rows.size()) +
+    } else if (prompt < 0 || prompt >= static_cast<int64_t>((*task)->rows->size())) {
+      outcomes[j] = Status::InvalidArgument("task " + task_name + " has " + std::to_string((*task)->rows->size()) +
                                             " prompts; prompt " + std::to_string(prompt) + " does not exist");
     } else {
       valid.push_back(jobs[j]);
@@ -194,7 +204,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<Promp
       namm_policies[j] = p->get();
       policies[j] = std::move(p).value();
     }
-    items.push_back({&task.rows[static_cast<std::size_t>(jobs[j].prompt)], policies[j].get()});
+    items.push_back({&(*task.rows)[static_cast<std::size_t>(jobs[j].prompt)], policies[j].get()});
     where.push_back(j);
   }
   TaskRunOptions options;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "namm/cache_budget.h"
 #include "namm/feature_norm.h"
-#include "namm/policies/cache_budget.h"
 #include "namm/policies/memory_policy.h"
 #include "namm/namm_model.h"
 #include "namm/scorer.h"

@@ -47,7 +47,7 @@ class NammExecutor final : public LeaseExecutor {
  private:
   struct LoadedTask {
     tasks::TaskSpec spec;  // a variant's ("T@budget=16"): its base task's
-    std::vector<tasks::TaskRow> rows;
+    std::shared_ptr<const std::vector<tasks::TaskRow>> rows;  // a variant's: its base task's, shared
     std::optional<CacheBudget> budget;  // a variant's: the candidates' selection budget
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
