@@ -234,8 +234,10 @@ PY
 )
 echo "   $idle"
 [ "$idle" = "200 200 closed-70+ oldest-first" ] || fail "100 idle connections: $idle"
-curl -sS "$URL/metrics" | grep -q '^namm_api_connections_closed_total{limit="per_address"} 7[12]' ||
-  fail "closed connections not counted: $(curl -sS "$URL/metrics" | grep connections_closed)"
+# Read whole, then matched: `curl | grep -q` fails under pipefail when grep exits before curl has written all.
+metrics=$(curl -sS "$URL/metrics")
+grep -q '^namm_api_connections_closed_total{limit="per_address"} 7[12]' <<< "$metrics" ||
+  fail "closed connections not counted: $(grep connections_closed <<< "$metrics")"
 kill -TERM "$PID"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 
@@ -268,7 +270,7 @@ for _ in $(seq 25); do
 done
 echo "   wrong keys: $codes"
 case "$codes" in " 401"*" 429") ;; *) fail "wrong keys gave: $codes" ;; esac
-echo "$codes" | grep -q '429.*401' && fail "a 401 after a 429: $codes"
+grep -q '429.*401' <<< "$codes" && fail "a 401 after a 429: $codes"
 curl -sS -D "$work/headers" -o "$work/body" -H 'Authorization: Bearer wrong' "$URL/v1/models" > /dev/null
 grep -qi '^Retry-After: 60' "$work/headers" || fail "429 without Retry-After: $(cat "$work/headers")"
 [ "$(json 'd["error"]["code"]' < "$work/body")" = rate_limit_exceeded ] || fail "429 body: $(cat "$work/body")"
