@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer target of BUILD_DIR (made by `make fuzz`) for RUNS executions, starting from its seed corpus
 # in tests/fuzz/corpus/<target> (read only: new inputs go to a scratch directory). A crash's input is kept as
-# tests/fuzz/crashes/<target>/crash-<sha1> for ctest to replay; the script then fails.
+# tests/fuzz/crashes/<target>/crash-<sha1> for ctest to replay; the script then fails. TARGETS (the third
+# argument, names without fuzz_) picks some: `scripts/fuzz.sh build-fuzz 10000000 "torch_archive openai_request"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-fuzz}
 RUNS=${2:-1000000}
+TARGETS=${3:-run_spec namm_file tokenizer_json chat_template rpc_messages torch_archive openai_request}
 failed=()
-for target in run_spec namm_file tokenizer_json chat_template rpc_messages torch_archive openai_request; do
+for target in $TARGETS; do
   scratch=$(mktemp -d)
   mkdir -p "tests/fuzz/crashes/$target"
   echo "== fuzz_$target: $RUNS runs"

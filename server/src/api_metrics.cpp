@@ -52,6 +52,11 @@ struct ApiMetrics::Impl {
       .Name("namm_api_connections_closed_total")
       .Help("Idle connections closed to make room for a new one, by which limit was full")
       .Register(registry);
+  prometheus::Family<prometheus::Gauge>& connections = prometheus::BuildGauge()
+      .Name("namm_api_connections").Help("Open connections, waiting for a request (idle) or busy with one")
+      .Register(registry);
+  prometheus::Gauge& idle_connections = connections.Add({{"state", "idle"}});
+  prometheus::Gauge& busy_connections = connections.Add({{"state", "busy"}});
   prometheus::Family<prometheus::Gauge>& info = prometheus::BuildGauge()
       .Name("namm_api_info").Help("The model and default memory policy served, and the namm version").Register(registry);
 };
@@ -89,6 +94,11 @@ void ApiMetrics::Dropped(bool timed_out) {
 
 void ApiMetrics::ConnectionClosedForRoom(bool per_address) {
   impl_->closed.Add({{"limit", per_address ? "per_address" : "total"}}).Increment();
+}
+
+void ApiMetrics::Connections(int64_t idle, int64_t busy) {
+  impl_->idle_connections.Set(static_cast<double>(idle));
+  impl_->busy_connections.Set(static_cast<double>(busy));
 }
 
 std::string ApiMetrics::Exposition() const {

@@ -26,6 +26,8 @@ class ApiMetrics {
   void Dropped(bool timed_out);  // cancelled by its client (a disconnect), or out of time
   // An idle connection closed for a new one: its address's limit was full, or the server's.
   void ConnectionClosedForRoom(bool per_address);
+  // Open connections: waiting for a request, and busy with one.
+  void Connections(int64_t idle, int64_t busy);
   // The text exposition of every metric.
   std::string Exposition() const;
 

@@ -8,13 +8,17 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <ctime>
 #include <list>
+#include <memory>
 #include <map>
 #include <optional>
 #include <thread>
@@ -49,7 +53,8 @@ constexpr const char* kPlainChatTemplate =
 // A connected socket read and written with deadlines: each operation waits (in slices, so that a stop is seen)
 // for the socket to become ready, and fails with timed_out after `timeout` or operation_aborted once `stop` is
 // set. The socket is non-blocking, so no call blocks past its deadline. Beast's HTTP reads and writes and the TLS
-// layer run over it.
+// layer run over it: its synchronous operations on a request's answering thread, its asynchronous ones (the
+// socket's own, their deadline a timer's) on the io thread while the connection waits for a request.
 class TimedSocket {
  public:
   using lowest_layer_type = tcp::socket::lowest_layer_type;
@@ -87,6 +92,15 @@ class TimedSocket {
     const std::size_t n = write_some(buffers, ec);
     if (ec) throw beast::system_error(ec);
     return n;
+  }
+
+  template <class Buffers, class Handler>
+  auto async_read_some(const Buffers& buffers, Handler&& handler) {
+    return socket_->async_read_some(buffers, std::forward<Handler>(handler));
+  }
+  template <class Buffers, class Handler>
+  auto async_write_some(const Buffers& buffers, Handler&& handler) {
+    return socket_->async_write_some(buffers, std::forward<Handler>(handler));
   }
 
  private:
@@ -202,93 +216,262 @@ struct ApiServer::Impl {
   std::atomic<uint64_t> responses{0};
   std::mutex drain_mutex;  // one Drain at a time
 
-  struct Connection {
-    std::thread thread;
-    std::atomic<bool> done{false};
-    std::string peer;  // the client's address
-    int fd = -1;       // its socket while open (connections_mutex; -1 once its thread closes it)
-    bool evicted = false;  // shut down to make room (connections_mutex): no longer counted
-    // Waiting for a request (or its headers, or a TLS handshake), and since when: what a full table closes first.
-    std::atomic<bool> idle{true};
-    std::atomic<int64_t> idle_since{0};  // steady-clock nanoseconds
-  };
-  std::mutex connections_mutex;  // guards connections
-  std::list<std::unique_ptr<Connection>> connections;
-  std::thread accept_thread;
+  // ---- connections -------------------------------------------------------------------------------------------------
+  // A connection waits on the io thread: its TLS handshake, a request's headers and body are Asio's asynchronous
+  // reads with a timer for their deadline, so an idle connection costs a socket, a timer and its buffer, not a
+  // thread. A request read whole (or refused on its headers) gets a thread of its own for its answer, which waits
+  // on the scheduler and writes with deadlines (TimedSocket); the thread then hands the connection back to the io
+  // thread for its next request. Threads are bounded by the connections busy with a request. Everything below
+  // (counts, the idle lists) belongs to the io thread: no locks.
+  struct Session {
+    Session(Impl& impl, tcp::socket s, std::string p)
+        : socket(std::move(s)), timed(socket, impl.idle_timeout, impl.stopping), timer(impl.io), peer(std::move(p)) {}
 
-  // ---- accepting ---------------------------------------------------------------------------------------------------
-
-  void AcceptLoop() {
-    while (!draining.load()) {
-      pollfd p{acceptor.native_handle(), POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(kPollSlice.count()));
-      Reap(false);
-      if (ready <= 0) continue;
-      beast::error_code ec;
-      auto socket = std::make_unique<tcp::socket>(io);
-      acceptor.accept(*socket, ec);
-      if (ec) {
-        // Out of descriptors (EMFILE) leaves the listener readable: wait rather than spin.
-        if (ec != asio::error::would_block && ec != asio::error::try_again) std::this_thread::sleep_for(kPollSlice);
-        continue;
-      }
-      const tcp::endpoint remote = socket->remote_endpoint(ec);
-      const std::string peer = ec ? std::string("unknown") : remote.address().to_string();
-      std::lock_guard<std::mutex> lock(connections_mutex);
-      if (!MakeRoom(peer)) {
-        RefuseConnection(*socket, peer);
-        continue;
-      }
-      connections.push_back(std::make_unique<Connection>());
-      Connection* connection = connections.back().get();
-      connection->peer = peer;
-      connection->fd = socket->native_handle();
-      connection->idle_since.store(Clock::now().time_since_epoch().count());
-      try {
-        connection->thread = std::thread([this, connection, s = std::move(socket)]() mutable {
-          try {
-            Serve(*s, *connection);
-          } catch (const std::exception& e) {
-            spdlog::warn("namm-api: connection ended: {}", e.what());
-          }
-          {
-            // Before the descriptor can be reused: MakeRoom() shuts sockets down by it.
-            std::lock_guard<std::mutex> closing(connections_mutex);
-            connection->fd = -1;
-          }
-          CloseGracefully(*s);
-          connection->done.store(true);
-        });
-      } catch (const std::exception& e) {  // no thread to be had: the connection closes (its socket with the lambda)
-        spdlog::error("namm-api: cannot start a connection's thread: {}", e.what());
-        connections.pop_back();
+    // Calls f(stream, timed socket under it): the TLS stream, or the socket itself.
+    template <class F>
+    void With(F&& f) {
+      if (tls) {
+        f(*tls, tls->next_layer());
+      } else {
+        f(timed, timed);
       }
     }
-    beast::error_code ignored;
-    acceptor.close(ignored);
+
+    tcp::socket socket;
+    TimedSocket timed;
+    std::optional<ssl::stream<TimedSocket>> tls;
+    asio::steady_timer timer;  // the deadline of what it waits for
+    uint64_t wait = 0;         // which wait the timer is for: one that fired as its wait ended leaves the next alone
+    std::string peer;          // the client's address
+    beast::flat_buffer buffer;
+    std::optional<http::request_parser<http::string_body>> parser;
+    http::response<http::empty_body> go_on{http::status::continue_, 11};
+    enum class Read { kRequest, kBodyTooLarge, kHeadersTooLarge, kUnauthorized } read = Read::kRequest;
+    std::thread answer;     // while a request is answered
+    bool counted = true;    // in the open counts (false once closed, or closed to make room)
+    bool idle = false;      // waiting for a request: what a full server closes first, oldest first
+    bool waiting = false;   // an operation of the io thread outstanding (in `waiting_sessions`)
+    std::list<Session*>::iterator in_idle, in_peer_idle, in_waiting;
+  };
+  struct Peer {
+    std::size_t open = 0;
+    std::list<Session*> idle;  // oldest first
+  };
+
+  std::thread io_thread;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> keep_running;
+  asio::steady_timer accept_retry{io};
+  std::size_t open = 0;                  // counted connections
+  std::map<std::string, Peer> peers;     // by address, while it has a connection
+  std::list<Session*> idle_sessions;     // oldest first
+  std::list<Session*> waiting_sessions;  // closed at once when the server stops
+
+  void Accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (draining.load() || !acceptor.is_open()) return;
+      if (ec) {  // out of descriptors (EMFILE) and the like: wait rather than spin
+        accept_retry.expires_after(kPollSlice);
+        accept_retry.async_wait([this](beast::error_code e) {
+          if (!e) Accept();
+        });
+        return;
+      }
+      try {
+        Admit(std::move(socket));
+      } catch (const std::exception& e) {  // (out of memory): this connection is lost, not the listener
+        spdlog::error("namm-api: cannot take a connection: {}", e.what());
+      }
+      Accept();
+    });
   }
 
-  // Joins the connections that ended (all of them, waiting, when `all`).
-  void Reap(bool all) {
-    std::list<std::unique_ptr<Connection>> finished;
-    {
-      std::lock_guard<std::mutex> lock(connections_mutex);
-      for (auto it = connections.begin(); it != connections.end();) {
-        if (all || (*it)->done.load()) {
-          finished.push_back(std::move(*it));
-          it = connections.erase(it);
-        } else {
-          ++it;
-        }
+  void Admit(tcp::socket socket) {
+    beast::error_code ec;
+    const tcp::endpoint remote = socket.remote_endpoint(ec);
+    const std::string peer = ec ? std::string("unknown") : remote.address().to_string();
+    if (!MakeRoom(peer)) return RefuseConnection(socket, peer);
+    socket.non_blocking(true, ec);
+    socket.set_option(tcp::no_delay(true), ec);
+    auto s = std::make_shared<Session>(*this, std::move(socket), peer);
+    ++open;
+    ++peers[peer].open;
+    SetIdle(*s, true);
+    if (!tls) return ReadHeader(s);
+    s->tls.emplace(s->timed, *tls);
+    StartWait(s);
+    s->tls->async_handshake(ssl::stream_base::server, [this, s](beast::error_code e) {
+      if (e) return Close(*s);  // not TLS, a certificate refused, or too slow
+      ReadHeader(s);
+    });
+  }
+
+  // Whether a connection from `peer` may open: over --max-connections-per-address its address's oldest idle
+  // connection is closed, over --max-connections the oldest idle one of all; false when there is none to close
+  // (every connection is busy with a request).
+  bool MakeRoom(const std::string& peer) {
+    const auto it = peers.find(peer);
+    const bool peer_full = options.max_connections_per_address > 0 && it != peers.end() &&
+                           it->second.open >= options.max_connections_per_address;
+    if (!peer_full && open < options.max_connections) return true;
+    const std::list<Session*>& candidates = peer_full ? it->second.idle : idle_sessions;
+    if (candidates.empty()) return false;
+    Session& oldest = *candidates.front();
+    SetIdle(oldest, false);
+    Uncount(oldest);
+    CloseSocket(oldest);  // its pending read ends with an error, which releases it
+    if (metrics) metrics->ConnectionClosedForRoom(peer_full);
+    return true;
+  }
+
+  void SetIdle(Session& s, bool idle) {
+    if (s.idle == idle || (idle && !s.counted)) return;
+    Peer& peer = peers[s.peer];
+    if (idle) {
+      s.in_idle = idle_sessions.insert(idle_sessions.end(), &s);
+      s.in_peer_idle = peer.idle.insert(peer.idle.end(), &s);
+    } else {
+      idle_sessions.erase(s.in_idle);
+      peer.idle.erase(s.in_peer_idle);
+    }
+    s.idle = idle;
+    CountConnections();
+  }
+
+  void Uncount(Session& s) {
+    if (!s.counted) return;
+    SetIdle(s, false);
+    s.counted = false;
+    --open;
+    const auto it = peers.find(s.peer);
+    if (--it->second.open == 0) peers.erase(it);
+    CountConnections();
+  }
+
+  void CountConnections() {
+    if (metrics) metrics->Connections(static_cast<int64_t>(idle_sessions.size()), static_cast<int64_t>(open - idle_sessions.size()));
+  }
+
+  // The deadline of a TLS handshake, or of a request's headers and body however slowly they trickle.
+  void StartWait(const std::shared_ptr<Session>& s) {
+    if (!s->waiting) s->in_waiting = waiting_sessions.insert(waiting_sessions.end(), s.get());
+    s->waiting = true;
+    s->timer.expires_after(idle_timeout);
+    s->timer.async_wait([this, s, wait = ++s->wait](beast::error_code ec) {
+      if (!ec && wait == s->wait) CloseSocket(*s);  // its pending operation ends with an error
+    });
+  }
+
+  void EndWait(Session& s) {
+    ++s.wait;
+    s.timer.cancel();
+    if (s.waiting) waiting_sessions.erase(s.in_waiting);
+    s.waiting = false;
+  }
+
+  static void CloseSocket(Session& s) {
+    beast::error_code ec;
+    s.socket.shutdown(tcp::socket::shutdown_both, ec);
+    s.socket.close(ec);
+  }
+
+  // The end of a connection on the io thread.
+  void Close(Session& s) {
+    EndWait(s);
+    Uncount(s);
+    CloseSocket(s);
+  }
+
+  void ReadHeader(const std::shared_ptr<Session>& s) {
+    if (stopping.load()) return Close(*s);
+    s->parser.emplace();
+    s->parser->header_limit(kMaxHeaderBytes);
+    s->parser->body_limit(options.max_body_bytes);
+    SetIdle(*s, true);
+    StartWait(s);
+    auto on_header = [this, s](beast::error_code ec, std::size_t) {
+      SetIdle(*s, false);  // a request: not closed to make room until it is answered
+      if (ec == http::error::body_limit) return Answer(s, Session::Read::kBodyTooLarge);
+      if (ec == http::error::header_limit) return Answer(s, Session::Read::kHeadersTooLarge);
+      if (ec) return Close(*s);  // closed, idle too long, or not HTTP
+      // The key is checked on the headers: a client without one is answered before a 100 Continue or any of its
+      // body is read (the connection then closes, the body unread).
+      const Request& request = s->parser->get();
+      if (!Authorized(request)) return Answer(s, Session::Read::kUnauthorized);
+      if (request.version() == 11 && beast::iequals(request[http::field::expect], "100-continue")) {
+        return s->With([&](auto& stream, TimedSocket&) {
+          http::async_write(stream, s->go_on, [this, s](beast::error_code e, std::size_t) {
+            if (e) return Close(*s);
+            ReadBody(s);
+          });
+        });
       }
+      ReadBody(s);
+    };
+    s->With([&](auto& stream, TimedSocket&) { http::async_read_header(stream, s->buffer, *s->parser, on_header); });
+  }
+
+  void ReadBody(const std::shared_ptr<Session>& s) {
+    s->With([&](auto& stream, TimedSocket&) {
+      http::async_read(stream, s->buffer, *s->parser, [this, s](beast::error_code ec, std::size_t) {
+        if (ec == http::error::body_limit) return Answer(s, Session::Read::kBodyTooLarge);
+        if (ec) return Close(*s);
+        Answer(s, Session::Read::kRequest);
+      });
+    });
+  }
+
+  // Gives the request a thread for its answer; the connection comes back to the io thread after it.
+  void Answer(const std::shared_ptr<Session>& s, Session::Read read) {
+    EndWait(*s);
+    s->read = read;
+    try {
+      s->answer = std::thread([this, s, work = asio::make_work_guard(io)]() mutable {
+        bool keep = false;
+        try {
+          keep = Respond(*s);
+        } catch (const std::exception& e) {
+          spdlog::warn("namm-api: connection ended: {}", e.what());
+        }
+        if (!keep) CloseGracefully(s->socket);
+        asio::post(io, [this, s, keep] { Answered(s, keep); });
+      });
+    } catch (const std::exception& e) {  // no thread to be had: the connection closes
+      spdlog::error("namm-api: cannot start a thread to answer a request: {}", e.what());
+      Close(*s);
     }
-    for (auto& c : finished) {
-      if (c->thread.joinable()) c->thread.join();
-    }
+  }
+
+  void Answered(const std::shared_ptr<Session>& s, bool keep) {
+    if (s->answer.joinable()) s->answer.join();
+    if (!keep) return Close(*s);
+    ReadHeader(s);  // the next request on this connection (closes it when the server stops)
+  }
+
+  // On the answering thread: the reply to what was read; whether the connection stays open for another request.
+  bool Respond(Session& s) {
+    bool keep = false;
+    s.With([&](auto& stream, TimedSocket& timed) {
+      timed.set_deadline(Clock::time_point::max());  // the answer: each write has its own timeout
+      const Request& request = s.parser->get();
+      switch (s.read) {
+        case Session::Read::kBodyTooLarge:
+          return TooLarge(stream, request);
+        case Session::Read::kHeadersTooLarge:
+          (void)Reply(stream, request, "other", Error(431, "the request's headers exceed 16 KiB"), false);
+          return;
+        case Session::Read::kUnauthorized:
+          return RefuseKey(stream, request, s.peer);
+        case Session::Read::kRequest:
+          keep = Handle(stream, s.socket.native_handle(), request);
+          return;
+      }
+    });
+    return keep;
   }
 
   // Closes a connection without resetting it: stop sending, then read and drop what the client still sends (a
   // body we refused, with 413) until it closes, for up to a second, so that it reads our last response first.
+  // On the answering thread.
   void CloseGracefully(tcp::socket& socket) {
     beast::error_code ec;
     socket.shutdown(tcp::socket::shutdown_send, ec);
@@ -302,30 +485,6 @@ struct ApiServer::Impl {
       if (ec == asio::error::would_block || ec == asio::error::try_again) ec = {};
     }
     socket.close(ec);
-  }
-
-  // Whether a connection from `peer` may open (connections_mutex held): over --max-connections-per-address its
-  // address's oldest idle connection is closed, over --max-connections the oldest idle one of all; false when
-  // there is none to close (every connection is busy with a request).
-  bool MakeRoom(const std::string& peer) {
-    std::size_t open = 0, from_peer = 0;
-    for (const auto& c : connections) {
-      if (c->evicted || c->fd < 0) continue;
-      ++open;
-      from_peer += c->peer == peer ? 1 : 0;
-    }
-    const bool peer_full = options.max_connections_per_address > 0 && from_peer >= options.max_connections_per_address;
-    if (!peer_full && open < options.max_connections) return true;
-    Connection* oldest = nullptr;
-    for (const auto& c : connections) {
-      if (c->evicted || c->fd < 0 || !c->idle.load() || (peer_full && c->peer != peer)) continue;
-      if (oldest == nullptr || c->idle_since.load() < oldest->idle_since.load()) oldest = c.get();
-    }
-    if (oldest == nullptr) return false;
-    ::shutdown(oldest->fd, SHUT_RDWR);  // its thread's read ends at once; the thread closes the socket
-    oldest->evicted = true;
-    if (metrics) metrics->ConnectionClosedForRoom(peer_full);
-    return true;
   }
 
   // No room (every connection busy): a 503 in plain HTTP (a TLS client sees a failed handshake), then close.
@@ -345,56 +504,19 @@ struct ApiServer::Impl {
     if (metrics) metrics->Request("connection", 503);
   }
 
-  // ---- one connection ----------------------------------------------------------------------------------------------
-
-  void Serve(tcp::socket& socket, Connection& connection) {
-    beast::error_code ec;
-    socket.non_blocking(true, ec);
-    socket.set_option(tcp::no_delay(true), ec);
-    TimedSocket timed(socket, idle_timeout, stopping);
-    if (!tls) return ServeRequests(timed, timed, socket.native_handle(), connection);
-    timed.set_deadline(Clock::now() + idle_timeout);
-    ssl::stream<TimedSocket> stream(timed, *tls);
-    stream.handshake(ssl::stream_base::server, ec);
-    if (ec) return;  // not TLS, a certificate refused, or too slow
-    ServeRequests(stream, stream.next_layer(), socket.native_handle(), connection);
-  }
-
-  // `timed` is the socket under `stream` (the stream itself without TLS).
-  template <class Stream>
-  void ServeRequests(Stream& stream, TimedSocket& timed, int fd, Connection& connection) {
-    beast::flat_buffer buffer;
-    while (!stopping.load()) {
-      http::request_parser<http::string_body> parser;
-      parser.header_limit(kMaxHeaderBytes);
-      parser.body_limit(options.max_body_bytes);
-      beast::error_code ec;
-      timed.set_deadline(Clock::now() + idle_timeout);  // the request's headers and body, however they trickle
-      http::read_header(stream, buffer, parser, ec);
-      connection.idle.store(false);  // a request: not closed to make room until it is answered
-      if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
-      if (ec == http::error::header_limit) {
-        (void)Reply(stream, parser.get(), "other", Error(431, "the request's headers exceed 16 KiB"), false);
+  // Runs the io thread until Drain lets it end; a handler's exception is logged and the loop goes on.
+  void RunIo() {
+    while (true) {
+      try {
+        io.run();
         return;
+      } catch (const std::exception& e) {
+        spdlog::error("namm-api: a connection's handler failed: {}", e.what());
       }
-      if (ec) return;  // closed, idle, or not HTTP
-      // The key is checked on the headers: a client without one is answered before a 100 Continue or any of its
-      // body is read (the connection then closes, the body unread).
-      if (!Authorized(parser.get())) return RefuseKey(stream, parser.get(), connection.peer);
-      if (parser.get().version() == 11 && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
-        http::response<http::empty_body> go_on{http::status::continue_, 11};
-        http::write(stream, go_on, ec);
-        if (ec) return;
-      }
-      http::read(stream, buffer, parser, ec);
-      if (ec == http::error::body_limit) return TooLarge(stream, parser.get());
-      if (ec) return;
-      timed.set_deadline(Clock::time_point::max());  // the answer: each write has its own timeout
-      if (!Handle(stream, fd, parser.get())) return;
-      connection.idle_since.store(Clock::now().time_since_epoch().count());  // (first: when it was accepted)
-      connection.idle.store(true);
     }
   }
+
+  // ---- one request -------------------------------------------------------------------------------------------------
 
   template <class Stream>
   void TooLarge(Stream& stream, const Request& request) {
@@ -776,13 +898,9 @@ Result<std::unique_ptr<ApiServer>> ApiServer::Start(const worker::LlamaModel& mo
   NAMM_ASSIGN_OR_RETURN(impl->scheduler, CompletionScheduler::Start(model, tokenizer, o.default_policy, o.scheduler,
                                                                     impl->metrics.get()));
   Impl* raw = impl.get();
-  impl->accept_thread = std::thread([raw] {
-    try {
-      raw->AcceptLoop();
-    } catch (const std::exception& e) {
-      spdlog::error("namm-api: stopped accepting connections: {}", e.what());
-    }
-  });
+  impl->keep_running.emplace(asio::make_work_guard(impl->io));
+  asio::post(impl->io, [raw] { raw->Accept(); });
+  impl->io_thread = std::thread([raw] { raw->RunIo(); });
   return std::unique_ptr<ApiServer>(new ApiServer(std::move(impl)));
 }
 
@@ -792,15 +910,25 @@ const std::string& ApiServer::url() const { return impl_->url; }
 
 void ApiServer::Drain(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(impl_->drain_mutex);
-  impl_->draining.store(true);
-  if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
+  Impl& impl = *impl_;
+  if (!impl.io_thread.joinable()) return;  // drained before
+  impl.draining.store(true);
+  asio::post(impl.io, [&impl] {
+    beast::error_code ignored;
+    impl.acceptor.close(ignored);
+    impl.accept_retry.cancel();
+  });
   const auto deadline = Clock::now() + timeout;
-  while (impl_->in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(kPollSlice);
-  impl_->scheduler->Stop();  // what is still running ends with 503
+  while (impl.in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(kPollSlice);
+  impl.scheduler->Stop();  // what is still running ends with 503
   const auto grace = Clock::now() + std::chrono::seconds(1);  // for those answers to be written
-  while (impl_->in_flight.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(kPollSlice);
-  impl_->stopping.store(true);  // idle keep-alive connections close
-  impl_->Reap(true);
+  while (impl.in_flight.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(kPollSlice);
+  impl.stopping.store(true);  // every socket operation ends: waiting connections close, answers end
+  asio::post(impl.io, [&impl] {
+    for (Impl::Session* s : impl.waiting_sessions) Impl::CloseSocket(*s);
+  });
+  impl.keep_running.reset();  // the io thread ends once every connection has (answers hold it until they post)
+  impl.io_thread.join();
 }
 
 }  // namespace namm::server

@@ -241,6 +241,50 @@ grep -q '^namm_api_connections_closed_total{limit="per_address"} 7[12]' <<< "$me
 kill -TERM "$PID"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 
+echo "== 10,000 idle connections held open cost no thread each: /health and a completion each answer within 1 s"
+# Descriptors for the client's and the server's ends (this shell's limit is both processes'); fewer where the hard
+# limit is lower, said in the output.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+held=$(( $(ulimit -n) - 200 < 10000 ? $(ulimit -n) - 200 : 10000 ))
+start --max-connections $((held + 100)) --max-connections-per-address $((held + 100))
+threads_before=$(awk '/^Threads:/ {print $2}' "/proc/$PID/status")
+many=$(python3 - "$URL" "$held" "$PID" <<'PY'
+import json, socket, sys, time, urllib.parse, urllib.request
+url, n, pid = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+held = []
+for _ in range(n):  # never send a byte
+    held.append(socket.create_connection((url.hostname, url.port)))
+def threads():
+    return int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("Threads:")))
+def metric(name):
+    text = urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=30).read().decode()
+    return int(float(next(l.split()[-1] for l in text.splitlines() if l.startswith(name))))
+deadline = time.time() + 30
+while metric('namm_api_connections{state="idle"}') < n and time.time() < deadline:  # the backlog accepted
+    time.sleep(0.1)
+idle = metric('namm_api_connections{state="idle"}')
+start = time.time()
+health = urllib.request.urlopen(sys.argv[1] + "/health", timeout=30).status
+health_s = time.time() - start
+body = json.dumps({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 16}).encode()
+request = urllib.request.Request(sys.argv[1] + "/v1/completions", body, {"Content-Type": "application/json"})
+start = time.time()
+completion = urllib.request.urlopen(request, timeout=30).status
+completion_s = time.time() - start
+print(f"{health} {completion} idle={idle} threads={threads()} health={health_s:.3f}s completion={completion_s:.3f}s")
+PY
+)
+echo "   $held held; threads before: $threads_before; $many"
+read -r health completion idle threads health_s completion_s <<< "$many"
+[ "$health $completion" = "200 200" ] || fail "with $held idle connections: $many"
+[ "$idle" = "idle=$held" ] || fail "not every idle connection open: $many"
+python3 -c "import sys; sys.exit(0 if float('${health_s#health=}'.rstrip('s')) < 1 and float('${completion_s#completion=}'.rstrip('s')) < 1 else 1)" ||
+  fail "slower than 1 s with $held idle connections: $many"
+# The io thread holds the idle ones; threads answer requests only (a few more than at start may be finishing).
+[ "${threads#threads=}" -le $((threads_before + 4)) ] || fail "threads grew with idle connections: $threads_before -> $many"
+kill -TERM "$PID"
+wait "$PID" || fail "namm-api exited with $? after SIGTERM"
+
 echo "== API keys: 'Bearer' in any case; no key and Expect: 100-continue: 401 before any body; then 429 for a minute"
 printf 'sk-a\n' > "$work/keys_a"
 start --api-keys "$work/keys_a"

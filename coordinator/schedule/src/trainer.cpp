@@ -899,9 +899,7 @@ void Trainer::KeepStageBest() {
   stage_best_copy_.reset();
   if (defers) {
     stage_best_ = Rebuilt{LightCopy(state_), eigen_source_, pending_source_};
-    stage_best_copy_.emplace();
-    stage_best_copy_->before = state_.generation + 1;
-    stage_best_copy_->covariance = stage_best_copy_->promise.get_future().share();
+    stage_best_copy_.emplace(state_.generation + 1);
   } else {
     stage_best_ = Rebuilt{state_, eigen_source_, pending_source_};
   }

@@ -12,7 +12,8 @@
 // max_prompt_tokens or max_tokens over its limit or the context (400 naming the limit), a full queue (429 with
 // Retry-After), connections over max_connections or max_connections_per_address (the oldest idle one under the
 // limit closed; 503 when all are busy), a request over the scheduler's time limit (408). A client that
-// disconnects, streaming or not, frees its row at the next step. One thread per connection.
+// disconnects, streaming or not, frees its row at the next step. Connections wait for requests on one thread
+// (Asio's asynchronous reads: an idle connection holds no thread); each request being answered has a thread.
 #pragma once
 
 #include <chrono>

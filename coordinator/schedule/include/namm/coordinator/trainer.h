@@ -230,7 +230,9 @@ class Trainer {
   // That state's covariance when stage_best_ was taken light: copied by whoever applies the update of generation
   // `before` (-1 once someone has it to copy), right before applying it.
   struct StageBestCopy {
-    int64_t before = -1;
+    // (A constructor rather than default member initializers: clang cannot emplace those into the optional below.)
+    explicit StageBestCopy(int64_t copy_before) : before(copy_before), covariance(promise.get_future().share()) {}
+    int64_t before;  // -1 once copied
     std::promise<std::shared_ptr<const std::vector<double>>> promise;
     std::shared_future<std::shared_ptr<const std::vector<double>>> covariance;
   };
