@@ -5,6 +5,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "namm/json_util.h"
+
 namespace namm {
 
 namespace {
@@ -28,13 +30,15 @@ Status Get(const nlohmann::json& object, const char* key, T* out, bool required)
   }
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (!it->is_number_integer()) {
-      return Status::Corruption(std::string("architecture: field '") + key + "' must be an integer: " + it->dump());
+      return Status::Corruption(std::string("architecture: field '") + key + "' must be an integer, not " +
+                                json_summary(*it));
     }
   }
   try {
     *out = it->get<T>();
   } catch (const nlohmann::json::exception&) {
-    return Status::Corruption(std::string("architecture: field '") + key + "' has the wrong type: " + it->dump());
+    return Status::Corruption(std::string("architecture: field '") + key +
+                              "' has the wrong type: " + json_summary(*it));
   }
   return Status::Ok();
 }
@@ -81,12 +85,7 @@ std::string NammArchitecture::ToJson() const {
 }
 
 Result<NammArchitecture> NammArchitecture::FromJson(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
-    return Status::Corruption(std::string("architecture is not valid JSON: ") + e.what());
-  }
+  NAMM_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json_bounded(text, "architecture"));
   if (!j.is_object() || !j.contains("scorer") || !j["scorer"].is_object() || !j.contains("selection") ||
       !j["selection"].is_object()) {
     return Status::Corruption("architecture must be an object with 'scorer' and 'selection' objects");
@@ -125,7 +124,7 @@ Result<NammArchitecture> NammArchitecture::FromJson(const std::string& text) {
     for (const auto& [key, value] : constants.items()) {
       if (features.contains(key) &&
           !(features[key].is_number() && features[key].get<double>() == value.get<double>())) {
-        return Status::Unimplemented("architecture uses " + key + " = " + features[key].dump() +
+        return Status::Unimplemented("architecture uses " + key + " = " + json_summary(features[key]) +
                                      "; this build supports only " + value.dump());
       }
     }
@@ -142,8 +141,8 @@ Result<NammArchitecture> NammArchitecture::FromJson(const std::string& text) {
   Status valid = arch.Validate();
   if (!valid.ok()) return Status::Corruption("architecture: " + valid.message());
   if (j.contains("param_count") && j["param_count"] != arch.param_count()) {
-    return Status::Corruption("architecture declares " + j["param_count"].dump() + " parameters but describes " +
-                              std::to_string(arch.param_count()));
+    return Status::Corruption("architecture declares " + json_summary(j["param_count"]) +
+                              " parameters but describes " + std::to_string(arch.param_count()));
   }
   return arch;
 }

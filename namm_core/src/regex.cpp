@@ -7,9 +7,24 @@
 
 namespace namm {
 
+namespace {
+
+// Bounds on one match attempt, far above what real patterns need on real text (PCRE2's defaults, 10 million
+// steps and 20 GB, let a pattern from a file spend that at every start position of a text): catastrophic
+// backtracking fails with "match limit exceeded" instead.
+constexpr uint32_t kMatchLimit = 1'000'000;       // backtracking steps
+constexpr uint32_t kDepthLimit = 1'000'000;       // nested backtracking points (the interpreter's frames)
+constexpr PCRE2_SIZE kHeapLimitKiB = 256 * 1024;  // the interpreter's backtracking memory
+
+}  // namespace
+
 struct Regex::Code {
   pcre2_code* code = nullptr;
-  ~Code() { pcre2_code_free(code); }
+  pcre2_match_context* limits = nullptr;  // only read while matching, so shared by every thread
+  ~Code() {
+    pcre2_match_context_free(limits);
+    pcre2_code_free(code);
+  }
 };
 
 Result<Regex> Regex::Compile(const std::string& pattern) {
@@ -27,6 +42,11 @@ Result<Regex> Regex::Compile(const std::string& pattern) {
   Regex regex;
   regex.code_ = std::make_shared<Code>();
   regex.code_->code = code;
+  regex.code_->limits = pcre2_match_context_create(nullptr);
+  if (regex.code_->limits == nullptr) return Status::Internal("out of memory creating a PCRE2 match context");
+  pcre2_set_match_limit(regex.code_->limits, kMatchLimit);
+  pcre2_set_depth_limit(regex.code_->limits, kDepthLimit);
+  pcre2_set_heap_limit(regex.code_->limits, kHeapLimitKiB);
   return regex;
 }
 
@@ -39,10 +59,12 @@ Result<std::vector<std::pair<std::size_t, std::size_t>>> Regex::FindAll(const st
   while (start <= text.size()) {
     // The text is valid UTF-8 (callers sanitize it); without this flag PCRE2 re-validates the rest of the
     // subject on every call, which makes a long text quadratic.
-    int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
+    int rc =
+        pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), code_->limits);
     // The JIT's stack is small (32 KB); the interpreter keeps its backtracking on the heap.
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
-      rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data.get(), nullptr);
+      rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
+                       data.get(), code_->limits);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {

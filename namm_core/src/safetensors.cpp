@@ -11,6 +11,7 @@
 #include <set>
 
 #include "namm/file_util.h"
+#include "namm/json_util.h"
 
 namespace namm {
 
@@ -45,7 +46,7 @@ Status ParseTensorEntry(const std::string& name, const nlohmann::json& entry, Sa
   auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array()) return bad("missing array field 'shape'");
   for (const auto& d : *shape_it) {
-    if (!d.is_number_unsigned()) return bad("shape " + shape_it->dump() + " has a non-integer or negative entry");
+    if (!d.is_number_unsigned()) return bad("shape has a non-integer or negative entry: " + json_summary(d));
     info->shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
   }
   auto nbytes = shape_nbytes(info->shape, dtype_size(info->dtype));
@@ -115,12 +116,10 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   const uint64_t data_size = file_size - 8 - header_len;
   file.data_section_ = bytes + 8 + header_len;
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
-    return corrupt(std::string("header is not valid JSON: ") + e.what());
-  }
+  NAMM_ASSIGN_OR_RETURN(
+      const nlohmann::json header,
+      parse_json_bounded(std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len),
+                         path + ": header"));
   if (!header.is_object()) return corrupt("header is not a JSON object");
 
   for (auto it = header.begin(); it != header.end(); ++it) {

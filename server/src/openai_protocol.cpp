@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "namm/json_util.h"
 #include "namm/utf8.h"
 
 namespace namm::server {
@@ -214,6 +215,12 @@ std::string ApiError::ToJson() const {
 }
 
 std::variant<CompletionRequest, ApiError> parse_completion_request(Endpoint endpoint, std::string_view body_text) {
+  // (Copies and dumps of a value recurse per level; a 1 MiB body could nest half a million.)
+  if (json_nests_deeper_than(body_text)) {
+    return Invalid("the request body nests arrays and objects more than " + std::to_string(kMaxJsonDepth) +
+                       " levels deep",
+                   "");
+  }
   const json body = json::parse(body_text.begin(), body_text.end(), nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     // JSON is UTF-8: name the first ill-formed byte, which a client can find, rather than a parse error.

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "namm/file_util.h"
+#include "namm/json_util.h"
 #include "namm/tasks/task_variant.h"
 
 namespace namm::tasks {
@@ -12,8 +13,7 @@ using Json = nlohmann::json;
 
 Result<ReferenceScores> ReferenceScores::Load(const std::string& path) {
   NAMM_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::Corruption(path + ": not valid JSON");
+  NAMM_ASSIGN_OR_RETURN(Json j, parse_json_bounded(text, path));
   if (j.is_array() && j.size() == 1 && j[0].is_object() && j[0].contains("performance_per_request")) {
     j = j[0]["performance_per_request"];  // the aggregate file
   }

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "namm/file_util.h"
+#include "namm/json_util.h"
 #include "namm/tasks/python_text.h"
 
 namespace namm::tasks {
@@ -191,8 +192,8 @@ Result<TaskSpec> find_task(const std::string& name, const TaskPaths& paths) {
       const std::string path = dir + "/" + file;
       auto text = read_file(path);
       if (!text.ok()) return text.status().WithContext("task " + task.name + ": " + task.benchmark + " config");
-      const Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object()) return Status::Corruption(path + ": not a JSON object");
+      NAMM_ASSIGN_OR_RETURN(const Json j, parse_json_bounded(*text, path));
+      if (!j.is_object()) return Status::Corruption(path + ": not a JSON object");
       if (!j.contains(task.dataset)) {
         return Status::NotFound("task " + task.name + ": " + path + " has no entry '" + task.dataset + "'");
       }
@@ -217,11 +218,10 @@ Result<std::vector<TaskRow>> load_rows(const TaskSpec& task) {
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      return Status::Corruption("task " + task.name + ": " + task.data_path + " line " + std::to_string(lineno) +
-                                " is not a JSON object");
-    }
+    // Bounded nesting: py_str and the metrics recurse over a row's fields.
+    const std::string where = "task " + task.name + ": " + task.data_path + " line " + std::to_string(lineno);
+    NAMM_ASSIGN_OR_RETURN(Json j, parse_json_bounded(line, where));
+    if (!j.is_object()) return Status::Corruption(where + " is not a JSON object");
     rows.push_back({static_cast<int64_t>(rows.size()), std::move(j)});
   }
   return rows;

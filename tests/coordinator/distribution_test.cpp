@@ -29,6 +29,7 @@
 #include <thread>
 #include <tuple>
 
+#include "../partition_proxy.h"
 #include "../process_util.h"
 #include "../temp_path.h"
 #include "namm/coordinator/progress_log.h"
@@ -402,33 +403,34 @@ int64_t LineCount(const std::string& file) {
   return static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
 }
 
-// A real network partition: a worker in another network namespace is cut off mid-lease for twice the lease
-// time and then reconnected. Its leases are re-issued to the other worker, what it computed while cut off comes
-// late and is ignored (or taken, if still missing) and counted, and the run ends as an uninterrupted one.
-TEST(DistributionLong, AWorkerCutOffPastItsLeaseTimeIsReplacedAndItsLateResultsAreCounted) {
-  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-  if (RunProcess("ip -V").exit_code != 0) GTEST_SKIP() << "iproute2 (ip) is not installed";
-  NetworkNamespace ns;
-  if (!ns.error().empty()) GTEST_SKIP() << "cannot make a network namespace here: " << ns.error();
-  SimRun r("dist_partition");
-  r.seconds_per_token = "0.0005";  // prompts of 50 ms to 1 s
-  r.listen_host = "0.0.0.0";
+// How a test partitions a worker from the coordinator: the command prefix and the address the worker runs with,
+// and the cut (packets dropped both ways, no reset) and the heal.
+struct Partition {
+  std::vector<std::string> prefix;
+  std::string coordinator;
+  std::function<bool()> cut, heal;
+};
+
+// A worker cut off mid-lease for twice the lease time and then reconnected: its leases are re-issued to the other
+// worker, what it computed while cut off comes late and is ignored (or taken, if still missing) and counted, and
+// the run ends as an uninterrupted one.
+void ExpectAWorkerCutOffIsReplaced(SimRun& r, const Partition& partition) {
   const int metrics = FreePort();
   Child coordinator = r.Serve({"--metrics-listen", "127.0.0.1:" + std::to_string(metrics), "--linger", "600"});
   const std::string cut_ran = r.dir + "/ran-cut", other_ran = r.dir + "/ran-other";
-  Child cut = r.SimWorker("sim-cut", {"--record", cut_ran, "--log-level", "info"}, ns.exec(),
-                          ns.host_ip() + ":" + std::to_string(r.port));
+  Child cut = r.SimWorker("sim-cut", {"--record", cut_ran, "--log-level", "info"}, partition.prefix,
+                          partition.coordinator);
   Child other = r.SimWorker("sim-other", {"--record", other_ran});
   // Mid-run, with the worker to be cut off holding a lease of generation 1 it has started.
   ASSERT_TRUE(WaitUntil([&] { return ReadText(cut_ran).find("\n1 ") != std::string::npos ||
                                      ReadText(cut_ran).rfind("1 ", 0) == 0; },
                         std::chrono::seconds(120)))
       << ReadText(r.log("coordinator")) << ReadText(r.log("sim-cut"));
-  ASSERT_TRUE(ns.Cut());
+  ASSERT_TRUE(partition.cut());
   const int64_t ran_before = LineCount(cut_ran);
   std::this_thread::sleep_for(std::chrono::seconds(7));  // the lease timeout is 3 s
   const int64_t ran_while_cut = LineCount(cut_ran) - ran_before;
-  ASSERT_TRUE(ns.Heal());
+  ASSERT_TRUE(partition.heal());
 
   EXPECT_EQ(Wait(cut), 0) << ReadText(r.log("sim-cut"));
   EXPECT_EQ(Wait(other), 0) << ReadText(r.log("sim-other"));
@@ -444,6 +446,29 @@ TEST(DistributionLong, AWorkerCutOffPastItsLeaseTimeIsReplacedAndItsLateResultsA
       << "what it computed while cut off arrived late and was counted\n" << exposition;
   EXPECT_GT(LineCount(other_ran), 0);
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
+// The partition made by a forwarder that stops forwarding (tests/partition_proxy.h): no privileges, so every run
+// of the default suite has it.
+TEST(Distribution, AWorkerCutOffByAPartitionPastItsLeaseTimeIsReplacedAndItsLateResultsAreCounted) {
+  SimRun r("dist_partition_proxy");
+  r.seconds_per_token = "0.00015";  // prompts of 15 to 300 ms: the run takes ~25 s, the cut 7 of them
+  namm::testing::PartitionProxy proxy(r.port);
+  ExpectAWorkerCutOffIsReplaced(r, {{}, "127.0.0.1:" + std::to_string(proxy.port()),
+                                    [&] { proxy.Cut(); return true; }, [&] { proxy.Heal(); return true; }});
+}
+
+// The same with a real network: the worker in another network namespace whose link goes down (root only).
+TEST(DistributionLong, AWorkerCutOffPastItsLeaseTimeIsReplacedAndItsLateResultsAreCounted) {
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  if (RunProcess("ip -V").exit_code != 0) GTEST_SKIP() << "iproute2 (ip) is not installed";
+  NetworkNamespace ns;
+  if (!ns.error().empty()) GTEST_SKIP() << "cannot make a network namespace here: " << ns.error();
+  SimRun r("dist_partition");
+  r.seconds_per_token = "0.0005";  // prompts of 50 ms to 1 s
+  r.listen_host = "0.0.0.0";
+  ExpectAWorkerCutOffIsReplaced(r, {ns.exec(), ns.host_ip() + ":" + std::to_string(r.port), [&] { return ns.Cut(); },
+                                    [&] { return ns.Heal(); }});
 }
 
 TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {

@@ -105,7 +105,7 @@ TEST(RunSpec, ParsesTheShippedSpecsAndNamesBadKeys) {
   auto zero = parse_run_spec("name: x\nmodel: {path: p, fingerprint: f}\nstages: [{tasks: [a], generations: 0}]\n",
                              "zero.yaml");
   ASSERT_FALSE(zero.ok());
-  EXPECT_NE(zero.status().message().find("stages[0].generations must be > 0"), std::string::npos);
+  EXPECT_NE(zero.status().message().find("stages[0].generations must be in 1..1000000"), std::string::npos);
   auto no_fp = parse_run_spec("name: x\nmodel: {path: p}\nstages: [{tasks: [a], generations: 1}]\n", "fp.yaml");
   ASSERT_FALSE(no_fp.ok());
   EXPECT_NE(no_fp.status().message().find("missing 'fingerprint'"), std::string::npos);
@@ -222,6 +222,44 @@ TEST(RunSpec, BudgetsTurnEachTaskIntoItsVariants) {
   std::string named = SyntheticSpecYaml();
   named.replace(named.find("[t/a]"), 5, "[t/a@budget=x]");
   EXPECT_NE(parse_run_spec(named, "n.yaml").status().message().find("'t/a@budget=x'"), std::string::npos);
+}
+
+// What a hostile spec may cost is bounded before anything is copied or expanded: aliases mentioned many times,
+// stages repeated by alias, budgets multiplying tasks, endless generations (issue 35).
+TEST(RunSpec, RefusesSpecsThatWouldCostFarMoreThanTheirText) {
+  const std::string head = "name: x\nmodel: {path: p, fingerprint: f}\n";
+  std::string aliases = head + "stages: [{tasks: [&t " + std::string(300, 'a') + ", *t], generations: 1}]\n";
+  std::string many_tasks = head + "stages: [{tasks: [";
+  for (int i = 0; i < 1025; ++i) many_tasks += (i ? ", t" : "t") + std::to_string(i);
+  many_tasks += "], generations: 1}]\n";
+  std::string many_stages = head + "stages: [&s {tasks: [a], generations: 1}";
+  for (int i = 0; i < 256; ++i) many_stages += ", *s";
+  many_stages += "]\n";
+  std::string product = head + "budgets: [";
+  for (int i = 1; i <= 64; ++i) product += (i > 1 ? ", " : "") + std::to_string(i);
+  product += "]\nstages: [{tasks: [";
+  for (int i = 0; i < 17; ++i) product += (i ? ", t" : "t") + std::to_string(i);
+  product += "], generations: 1}]\n";
+  std::string run_tasks = head + "stages: [&s {tasks: [";
+  for (int i = 0; i < 1000; ++i) run_tasks += (i ? ", t" : "t") + std::to_string(i);
+  run_tasks += "], generations: 1}, *s, *s, *s, *s]\n";
+  for (const auto& [yaml, says] : std::vector<std::pair<std::string, std::string>>{
+           {aliases, "a name of 300 bytes, over the limit of 256"},
+           {many_tasks, "stages[0].tasks lists 1025 items, over the limit of 1024"},
+           {many_stages, "257 stages, over the limit of 256"},
+           {product, "17 tasks at 64 budgets are over the limit of 1024 a stage"},
+           {run_tasks, "the stages list 5000 tasks, over the limit of 4096"},
+           {head + "stages: [{tasks: [a], generations: 1000000000000}]\n", "generations must be in 1..1000000"},
+           {head + "stages: [{tasks: [a], generations: 600000}, {tasks: [a], generations: 600000}]\n",
+            "the stages' generations must be in 1..1000000, got 1200000"},
+           {head + "prompts_per_task: 10000000\nstages: [{tasks: [a], generations: 1}]\n",
+            "prompts_per_task must be in 1..1000000"},
+           {head + "eval_prompts: 10000000\nstages: [{tasks: [a], generations: 1}]\n", "eval_prompts must be in"},
+           {std::string(2 << 20, '#'), "over a run spec's limit of 1048576"}}) {
+    const Result<RunSpec> parsed = parse_run_spec(yaml, "hostile.yaml");
+    ASSERT_FALSE(parsed.ok()) << says;
+    EXPECT_NE(parsed.status().message().find(says), std::string::npos) << parsed.status().ToString();
+  }
 }
 
 // Evolution over budgets: every candidate runs each task's variants on the base task's prompts (paired), its

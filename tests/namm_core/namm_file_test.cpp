@@ -86,6 +86,22 @@ void ExpectRefused(const std::string& path, const std::string& fragment) {
   EXPECT_NE(model.status().message().find(fragment), std::string::npos) << model.status().message();
 }
 
+// The architecture JSON is outside bytes too: nesting is bounded, and errors describe a bad field in a few
+// words instead of dumping it (here a million-item list).
+TEST(NammFile, ArchitectureErrorsAreBounded) {
+  const auto deep = NammArchitecture::FromJson(R"({"scorer": )" + std::string(100000, '[') +
+                                               std::string(100000, ']') + "}");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().message(), "architecture: JSON nests arrays and objects more than 64 levels deep");
+  std::string wide = "[0";
+  for (int k = 0; k < 1000000; ++k) wide += ",0";
+  const auto big = NammArchitecture::FromJson(R"({"scorer": {"kind": "bam", "hidden": )" + wide +
+                                              R"(]}, "selection": {"kind": "binary"}})");
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().message(),
+            "architecture: field 'hidden' must be an integer, not an array of 1000001 items");
+}
+
 TEST(NammFile, ReaderRefusesInconsistentFiles) {
   ExpectRefused(Tampered("short.safetensors", [](auto&, auto& p) { p.pop_back(); }), "tensor 'params' is F32");
   ExpectRefused(Tampered("future.safetensors", [](auto& m, auto&) { m["namm.format"] = "2"; }),

@@ -29,6 +29,16 @@ TEST(Regex, AMatchLimitIsAnErrorNotTheEndOfTheMatches) {
   EXPECT_NE(matches.status().message().find("of a 46-byte text"), std::string::npos) << matches.status().ToString();
 }
 
+// PCRE2's default limit (10 million steps per attempt) let this pattern, from a tokenizer file, backtrack
+// through every split of the run of a's at each start and report no match after seconds; ours stops it.
+TEST(Regex, BacktrackingIsLimitedToAMillionStepsPerAttempt) {
+  const Regex r = Regex::Compile("(a+)+$").value();
+  const auto matches = r.FindAll(std::string(21, 'a') + "b");
+  ASSERT_FALSE(matches.ok());
+  EXPECT_NE(matches.status().message().find("match limit exceeded"), std::string::npos)
+      << matches.status().ToString();
+}
+
 TEST(Regex, FindsSuccessiveMatchesAndStepsOverEmptyOnes) {
   const auto digits = Regex::Compile(R"(\d+)").value().FindAll("a12 b3 ٤٥");  // Arabic-Indic digits are \d too
   ASSERT_TRUE(digits.ok());

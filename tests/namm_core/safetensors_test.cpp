@@ -103,6 +103,15 @@ TEST(Safetensors, RejectsCorruptFiles) {
                 "data_offsets");
 }
 
+// A header nesting more than 64 levels is refused before a tree is built: an error message dumped this shape
+// recursively, once per level (100000 of them overflowed the stack).
+TEST(Safetensors, RefusesDeeplyNestedHeaders) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ExpectCorrupt(WriteRaw("deep", R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})",
+                         std::string(8, '\x01')),
+                "header: JSON nests arrays and objects more than 64 levels deep");
+}
+
 TEST(Safetensors, MissingFileIsNotFound) {
   auto file = SafetensorsFile::Open(testing::TempPath("does-not-exist.safetensors"));
   ASSERT_FALSE(file.ok());

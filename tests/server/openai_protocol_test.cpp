@@ -72,6 +72,8 @@ TEST(OpenAIProtocol, RefusesWhatItCannotHonourNamingTheField) {
            {c, "{\"model\": \"m\", \"prompt\": \"a\xff\"}", "", "not valid UTF-8 (an ill-formed byte at offset 27)"},
            {chat, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"\xc0\xaf\"}]}", "",
             "not valid UTF-8 (an ill-formed byte at offset 57)"},
+           {c, "{\"model\": \"m\", \"prompt\": " + std::string(100000, '[') + std::string(100000, ']') + "}", "",
+            "nests arrays and objects more than 64 levels deep"},
            {c, "[1]", "", "must be a JSON object"},
            {c, R"({"prompt": "x"})", "model", "model is required"},
            {c, R"({"model": "m"})", "prompt", "prompt is required"},

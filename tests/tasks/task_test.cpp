@@ -80,6 +80,24 @@ TEST(TaskRegistry, MissingFilesAreClearErrors) {
   EXPECT_FALSE(find_task("lb/does_not_exist", default_task_paths()).ok());
 }
 
+// Rows nest at most 64 levels: build_prompt's py_str and the metrics recurse over a row's fields, and a row
+// of 100000 nested lists overflowed the stack there. The error names the line and the limit.
+TEST(TaskRegistry, DeeplyNestedRowsAreRefusedWhenLoaded) {
+  TaskSpec task;
+  task.name = "t";
+  task.data_path = testing::TempPath("deep_rows.jsonl");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string text = std::string(R"({"input": [[["fine"]]]})") + "\n{\"input\": " + deep + "}\n";
+  ASSERT_TRUE(write_file_atomically(task.data_path, {text}).ok());
+  auto rows = load_rows(task);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.status().code(), Status::Code::kCorruption);
+  EXPECT_NE(rows.status().message().find(
+                "deep_rows.jsonl line 2: JSON nests arrays and objects more than 64 levels"),
+            std::string::npos)
+      << rows.status().message();
+}
+
 TEST(TaskRegistry, FirstLineRuleAndRowRanges) {
   TaskSpec trec;
   trec.first_line = true;

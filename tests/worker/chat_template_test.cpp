@@ -550,6 +550,44 @@ TEST(ChatTemplateErrors, LimitsStopPathologicalTemplates) {
                       "too much work"));
 }
 
+// Lists share their items, so {% set a = [a, a] %} doubles what printing or comparing `a` walks while its
+// memory grows by one list: sixty of them made a value of 2^60 items. A value of more than 64 Mi items and
+// string bytes (counting an item each time it appears) is refused when built.
+TEST(ChatTemplateErrors, SharedValuesThatDoubleAreRefusedWhenBuilt) {
+  std::string doubling = "{% set a = [1] %}";
+  for (int k = 0; k < 60; ++k) doubling += "{% set a = [a, a] %}";
+  for (const char* use : {"{{ a }}", "{{ a == a }}", "{{ a in [a] }}", "{{ a | join }}", "{{ a ~ '' }}"}) {
+    const std::string rendered = Render(doubling + use);
+    EXPECT_NE(rendered.find("the template built a value of more than 64 Mi items and string bytes"),
+              std::string::npos)
+        << use << ": " << rendered;
+  }
+}
+
+// Below that limit, each walk over a whole value is charged its expanded size to the render's work (a shared
+// value compared with itself is not walked, but is charged all the same): 100 comparisons of a
+// 12-million-item value are refused.
+TEST(ChatTemplateErrors, ComparingOrPrintingSharedValuesIsChargedInFull) {
+  std::string doubling = "{% set a = [1] %}";
+  for (int k = 0; k < 22; ++k) doubling += "{% set a = [a, a] %}";
+  for (const char* use :
+       {"{% for i in range(100) %}{% if a == a %}{% endif %}{% endfor %}",
+        "{% for i in range(100) %}{% if a is eq(a) %}{% endif %}{% endfor %}",
+        "{% for i in range(100) %}{{ [a] | selectattr('x') | list | length }}{% endfor %}"}) {
+    const std::string rendered = Render(doubling + use);
+    EXPECT_NE(rendered.find("too much work"), std::string::npos) << use << ": " << rendered.substr(0, 200);
+  }
+}
+
+// Searching a long string for a long needle is linear (memmem), where std::string::find took |haystack| x
+// |needle| steps: here 10^12.
+TEST(ChatTemplateExpressions, SubstringSearchIsLinear) {
+  const std::string strings = "{% set h = 'a' * 2000000 %}{% set n = 'a' * 1000000 ~ 'b' %}";
+  EXPECT_EQ(Render(strings + "{{ n in h }} {{ (h ~ 'b') is string and n in (h ~ 'b') }}"), "False True");
+  EXPECT_EQ(Render(strings + "{{ h.split(n) | length }} {{ (h ~ 'b').split(n) | length }}"), "1 2");
+  EXPECT_EQ(Render(strings + "{{ (h ~ 'b').replace(n, 'x') | length }}"), "1000001");
+}
+
 // ---- Loading ----------------------------------------------------------------------------------------------
 
 class LoadChatTemplateTest : public ::testing::Test {

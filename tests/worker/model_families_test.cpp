@@ -151,6 +151,23 @@ TEST(ModelFamilyConfig, RefusesWhatItDoesNotRunNamingTheSupportedFamilies) {
             std::string::npos);
 }
 
+// A config's numbers cannot make the loader allocate or loop past what a model could be, or convert out of range.
+TEST(ModelFamilyConfig, RefusesNumbersNoModelHas) {
+  const std::string llama = R"("architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+      "num_attention_heads": 8, "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0)";
+  for (const auto& [json, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"("num_hidden_layers": 1000000000000, "max_position_embeddings": 512)", "dimensions over the limits"},
+           {R"("num_hidden_layers": 2, "max_position_embeddings": 9000000000000)", "max_position_embeddings must be in"},
+           {R"("num_hidden_layers": 2, "max_position_embeddings": 512, "rope_scaling": {"rope_type": "yarn",
+               "factor": 4.0, "original_max_position_embeddings": 1e300})", "original_max_position_embeddings must be in"},
+           {R"("num_hidden_layers": 2, "max_position_embeddings": 512, "rope_scaling": {"rope_type": "linear",
+               "factor": 1e30})", "stretches the context past"}}) {
+    const auto config = parse_hf_config("{" + llama + ", " + json + "}", "config.json");
+    ASSERT_FALSE(config.ok()) << json;
+    EXPECT_NE(config.status().message().find(says), std::string::npos) << config.status().ToString();
+  }
+}
+
 TEST(ModelFamilyConfig, Qwen3WithoutItsNormWeightsIsRefused) {
   const std::string dir = MakeCase("qwen3");
   if (dir.empty()) GTEST_SKIP() << NAMM_SYSTEM_PYTHON " has no numpy";

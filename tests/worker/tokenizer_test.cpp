@@ -224,6 +224,142 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_FALSE(load_tokenizer("/nonexistent/tokenizer.json").ok());
 }
 
+// A minimal byte-level tokenizer.json with `fields` (",\n"-joined JSON members) added to its model.
+std::string TinyTokenizerJson(const std::string& fields) {
+  return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, " ": 2}, "merges": []})" +
+         (fields.empty() ? "" : ", " + fields) + "}";
+}
+
+// A Metaspace step with an empty replacement split at "" forever (s.find("", pos) is pos); it is refused.
+TEST(HfTokenizer, RefusesAnEmptyMetaspaceReplacement) {
+  for (const char* field : {R"("pre_tokenizer": {"type": "Metaspace", "replacement": ""})",
+                            R"("decoder": {"type": "Metaspace", "replacement": ""})"}) {
+    auto tokenizer = HfTokenizer::FromJson(TinyTokenizerJson(field), "", "x.json");
+    ASSERT_FALSE(tokenizer.ok()) << field;
+    EXPECT_NE(tokenizer.status().message().find("Metaspace 'replacement' must not be empty"),
+              std::string::npos)
+        << tokenizer.status().ToString();
+  }
+}
+
+// Chained steps that double the text (Replace "a" -> "aa" sixteen times) would make 65536 bytes of each byte:
+// the normalizer and the pre-tokenizer stop at 4x their input + 1 KiB, with an error.
+TEST(HfTokenizer, StepsThatMultiplyTheTextAreAnErrorNotAnExplosion) {
+  std::string doubling, byte_level;
+  for (int k = 0; k < 15; ++k) {
+    doubling +=
+        std::string(k ? ", " : "") + R"({"type": "Replace", "pattern": {"String": "a"}, "content": "aa"})";
+    byte_level += std::string(k ? ", " : "") + R"({"type": "ByteLevel", "use_regex": false})";
+  }
+  const std::string normalizer = R"("normalizer": {"type": "Sequence", "normalizers": [)" + doubling + "]}";
+  const std::string pre_tokenizer =
+      R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [)" + byte_level + "]}";
+  const std::string metaspace =
+      R"("pre_tokenizer": {"type": "Metaspace", "replacement": ")" + std::string(300, 'b') + "\"}";
+  for (const std::string& field : {normalizer, pre_tokenizer, metaspace}) {
+    auto tokenizer = HfTokenizer::FromJson(TinyTokenizerJson(field), "", "x.json");
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+    const auto ids = (*tokenizer)->Encode(std::string(10000, 'a') + std::string(1000, ' '));
+    ASSERT_FALSE(ids.ok()) << field;
+    EXPECT_NE(
+        ids.status().message().find("would make more than 45024 bytes (4x + 1 KiB) of a 11000-byte text"),
+        std::string::npos)
+        << ids.status().ToString();
+  }
+}
+
+// A decoder's Replace steps are bounded when loading (Decode cannot fail): a text at most 4x longer.
+TEST(HfTokenizer, RefusesDecoderReplacementsThatMultiplyTheText) {
+  const std::string replace = R"({"type": "Replace", "pattern": {"String": "a"}, "content": "aaa"})";
+  auto ok = HfTokenizer::FromJson(TinyTokenizerJson(R"("decoder": )" + replace), "", "x.json");
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+  auto tokenizer = HfTokenizer::FromJson(
+      TinyTokenizerJson(R"("decoder": {"type": "Sequence", "decoders": [)" + replace + ", " + replace + "]}"),
+      "", "x.json");
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(
+      tokenizer.status().message().find("Replace steps could make a text 9 times longer (the limit is 4)"),
+      std::string::npos)
+      << tokenizer.status().ToString();
+}
+
+// Every Sequence counts, nested ones included: at most 16 nodes per pipeline (real files have up to 5), which
+// also bounds the parser's recursion.
+TEST(HfTokenizer, RefusesPipelinesOfMoreThanSixteenSteps) {
+  std::string nested = "null";
+  for (int k = 0; k < 17; ++k) nested = R"({"type": "Sequence", "decoders": [)" + nested + "]}";
+  auto tokenizer = HfTokenizer::FromJson(TinyTokenizerJson(R"("decoder": )" + nested), "", "x.json");
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(tokenizer.status().message().find("the decoder has more than 16 steps"), std::string::npos)
+      << tokenizer.status().ToString();
+}
+
+// A Strip decoder with empty content stripped it start (2^31 - 1) times from every token; a float start was
+// converted to int with undefined behaviour. Both are refused, as is anything beyond 64.
+TEST(HfTokenizer, RefusesStripDecodersThatCouldLoopOrOverflow) {
+  for (const char* strip : {R"({"type": "Strip", "content": "", "start": 1, "stop": 0})",
+                            R"({"type": "Strip", "content": " ", "start": 1e300, "stop": 0})",
+                            R"({"type": "Strip", "content": " ", "start": 0, "stop": 65})",
+                            R"({"type": "Strip", "content": " ", "start": -1, "stop": 0})"}) {
+    auto tokenizer =
+        HfTokenizer::FromJson(TinyTokenizerJson(std::string(R"("decoder": )") + strip), "", "x.json");
+    ASSERT_FALSE(tokenizer.ok()) << strip;
+    EXPECT_NE(tokenizer.status().message().find("Strip"), std::string::npos) << tokenizer.status().ToString();
+  }
+  auto tokenizer = HfTokenizer::FromJson(
+      TinyTokenizerJson(R"("decoder": {"type": "Strip", "content": "a", "start": 64, "stop": 1})"), "",
+      "x.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ((*tokenizer)->Decode({0, 0, 1, 0}), "b");  // each token loses its leading a's and one trailing a
+}
+
+// Token ids index a table allocated up front: one id of 16777215 allocated 16 million strings. Ids must stay
+// below twice the tokens defined + 1024.
+TEST(HfTokenizer, RefusesTokenIdsFarBeyondTheVocabulary) {
+  auto tokenizer = HfTokenizer::FromJson(
+      R"({"model": {"type": "BPE", "vocab": {"a": 16777215}, "merges": []}})", "", "x.json");
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(tokenizer.status().message().find("token id 16777215 (of \"a\") is beyond the limit of 1026"),
+            std::string::npos)
+      << tokenizer.status().ToString();
+  auto added = HfTokenizer::FromJson(
+      TinyTokenizerJson(R"("added_tokens": [{"id": 5000, "content": "<s>", "special": true}])"), "",
+      "x.json");
+  ASSERT_FALSE(added.ok());
+  EXPECT_NE(added.status().message().find("token id 5000"), std::string::npos) << added.status().ToString();
+  auto near = HfTokenizer::FromJson(
+      TinyTokenizerJson(R"("added_tokens": [{"id": 1000, "content": "<s>", "special": true}])"), "",
+      "x.json");
+  EXPECT_TRUE(near.ok()) << near.status().ToString();
+}
+
+// tokenizer.json nesting is bounded before any tree is built: deeper than 64 levels is refused, naming the
+// limit (a copy, a dump or a walk of a deeper value would recurse once per level).
+TEST(HfTokenizer, RefusesDeeplyNestedFiles) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto tokenizer = HfTokenizer::FromJson(
+      TinyTokenizerJson(R"("normalizer": {"type": "X", "x": )" + deep + "}"), "", "x.json");
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(
+      tokenizer.status().message().find("x.json: JSON nests arrays and objects more than 64 levels deep"),
+      std::string::npos)
+      << tokenizer.status().ToString();
+}
+
+// A pattern from the file that backtracks catastrophically fails the encoding with PCRE2's match limit (1
+// million steps per attempt), instead of running for seconds per start position.
+TEST(HfTokenizer, ACatastrophicPatternFailsTheEncodingQuickly) {
+  auto tokenizer = HfTokenizer::FromJson(
+      TinyTokenizerJson(
+          R"("pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated"})"),
+      "", "x.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  const auto ids = (*tokenizer)->Encode(std::string(21, 'a') + "b");
+  ASSERT_FALSE(ids.ok());
+  EXPECT_NE(ids.status().message().find("match limit exceeded"), std::string::npos)
+      << ids.status().ToString();
+}
+
 // run.c's encoder, written out as it is there: rescan every adjacent pair after each merge.
 Ids RunCEncode(const std::string& text) {
   auto bytes = read_file(SharedPath(testing::kStoriesTokenizer));

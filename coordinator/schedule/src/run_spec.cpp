@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <set>
 
 #include "namm/file_util.h"
@@ -49,9 +50,45 @@ class MapReader {
   std::string where_;
 };
 
-Status Positive(const std::string& where, int64_t value) {
-  if (value <= 0) return Status::InvalidArgument(where + " must be > 0, got " + std::to_string(value));
+// Bounds far above any run (the paper's: 3 stages, a few hundred generations, 6 tasks), so that what a hostile or
+// mistyped spec costs stays small: yaml-cpp keeps an alias (`*a`) as one node but reading a list copies it for
+// every mention, and budgets multiply a stage's tasks (issue 35).
+constexpr std::size_t kMaxSpecBytes = 1 << 20;
+constexpr std::size_t kMaxStages = 256;
+constexpr std::size_t kMaxStageTasks = 1024;  // after budgets or ratios expand them
+constexpr std::size_t kMaxRunTasks = 4096;    // every stage's together
+constexpr std::size_t kMaxSettings = 64;      // budgets or ratios
+constexpr std::size_t kMaxNameBytes = 256;    // a task's name or a setting
+constexpr int64_t kMaxGenerations = 1000000;  // the whole run
+constexpr int64_t kMaxPrompts = 1000000;
+
+Status InRange(const std::string& where, int64_t value, int64_t most) {
+  if (value <= 0 || value > most) {
+    return Status::InvalidArgument(where + " must be in 1.." + std::to_string(most) + ", got " + std::to_string(value));
+  }
   return Status::Ok();
+}
+
+Status Generations(const std::string& where, int64_t value) { return InRange(where, value, kMaxGenerations); }
+
+// A list of names (tasks, budgets) read with its bounds checked before anything is copied.
+Status GetNames(const MapReader& r, const std::string& key, std::size_t most, std::vector<std::string>* names,
+                bool required = false) {
+  const YAML::Node list = r.Child(key);
+  const std::string where = r.where() + "." + key;
+  if (list && list.IsSequence()) {
+    if (list.size() > most) {
+      return Status::InvalidArgument(where + " lists " + std::to_string(list.size()) + " items, over the limit of " +
+                                     std::to_string(most));
+    }
+    for (const YAML::Node& item : list) {
+      if (item.IsScalar() && item.Scalar().size() > kMaxNameBytes) {
+        return Status::InvalidArgument(where + ": a name of " + std::to_string(item.Scalar().size()) +
+                                       " bytes, over the limit of " + std::to_string(kMaxNameBytes));
+      }
+    }
+  }
+  return r.Get(key, names, required);
 }
 
 Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammArchitecture* arch) {
@@ -170,9 +207,9 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   NAMM_RETURN_IF_ERROR(ParseArchitecture(r.Child("namm"), source + ".namm", &spec.architecture));
   NAMM_RETURN_IF_ERROR(ParseCmaes(r.Child("cmaes"), source + ".cmaes", &spec.cmaes));
   NAMM_RETURN_IF_ERROR(r.Get("prompts_per_task", &spec.prompts_per_task));
-  NAMM_RETURN_IF_ERROR(Positive(source + ".prompts_per_task", spec.prompts_per_task));
+  NAMM_RETURN_IF_ERROR(InRange(source + ".prompts_per_task", spec.prompts_per_task, kMaxPrompts));
   NAMM_RETURN_IF_ERROR(r.Get("eval_interval", &spec.eval_interval));
-  NAMM_RETURN_IF_ERROR(Positive(source + ".eval_interval", spec.eval_interval));
+  NAMM_RETURN_IF_ERROR(Generations(source + ".eval_interval", spec.eval_interval));
   std::string eval_prompts = "all";
   NAMM_RETURN_IF_ERROR(r.Get("eval_prompts", &eval_prompts));
   if (eval_prompts != "all") {
@@ -183,6 +220,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
     } catch (const std::exception&) {
       return Status::InvalidArgument(source + ".eval_prompts: '" + eval_prompts + "' is not 'all' or a count > 0");
     }
+    NAMM_RETURN_IF_ERROR(InRange(source + ".eval_prompts", spec.eval_prompts, kMaxPrompts));
   }
   std::string zero_base = "one_plus_candidate";
   NAMM_RETURN_IF_ERROR(r.Get("zero_base", &zero_base));
@@ -200,8 +238,8 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   }
   spec.rank_fitness = fitness == "mean_rank";
   std::vector<std::string> budgets, ratios;
-  NAMM_RETURN_IF_ERROR(r.Get("budgets", &budgets));
-  NAMM_RETURN_IF_ERROR(r.Get("ratios", &ratios));
+  NAMM_RETURN_IF_ERROR(GetNames(r, "budgets", kMaxSettings, &budgets));
+  NAMM_RETURN_IF_ERROR(GetNames(r, "ratios", kMaxSettings, &ratios));
   if (!budgets.empty() && !ratios.empty()) {
     return Status::InvalidArgument(source + ": give 'budgets' or 'ratios', not both");
   }
@@ -215,16 +253,34 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   if (!stages || !stages.IsSequence() || stages.size() == 0) {
     return Status::InvalidArgument(source + ": 'stages' must be a non-empty list");
   }
+  if (stages.size() > kMaxStages) {
+    return Status::InvalidArgument(source + ": " + std::to_string(stages.size()) + " stages, over the limit of " +
+                                   std::to_string(kMaxStages));
+  }
+  std::size_t run_tasks = 0;
+  int64_t run_generations = 0;
   for (std::size_t k = 0; k < stages.size(); ++k) {
     const std::string where = source + ".stages[" + std::to_string(k) + "]";
     MapReader s(stages[k], where);
     NAMM_RETURN_IF_ERROR(s.Check({"tasks", "generations"}));
     StageSpec stage;
-    NAMM_RETURN_IF_ERROR(s.Get("tasks", &stage.tasks, true));
+    NAMM_RETURN_IF_ERROR(GetNames(s, "tasks", kMaxStageTasks, &stage.tasks, true));
     NAMM_RETURN_IF_ERROR(s.Get("generations", &stage.generations, true));
-    NAMM_RETURN_IF_ERROR(Positive(where + ".generations", stage.generations));
+    NAMM_RETURN_IF_ERROR(Generations(where + ".generations", stage.generations));
+    run_generations += stage.generations;  // (each at most kMaxGenerations: no overflow)
+    NAMM_RETURN_IF_ERROR(InRange(source + ": the stages' generations", run_generations, kMaxGenerations));
     if (stage.tasks.empty()) return Status::InvalidArgument(where + ".tasks must not be empty");
+    if (stage.tasks.size() * std::max<std::size_t>(settings.size(), 1) > kMaxStageTasks) {
+      return Status::InvalidArgument(where + ": " + std::to_string(stage.tasks.size()) + " tasks at " +
+                                     std::to_string(settings.size()) + " " + knob + "s are over the limit of " +
+                                     std::to_string(kMaxStageTasks) + " a stage");
+    }
     if (!settings.empty()) stage.tasks = AtEachSetting(stage.tasks, knob, settings);
+    run_tasks += stage.tasks.size();
+    if (run_tasks > kMaxRunTasks) {
+      return Status::InvalidArgument(source + ": the stages list " + std::to_string(run_tasks) +
+                                     " tasks, over the limit of " + std::to_string(kMaxRunTasks));
+    }
     for (const std::string& task : stage.tasks) {
       NAMM_RETURN_IF_ERROR(tasks::parse_task_variant(task).status().WithContext(where + ".tasks"));
     }
@@ -238,6 +294,10 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
 }
 
 Result<RunSpec> parse_run_spec(const std::string& yaml, const std::string& source) {
+  if (yaml.size() > kMaxSpecBytes) {
+    return Status::InvalidArgument(source + ": " + std::to_string(yaml.size()) + " bytes, over a run spec's limit of " +
+                                   std::to_string(kMaxSpecBytes));
+  }
   // yaml-cpp throws on shapes the readers above do not expect (found by tests/fuzz): a clear error, never a crash.
   try {
     return ParseRunSpec(yaml, source);

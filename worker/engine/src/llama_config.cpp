@@ -5,11 +5,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "namm/json_util.h"
 #include "namm/option_spec.h"
 
 namespace namm::worker {
 
 namespace {
+
+// Positions a config may name (trained or stretched by RoPE scaling): 2^31, past any context a cache could hold.
+constexpr int64_t kMaxPositions = int64_t{1} << 31;
 
 std::string Num(double v) {
   std::ostringstream out;
@@ -34,6 +38,9 @@ std::vector<int64_t> IdList(const nlohmann::json& j) {
 Status RopeScaling::Validate() const {
   auto bad = [&](const std::string& what) { return Status::InvalidArgument("RoPE scaling " + ToString() + ": " + what); };
   if (kind == Kind::kNone) return Status::Ok();
+  if (original_max_position_embeddings > kMaxPositions) {
+    return bad("original_max_position_embeddings must be at most " + std::to_string(kMaxPositions));
+  }
   if (!(factor >= 1.0) || !std::isfinite(factor)) return bad("factor must be >= 1");
   if (kind == Kind::kNtk && !(alpha > 0.0 && std::isfinite(alpha))) return bad("alpha must be > 0");
   if (kind == Kind::kLlama3) {
@@ -129,11 +136,30 @@ Status LlamaConfig::Validate() const {
     return bad(std::to_string(n_heads) + " query heads are not a multiple of " + std::to_string(n_kv_heads) +
                " KV heads");
   }
+  // Far above any Llama-family model (Llama 3 405B: 126 layers, dim 16384, ffn 53248, vocab 128256), so that a
+  // config's numbers cannot make the loader allocate, loop or multiply past what its files could hold (issue 35).
+  constexpr int64_t kMaxLayers = 4096, kMaxDim = int64_t{1} << 20, kMaxHidden = int64_t{1} << 22, kMaxHeads = 4096,
+                    kMaxVocab = int64_t{1} << 24;
+  if (n_layers > kMaxLayers || dim > kMaxDim || hidden_dim > kMaxHidden || n_heads > kMaxHeads || head_dim > kMaxDim ||
+      vocab_size > kMaxVocab) {
+    return bad("dimensions over the limits of " + std::to_string(kMaxLayers) + " layers, dim and head_dim " +
+               std::to_string(kMaxDim) + ", ffn " + std::to_string(kMaxHidden) + ", " + std::to_string(kMaxHeads) +
+               " heads, vocab " + std::to_string(kMaxVocab) + " (" + Describe() + ")");
+  }
   if (head_dim % 2 != 0) return bad("head_dim must be even for RoPE, got " + std::to_string(head_dim));
   if (!(norm_eps > 0) || !(rope_theta > 0)) return bad("rms_norm_eps and rope_theta must be positive");
-  if (max_position_embeddings <= 0) return bad("max_position_embeddings must be positive");
+  if (max_position_embeddings <= 0 || max_position_embeddings > kMaxPositions) {
+    return bad("max_position_embeddings must be in 1.." + std::to_string(kMaxPositions) + ", got " +
+               std::to_string(max_position_embeddings));
+  }
   if (sliding_window < 0 || first_sliding_layer < 0) return bad("sliding_window and max_window_layers must be >= 0");
-  return rope_scaling.Validate();
+  NAMM_RETURN_IF_ERROR(rope_scaling.Validate());
+  const double trained = static_cast<double>(std::max(max_position_embeddings, rope_scaling.original_max_position_embeddings));
+  if (trained * rope_scaling.factor > static_cast<double>(kMaxPositions)) {
+    return bad("RoPE scaling " + rope_scaling.ToString() + " stretches the context past " + std::to_string(kMaxPositions) +
+               " positions");
+  }
+  return Status::Ok();
 }
 
 int64_t LlamaConfig::context_length() const {
@@ -190,12 +216,7 @@ std::string SupportedFamilies() {
 
 Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::string& source) {
   auto bad = [&](const std::string& what) { return Status::InvalidArgument(source + ": " + what); };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
-    return bad(std::string("not valid JSON: ") + e.what());
-  }
+  NAMM_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json_bounded(json_text, source));
   if (!j.is_object()) return bad("not a JSON object");
   LlamaConfig c;
   // The family: architectures[0], else model_type (some exports leave architectures out).
@@ -265,6 +286,15 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
     auto get = [&](const char* key, double fallback) {
       return r.contains(key) && r[key].is_number() ? r[key].get<double>() : fallback;
     };
+    // A position count as an integer, refused beyond kMaxPositions before the conversion (a double past int64's
+    // range has no defined conversion).
+    auto positions = [&](const char* key) -> Result<int64_t> {
+      const double v = get(key, 0);
+      if (!(v >= 0 && v <= static_cast<double>(kMaxPositions))) {
+        return bad("rope_scaling." + std::string(key) + " must be in 0.." + std::to_string(kMaxPositions));
+      }
+      return static_cast<int64_t>(v);
+    };
     RopeScaling& s = c.rope_scaling;
     s.factor = get("factor", 1.0);
     if (type == "default") {
@@ -280,7 +310,7 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
       s.kind = RopeScaling::Kind::kLlama3;
       s.low_freq_factor = get("low_freq_factor", 1.0);
       s.high_freq_factor = get("high_freq_factor", 4.0);
-      s.original_max_position_embeddings = static_cast<int64_t>(get("original_max_position_embeddings", 0));
+      NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings, positions("original_max_position_embeddings"));
     } else if (type == "yarn") {
       s.kind = RopeScaling::Kind::kYarn;
       for (const char* key : {"mscale", "mscale_all_dim"}) {
@@ -288,7 +318,7 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
           return Status::Unimplemented(source + ": yarn's '" + key + "' (DeepSeek's attention scaling) is not supported");
         }
       }
-      s.original_max_position_embeddings = static_cast<int64_t>(get("original_max_position_embeddings", 0));
+      NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings, positions("original_max_position_embeddings"));
       s.beta_fast = get("beta_fast", 32.0);
       s.beta_slow = get("beta_slow", 1.0);
       s.attention_factor = get("attention_factor", 0.0);

@@ -9,6 +9,7 @@
 #include "aten.h"
 #include "namm/dtype.h"
 #include "namm/file_util.h"
+#include "namm/json_util.h"
 #include "namm/safetensors.h"
 
 namespace namm::worker {
@@ -35,12 +36,7 @@ class HfTensorSource {
     std::vector<std::string> shard_names;
     if (path_exists(index)) {
       NAMM_ASSIGN_OR_RETURN(std::string text, read_file(index));
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(text);
-      } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number beyond double: tests/fuzz)
-        return Status::Corruption(index + ": not valid JSON: " + e.what());
-      }
+      NAMM_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json_bounded(text, index));
       if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
         return Status::Corruption(index + ": missing 'weight_map'");
       }
@@ -112,16 +108,20 @@ Status ApplyOverrides(const LoadOptions& options, LlamaConfig* config) {
 void ReadGenerationConfig(const std::string& dir, LlamaConfig* config) {
   auto text = read_file(dir + "/generation_config.json");
   if (!text.ok()) return;
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return;
+  const Result<nlohmann::json> j = parse_json_bounded(*text, "generation_config.json");
+  if (!j.ok() || !j->is_object()) return;
+  const nlohmann::json& config_json = *j;
   auto ids = [](const nlohmann::json& v) {
     std::vector<int64_t> out;
     if (v.is_number_integer()) out.push_back(v.get<int64_t>());
     if (v.is_array()) for (const auto& x : v) if (x.is_number_integer()) out.push_back(x.get<int64_t>());
     return out;
   };
-  if (j.contains("eos_token_id") && !ids(j["eos_token_id"]).empty()) config->eos_token_ids = ids(j["eos_token_id"]);
-  if (j.contains("bos_token_id") && !ids(j["bos_token_id"]).empty()) config->bos_token_ids = ids(j["bos_token_id"]);
+  const auto read = [&](const char* key, std::vector<int64_t>* out) {
+    if (config_json.contains(key) && !ids(config_json[key]).empty()) *out = ids(config_json[key]);
+  };
+  read("eos_token_id", &config->eos_token_ids);
+  read("bos_token_id", &config->bos_token_ids);
 }
 
 }  // namespace

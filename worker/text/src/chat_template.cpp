@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 #include <unordered_map>
 
 #include "namm/file_util.h"
+#include "namm/json_util.h"
 #include "namm/python_repr.h"
 #include "namm/utf8.h"
 #include "utf8.h"
@@ -30,6 +32,9 @@ constexpr int kMaxNesting = 100;                      // syntax tree depth, pars
 constexpr size_t kMaxStringBytes = size_t{64} << 20;  // the output, and any one string a template builds
 constexpr size_t kMaxItems = size_t{1} << 20;         // items of one list; loop iterations of one render
 constexpr uint64_t kMaxWork = uint64_t{1} << 30;      // total cost of the values computed: bounds render time
+// A value's expanded size (see Value::expanded): what printing or comparing it walks. Bounded like the
+// output, since lists share their items and {% set a = [a, a] %} doubles it with each step.
+constexpr uint64_t kMaxExpanded = kMaxStringBytes;
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -43,6 +48,20 @@ std::string Where(const std::string& src, size_t pos) {
   const size_t newline = pos == 0 ? std::string::npos : src.rfind('\n', pos - 1);
   const size_t column = pos - (newline == std::string::npos ? 0 : newline + 1) + 1;
   return "chat template line " + std::to_string(LineOf(src, pos)) + ", column " + std::to_string(column);
+}
+
+// The first `needle` in `s` at or after `from`, or npos. glibc's memmem takes time linear in |s| + |needle|,
+// where std::string::find can take |s| x |needle| (a long run of 'a' searched for "aa...ab").
+size_t FindFrom(const std::string& s, const std::string& needle, size_t from) {
+  if (from > s.size()) return std::string::npos;
+  const void* found = memmem(s.data() + from, s.size() - from, needle.data(), needle.size());
+  if (found == nullptr) return std::string::npos;
+  return static_cast<size_t>(static_cast<const char*>(found) - s.data());
+}
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  uint64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
 }
 
 // Where each character (code point, in UTF-8) of `s` starts, then s.size(): Python indexes, slices and counts
@@ -78,8 +97,26 @@ struct Value {
   std::shared_ptr<const List> list;  // kList
   std::shared_ptr<Dict> dict;        // kDict, kNamespace
   int depth = 0;                     // container nesting, bounded so that recursion over values is too
+  // kList, kDict: the items and string bytes it has written out, a shared item counted each time it appears
+  // (saturating). Printing, comparing or searching it walks that much, which can be exponentially more than
+  // its memory; see Expanded().
+  uint64_t expanded = 1;
 };
 using K = Value::Kind;
+
+// What walking `v` in full (repr, ==, in, tojson) visits: one per value, plus string and key bytes.
+uint64_t Expanded(const Value& v) {
+  switch (v.kind) {
+    case K::kList:
+    case K::kDict: return v.expanded;
+    case K::kNamespace: {  // changed in place by `set ns.attr`, so summed when asked (it holds no namespace)
+      uint64_t size = 1;
+      for (const auto& [key, item] : *v.dict) size = SaturatingAdd(size, key.size() + Expanded(item));
+      return size;
+    }
+    default: return 1 + v.s.size();
+  }
+}
 
 Value MakeScalar(K kind, bool b, int64_t i, double f, std::string s) {
   Value v;
@@ -101,7 +138,10 @@ Value MakeList(List items) {
   Value v;
   v.kind = K::kList;
   v.depth = 1;
-  for (const Value& item : items) v.depth = std::max(v.depth, item.depth + 1);
+  for (const Value& item : items) {
+    v.depth = std::max(v.depth, item.depth + 1);
+    v.expanded = SaturatingAdd(v.expanded, Expanded(item));
+  }
   v.list = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -109,7 +149,10 @@ Value MakeDict(Dict entries, K kind = K::kDict) {
   Value v;
   v.kind = kind;
   v.depth = 1;
-  for (const auto& entry : entries) v.depth = std::max(v.depth, entry.second.depth + 1);
+  for (const auto& [key, item] : entries) {
+    v.depth = std::max(v.depth, item.depth + 1);
+    v.expanded = SaturatingAdd(v.expanded, SaturatingAdd(key.size(), Expanded(item)));
+  }
   v.dict = std::make_shared<Dict>(std::move(entries));
   return v;
 }
@@ -336,13 +379,17 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case K::kString: return a.s == b.s;
-    case K::kList: return std::equal(a.list->begin(), a.list->end(), b.list->begin(), b.list->end(), Equal);
+    // A shared list or dict equals itself without a walk, as in Python (which compares items by identity
+    // first).
+    case K::kList:
+      return a.list == b.list ||
+             std::equal(a.list->begin(), a.list->end(), b.list->begin(), b.list->end(), Equal);
     case K::kDict:
-      return a.dict->size() == b.dict->size() &&
-             std::all_of(a.dict->begin(), a.dict->end(), [&](const auto& entry) {
-               const Value* other = Find(*b.dict, entry.first);
-               return other != nullptr && Equal(entry.second, *other);
-             });
+      return a.dict == b.dict || (a.dict->size() == b.dict->size() &&
+                                  std::all_of(a.dict->begin(), a.dict->end(), [&](const auto& entry) {
+                                    const Value* other = Find(*b.dict, entry.first);
+                                    return other != nullptr && Equal(entry.second, *other);
+                                  }));
     case K::kNamespace: return a.dict == b.dict;
     case K::kCallable: return a.s == b.s;
     default: return true;  // undefined == undefined, None == None
@@ -355,7 +402,7 @@ Result<bool> Contains(const Value& container, const Value& item) {
       if (item.kind != K::kString) {
         return Status::InvalidArgument("'in <string>' needs a string as left operand, not " + TypeName(item));
       }
-      return container.s.find(item.s) != std::string::npos;
+      return FindFrom(container.s, item.s, 0) != std::string::npos;
     case K::kList:
       return std::any_of(container.list->begin(), container.list->end(),
                          [&](const Value& v) { return Equal(v, item); });
@@ -662,7 +709,7 @@ Result<Value> Split(const std::string& s, const Value* sep, const Value* maxspli
   if (sep->s.empty()) return Status::InvalidArgument("split(): empty separator");
   size_t k = 0;
   while (room(parts)) {
-    const size_t found = s.find(sep->s, k);
+    const size_t found = FindFrom(s, sep->s, k);
     if (found == std::string::npos) break;
     parts.push_back(MakeString(s.substr(k, found - k)));
     if (parts.size() > kMaxItems) return TooMany();
@@ -683,7 +730,7 @@ Result<Value> Replace(const std::string& s, const Bound& p) {
   std::string out;
   size_t k = 0;
   for (int64_t done = 0; count < 0 || done < count; ++done) {
-    const size_t found = s.find(from, k);
+    const size_t found = FindFrom(s, from, k);
     if (found == std::string::npos) break;
     out.append(s, k, found - k).append(to);
     if (out.size() > kMaxStringBytes) return TooLong();
@@ -820,6 +867,7 @@ struct FilterDef {
   std::array<std::string_view, 3> params;  // "" past the last
   size_t required;
   Result<Value> (*apply)(const Value& v, const Bound& p);
+  bool walks = true;  // reads all of the value (prints or compares it), not just its top level
 };
 
 Result<Value> LengthFilter(const Value& v, const Bound&) { return Length(v); }
@@ -837,21 +885,22 @@ Result<Value> FirstOrLast(const Value& v, bool first) {
 
 const FilterDef kFilters[] = {
     {"trim", {"chars"}, 0, [](const Value& v, const Bound& p) { return Strip(ToStr(v), p[0], true, true); }},
-    {"length", {}, 0, LengthFilter},
-    {"count", {}, 0, LengthFilter},
+    {"length", {}, 0, LengthFilter, false},
+    {"count", {}, 0, LengthFilter, false},
     {"string", {}, 0, [](const Value& v, const Bound&) -> Result<Value> { return MakeString(ToStr(v)); }},
     {"upper", {}, 0, [](const Value& v, const Bound&) { return StringValue(CaseMap(ToStr(v), true)); }},
     {"lower", {}, 0, [](const Value& v, const Bound&) { return StringValue(CaseMap(ToStr(v), false)); }},
-    {"first", {}, 0, [](const Value& v, const Bound&) { return FirstOrLast(v, true); }},
-    {"last", {}, 0, [](const Value& v, const Bound&) { return FirstOrLast(v, false); }},
-    {"default", {"default_value", "boolean"}, 0, DefaultFilter},
-    {"d", {"default_value", "boolean"}, 0, DefaultFilter},
+    {"first", {}, 0, [](const Value& v, const Bound&) { return FirstOrLast(v, true); }, false},
+    {"last", {}, 0, [](const Value& v, const Bound&) { return FirstOrLast(v, false); }, false},
+    {"default", {"default_value", "boolean"}, 0, DefaultFilter, false},
+    {"d", {"default_value", "boolean"}, 0, DefaultFilter, false},
     {"safe", {}, 0, [](const Value& v, const Bound&) -> Result<Value> { return MakeString(ToStr(v)); }},
     {"list", {}, 0,
      [](const Value& v, const Bound&) -> Result<Value> {
        NAMM_ASSIGN_OR_RETURN(List items, Iterate(v));
        return MakeList(std::move(items));
-     }},
+     },
+     false},
     {"selectattr", {"attribute", "test", "arg"}, 1,
      [](const Value& v, const Bound& p) { return SelectAttr(v, p, true); }},
     {"rejectattr", {"attribute", "test", "arg"}, 1,
@@ -871,7 +920,8 @@ const FilterDef kFilters[] = {
      [](const Value& v, const Bound&) -> Result<Value> {
        if (v.kind == K::kUndefined) return MakeList({});
        return CallMethod(v, "items", {}, {});
-     }},
+     },
+     false},
     {"replace", {"old", "new", "count"}, 2,
      [](const Value& v, const Bound& p) { return Replace(ToStr(v), p); }},
     {"tojson", {"indent", "ensure_ascii"}, 0,
@@ -1726,6 +1776,7 @@ class Renderer {
   Status EvalArguments(const Expr& e, Scope& scope, List& args, Dict& kwargs);
   Result<Value> CallBuiltin(const std::string& name, const List& args, const Dict& kwargs, size_t pos);
   Status CheckStorable(const Value& v, size_t pos) const;
+  Status Charge(uint64_t cost, size_t pos);
   Status Append(const std::string& text, size_t pos, std::string& out) const {
     if (out.size() + text.size() > kMaxStringBytes) return Error(pos, "the rendered text exceeds 64 MiB");
     out += text;
@@ -1756,6 +1807,7 @@ Status Renderer::Exec(const Body& body, Scope& scope, std::string& out) {
       case N::kText: NAMM_RETURN_IF_ERROR(Append(node->text, node->pos, out)); break;
       case N::kOutput: {
         NAMM_ASSIGN_OR_RETURN(const Value value, Eval(*node->exprs[0], scope));
+        NAMM_RETURN_IF_ERROR(Charge(Expanded(value), node->pos));
         NAMM_RETURN_IF_ERROR(Append(ToStr(value), node->pos, out));
         break;
       }
@@ -1850,13 +1902,24 @@ uint64_t Cost(const Value& v) {
   return cost;
 }
 
+// Charging every value computed by its cost, and every walk over a whole value (printing, comparing,
+// searching it) by its expanded size, bounds a render's time, whatever its loops, strings and shared values.
+Status Renderer::Charge(uint64_t cost, size_t pos) {
+  work_ = SaturatingAdd(work_, cost);
+  if (work_ > kMaxWork) {
+    return Error(pos, "the template does too much work: the values it computed add up to more than 1 GiB");
+  }
+  return Status::Ok();
+}
+
 Result<Value> Renderer::Eval(const Expr& e, Scope& scope) {
   NAMM_ASSIGN_OR_RETURN(Value v, EvalNode(e, scope));
-  // Charging every value computed by its cost bounds a render's time, whatever its loops and string building.
-  work_ += Cost(v);
-  if (work_ > kMaxWork) {
-    return Error(e.pos, "the template does too much work: the values it computed add up to more than 1 GiB");
+  if (Expanded(v) > kMaxExpanded) {
+    return Error(e.pos,
+                 "the template built a value of more than 64 Mi items and string bytes (counting an item "
+                 "each time it appears)");
   }
+  NAMM_RETURN_IF_ERROR(Charge(Cost(v), e.pos));
   return v;
 }
 
@@ -1902,6 +1965,7 @@ Result<Value> Renderer::EvalNode(const Expr& e, Scope& scope) {
       }
       NAMM_ASSIGN_OR_RETURN(const Bound bound,
                             At(e.pos, Bind(e.name, args, kwargs, params, filter.required)));
+      if (filter.walks) NAMM_RETURN_IF_ERROR(Charge(Expanded(v), e.pos));
       return At(e.pos, filter.apply(v, bound));
     }
     case E::kTest: {
@@ -1911,6 +1975,7 @@ Result<Value> Renderer::EvalNode(const Expr& e, Scope& scope) {
       Value arg;
       if (e.args.size() > 1) {
         NAMM_ASSIGN_OR_RETURN(arg, Eval(*e.args[1], scope));
+        NAMM_RETURN_IF_ERROR(Charge(Expanded(v) + Expanded(arg), e.pos));  // eq / ne compare them in full
       }
       return MakeBool(test->test(v, arg) != e.negated);
     }
@@ -1931,6 +1996,7 @@ Result<Value> Renderer::EvalNode(const Expr& e, Scope& scope) {
       NAMM_ASSIGN_OR_RETURN(Value left, Eval(*e.args[0], scope));
       for (size_t k = 0; k < e.ops.size(); ++k) {
         NAMM_ASSIGN_OR_RETURN(Value right, Eval(*e.args[k + 1], scope));
+        NAMM_RETURN_IF_ERROR(Charge(Expanded(left) + Expanded(right), e.pos));
         NAMM_ASSIGN_OR_RETURN(const bool holds, At(e.pos, Compare(e.ops[k], left, right)));
         if (!holds) return MakeBool(false);
         left = std::move(right);
@@ -2100,8 +2166,7 @@ Status ReadSpecialTokens(const Json& file, const std::string& path, OrderedJson&
 
 Result<Json> ReadJsonObject(const std::string& path) {
   NAMM_ASSIGN_OR_RETURN(const std::string text, read_file(path));
-  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) return Status::Corruption(path + ": not valid JSON");
+  NAMM_ASSIGN_OR_RETURN(Json json, parse_json_bounded(text, path));
   if (!json.is_object()) return Status::Corruption(path + ": not a JSON object");
   return json;
 }

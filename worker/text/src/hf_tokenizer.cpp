@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <array>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -9,6 +10,7 @@
 #include <unordered_set>
 
 #include "namm/file_util.h"
+#include "namm/json_util.h"
 #include "pair_merges.h"
 #include "namm/regex.h"
 #include "utf8.h"
@@ -20,6 +22,15 @@ namespace {
 // Token ids index a table: ids beyond any real vocabulary (the largest have ~256k tokens) are refused, not
 // allocated (found by tests/fuzz).
 constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+// Nodes of one pipeline (normalizer, pre-tokenizer, decoder or post-processor), a Sequence counting as one as
+// well as each of its steps: real files have up to 5. Bounds the parsers' recursion and how often a text is
+// rewritten.
+constexpr int kMaxPipelineNodes = 16;
+
+// The decoder's Replace steps may make a text at most this much longer (Decode cannot fail, so this is
+// checked when loading); real decoders only shorten it.
+constexpr double kMaxDecoderGrowth = 4;
 
 using Json = nlohmann::json;
 
@@ -91,20 +102,31 @@ bool IsWordByte(char c) {
 
 bool IsSpaceByte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+// j[key] without copying it (j.value(key, default) copies the whole subtree), or null when j is not an object
+// or has no such key.
+const Json& Member(const Json& j, const char* key) {
+  static const Json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
 
-
+// "<source>: <what> <j> is not supported", naming j by its "type" where it has one (j may be large: it is
+// summarized, not dumped).
 Status Unsupported(const std::string& source, const std::string& what, const Json& j) {
-  return Status::Unimplemented(source + ": " + what + " " + j.dump().substr(0, 200) + " is not supported");
+  const Json& type = Member(j, "type");
+  return Status::Unimplemented(source + ": " + what + " " + json_summary(type.is_string() ? type : j) +
+                               " is not supported");
 }
 
 // A String or Regex pattern object: {"String": "..."} or {"Regex": "..."}.
 Status ParsePattern(const Json& j, std::string* literal, std::optional<Regex>* regex, const std::string& source) {
-  if (j.contains("String") && j["String"].is_string()) {
-    *literal = j["String"].get<std::string>();
+  if (const Json& string = Member(j, "String"); string.is_string()) {
+    *literal = string.get<std::string>();
     return Status::Ok();
   }
-  if (j.contains("Regex") && j["Regex"].is_string()) {
-    auto compiled = Regex::Compile(j["Regex"].get<std::string>());
+  if (const Json& pattern = Member(j, "Regex"); pattern.is_string()) {
+    auto compiled = Regex::Compile(pattern.get<std::string>());
     if (!compiled.ok()) return compiled.status().WithContext(source);
     *regex = std::move(compiled).value();
     return Status::Ok();
@@ -134,12 +156,37 @@ Result<std::vector<std::string>> SplitAround(const std::string& s, const std::op
   return pieces;
 }
 
-std::string ReplaceAll(std::string s, const std::string& from, const std::string& to) {
-  if (from.empty()) return s;
-  for (std::size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size())) {
-    s.replace(pos, from.size(), to);
+// Appends `s` with every `from` replaced by `to` (left to right) to *out; false, with *out partly written, as
+// soon as *out would pass `max_size` bytes.
+bool AppendReplaced(const std::string& s, const std::string& from, const std::string& to,
+                    std::size_t max_size, std::string* out) {
+  std::size_t cursor = 0;
+  for (std::size_t pos = from.empty() ? std::string::npos : s.find(from); pos != std::string::npos;
+       pos = s.find(from, cursor)) {
+    if (out->size() + (pos - cursor) + to.size() > max_size) return false;
+    out->append(s, cursor, pos - cursor).append(to);
+    cursor = pos + from.size();
   }
-  return s;
+  if (out->size() + (s.size() - cursor) > max_size) return false;
+  out->append(s, cursor, std::string::npos);
+  return true;
+}
+
+std::string ReplaceAll(const std::string& s, const std::string& from, const std::string& to) {
+  std::string out;
+  AppendReplaced(s, from, to, std::string::npos, &out);
+  return out;
+}
+
+// The most the normalizer or the pre-tokenizer may make of an `input_size`-byte text. Real ones grow it at
+// most 3x (Metaspace's 3-byte "▁" for each space, ByteLevel's 2-byte characters); the chained steps of a
+// hostile file (Replace "a" -> "aa", again and again) would multiply it.
+std::size_t MaxOutputSize(std::size_t input_size) { return 4 * input_size + 1024; }
+
+Status OutputTooLarge(const char* pipeline, std::size_t input_size) {
+  return Status::FailedPrecondition(std::string("the tokenizer's ") + pipeline + " would make more than " +
+                                    std::to_string(MaxOutputSize(input_size)) + " bytes (4x + 1 KiB) of a " +
+                                    std::to_string(input_size) + "-byte text");
 }
 
 // transformers' clean_up_tokenization, applied when tokenizer_config.json sets clean_up_tokenization_spaces.
@@ -147,7 +194,7 @@ std::string CleanUpTokenizationSpaces(std::string s) {
   static const std::pair<const char*, const char*> kRules[] = {
       {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-  for (const auto& [from, to] : kRules) s = ReplaceAll(std::move(s), from, to);
+  for (const auto& [from, to] : kRules) s = ReplaceAll(s, from, to);
   return s;
 }
 
@@ -155,8 +202,40 @@ bool StartsWith(const std::string& s, const std::string& prefix) { return s.comp
 
 std::string TokenContent(const Json& j) {
   if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
-  return "";
+  const Json& content = Member(j, "content");
+  return content.is_string() ? content.get<std::string>() : "";
+}
+
+// The integer `key` of step j, from 0 to `max` (0 when absent); other numbers are refused, not converted.
+Result<int> SmallCount(const Json& j, const char* key, int max, const std::string& source) {
+  const Json& v = Member(j, key);
+  if (v.is_null()) return 0;
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > max) {
+    return Status::Corruption(source + ": " + j.value("type", "") + " '" + key +
+                              "' must be an integer from 0 to " + std::to_string(max) + ", not " +
+                              json_summary(v));
+  }
+  return static_cast<int>(v.get<int64_t>());
+}
+
+// Metaspace's replacement for spaces, which must not be empty (splitting at an empty string never advances).
+Result<std::string> MetaspaceReplacement(const Json& j, const std::string& source) {
+  std::string replacement = j.value("replacement", "\xE2\x96\x81");
+  if (replacement.empty()) return Status::Corruption(source + ": Metaspace 'replacement' must not be empty");
+  return replacement;
+}
+
+// How much longer the decoder's Replace steps can make a text: the product of their content-to-pattern
+// length ratios over 1.
+double DecoderGrowth(const std::vector<DecoderStep>& decoder) {
+  double growth = 1;
+  for (const DecoderStep& step : decoder) {
+    if (step.kind == DecoderStep::Kind::kReplace && !step.pattern.empty()) {
+      const double ratio = static_cast<double>(step.content.size()) / static_cast<double>(step.pattern.size());
+      growth *= std::max(1.0, ratio);
+    }
+  }
+  return growth;
 }
 
 }  // namespace
@@ -186,16 +265,49 @@ struct HfTokenizer::Impl {
     return it == vocab.end() ? -1 : it->second;
   }
 
-  Status ParseNormalizer(const Json& j) {
+  // id_to_token is allocated up to the largest id: ids are refused beyond twice the tokens defined (real
+  // files number theirs from 0, leaving at most a few unused), so that one entry cannot allocate millions.
+  Status CheckIdsAreDense() const {
+    const std::size_t limit = 2 * (vocab.size() + added.size()) + 1024;
+    for (const auto& [token, id] : vocab) {
+      if (static_cast<std::size_t>(id) >= limit) {
+        return Status::Corruption(source + ": token id " + std::to_string(id) + " (of " +
+                                  json_summary(Json(token)) + ") is beyond the limit of " +
+                                  std::to_string(limit) + " = 2 x (" + std::to_string(vocab.size()) +
+                                  " tokens + " + std::to_string(added.size()) + " added tokens) + 1024");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Parses pipeline node j, a step (with parse_step) or a Sequence of nodes under `list_key`; *nodes counts
+  // them all against kMaxPipelineNodes.
+  template <typename ParseStep>
+  Status ParsePipeline(const Json& j, const char* pipeline, const char* list_key, int* nodes,
+                       const ParseStep& parse_step) {
     if (j.is_null()) return Status::Ok();
+    if (++*nodes > kMaxPipelineNodes) {
+      return Status::Corruption(source + ": the " + pipeline + " has more than " +
+                                std::to_string(kMaxPipelineNodes) + " steps (each Sequence counts as one too)");
+    }
+    if (j.value("type", "") != "Sequence") return parse_step(j);
+    const Json& steps = Member(j, list_key);
+    if (!steps.is_array() && !steps.is_null()) {
+      return Status::Corruption(source + ": " + pipeline + " Sequence's '" + list_key + "' is not a list");
+    }
+    for (const Json& step : steps) {
+      NAMM_RETURN_IF_ERROR(ParsePipeline(step, pipeline, list_key, nodes, parse_step));
+    }
+    return Status::Ok();
+  }
+
+  Status ParseNormalizer(const Json& j) {
     const std::string type = j.value("type", "");
-    if (type == "Sequence") {
-      for (const auto& step : j.value("normalizers", Json::array())) NAMM_RETURN_IF_ERROR(ParseNormalizer(step));
-    } else if (type == "Prepend") {
+    if (type == "Prepend") {
       normalizer.push_back({NormalizerStep::Kind::kPrepend, j.value("prepend", ""), std::nullopt, ""});
     } else if (type == "Replace") {
       NormalizerStep step{NormalizerStep::Kind::kReplace, "", std::nullopt, j.value("content", "")};
-      NAMM_RETURN_IF_ERROR(ParsePattern(j.value("pattern", Json::object()), &step.text, &step.regex, source));
+      NAMM_RETURN_IF_ERROR(ParsePattern(Member(j, "pattern"), &step.text, &step.regex, source));
       normalizer.push_back(std::move(step));
     } else {
       return Unsupported(source, "normalizer", j);
@@ -204,13 +316,8 @@ struct HfTokenizer::Impl {
   }
 
   Status ParsePreTokenizer(const Json& j) {
-    if (j.is_null()) return Status::Ok();
     const std::string type = j.value("type", "");
     PreTokenizerStep step;
-    if (type == "Sequence") {
-      for (const auto& s : j.value("pretokenizers", Json::array())) NAMM_RETURN_IF_ERROR(ParsePreTokenizer(s));
-      return Status::Ok();
-    }
     if (type == "ByteLevel") {
       step.kind = PreTokenizerStep::Kind::kByteLevel;
       step.add_prefix_space = j.value("add_prefix_space", false);
@@ -223,13 +330,14 @@ struct HfTokenizer::Impl {
       step.kind = PreTokenizerStep::Kind::kSplit;
       const std::string behavior = j.value("behavior", "Isolated");
       if (j.value("invert", false) || (behavior != "Isolated" && behavior != "Removed")) {
-        return Unsupported(source, "Split pre-tokenizer", j);
+        return Unsupported(source, "Split pre-tokenizer (invert, or behavior other than Isolated/Removed)",
+                           Member(j, "behavior"));
       }
       step.remove_matches = behavior == "Removed";
-      NAMM_RETURN_IF_ERROR(ParsePattern(j.value("pattern", Json::object()), &step.literal, &step.regex, source));
+      NAMM_RETURN_IF_ERROR(ParsePattern(Member(j, "pattern"), &step.literal, &step.regex, source));
     } else if (type == "Metaspace") {
       step.kind = PreTokenizerStep::Kind::kMetaspace;
-      step.replacement = j.value("replacement", "\xE2\x96\x81");
+      NAMM_ASSIGN_OR_RETURN(step.replacement, MetaspaceReplacement(j, source));
       step.split = j.value("split", true);
       const std::string scheme = j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
       step.prepend = scheme == "first"   ? PreTokenizerStep::Prepend::kFirst
@@ -243,20 +351,15 @@ struct HfTokenizer::Impl {
   }
 
   Status ParseDecoder(const Json& j) {
-    if (j.is_null()) return Status::Ok();
     const std::string type = j.value("type", "");
     DecoderStep step;
-    if (type == "Sequence") {
-      for (const auto& s : j.value("decoders", Json::array())) NAMM_RETURN_IF_ERROR(ParseDecoder(s));
-      return Status::Ok();
-    }
     if (type == "ByteLevel") {
       step.kind = DecoderStep::Kind::kByteLevel;
     } else if (type == "Replace") {
       step.kind = DecoderStep::Kind::kReplace;
       std::optional<Regex> regex;
-      NAMM_RETURN_IF_ERROR(ParsePattern(j.value("pattern", Json::object()), &step.pattern, &regex, source));
-      if (regex) return Unsupported(source, "Replace decoder with a regex", j);
+      NAMM_RETURN_IF_ERROR(ParsePattern(Member(j, "pattern"), &step.pattern, &regex, source));
+      if (regex) return Unsupported(source, "Replace decoder with a regex", Member(j, "pattern"));
       step.content = j.value("content", "");
     } else if (type == "ByteFallback") {
       step.kind = DecoderStep::Kind::kByteFallback;
@@ -265,11 +368,15 @@ struct HfTokenizer::Impl {
     } else if (type == "Strip") {
       step.kind = DecoderStep::Kind::kStrip;
       step.content = j.value("content", " ");
-      step.start = j.value("start", 0);
-      step.stop = j.value("stop", 0);
+      if (step.content.empty()) {
+        return Status::Corruption(source + ": Strip decoder's 'content' must not be empty");
+      }
+      // Real decoders strip one character; the bound keeps a file from making Decode loop for long.
+      NAMM_ASSIGN_OR_RETURN(step.start, SmallCount(j, "start", 64, source));
+      NAMM_ASSIGN_OR_RETURN(step.stop, SmallCount(j, "stop", 64, source));
     } else if (type == "Metaspace") {
       step.kind = DecoderStep::Kind::kMetaspace;
-      step.content = j.value("replacement", "\xE2\x96\x81");
+      NAMM_ASSIGN_OR_RETURN(step.content, MetaspaceReplacement(j, source));
       const std::string scheme = j.value("prepend_scheme", j.value("add_prefix_space", true) ? "always" : "never");
       step.prepend = scheme != "never";
     } else {
@@ -280,16 +387,13 @@ struct HfTokenizer::Impl {
   }
 
   Status ParsePostProcessor(const Json& j) {
-    if (j.is_null()) return Status::Ok();
     const std::string type = j.value("type", "");
-    if (type == "Sequence") {
-      for (const auto& p : j.value("processors", Json::array())) NAMM_RETURN_IF_ERROR(ParsePostProcessor(p));
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
       // Only adjusts offsets.
     } else if (type == "TemplateProcessing") {
-      const Json specials = j.value("special_tokens", Json::object());
+      const Json& specials = Member(j, "special_tokens");
       bool after_sequence = false;
-      for (const auto& item : j.value("single", Json::array())) {
+      for (const auto& item : Member(j, "single")) {
         if (item.contains("Sequence")) {
           after_sequence = true;
         } else if (item.contains("SpecialToken")) {
@@ -297,7 +401,7 @@ struct HfTokenizer::Impl {
           if (!specials.contains(name)) {
             return Status::Corruption(source + ": template token '" + name + "' is not in special_tokens");
           }
-          for (const auto& id : specials[name].value("ids", Json::array())) {
+          for (const auto& id : Member(specials[name], "ids")) {
             (after_sequence ? suffix : prefix).push_back(id.get<int64_t>());
           }
         }
@@ -308,16 +412,37 @@ struct HfTokenizer::Impl {
     return Status::Ok();
   }
 
+  // The normalizer, pre-tokenizer, decoder and post-processor of tokenizer.json `j`.
+  Status ParsePipelines(const Json& j) {
+    const auto parse = [&](const char* key, const char* pipeline, const char* list_key,
+                           const auto& parse_step) {
+      int nodes = 0;
+      return ParsePipeline(Member(j, key), pipeline, list_key, &nodes, parse_step);
+    };
+    NAMM_RETURN_IF_ERROR(parse("normalizer", "normalizer", "normalizers",
+                               [this](const Json& step) { return ParseNormalizer(step); }));
+    NAMM_RETURN_IF_ERROR(parse("pre_tokenizer", "pre-tokenizer", "pretokenizers",
+                               [this](const Json& step) { return ParsePreTokenizer(step); }));
+    NAMM_RETURN_IF_ERROR(
+        parse("decoder", "decoder", "decoders", [this](const Json& step) { return ParseDecoder(step); }));
+    if (const double growth = DecoderGrowth(decoder); growth > kMaxDecoderGrowth) {
+      char times[32];
+      std::snprintf(times, sizeof times, "%g", growth);
+      return Status::Corruption(source + ": the decoder's Replace steps could make a text " + times +
+                                " times longer (the limit is 4)");
+    }
+    return parse("post_processor", "post-processor", "processors",
+                 [this](const Json& step) { return ParsePostProcessor(step); });
+  }
+
   Status ParseModel(const Json& m) {
     if (m.value("type", "BPE") != "BPE") return Unsupported(source, "model", Json(m.value("type", "")));
     if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() > 0) {
       return Unsupported(source, "BPE dropout (random merges at encoding time)", m["dropout"]);
     }
-    if (!m.value("continuing_subword_prefix", Json()).is_null() && m.value("continuing_subword_prefix", "") != "") {
-      return Unsupported(source, "BPE continuing_subword_prefix", m["continuing_subword_prefix"]);
-    }
-    if (!m.value("end_of_word_suffix", Json()).is_null() && m.value("end_of_word_suffix", "") != "") {
-      return Unsupported(source, "BPE end_of_word_suffix", m["end_of_word_suffix"]);
+    for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      const Json& value = Member(m, affix);
+      if (!value.is_null() && value != "") return Unsupported(source, std::string("BPE ") + affix, value);
     }
     if (!m.contains("vocab") || !m["vocab"].is_object()) return Status::Corruption(source + ": model has no vocab");
     for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
@@ -332,7 +457,7 @@ struct HfTokenizer::Impl {
     ignore_merges = m.value("ignore_merges", false);
     if (m.contains("unk_token") && m["unk_token"].is_string()) unk_id = IdOf(m["unk_token"].get<std::string>());
     int32_t rank = 0;
-    for (const auto& merge : m.value("merges", Json::array())) {
+    for (const auto& merge : Member(m, "merges")) {
       std::string left, right;
       if (merge.is_string()) {  // "left right"
         const std::string s = merge.get<std::string>();
@@ -344,7 +469,7 @@ struct HfTokenizer::Impl {
         left = merge[0].get<std::string>();
         right = merge[1].get<std::string>();
       } else {
-        return Status::Corruption(source + ": malformed merge " + merge.dump());
+        return Status::Corruption(source + ": malformed merge " + json_summary(merge));
       }
       const int64_t a = IdOf(left), b = IdOf(right), merged = IdOf(left + right);
       if (a < 0 || b < 0 || merged < 0) {
@@ -360,6 +485,7 @@ struct HfTokenizer::Impl {
   }
 
   Result<std::string> Normalize(std::string s) const {
+    const std::size_t input_size = s.size(), max_size = MaxOutputSize(input_size);
     for (const auto& step : normalizer) {
       if (step.kind == NormalizerStep::Kind::kPrepend) {
         if (!s.empty()) s = step.text + s;
@@ -368,13 +494,19 @@ struct HfTokenizer::Impl {
         std::size_t cursor = 0;
         NAMM_ASSIGN_OR_RETURN(const auto matches, step.regex->FindAll(s));
         for (const auto& [begin, end] : matches) {
-          out += s.substr(cursor, begin - cursor) + step.content;
+          out.append(s, cursor, begin - cursor).append(step.content);
+          if (out.size() > max_size) return OutputTooLarge("normalizer", input_size);
           cursor = end;
         }
-        s = out + s.substr(cursor);
+        s = out.append(s, cursor, std::string::npos);
       } else {
-        s = ReplaceAll(std::move(s), step.text, step.content);
+        std::string out;
+        if (!AppendReplaced(s, step.text, step.content, max_size, &out)) {
+          return OutputTooLarge("normalizer", input_size);
+        }
+        s = std::move(out);
       }
+      if (s.size() > max_size) return OutputTooLarge("normalizer", input_size);
     }
     return s;
   }
@@ -383,8 +515,14 @@ struct HfTokenizer::Impl {
   Result<std::vector<std::string>> PreTokenize(const std::string& text, bool at_input_start) const {
     std::vector<std::string> splits = {text};
     const ByteMap& bytes = GetByteMap();
+    const std::size_t max_size = MaxOutputSize(text.size());
     for (const auto& step : pre_tokenizer) {
       std::vector<std::string> next;
+      std::size_t next_size = 0;  // bytes in `next`
+      const auto emit = [&](std::string piece) {
+        next_size += piece.size();
+        next.push_back(std::move(piece));
+      };
       for (std::size_t i = 0; i < splits.size(); ++i) {
         std::string s = splits[i];
         switch (step.kind) {
@@ -397,36 +535,42 @@ struct HfTokenizer::Impl {
             for (const std::string& piece : pieces) {
               std::string mapped;
               for (unsigned char b : piece) mapped += bytes.to_char[b];
-              next.push_back(std::move(mapped));
+              emit(std::move(mapped));
             }
             break;
           }
           case PreTokenizerStep::Kind::kSplit: {
             NAMM_ASSIGN_OR_RETURN(std::vector<std::string> pieces,
                                   SplitAround(s, step.regex, step.literal, step.remove_matches));
-            for (auto& piece : pieces) next.push_back(std::move(piece));
+            for (auto& piece : pieces) emit(std::move(piece));
             break;
           }
           case PreTokenizerStep::Kind::kMetaspace: {
-            s = ReplaceAll(std::move(s), " ", step.replacement);
+            std::string replaced;
+            const std::size_t room = max_size - std::min(max_size, next_size);
+            if (!AppendReplaced(s, " ", step.replacement, room, &replaced)) {
+              return OutputTooLarge("pre-tokenizer", text.size());
+            }
+            s = std::move(replaced);
             const bool prepend = step.prepend == PreTokenizerStep::Prepend::kAlways ||
                                  (step.prepend == PreTokenizerStep::Prepend::kFirst && i == 0 && at_input_start);
             if (prepend && !StartsWith(s, step.replacement)) s = step.replacement + s;
             if (!step.split) {
-              next.push_back(std::move(s));
+              emit(std::move(s));
               break;
             }
             // Each word keeps the replacement character that precedes it.
             std::size_t begin = 0;
             for (std::size_t pos = s.find(step.replacement, 1); pos != std::string::npos;
                  pos = s.find(step.replacement, pos + step.replacement.size())) {
-              next.push_back(s.substr(begin, pos - begin));
+              emit(s.substr(begin, pos - begin));
               begin = pos;
             }
-            next.push_back(s.substr(begin));
+            emit(s.substr(begin));
             break;
           }
         }
+        if (next_size > max_size) return OutputTooLarge("pre-tokenizer", text.size());
       }
       splits = std::move(next);
     }
@@ -601,27 +745,19 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& to
 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& tokenizer_json,
                                                         const std::string& config_json, const std::string& source) {
-  Json j;
-  try {
-    j = Json::parse(tokenizer_json);
-  } catch (const Json::parse_error& e) {
-    return Status::Corruption(source + ": not valid JSON: " + e.what());
-  }
+  NAMM_ASSIGN_OR_RETURN(const Json j, parse_json_bounded(tokenizer_json, source));
   if (!j.is_object() || !j.contains("model")) return Status::Corruption(source + ": not a tokenizer.json (no 'model')");
   auto impl = std::make_unique<Impl>();
   impl->source = source;
   NAMM_RETURN_IF_ERROR(impl->ParseModel(j["model"]));
-  NAMM_RETURN_IF_ERROR(impl->ParseNormalizer(j.value("normalizer", Json())));
-  NAMM_RETURN_IF_ERROR(impl->ParsePreTokenizer(j.value("pre_tokenizer", Json())));
-  NAMM_RETURN_IF_ERROR(impl->ParseDecoder(j.value("decoder", Json())));
-  NAMM_RETURN_IF_ERROR(impl->ParsePostProcessor(j.value("post_processor", Json())));
-  for (const auto& token : j.value("added_tokens", Json::array())) {
+  NAMM_RETURN_IF_ERROR(impl->ParsePipelines(j));
+  for (const auto& token : Member(j, "added_tokens")) {
     AddedToken added{token.value("content", ""),         token.value("id", int64_t{-1}),
                      token.value("special", false),       token.value("normalized", !token.value("special", false)),
                      token.value("lstrip", false),        token.value("rstrip", false),
                      token.value("single_word", false),   ""};
     if (added.content.empty() || added.id < 0 || added.id > kMaxTokenId) {
-      return Status::Corruption(source + ": malformed added token " + token.dump());
+      return Status::Corruption(source + ": malformed added token " + json_summary(token));
     }
     if (added.normalized) {
       NAMM_ASSIGN_OR_RETURN(added.match, impl->Normalize(added.content));
@@ -635,14 +771,15 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& token
   }
   std::stable_sort(impl->added.begin(), impl->added.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.match.size() > b.match.size(); });
+  NAMM_RETURN_IF_ERROR(impl->CheckIdsAreDense());
   int64_t max_id = -1;
   for (const auto& [token, id] : impl->vocab) max_id = std::max(max_id, id);
   impl->id_to_token.assign(static_cast<std::size_t>(max_id + 1), "");
   for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<std::size_t>(id)] = token;
 
   if (!config_json.empty()) {
-    Json c = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-    if (c.is_discarded() || !c.is_object()) return Status::Corruption(source + ": tokenizer_config.json is not a JSON object");
+    NAMM_ASSIGN_OR_RETURN(const Json c, parse_json_bounded(config_json, source + ": tokenizer_config.json"));
+    if (!c.is_object()) return Status::Corruption(source + ": tokenizer_config.json is not a JSON object");
     const int64_t bos = c.contains("bos_token") ? impl->IdOf(TokenContent(c["bos_token"])) : -1;
     const int64_t eos = c.contains("eos_token") ? impl->IdOf(TokenContent(c["eos_token"])) : -1;
     if (eos >= 0) impl->eos.push_back(eos);

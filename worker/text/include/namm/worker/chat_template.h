@@ -57,7 +57,8 @@ class ChatTemplate {
   // to it implicitly, with its keys sorted. It must not set `messages` or `add_generation_prompt`. Errors are
   // InvalidArgument: "chat template: <message>" for the template's own raise_exception(message), and
   // "chat template line L, column C: <what>" for anything else (calling something undefined, a type error,
-  // more than 2^20 loop iterations, a string or result over 64 MiB, too much work in total).
+  // more than 2^20 loop iterations, a string or result over 64 MiB, a value of more than 64 Mi items and
+  // string bytes when written out, too much work in total).
   Result<std::string> Render(
       const std::vector<ChatMessage>& messages, bool add_generation_prompt,
       const nlohmann::ordered_json& variables = nlohmann::ordered_json::object()) const;

@@ -11,6 +11,13 @@
 // Llama tokenizer class sets them (as transformers' LlamaTokenizerFast does), eos_token names the end of
 // sequence, and clean_up_tokenization_spaces applies transformers' clean-up (" ." -> ".", " 's" -> "'s", ...)
 // to decoded text, as the reference's transformers decode does.
+//
+// Limits against hostile files (each refused with an error naming it): nesting deeper than 64 JSON levels;
+// more than 16 steps in a normalizer, pre-tokenizer, decoder or post-processor (each Sequence counting too);
+// token ids beyond 2 x (tokens + added tokens) + 1024; an empty Metaspace replacement or Strip content, or a
+// Strip count beyond 64; decoder Replace steps that could make a text more than 4x longer. At encoding time,
+// a normalizer or pre-tokenizer output beyond 4x its input + 1 KiB, or a regex match beyond PCRE2's limits,
+// fails the encoding.
 #pragma once
 
 #include <memory>
