@@ -1,12 +1,13 @@
 // namm-api under load, measured in one run: a server in this process (the real HTTP server, scheduler and batched
 // engine) and C client threads, each streaming R completions over HTTP at once (greedy, a prompt of P seeded random
-// token ids, M new tokens, the usage in the last event), for C in --clients and for each policy (the full cache,
-// and --namm's NAMM). Prints one table row per (policy, C): generated tokens per second over the whole run, its
-// ratio to one client, time to first token p50 / p99, time between tokens p50, the process's peak resident memory,
-// the KV bytes each request held at its peak (namm.cache.peak_kv_bytes, mean over requests), and the FLOP rate of
-// the run against a matrix-product peak measured in the same run on the same threads (bench/roofline.h: the model's
-// products and attention over the keys each request reports, namm.cache.mean_kv_tokens; a NAMM's memory updates
-// are not counted, its observation is). Options: kUsage below (--help).
+// token ids, M new tokens, the usage in the last event), for C in --clients, for each policy (the full cache, and
+// --namm's NAMM) and each per-pass token budget in --step-tokens. Prints one table row per (policy, budget, C):
+// generated tokens per second over the whole run, its ratio to one client, time to first token p50 / p99, time
+// between tokens p50, the process's peak resident memory, the KV bytes each request held at its peak
+// (namm.cache.peak_kv_bytes, mean over requests), and the FLOP rate of the run against a matrix-product peak
+// measured in the same run on the same threads (bench/roofline.h: the model's products and attention over the keys
+// each request reports, namm.cache.mean_kv_tokens; a NAMM's memory updates are not counted, its observation is).
+// Options: kUsage below (--help).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -44,6 +45,7 @@ struct Options {
   std::string tokenizer = std::string(NAMM_SHARED_DIR) + "/models/stories260K/tok512.bin";
   std::string random_model, namm;
   std::vector<int64_t> clients = {1, 8, 64};
+  std::vector<int64_t> step_tokens = {512};  // the server's per-pass token budget (0: every prompt each pass)
   int64_t requests = 2, prompt_tokens = 448, max_tokens = 64, max_running = 64, chunk = 32, update_interval = 64;
   int64_t threads = 2, context = 0;
 };
@@ -145,64 +147,68 @@ int Run(const Options& o) {
   const MatmulPeak peak = MeasureMatmulPeak();
   std::printf("matrix-product peak %.1f GFLOP/s (%s, measured now on these threads)\n\n", peak.gflops,
               peak.source.c_str());
-  std::printf("| policy | clients | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
-              "peak RSS (MiB) | KV bytes per request | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| policy | step tokens | clients | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
+              "peak RSS (MiB) | KV bytes per request | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> policies = {"full"};
   if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
   for (const std::string& policy : policies) {
-    double one_client_rate = 0;
-    for (int64_t clients : o.clients) {
-      server::ApiServerOptions options;
-      options.listen = "127.0.0.1:0";
-      options.model_name = "bench";
-      options.default_policy = policy;
-      options.max_connections = static_cast<std::size_t>(clients + 8);
-      options.scheduler.max_running = static_cast<std::size_t>(o.max_running);
-      options.scheduler.max_queue = static_cast<std::size_t>(clients * o.requests + 8);
-      options.scheduler.chunk_size = o.chunk;
-      options.scheduler.update_interval = o.update_interval;
-      options.scheduler.max_context = o.context;
-      auto started = server::ApiServer::Start(*model, **tokenizer, nullptr, options);
-      if (!started.ok()) return std::fprintf(stderr, "%s\n", started.status().message().c_str()), 1;
-      const int port = (*started)->port();
-      std::mutex mutex;
-      std::vector<RequestStats> all;
-      const auto start = Clock::now();
-      std::vector<std::thread> threads;
-      for (int64_t c = 0; c < clients; ++c) {
-        threads.emplace_back([&] {
-          for (int64_t r = 0; r < o.requests; ++r) {
-            RequestStats stats = Stream(port, body.dump());
-            std::lock_guard<std::mutex> lock(mutex);
-            all.push_back(std::move(stats));
-          }
-        });
+    for (int64_t step_tokens : o.step_tokens) {
+      double one_client_rate = 0;
+      for (int64_t clients : o.clients) {
+        server::ApiServerOptions options;
+        options.listen = "127.0.0.1:0";
+        options.model_name = "bench";
+        options.default_policy = policy;
+        options.max_connections = static_cast<std::size_t>(clients + 8);
+        options.scheduler.max_running = static_cast<std::size_t>(o.max_running);
+        options.scheduler.max_queue = static_cast<std::size_t>(clients * o.requests + 8);
+        options.scheduler.chunk_size = o.chunk;
+        options.scheduler.update_interval = o.update_interval;
+        options.scheduler.max_context = o.context;
+        options.scheduler.step_tokens = step_tokens;
+        auto started = server::ApiServer::Start(*model, **tokenizer, nullptr, options);
+        if (!started.ok()) return std::fprintf(stderr, "%s\n", started.status().message().c_str()), 1;
+        const int port = (*started)->port();
+        std::mutex mutex;
+        std::vector<RequestStats> all;
+        const auto start = Clock::now();
+        std::vector<std::thread> threads;
+        for (int64_t c = 0; c < clients; ++c) {
+          threads.emplace_back([&] {
+            for (int64_t r = 0; r < o.requests; ++r) {
+              RequestStats stats = Stream(port, body.dump());
+              std::lock_guard<std::mutex> lock(mutex);
+              all.push_back(std::move(stats));
+            }
+          });
+        }
+        for (auto& t : threads) t.join();
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        (*started)->Drain(std::chrono::milliseconds(0));
+        std::vector<double> first, between;
+        double tokens = 0, kv = 0, flops = 0;
+        const int64_t namm_hidden = policy == "full" ? 0 : 32;
+        for (const RequestStats& s : all) {
+          if (!s.error.empty()) return std::fprintf(stderr, "a request failed: %s\n", s.error.c_str()), 1;
+          first.push_back(s.first_token);
+          between.insert(between.end(), s.between.begin(), s.between.end());
+          tokens += static_cast<double>(s.tokens);
+          kv += static_cast<double>(s.peak_kv_bytes) / static_cast<double>(all.size());
+          worker::GenerationResult done;  // what the response tells of the generation
+          done.prompt_tokens = o.prompt_tokens;
+          done.decode_steps = std::max<int64_t>(0, s.tokens - 1);
+          done.mean_kv_tokens = s.mean_kv_tokens;
+          flops += GenerationFlops(model->config(), done, s.tokens, namm_hidden);
+        }
+        const double rate = tokens / seconds;
+        if (clients == o.clients.front()) one_client_rate = rate;
+        std::printf("| %s | %lld | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %s |\n",
+                    policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(step_tokens),
+                    static_cast<long long>(clients), rate,
+                    rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
+                    1000 * Percentile(between, 0.5), PeakRssMiB(), kv, RooflineCells(flops, seconds, peak).c_str());
+        std::fflush(stdout);
       }
-      for (auto& t : threads) t.join();
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      (*started)->Drain(std::chrono::milliseconds(0));
-      std::vector<double> first, between;
-      double tokens = 0, kv = 0, flops = 0;
-      const int64_t namm_hidden = policy == "full" ? 0 : 32;
-      for (const RequestStats& s : all) {
-        if (!s.error.empty()) return std::fprintf(stderr, "a request failed: %s\n", s.error.c_str()), 1;
-        first.push_back(s.first_token);
-        between.insert(between.end(), s.between.begin(), s.between.end());
-        tokens += static_cast<double>(s.tokens);
-        kv += static_cast<double>(s.peak_kv_bytes) / static_cast<double>(all.size());
-        worker::GenerationResult done;  // what the response tells of the generation
-        done.prompt_tokens = o.prompt_tokens;
-        done.decode_steps = std::max<int64_t>(0, s.tokens - 1);
-        done.mean_kv_tokens = s.mean_kv_tokens;
-        flops += GenerationFlops(model->config(), done, s.tokens, namm_hidden);
-      }
-      const double rate = tokens / seconds;
-      if (clients == o.clients.front()) one_client_rate = rate;
-      std::printf("| %s | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %s |\n",
-                  policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(clients), rate,
-                  rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
-                  1000 * Percentile(between, 0.5), PeakRssMiB(), kv, RooflineCells(flops, seconds, peak).c_str());
-      std::fflush(stdout);
     }
   }
   return 0;
@@ -213,7 +219,8 @@ int Run(const Options& o) {
 
 constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
-       [--chunk 32] [--update-interval 64] [--threads 2] [--context 0]
+       [--chunk 32] [--update-interval 64] [--threads 2] [--context 0] [--step-tokens 512]
+--step-tokens: the server's per-pass token budget, a list to compare (0: every prompt's chunk each pass).
 --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
 --threads sets the CPU thread budget (libtorch, BLAS and our kernels' pool).
 )";
@@ -234,6 +241,7 @@ int main(int argc, char** argv) {
     else if (key == "--update-interval") o.update_interval = std::stoll(value);
     else if (key == "--threads") o.threads = std::stoll(value);
     else if (key == "--context") o.context = std::stoll(value);
+    else if (key == "--step-tokens") o.step_tokens = namm::bench::ParseCounts(value);
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

@@ -205,7 +205,7 @@ struct CompletionScheduler::Impl {
       try {
         DropCancelledAndLate();  // before admitting, so that no late request gets a cache
         Admit();
-        batch.Step();
+        batch.Step(options.step_tokens);
         Publish();  // also the rows that could not begin, which took no step
         Gauges();
       } catch (const std::exception& e) {
@@ -437,6 +437,7 @@ Result<std::unique_ptr<CompletionScheduler>> CompletionScheduler::Start(const wo
                                                                         const std::string& default_policy,
                                                                         SchedulerOptions options, ApiMetrics* metrics) {
   if (options.max_running == 0) return Status::InvalidArgument("--max-running must be at least 1");
+  if (options.step_tokens < 0) return Status::InvalidArgument("--step-tokens must be 0 or more");
   if (options.chunk_size <= 0 || options.update_interval % options.chunk_size != 0) {
     return Status::InvalidArgument("--chunk-size (" + std::to_string(options.chunk_size) +
                                    ") must be positive and divide --update-interval (" +

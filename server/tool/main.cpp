@@ -141,6 +141,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-tokens", s.max_tokens, "Most new tokens a request may ask for (default: the context)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--step-tokens", s.scheduler.step_tokens,
+                 "Tokens a forward pass takes at most: every decoding request's next token first, then prompt chunks "
+                 "in arrival order (at least one chunk a pass); 0: every request's chunk each pass (default 512)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-running", s.scheduler.max_running, "Requests in the running batch at once (default 8)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--max-queue", s.scheduler.max_queue, "Requests waiting for a place in the batch; more get 429 (default 64)");

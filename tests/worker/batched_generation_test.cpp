@@ -233,6 +233,53 @@ TEST(BatchedGeneration, SequencesJoiningAndLeavingARunningBatchGetWhatTheyGetAlo
   }
 }
 
+// A step token budget (namm-api's --step-tokens): decoding rows take a token each, then prompt chunks run in the
+// order the rows joined while the budget lasts, so first tokens come in arrival order instead of together, and
+// every row's result is still the same bits as alone.
+TEST(BatchedGeneration, AStepTokenBudgetPrefillsInArrivalOrderAndChangesNoResult) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  const std::vector<Row> rows = {{"full", 250, 6}, {"namm/2", 230, 6}, {"h2o:budget=100", 200, 6},
+                                 {"streaming:budget=90", 190, 6}};
+  // The step at which each row had its first new token; `step_tokens` 0: no budget.
+  const auto first_tokens = [&](int64_t step_tokens, std::vector<int64_t>& first) {
+    std::vector<std::unique_ptr<MemoryPolicy>> policies;
+    std::vector<Generator::Request> requests;
+    GenerationBatch batch(s.model, *s.tokenizer);
+    std::vector<int64_t> ids;
+    first.assign(rows.size(), -1);
+    for (const Row& row : rows) {
+      policies.push_back(MakePolicy(row.policy, *s.tokenizer));
+      requests.push_back(RowRequest(s, row, policies.back().get()));
+      requests.back().options.max_new_tokens = row.new_tokens;
+      ids.push_back(batch.Join(requests.back()));
+    }
+    for (int64_t step = 0; batch.Step(step_tokens); ++step) {
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (first[i] < 0 && !batch.tokens(ids[i]).empty()) first[i] = step;
+      }
+    }
+    const Generator generator(s.model, *s.tokenizer);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      SCOPED_TRACE(rows[i].policy + " at step_tokens " + std::to_string(step_tokens));
+      const Result<GenerationResult> got = batch.Leave(ids[i]);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
+      const Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
+      ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+      ExpectSame(*got, *alone);
+    }
+  };
+  std::vector<int64_t> together, in_order;
+  first_tokens(0, together);
+  first_tokens(64, in_order);
+  // Chunks of 64: without a budget every prompt advances each step and the four finish within a step of each
+  // other; with room for one chunk a step, each waits for the ones before it.
+  EXPECT_LE(*std::max_element(together.begin(), together.end()) - *std::min_element(together.begin(), together.end()), 1);
+  for (std::size_t i = 1; i < rows.size(); ++i) EXPECT_GT(in_order[i], in_order[i - 1] + 1) << "row " << i;
+  EXPECT_EQ(in_order[0], 3);  // 250 tokens: four chunks, the first token after the fourth step (step 3)
+}
+
 // A policy whose observation throws a torch error on its third call (a cache growing out of memory would throw
 // from the same place).
 class ThrowingPolicy final : public MemoryPolicy {

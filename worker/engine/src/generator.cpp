@@ -253,6 +253,7 @@ class Sequence {
 
   bool done() const { return phase_ == Phase::kDone; }
   bool prefilling() const { return phase_ == Phase::kPrompt; }
+  bool decoding() const { return phase_ == Phase::kDecode; }
   int64_t tokens_seen() const { return caches_.empty() ? 0 : caches_[0].tokens_seen(); }
 
   // Prefix sharing (MemoryPolicy::prefix_key): sequences with equal keys and prompts compute the same caches
@@ -524,15 +525,32 @@ void GenerationBatch::Unpark(Entry& leader) {
   leader.followers.clear();
 }
 
-bool GenerationBatch::Step() {
+bool GenerationBatch::Step(int64_t step_tokens) {
   const c10::InferenceMode inference;
   SharePrefixes();
   std::vector<Entry*> active;  // followers of a leader wait for its prefix
   std::vector<LlamaModel::Step> steps;
-  for (const auto& [id, entry] : entries_) {
-    if (entry->sequence->done() || entry->leader != nullptr) continue;
-    active.push_back(entry.get());
-    steps.push_back(entry->sequence->NextStep());
+  // Decoding sequences first, a token each; then chunks (of prompts, or forced tokens) in the order the sequences
+  // joined, while the step's token budget lasts. A chunk that does not fit waits, and so do the chunks after it,
+  // except that a step always runs one chunk (every prompt keeps moving). A sequence's chunks are its own
+  // multiples of its chunk size whenever they run, so its result does not change; only when.
+  int64_t tokens = 0;
+  bool chunked = false, budget_spent = false;
+  for (const bool decode : {true, false}) {
+    for (const auto& [id, entry] : entries_) {
+      Sequence& sequence = *entry->sequence;
+      if (sequence.done() || entry->leader != nullptr || sequence.decoding() != decode) continue;
+      LlamaModel::Step step = sequence.NextStep();
+      const int64_t length = step.tokens.size(0);
+      if (!decode && (budget_spent || (step_tokens > 0 && tokens + length > step_tokens && chunked))) {
+        budget_spent = true;
+        continue;
+      }
+      chunked = chunked || !decode;
+      tokens += length;
+      active.push_back(entry.get());
+      steps.push_back(std::move(step));
+    }
   }
   if (active.empty()) return false;
   const auto start = Clock::now();

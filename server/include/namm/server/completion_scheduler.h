@@ -1,7 +1,8 @@
 // Continuous batching for namm-api. Requests wait in a bounded queue and join the running batch
 // (worker::GenerationBatch) between forward passes, at most max_running at once; each has its own memory policy
-// and options. Every pass advances each row by one prompt chunk or one generated token, so a long prompt's
-// prefill holds the others' decoding for one chunk at a time. Rows leave when they finish, when their client
+// and options. Every pass advances each decoding row by one generated token and then, within a per-pass token
+// budget (step_tokens), prompt chunks in arrival order: a long prompt's prefill holds the others' decoding for
+// one chunk at a time, and first tokens come in arrival order rather than all prompts finishing together. Rows leave when they finish, when their client
 // cancels (a disconnect) or when their time runs out, and their caches are freed at that step boundary.
 //
 // One thread (the scheduler's) runs the model; HTTP threads Submit() and then Wait() on their handle for the
@@ -34,6 +35,9 @@ struct SchedulerOptions {
   std::size_t max_running = 8;  // rows in the batch at once
   std::size_t max_queue = 64;   // requests waiting for a row; more are refused
   int64_t chunk_size = 128, update_interval = 512;
+  // Tokens a forward pass takes at most (GenerationBatch::Step): each decoding row's next token first, then prompt
+  // chunks in arrival order, at least one a pass; 0: every row's chunk each pass (all prompts advance together).
+  int64_t step_tokens = 512;
   int64_t max_context = 0;  // longest sequence (prompt + new tokens); 0: the model's context
   double request_timeout_seconds = 600;  // from arrival to the last token
   uint64_t seed = 0;  // requests without a seed sample with one drawn from (seed, their arrival number)

@@ -144,8 +144,11 @@ class GenerationBatch {
   // error.
   int64_t Join(Generator::Request request);
   // One batched forward pass over the unfinished sequences, then their memory updates and next tokens. False
-  // when there was none.
-  bool Step();
+  // when there was none. With `step_tokens` > 0 a pass takes every decoding sequence (a token each), then chunks
+  // of the others in the order they joined while the pass holds at most `step_tokens` tokens (at least one
+  // chunk): a long prompt's prefill no longer advances every prompt together, so first tokens come in arrival
+  // order. Each sequence's result is the same whatever the budget.
+  bool Step(int64_t step_tokens = 0);
   // Whether `id` has finished (its result or error is ready). Ids must be joined and not yet left.
   bool finished(int64_t id) const;
   // The tokens generated so far.
