@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -48,6 +49,7 @@ struct Options {
   std::vector<int64_t> step_tokens = {512};  // the server's per-pass token budget (0: every prompt each pass)
   int64_t requests = 2, prompt_tokens = 448, max_tokens = 64, max_running = 64, chunk = 32, update_interval = 64;
   int64_t threads = 2, context = 0;
+  int64_t kv_budget = 0;  // the server's --max-kv-bytes (0: no limit)
 };
 
 struct RequestStats {
@@ -105,6 +107,24 @@ RequestStats Stream(int port, const std::string& body) {
   return stats;
 }
 
+// The requests running now, from the server's /health.
+int64_t RunningNow(int port) {
+  try {
+    asio::io_context io;
+    asio::ip::tcp::socket socket(io);
+    socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+    http::request<http::empty_body> request{http::verb::get, "/health", 11};
+    request.set(http::field::host, "127.0.0.1");
+    http::write(socket, request);
+    beast::flat_buffer buffer;
+    http::response<http::string_body> response;
+    http::read(socket, buffer, response);
+    return nlohmann::json::parse(response.body()).value("running", int64_t{0});
+  } catch (const std::exception&) {
+    return 0;  // (the server drained)
+  }
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -147,8 +167,8 @@ int Run(const Options& o) {
   const MatmulPeak peak = MeasureMatmulPeak();
   std::printf("matrix-product peak %.1f GFLOP/s (%s, measured now on these threads)\n\n", peak.gflops,
               peak.source.c_str());
-  std::printf("| policy | step tokens | clients | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
-              "peak RSS (MiB) | KV bytes per request | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| policy | step tokens | clients | most running | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
+              "peak RSS (MiB) | KV bytes per request | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> policies = {"full"};
   if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
   for (const std::string& policy : policies) {
@@ -160,12 +180,14 @@ int Run(const Options& o) {
         options.model_name = "bench";
         options.default_policy = policy;
         options.max_connections = static_cast<std::size_t>(clients + 8);
+        options.max_connections_per_address = 0;  // every client and the sampler come from 127.0.0.1
         options.scheduler.max_running = static_cast<std::size_t>(o.max_running);
         options.scheduler.max_queue = static_cast<std::size_t>(clients * o.requests + 8);
         options.scheduler.chunk_size = o.chunk;
         options.scheduler.update_interval = o.update_interval;
         options.scheduler.max_context = o.context;
         options.scheduler.step_tokens = step_tokens;
+        options.scheduler.max_kv_bytes = o.kv_budget;
         auto started = server::ApiServer::Start(*model, **tokenizer, nullptr, options);
         if (!started.ok()) return std::fprintf(stderr, "%s\n", started.status().message().c_str()), 1;
         const int port = (*started)->port();
@@ -182,7 +204,17 @@ int Run(const Options& o) {
             }
           });
         }
+        std::atomic<bool> clients_done{false};
+        int64_t most_running = 0;  // the requests running at once, sampled every 10 ms
+        std::thread sampler([&] {
+          while (!clients_done.load()) {
+            most_running = std::max(most_running, RunningNow(port));
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+        });
         for (auto& t : threads) t.join();
+        clients_done.store(true);
+        sampler.join();
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
         (*started)->Drain(std::chrono::milliseconds(0));
         std::vector<double> first, between;
@@ -202,9 +234,9 @@ int Run(const Options& o) {
         }
         const double rate = tokens / seconds;
         if (clients == o.clients.front()) one_client_rate = rate;
-        std::printf("| %s | %lld | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %s |\n",
+        std::printf("| %s | %lld | %lld | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %s |\n",
                     policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(step_tokens),
-                    static_cast<long long>(clients), rate,
+                    static_cast<long long>(clients), static_cast<long long>(most_running), rate,
                     rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
                     1000 * Percentile(between, 0.5), PeakRssMiB(), kv, RooflineCells(flops, seconds, peak).c_str());
         std::fflush(stdout);
@@ -220,7 +252,9 @@ int Run(const Options& o) {
 constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
        [--chunk 32] [--update-interval 64] [--threads 2] [--context 0] [--step-tokens 512]
+       [--kv-budget 0]
 --step-tokens: the server's per-pass token budget, a list to compare (0: every prompt's chunk each pass).
+--kv-budget BYTES: the server's --max-kv-bytes (admission and preemption by memory; 0: no limit).
 --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
 --threads sets the CPU thread budget (libtorch, BLAS and our kernels' pool).
 )";
@@ -242,6 +276,7 @@ int main(int argc, char** argv) {
     else if (key == "--threads") o.threads = std::stoll(value);
     else if (key == "--context") o.context = std::stoll(value);
     else if (key == "--step-tokens") o.step_tokens = namm::bench::ParseCounts(value);
+    else if (key == "--kv-budget") o.kv_budget = std::stoll(value);
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

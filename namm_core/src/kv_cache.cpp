@@ -11,7 +11,6 @@ namespace namm {
 
 namespace {
 constexpr std::size_t kKeys = 0, kValues = 1, kPositions = 2;
-constexpr int64_t kInitialCapacity = 64;
 }  // namespace
 
 LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
@@ -64,6 +63,23 @@ int64_t LayerKVCache::kv_bytes() const {
   return 2 * kv_heads_ * size_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
 }
 
+int64_t LayerKVCache::reserved_kv_bytes() const {
+  return 2 * kv_heads_ * capacity_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
+}
+
+int64_t LayerKVCache::reserved_kv_bytes_after(int64_t more) const {
+  const int64_t bytes_per_token = 2 * kv_heads_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
+  return GrownCapacity(size_ + more) * bytes_per_token;
+}
+
+int64_t LayerKVCache::GrownCapacity(int64_t capacity) const {
+  if (capacity <= capacity_) return capacity_;
+  const int64_t grown = std::max({capacity, 2 * capacity_, kInitialCapacity});
+  // No room beyond what the rest of the sequence can fill (expected_tokens_ counts evicted tokens too).
+  if (expected_tokens_ <= 0) return grown;
+  return std::max(capacity, std::min(grown, size_ + expected_tokens_ - tokens_seen_));
+}
+
 int64_t LayerKVCache::state_bytes() const {
   int64_t bytes = 0;
   for (std::size_t i = kPositions + 1; i < buffers_.size(); ++i) {
@@ -81,9 +97,7 @@ void LayerKVCache::ExpectTokens(int64_t total, bool allocate_now) {
 
 void LayerKVCache::Reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
-  int64_t grown = std::max({capacity, 2 * capacity_, kInitialCapacity});
-  // No room beyond what the rest of the sequence can fill (expected_tokens_ counts evicted tokens too).
-  if (expected_tokens_ > 0) grown = std::max(capacity, std::min(grown, size_ + expected_tokens_ - tokens_seen_));
+  const int64_t grown = GrownCapacity(capacity);
   for (auto& buffer : buffers_) {
     std::vector<int64_t> shape = buffer.sizes().vec();
     shape[1] = grown;

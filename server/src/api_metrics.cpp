@@ -27,6 +27,12 @@ struct ApiMetrics::Impl {
       .Name("namm_api_requests_running").Help("Completion requests in the running batch").Register(registry).Add({});
   prometheus::Gauge& kv_bytes = prometheus::BuildGauge()
       .Name("namm_api_kv_cache_bytes").Help("Keys and values held by the running requests, all layers").Register(registry).Add({});
+  prometheus::Gauge& kv_reserved = prometheus::BuildGauge()
+      .Name("namm_api_kv_cache_reserved_bytes").Help("Key and value storage allocated for the running requests, all layers")
+      .Register(registry).Add({});
+  prometheus::Counter& preempted = prometheus::BuildCounter()
+      .Name("namm_api_preemptions_total").Help("Running requests preempted for memory, to start again from the queue's front")
+      .Register(registry).Add({});
   prometheus::Histogram& first_token = prometheus::BuildHistogram()
       .Name("namm_api_time_to_first_token_seconds").Help("From a request's arrival to its first generated token")
       .Register(registry).Add({}, LatencyBuckets());
@@ -71,11 +77,14 @@ void ApiMetrics::Request(const std::string& endpoint, int status) {
   impl_->requests.Add({{"endpoint", endpoint}, {"status", std::to_string(status)}}).Increment();
 }
 
-void ApiMetrics::Load(int64_t queued, int64_t running, int64_t kv_bytes) {
+void ApiMetrics::Load(int64_t queued, int64_t running, int64_t kv_bytes, int64_t reserved_bytes) {
   impl_->queued.Set(static_cast<double>(queued));
   impl_->running.Set(static_cast<double>(running));
   impl_->kv_bytes.Set(static_cast<double>(kv_bytes));
+  impl_->kv_reserved.Set(static_cast<double>(reserved_bytes));
 }
+
+void ApiMetrics::Preempted() { impl_->preempted.Increment(); }
 
 void ApiMetrics::FirstToken(double seconds) { impl_->first_token.Observe(seconds); }
 

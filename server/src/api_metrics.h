@@ -19,7 +19,10 @@ class ApiMetrics {
 
   // An answered request (any endpoint, any status).
   void Request(const std::string& endpoint, int status);
-  void Load(int64_t queued, int64_t running, int64_t kv_bytes);
+  // kv_bytes: the keys and values held; reserved: their storage allocated (what admission by memory counts).
+  void Load(int64_t queued, int64_t running, int64_t kv_bytes, int64_t reserved_bytes);
+  // A running request preempted for memory (it starts again from the queue's front).
+  void Preempted();
   void FirstToken(double seconds);    // from arrival
   void TokenLatency(double seconds);  // between successive tokens of a request
   void Finished(const CompletionOutcome& outcome, double seconds);

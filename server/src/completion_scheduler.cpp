@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "api_metrics.h"
+#include "namm/kv_cache.h"
 #include "namm/worker/generator.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/policy_spec.h"
@@ -151,7 +152,11 @@ struct CompletionScheduler::Impl {
     std::shared_ptr<CompletionHandle> handle;
     Clock::time_point arrived;
     uint64_t seed = 0;
-    int64_t kv_bytes = 0;  // its worst case (KvBytesAtMost), counted while it runs
+    int64_t kv_bytes = 0;  // its worst case (KvBytesAtMost): one over the budget alone is refused at once
+    // A preempted request starts again with the same seed, so it makes the same tokens (a row's tokens do not
+    // depend on its batch): what it had sent is not sent again, and its first `regenerate` tokens were counted.
+    std::string sent;
+    std::size_t regenerate = 0;
   };
   struct Row {
     Waiting request;
@@ -205,6 +210,7 @@ struct CompletionScheduler::Impl {
       try {
         DropCancelledAndLate();  // before admitting, so that no late request gets a cache
         Admit();
+        Preempt();
         batch.Step(options.step_tokens);
         Publish();  // also the rows that could not begin, which took no step
         Gauges();
@@ -237,17 +243,37 @@ struct CompletionScheduler::Impl {
     return tokens * kv_bytes_per_token;
   }
 
+  // The KV storage the running rows hold and may add at the next step (GenerationBatch::growth_bytes).
+  int64_t KvBytesInUse() const {
+    int64_t bytes = 0;
+    for (const Row& row : rows) bytes += batch.reserved_bytes(row.id) + batch.growth_bytes(row.id);
+    return bytes;
+  }
+
+  // The KV storage `job` holds after its first step: the full cache on the CPU allocates its whole allowance at
+  // once (LayerKVCache::ExpectTokens), a cache that may evict grows from its first chunk.
+  int64_t KvBytesAtStart(const CompletionJob& job) const {
+    const auto prompt = static_cast<int64_t>(job.prompt_ids.size());
+    const int64_t total = prompt + job.max_tokens;
+    const Result<std::string> family = worker::policy_family(job.policy);
+    if (family.ok() && *family == "full" && model.options().device().is_cpu()) return total * kv_bytes_per_token;
+    const int64_t first = std::max(std::min(options.chunk_size, prompt), LayerKVCache::kInitialCapacity);
+    return std::min(total, first) * kv_bytes_per_token;
+  }
+
+  // With max_kv_bytes, by memory as it is used: a request joins when its first step's storage fits beside what
+  // the running rows hold and may add at their next step; the oldest waits for room and the ones behind it
+  // wait for it.
   void Admit() {
     while (rows.size() < options.max_running) {
       Waiting next;
+      const int64_t in_use = options.max_kv_bytes > 0 && !rows.empty() ? KvBytesInUse() : 0;
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (queue.empty()) return;
-        if (options.max_kv_bytes > 0 && !rows.empty()) {
-          int64_t reserved = 0;
-          for (const Row& row : rows) reserved += row.request.kv_bytes;
-          // The oldest waits for room; the ones behind it wait for it.
-          if (reserved + queue.front().kv_bytes > options.max_kv_bytes) return;
+        if (options.max_kv_bytes > 0 && !rows.empty() &&
+            in_use + KvBytesAtStart(queue.front().job) > options.max_kv_bytes) {
+          return;
         }
         next = std::move(queue.front());
         queue.pop_front();
@@ -292,8 +318,30 @@ struct CompletionScheduler::Impl {
       o.seed = next.seed;
       row.id = batch.Join(std::move(request));
       row.last_token = Clock::now();
+      row.sent = std::move(next.sent);
       row.request = std::move(next);
       rows.push_back(std::move(row));  // reserved for max_running rows: does not throw
+    }
+  }
+
+  // When the running rows' next step would pass max_kv_bytes, the youngest rows leave (their caches freed) and
+  // go back to the front of the queue, as vLLM preempts by recomputation: nobody fails for memory while it
+  // could wait. The oldest row always runs (alone it fits: Submit refused what could not).
+  void Preempt() {
+    if (options.max_kv_bytes <= 0) return;
+    while (rows.size() > 1 && KvBytesInUse() > options.max_kv_bytes) {
+      Row row = std::move(rows.back());
+      rows.pop_back();
+      (void)batch.Leave(row.id);  // "left before it finished": it starts again
+      Waiting again = std::move(row.request);
+      again.sent = std::move(row.sent);
+      again.regenerate = std::max(again.regenerate, row.tokens_seen);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        queue.push_front(std::move(again));
+        running = rows.size();
+      }
+      if (metrics != nullptr) metrics->Preempted();
     }
   }
 
@@ -345,9 +393,12 @@ struct CompletionScheduler::Impl {
       const std::vector<int64_t>& tokens = batch.tokens(row.id);
       const std::size_t made = tokens.size() - row.tokens_seen;
       if (made > 0) {
-        if (metrics != nullptr) {
-          if (row.tokens_seen == 0) metrics->FirstToken(SecondsBetween(row.request.arrived, now));
-          else metrics->TokenLatency(SecondsBetween(row.last_token, now) / static_cast<double>(made));
+        if (metrics != nullptr && tokens.size() > row.request.regenerate) {  // (not the tokens made again)
+          if (row.tokens_seen == 0 && row.request.regenerate == 0) {
+            metrics->FirstToken(SecondsBetween(row.request.arrived, now));
+          } else {
+            metrics->TokenLatency(SecondsBetween(row.last_token, now) / static_cast<double>(made));
+          }
         }
         row.tokens_seen = tokens.size();
         row.last_token = now;
@@ -406,9 +457,12 @@ struct CompletionScheduler::Impl {
       queued_now = queue.size();
     }
     if (metrics == nullptr) return;
-    int64_t kv = 0;
-    for (const Row& row : rows) kv += batch.kv_bytes(row.id);
-    metrics->Load(static_cast<int64_t>(queued_now), static_cast<int64_t>(rows.size()), kv);
+    int64_t kv = 0, reserved = 0;
+    for (const Row& row : rows) {
+      kv += batch.kv_bytes(row.id);
+      reserved += batch.reserved_bytes(row.id);
+    }
+    metrics->Load(static_cast<int64_t>(queued_now), static_cast<int64_t>(rows.size()), kv, reserved);
   }
 
   void FailAll(const ApiError& error) {
@@ -424,7 +478,7 @@ struct CompletionScheduler::Impl {
       running = 0;
     }
     for (Waiting& w : waiting) w.handle->Fail(error);
-    if (metrics != nullptr) metrics->Load(0, 0, 0);
+    if (metrics != nullptr) metrics->Load(0, 0, 0, 0);
   }
 };
 
@@ -479,7 +533,7 @@ std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job,
     if (impl_->stopping || impl_->queue.size() >= impl_->options.max_queue) return nullptr;
     const uint64_t n = impl_->arrivals++;
     const uint64_t seed = job.seed ? *job.seed : DrawSeed(impl_->options.seed, n);
-    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed, need});
+    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed, need, "", 0});
   }
   impl_->wake.notify_all();
   return handle;

@@ -106,6 +106,21 @@ TEST(LayerKVCache, ExpectedLengthBoundsGrowthAndPreallocates) {
   EXPECT_EQ(whole.capacity(), 1000);
 }
 
+// What admission by memory counts: the storage allocated, and what an append will make it, before it happens.
+TEST(LayerKVCache, ReservedBytesAfterAnAppendAreKnownBeforeIt) {
+  LayerKVCache cache(2, 4, at::TensorOptions().dtype(at::kFloat));
+  cache.ExpectTokens(300, /*allocate_now=*/false);
+  const int64_t bytes_per_token = 2 * 2 * 4 * 4;
+  for (const int64_t n : {int64_t{10}, int64_t{60}, int64_t{1}, int64_t{100}, int64_t{129}}) {
+    const int64_t predicted = cache.reserved_kv_bytes_after(n);
+    const int64_t start = cache.tokens_seen();
+    ASSERT_TRUE(cache.Append(at::zeros({2, n, 4}), at::zeros({2, n, 4}), Positions(start, n)).ok());
+    EXPECT_EQ(cache.reserved_kv_bytes(), predicted) << "after " << n;
+    EXPECT_EQ(cache.reserved_kv_bytes(), cache.capacity() * bytes_per_token);
+  }
+  EXPECT_EQ(cache.capacity(), 300);  // 64, 128, 256, then the 300 the sequence can reach
+}
+
 TEST(LayerKVCache, RejectsBadIndicesAndShapes) {
   LayerKVCache cache(2, 4, at::TensorOptions().dtype(at::kFloat));
   EXPECT_FALSE(cache.Append(at::zeros({2, 3, 5}), at::zeros({2, 3, 4}), Positions(0, 3)).ok());

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../server/src/api_metrics.h"
 #include "../worker/shared_data.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
@@ -167,6 +168,71 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
     }
     (*scheduler)->Stop();
   }
+}
+
+// A flood of requests whose caches grow (an evicting policy without a bound known in advance, as a NAMM's) on a
+// budget that holds few of them grown: they are admitted by the memory they use, the youngest are preempted when
+// the running ones' next step would not fit, and every request finishes with the answer it gets without a budget
+// (a preempted one starts again with its seed; nothing it sent is sent twice).
+TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnlimitedAnswers) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  auto model = worker::LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), worker::LoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto tokenizer = worker::load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV heads x 8 x 4 bytes
+  const auto answers = [&](int64_t limit, ApiMetrics* metrics, std::size_t* most_running) {
+    SchedulerOptions options;
+    options.chunk_size = 32;
+    options.update_interval = 64;
+    options.max_kv_bytes = limit;
+    options.max_running = 16;
+    auto scheduler = CompletionScheduler::Start(*model, **tokenizer, "full", options, metrics);
+    EXPECT_TRUE(scheduler.ok()) << scheduler.status().ToString();
+    std::vector<std::shared_ptr<CompletionHandle>> handles;
+    for (uint64_t i = 0; i < 12; ++i) {
+      CompletionJob j;
+      j.prompt_ids = {1, 300 + static_cast<int64_t>(i), 301, 302};
+      j.policy = j.policy_label = "h2o:budget=400";  // holds every token of these 4 + 300
+      j.max_tokens = 300;
+      j.temperature = 1.0;
+      j.seed = i + 1;
+      handles.push_back((*scheduler)->Submit(j));
+    }
+    std::vector<std::string> texts(handles.size());
+    std::vector<bool> done(handles.size(), false);
+    std::vector<std::string> streamed(handles.size());
+    for (std::size_t finished = 0; finished < handles.size();) {
+      *most_running = std::max(*most_running, (*scheduler)->running());
+      for (std::size_t i = 0; i < handles.size(); ++i) {
+        if (done[i]) continue;
+        CompletionUpdate update = handles[i]->Wait(std::chrono::milliseconds(0));
+        streamed[i] += update.text;
+        if (!update.finished) continue;
+        EXPECT_FALSE(update.error.has_value()) << update.error->message;
+        EXPECT_EQ(streamed[i], update.outcome.text) << "request " << i;
+        texts[i] = update.outcome.text;
+        done[i] = true;
+        ++finished;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    (*scheduler)->Stop();
+    return texts;
+  };
+  std::size_t unlimited_running = 0, limited_running = 0;
+  const std::vector<std::string> unlimited = answers(0, nullptr, &unlimited_running);
+  ApiMetrics metrics("stories260K", "full");
+  // Room for 9 requests at their start (64 tokens of storage each), for 2 grown to 304 tokens.
+  const std::vector<std::string> limited = answers(600 * kBytesPerToken, &metrics, &limited_running);
+  EXPECT_EQ(limited, unlimited);
+  EXPECT_GE(limited_running, 4u);  // counted at their worst case (304 tokens each), one would run at a time
+  const std::string exposition = metrics.Exposition();
+  const std::string counter = "\nnamm_api_preemptions_total ";
+  const std::size_t at = exposition.find(counter);
+  ASSERT_NE(at, std::string::npos) << exposition;
+  EXPECT_GT(std::stod(exposition.substr(at + counter.size())), 0) << exposition;
 }
 
 }  // namespace

@@ -251,9 +251,21 @@ threads_before=$(awk '/^Threads:/ {print $2}' "/proc/$PID/status")
 many=$(python3 - "$URL" "$held" "$PID" <<'PY'
 import json, socket, sys, time, urllib.parse, urllib.request
 url, n, pid = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+# From 127.0.0.2.., on source ports below the kernel's ephemeral range: 10,000 ephemeral ports taken here could
+# include the free port another test (run beside this one by ctest -j) has just picked for its server.
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+sources = ((f"127.0.0.{2 + k // 4000}", low - 4000 + k % 4000) for k in range(40000))
 held = []
-for _ in range(n):  # never send a byte
-    held.append(socket.create_connection((url.hostname, url.port)))
+while len(held) < n:  # never send a byte
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past runs' TIME_WAIT on these source ports
+    try:
+        s.bind(next(sources))
+    except OSError:  # taken: the next one
+        s.close()
+        continue
+    s.connect((url.hostname, url.port))
+    held.append(s)
 def threads():
     return int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("Threads:")))
 def metric(name):

@@ -69,6 +69,12 @@ class LayerKVCache {
   // Bytes of the keys and values held (all heads), and of the policy's per-token state held.
   int64_t kv_bytes() const;
   int64_t state_bytes() const;
+  // Tokens of room a cache's storage starts with (it then doubles).
+  static constexpr int64_t kInitialCapacity = 64;
+  // Bytes of key and value storage allocated (room for capacity() tokens): what admission by memory counts. And
+  // the same after `more` tokens were appended (the storage grows by doubling, within the tokens to come).
+  int64_t reserved_kv_bytes() const;
+  int64_t reserved_kv_bytes_after(int64_t more) const;
 
   // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences).
   LayerKVCache Clone() const;
@@ -80,6 +86,8 @@ class LayerKVCache {
 
  private:
   void Reserve(int64_t capacity);
+  // The capacity Reserve(capacity) leaves.
+  int64_t GrownCapacity(int64_t capacity) const;
   at::Tensor Live(const at::Tensor& buffer) const { return buffer.narrow(1, 0, size_); }
   // Recomputes live_ after the size or the storage changed.
   void RefreshViews();

@@ -297,15 +297,27 @@ class Sequence {
     return bytes;
   }
 
+  // Key and value storage held (all layers), and what the next step's tokens may add to it.
+  int64_t reserved_bytes() const {
+    int64_t bytes = 0;
+    for (const auto& cache : caches_) bytes += cache.reserved_kv_bytes();
+    return bytes;
+  }
+  int64_t growth_bytes() const {
+    if (done() || caches_.empty()) return 0;
+    const int64_t next = phase_ == Phase::kDecode ? 1 : ChunkLength();
+    int64_t bytes = 0;
+    for (const auto& cache : caches_) bytes += cache.reserved_kv_bytes_after(next) - cache.reserved_kv_bytes();
+    return bytes;
+  }
+
   // The tokens of this sequence's next forward pass.
   LlamaModel::Step NextStep() {
     if (phase_ == Phase::kDecode) {
       return {at::full({1}, next_token_, at::TensorOptions().dtype(at::kLong).device(at::kCPU)), &caches_,
               request_.policy, false};
     }
-    // Up to the next multiple of the chunk size.
-    const int64_t seen = caches_[0].tokens_seen();
-    step_length_ = std::min(feed_.size(0) - fed_, options_.chunk_size - seen % options_.chunk_size);
+    step_length_ = ChunkLength();
     return {feed_.narrow(0, fed_, step_length_), &caches_, request_.policy, all_logits_};
   }
 
@@ -352,6 +364,12 @@ class Sequence {
 
  private:
   enum class Phase { kPrompt, kForced, kDecode, kDone };
+
+  // The next chunk of the prompt or forced tokens: up to the next multiple of the chunk size.
+  int64_t ChunkLength() const {
+    const int64_t seen = caches_[0].tokens_seen();
+    return std::min(feed_.size(0) - fed_, options_.chunk_size - seen % options_.chunk_size);
+  }
 
   void Feed(const std::vector<int64_t>& ids, bool all_logits) {
     feed_ = IdTensor(ids);
@@ -634,6 +652,16 @@ const std::vector<int64_t>& GenerationBatch::tokens(int64_t id) const {
 }
 
 int64_t GenerationBatch::kv_bytes(int64_t id) const { return entries_.at(id)->sequence->kv_bytes(); }
+
+int64_t GenerationBatch::reserved_bytes(int64_t id) const { return entries_.at(id)->sequence->reserved_bytes(); }
+
+int64_t GenerationBatch::growth_bytes(int64_t id) const {
+  const Entry& entry = *entries_.at(id);
+  if (entry.leader == nullptr) return entry.sequence->growth_bytes();
+  // A follower takes a copy of its leader's caches when the shared prefix is done.
+  const Sequence& leader = *entry.leader->sequence;
+  return leader.reserved_bytes() + leader.growth_bytes();
+}
 
 Result<GenerationResult> GenerationBatch::Leave(int64_t id) {
   const c10::InferenceMode inference;  // the caches it frees were made in it

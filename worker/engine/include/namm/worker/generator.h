@@ -155,6 +155,10 @@ class GenerationBatch {
   const std::vector<int64_t>& tokens(int64_t id) const;
   // Keys and values held now, all layers (0 once finished).
   int64_t kv_bytes(int64_t id) const;
+  // Their storage allocated now (LayerKVCache::reserved_kv_bytes), and what the next Step() may add to it (an
+  // upper bound: a step within a token budget may leave the sequence out).
+  int64_t reserved_bytes(int64_t id) const;
+  int64_t growth_bytes(int64_t id) const;
   // Removes a sequence and frees its caches. Its result or error when it had finished; FailedPrecondition
   // ("left before it finished") otherwise.
   Result<GenerationResult> Leave(int64_t id);
