@@ -254,7 +254,8 @@ url, n, pid = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 # From 127.0.0.2.., on source ports below the kernel's ephemeral range: 10,000 ephemeral ports taken here could
 # include the free port another test (run beside this one by ctest -j) has just picked for its server.
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-sources = ((f"127.0.0.{2 + k // 4000}", low - 4000 + k % 4000) for k in range(40000))
+below = low - 4000 >= 1024  # else (an unusual range) ephemeral ports after all: port 0
+sources = ((f"127.0.0.{2 + k // 4000}", low - 4000 + k % 4000 if below else 0) for k in range(40000))
 held = []
 while len(held) < n:  # never send a byte
     s = socket.socket()
