@@ -57,13 +57,11 @@ class PartitionProxy {
   struct Link {
     int fd[2] = {-1, -1};  // the client's side, the upstream side
     Pending toward[2];     // bytes for fd[k]
-    bool open = true;
     void Close() {
       for (int& f : fd) {
         if (f >= 0) ::close(f);
         f = -1;
       }
-      open = false;
     }
   };
 

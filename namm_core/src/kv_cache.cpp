@@ -59,17 +59,14 @@ void LayerKVCache::RefreshViews() {
   for (std::size_t i = 0; i < buffers_.size(); ++i) live_[i] = buffers_[i].narrow(1, 0, size_);
 }
 
-int64_t LayerKVCache::kv_bytes() const {
-  return 2 * kv_heads_ * size_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
-}
+int64_t LayerKVCache::kv_bytes() const { return size_ * KvBytesPerToken(); }
 
-int64_t LayerKVCache::reserved_kv_bytes() const {
-  return 2 * kv_heads_ * capacity_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
-}
+int64_t LayerKVCache::reserved_kv_bytes() const { return capacity_ * KvBytesPerToken(); }
 
-int64_t LayerKVCache::reserved_kv_bytes_after(int64_t more) const {
-  const int64_t bytes_per_token = 2 * kv_heads_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
-  return GrownCapacity(size_ + more) * bytes_per_token;
+int64_t LayerKVCache::reserved_kv_bytes_after(int64_t more) const { return GrownCapacity(size_ + more) * KvBytesPerToken(); }
+
+int64_t LayerKVCache::KvBytesPerToken() const {
+  return 2 * kv_heads_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
 }
 
 int64_t LayerKVCache::GrownCapacity(int64_t capacity) const {

@@ -316,8 +316,7 @@ struct ApiServer::Impl {
     const std::list<Session*>& candidates = peer_full ? it->second.idle : idle_sessions;
     if (candidates.empty()) return false;
     Session& oldest = *candidates.front();
-    SetIdle(oldest, false);
-    Uncount(oldest);
+    Uncount(oldest);  // (no longer idle)
     CloseSocket(oldest);  // its pending read ends with an error, which releases it
     if (metrics) metrics->ConnectionClosedForRoom(peer_full);
     return true;

@@ -152,7 +152,6 @@ struct CompletionScheduler::Impl {
     std::shared_ptr<CompletionHandle> handle;
     Clock::time_point arrived;
     uint64_t seed = 0;
-    int64_t kv_bytes = 0;  // its worst case (KvBytesAtMost): one over the budget alone is refused at once
     // A preempted request starts again with the same seed, so it makes the same tokens (a row's tokens do not
     // depend on its batch): what it had sent is not sent again, and its first `regenerate` tokens were counted.
     std::string sent;
@@ -533,7 +532,7 @@ std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job,
     if (impl_->stopping || impl_->queue.size() >= impl_->options.max_queue) return nullptr;
     const uint64_t n = impl_->arrivals++;
     const uint64_t seed = job.seed ? *job.seed : DrawSeed(impl_->options.seed, n);
-    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed, need, "", 0});
+    impl_->queue.push_back(Impl::Waiting{std::move(job), handle, Clock::now(), seed, "", 0});
   }
   impl_->wake.notify_all();
   return handle;

@@ -32,6 +32,30 @@ std::pair<std::string, std::string> StreamedAndWhole(CompletionHandle& handle) {
   }
 }
 
+// Polls every handle until each has finished, noting the most requests the scheduler ran at once; each handle's
+// streamed text and last update (which must carry no error), in order.
+std::vector<std::pair<std::string, CompletionUpdate>> FinishAll(const CompletionScheduler& scheduler,
+                                                                 const std::vector<std::shared_ptr<CompletionHandle>>& handles,
+                                                                 std::size_t* most_running) {
+  std::vector<std::pair<std::string, CompletionUpdate>> ends(handles.size());
+  std::vector<bool> done(handles.size(), false);
+  for (std::size_t finished = 0; finished < handles.size();) {
+    *most_running = std::max(*most_running, scheduler.running());
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      if (done[i]) continue;
+      CompletionUpdate update = handles[i]->Wait(std::chrono::milliseconds(0));
+      ends[i].first += update.text;
+      if (!update.finished) continue;
+      EXPECT_FALSE(update.error.has_value()) << update.error->message;
+      ends[i].second = std::move(update);
+      done[i] = true;
+      ++finished;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return ends;
+}
+
 // How a handle finishes (its last update), whatever it streams before.
 CompletionUpdate Final(CompletionHandle& handle) {
   while (true) {
@@ -130,20 +154,7 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
       (huge ? never : fitting).push_back((*scheduler)->Submit(job("full", huge ? 1000 : 200, i + 1)));
     }
     std::size_t most_running = 0;
-    std::size_t finished = 0;
-    std::vector<bool> done(fitting.size(), false);
-    while (finished < fitting.size()) {
-      most_running = std::max(most_running, (*scheduler)->running());
-      for (std::size_t i = 0; i < fitting.size(); ++i) {
-        if (done[i]) continue;
-        const CompletionUpdate update = fitting[i]->Wait(std::chrono::milliseconds(0));
-        if (!update.finished) continue;
-        EXPECT_FALSE(update.error.has_value()) << update.error->message;
-        done[i] = true;
-        ++finished;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    (void)FinishAll(**scheduler, fitting, &most_running);
     for (const auto& handle : never) {
       const CompletionUpdate update = Final(*handle);
       if (limit > 0) {
@@ -200,23 +211,10 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
       j.seed = i + 1;
       handles.push_back((*scheduler)->Submit(j));
     }
-    std::vector<std::string> texts(handles.size());
-    std::vector<bool> done(handles.size(), false);
-    std::vector<std::string> streamed(handles.size());
-    for (std::size_t finished = 0; finished < handles.size();) {
-      *most_running = std::max(*most_running, (*scheduler)->running());
-      for (std::size_t i = 0; i < handles.size(); ++i) {
-        if (done[i]) continue;
-        CompletionUpdate update = handles[i]->Wait(std::chrono::milliseconds(0));
-        streamed[i] += update.text;
-        if (!update.finished) continue;
-        EXPECT_FALSE(update.error.has_value()) << update.error->message;
-        EXPECT_EQ(streamed[i], update.outcome.text) << "request " << i;
-        texts[i] = update.outcome.text;
-        done[i] = true;
-        ++finished;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    std::vector<std::string> texts;
+    for (const auto& [streamed, end] : FinishAll(**scheduler, handles, most_running)) {
+      EXPECT_EQ(streamed, end.outcome.text) << "request " << texts.size();
+      texts.push_back(end.outcome.text);
     }
     (*scheduler)->Stop();
     return texts;

@@ -88,6 +88,8 @@ class LayerKVCache {
   void Reserve(int64_t capacity);
   // The capacity Reserve(capacity) leaves.
   int64_t GrownCapacity(int64_t capacity) const;
+  // Keys and values of one token, every head.
+  int64_t KvBytesPerToken() const;
   at::Tensor Live(const at::Tensor& buffer) const { return buffer.narrow(1, 0, size_); }
   // Recomputes live_ after the size or the storage changed.
   void RefreshViews();

@@ -305,11 +305,14 @@ class Sequence {
   }
   int64_t growth_bytes() const {
     if (done() || caches_.empty()) return 0;
-    const int64_t next = phase_ == Phase::kDecode ? 1 : ChunkLength();
+    const int64_t next = NextStepLength();
     int64_t bytes = 0;
     for (const auto& cache : caches_) bytes += cache.reserved_kv_bytes_after(next) - cache.reserved_kv_bytes();
     return bytes;
   }
+
+  // How many tokens NextStep() will feed: a generated token, or the next chunk.
+  int64_t NextStepLength() const { return phase_ == Phase::kDecode ? 1 : ChunkLength(); }
 
   // The tokens of this sequence's next forward pass.
   LlamaModel::Step NextStep() {
@@ -558,8 +561,7 @@ bool GenerationBatch::Step(int64_t step_tokens) {
     for (const auto& [id, entry] : entries_) {
       Sequence& sequence = *entry->sequence;
       if (sequence.done() || entry->leader != nullptr || sequence.decoding() != decode) continue;
-      LlamaModel::Step step = sequence.NextStep();
-      const int64_t length = step.tokens.size(0);
+      const int64_t length = sequence.NextStepLength();
       if (!decode && (budget_spent || (step_tokens > 0 && tokens + length > step_tokens && chunked))) {
         budget_spent = true;
         continue;
@@ -567,7 +569,7 @@ bool GenerationBatch::Step(int64_t step_tokens) {
       chunked = chunked || !decode;
       tokens += length;
       active.push_back(entry.get());
-      steps.push_back(std::move(step));
+      steps.push_back(sequence.NextStep());
     }
   }
   if (active.empty()) return false;
