@@ -1,10 +1,11 @@
 // namm-api under load, measured in one run: a server in this process (the real HTTP server, scheduler and batched
 // engine) and C client threads, each streaming R completions over HTTP at once (greedy, a prompt of P seeded random
 // token ids, M new tokens, the usage in the last event), for C in --clients, for each policy (the full cache, and
-// --namm's NAMM) and each per-pass token budget in --step-tokens. Prints one table row per (policy, budget, C):
-// generated tokens per second over the whole run, its ratio to one client, time to first token p50 / p99, time
-// between tokens p50, the process's peak resident memory, the KV bytes each request held at its peak
-// (namm.cache.peak_kv_bytes, mean over requests), and the FLOP rate of the run against a matrix-product peak
+// --namm's NAMM, StreamingLLM with --streaming-budget), each KV block size in --kv-block-tokens and each per-pass
+// token budget in --step-tokens. Prints one table row per (policy, blocks, budget, C): the most requests running at
+// once and those preempted for memory, generated tokens per second over the whole run, its ratio to one client,
+// time to first token p50 / p99, time between tokens p50, the process's peak resident memory, the KV bytes each
+// request held at its peak (namm.cache.peak_kv_bytes, mean over requests), its mean cache in tokens, and the FLOP rate of the run against a matrix-product peak
 // measured in the same run on the same threads (bench/roofline.h: the model's products and attention over the keys
 // each request reports, namm.cache.mean_kv_tokens; a NAMM's memory updates are not counted, its observation is).
 // Options: kUsage below (--help).
@@ -27,6 +28,7 @@
 
 #include "namm/cpu_threads.h"
 #include "namm/server/api_server.h"
+#include "namm/server/completion_scheduler.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
 #include "bench_args.h"
@@ -50,6 +52,8 @@ struct Options {
   int64_t requests = 2, prompt_tokens = 448, max_tokens = 64, max_running = 64, chunk = 32, update_interval = 64;
   int64_t threads = 2, context = 0;
   int64_t kv_budget = 0;  // the server's --max-kv-bytes (0: no limit)
+  std::vector<int64_t> kv_block_tokens = {16};  // the server's --kv-block-tokens (0: rectangular caches)
+  int64_t streaming_budget = 0;                 // > 0: StreamingLLM with this budget in the table too
 };
 
 struct RequestStats {
@@ -108,21 +112,33 @@ RequestStats Stream(int port, const std::string& body) {
 }
 
 // The requests running now, from the server's /health.
+// The body of GET `path`; throws when the server does not answer.
+std::string Get(int port, const char* path) {
+  asio::io_context io;
+  asio::ip::tcp::socket socket(io);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  http::request<http::empty_body> request{http::verb::get, path, 11};
+  request.set(http::field::host, "127.0.0.1");
+  http::write(socket, request);
+  beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(socket, buffer, response);
+  return response.body();
+}
+
 int64_t RunningNow(int port) {
   try {
-    asio::io_context io;
-    asio::ip::tcp::socket socket(io);
-    socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
-    http::request<http::empty_body> request{http::verb::get, "/health", 11};
-    request.set(http::field::host, "127.0.0.1");
-    http::write(socket, request);
-    beast::flat_buffer buffer;
-    http::response<http::string_body> response;
-    http::read(socket, buffer, response);
-    return nlohmann::json::parse(response.body()).value("running", int64_t{0});
+    return nlohmann::json::parse(Get(port, "/health")).value("running", int64_t{0});
   } catch (const std::exception&) {
     return 0;  // (the server drained)
   }
+}
+
+// Requests the server preempted for memory so far (namm_api_preemptions_total).
+int64_t Preemptions(int port) {
+  const std::string metrics = Get(port, "/metrics"), name = "\nnamm_api_preemptions_total ";
+  const std::size_t at = metrics.find(name);
+  return at == std::string::npos ? -1 : std::stoll(metrics.substr(at + name.size()));
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -167,12 +183,17 @@ int Run(const Options& o) {
   const MatmulPeak peak = MeasureMatmulPeak();
   std::printf("matrix-product peak %.1f GFLOP/s (%s, measured now on these threads)\n\n", peak.gflops,
               peak.source.c_str());
-  std::printf("| policy | step tokens | clients | most running | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
-              "peak RSS (MiB) | KV bytes per request | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| policy | KV blocks | step tokens | clients | most running | preempted | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
+              "peak RSS (MiB) | KV bytes per request | mean cache (tokens) | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> policies = {"full"};
   if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
+  if (o.streaming_budget > 0) policies.push_back("streaming:budget=" + std::to_string(o.streaming_budget));
   for (const std::string& policy : policies) {
+    for (int64_t block_tokens : o.kv_block_tokens)
     for (int64_t step_tokens : o.step_tokens) {
+      if (Status blocks = server::use_kv_blocks(*model, block_tokens, o.kv_budget); !blocks.ok()) {
+        return std::fprintf(stderr, "%s\n", blocks.message().c_str()), 1;
+      }
       double one_client_rate = 0;
       for (int64_t clients : o.clients) {
         server::ApiServerOptions options;
@@ -216,9 +237,10 @@ int Run(const Options& o) {
         clients_done.store(true);
         sampler.join();
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        const int64_t preemptions = Preemptions(port);
         (*started)->Drain(std::chrono::milliseconds(0));
         std::vector<double> first, between;
-        double tokens = 0, kv = 0, flops = 0;
+        double tokens = 0, kv = 0, mean_cache = 0, flops = 0;
         const int64_t namm_hidden = policy == "full" ? 0 : 32;
         for (const RequestStats& s : all) {
           if (!s.error.empty()) return std::fprintf(stderr, "a request failed: %s\n", s.error.c_str()), 1;
@@ -226,6 +248,7 @@ int Run(const Options& o) {
           between.insert(between.end(), s.between.begin(), s.between.end());
           tokens += static_cast<double>(s.tokens);
           kv += static_cast<double>(s.peak_kv_bytes) / static_cast<double>(all.size());
+          mean_cache += s.mean_kv_tokens / static_cast<double>(all.size());
           worker::GenerationResult done;  // what the response tells of the generation
           done.prompt_tokens = o.prompt_tokens;
           done.decode_steps = std::max<int64_t>(0, s.tokens - 1);
@@ -234,11 +257,12 @@ int Run(const Options& o) {
         }
         const double rate = tokens / seconds;
         if (clients == o.clients.front()) one_client_rate = rate;
-        std::printf("| %s | %lld | %lld | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %s |\n",
-                    policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(), static_cast<long long>(step_tokens),
-                    static_cast<long long>(clients), static_cast<long long>(most_running), rate,
+        std::printf("| %s | %s | %lld | %lld | %lld | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %.1f | %s |\n",
+                    policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(),
+                    block_tokens > 0 ? std::to_string(block_tokens).c_str() : "no", static_cast<long long>(step_tokens),
+                    static_cast<long long>(clients), static_cast<long long>(most_running), static_cast<long long>(preemptions), rate,
                     rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
-                    1000 * Percentile(between, 0.5), PeakRssMiB(), kv, RooflineCells(flops, seconds, peak).c_str());
+                    1000 * Percentile(between, 0.5), PeakRssMiB(), kv, mean_cache, RooflineCells(flops, seconds, peak).c_str());
         std::fflush(stdout);
       }
     }
@@ -252,9 +276,11 @@ int Run(const Options& o) {
 constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
        [--chunk 32] [--update-interval 64] [--threads 2] [--context 0] [--step-tokens 512]
-       [--kv-budget 0]
+       [--kv-budget 0] [--kv-block-tokens 16] [--streaming-budget 0]
 --step-tokens: the server's per-pass token budget, a list to compare (0: every prompt's chunk each pass).
 --kv-budget BYTES: the server's --max-kv-bytes (admission and preemption by memory; 0: no limit).
+--kv-block-tokens: the server's --kv-block-tokens, a list to compare (0: rectangular caches).
+--streaming-budget N: StreamingLLM with an N-token cache in the table too (e.g. the NAMM's mean cache).
 --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
 --threads sets the CPU thread budget (libtorch, BLAS and our kernels' pool).
 )";
@@ -277,6 +303,8 @@ int main(int argc, char** argv) {
     else if (key == "--context") o.context = std::stoll(value);
     else if (key == "--step-tokens") o.step_tokens = namm::bench::ParseCounts(value);
     else if (key == "--kv-budget") o.kv_budget = std::stoll(value);
+    else if (key == "--kv-block-tokens") o.kv_block_tokens = namm::bench::ParseCounts(value);
+    else if (key == "--streaming-budget") o.streaming_budget = std::stoll(value);
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

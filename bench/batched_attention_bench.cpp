@@ -1,6 +1,9 @@
 // The batched engine's attention: 16 sequences' chunks in one row-invariant kernel call (cpu::batched_attention)
 // against LlamaModel::Attention's libtorch operations run sequence by sequence, at stories260K's shapes
-// (4 KV heads, GQA group 2, head_dim 8). Args: chunk rows t, cache length n.
+// (4 KV heads, GQA group 2, head_dim 8), and the same kernel reading caches kept in blocks of 16 tokens of a shared
+// pool (LayerKVCache with a KvBlockPool, the sequences' blocks interleaved as a server's are). Args: chunk rows t,
+// cache length n.
+#include <ATen/ops/arange.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "cpu_kernels/tensor_kernels.h"
+#include "namm/kv_cache.h"
 
 namespace namm {
 namespace {
@@ -55,13 +59,36 @@ void BM_BatchedAttention(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(cpu::batched_attention(sequences, kHeads, kScale, cpu::kernels()));
 }
 
+void BM_BatchedAttentionInBlocks(benchmark::State& state) {
+  std::vector<cpu::AttentionInput> sequences = Make(state);
+  const int64_t n = state.range(1);
+  auto pool = KvBlockPool::Create(16, kHeadDim, at::TensorOptions().dtype(at::kFloat));
+  std::vector<LayerKVCache> caches;
+  for (std::size_t s = 0; s < sequences.size(); ++s) caches.emplace_back(kKvHeads, kHeadDim, at::TensorOptions(), std::vector<TokenStateSpec>{}, *pool);
+  // 16 tokens at a time, sequence after sequence: each cache's blocks lie between the others'.
+  for (int64_t j = 0; j < n; j += 16) {
+    for (std::size_t s = 0; s < sequences.size(); ++s) {
+      const int64_t rows = std::min<int64_t>(16, n - j);
+      const at::Tensor positions = at::arange(j, j + rows, at::TensorOptions().dtype(at::kLong));
+      if (!caches[s].Append(sequences[s].keys.narrow(1, j, rows), sequences[s].values.narrow(1, j, rows), positions).ok()) {
+        state.SkipWithError("append failed");
+        return;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < sequences.size(); ++s) sequences[s].blocks = caches[s].block_view();
+  for (auto _ : state) benchmark::DoNotOptimize(cpu::batched_attention(sequences, kHeads, kScale, cpu::kernels()));
+}
+
 void Shapes(benchmark::internal::Benchmark* b) {
   b->Args({32, 400});
   b->Args({1, 400});
+  b->Args({1, 100});
 }
 
 BENCHMARK(BM_TorchAttentionPerSequence)->Apply(Shapes)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BatchedAttention)->Apply(Shapes)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BatchedAttentionInBlocks)->Apply(Shapes)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace namm

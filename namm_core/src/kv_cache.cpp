@@ -35,8 +35,79 @@ LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions
   RefreshViews();
 }
 
-at::Tensor LayerKVCache::keys() const { return live_[kKeys]; }
-at::Tensor LayerKVCache::values() const { return live_[kValues]; }
+LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
+                           std::vector<TokenStateSpec> token_state, std::shared_ptr<KvBlockPool> pool)
+    : LayerKVCache(kv_heads, head_dim, options, std::move(token_state)) {
+  TORCH_CHECK(pool != nullptr, "a KV cache in blocks needs a pool");
+  TORCH_CHECK(pool->head_dim() == head_dim && pool->options().dtype() == options.dtype() &&
+                  pool->options().device() == options.device(),
+              "the KV block pool holds heads of ", pool->head_dim(), " ", pool->options().dtype(), " on ",
+              pool->options().device(), ", not the cache's ", head_dim, " ", options.dtype(), " on ", options.device());
+  blocks_.pool = std::move(pool);
+  blocks_.ids.resize(static_cast<std::size_t>(kv_heads));
+}
+
+LayerKVCache::HeldBlocks& LayerKVCache::HeldBlocks::operator=(HeldBlocks&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool = std::move(other.pool);
+    ids = std::move(other.ids);
+    key_rows = std::move(other.key_rows);
+    value_rows = std::move(other.value_rows);
+    other.pool = nullptr;
+    other.ids.clear();
+  }
+  return *this;
+}
+
+void LayerKVCache::HeldBlocks::Release() {
+  if (pool == nullptr) return;
+  for (const auto& head : ids) pool->Free(head.data(), static_cast<int64_t>(head.size()));
+  for (auto& head : ids) head.clear();
+  key_rows.clear();
+  value_rows.clear();
+}
+
+at::Tensor LayerKVCache::keys() const { return in_blocks() ? FromBlocks(false) : live_[kKeys]; }
+at::Tensor LayerKVCache::values() const { return in_blocks() ? FromBlocks(true) : live_[kValues]; }
+
+at::Tensor LayerKVCache::FromBlocks(bool values) const {
+  const KvBlockPool& pool = *blocks_.pool;
+  if (pool.one_slab()) {  // one read of every head's blocks
+    std::vector<int64_t> ids;
+    for (const auto& head : blocks_.ids) ids.insert(ids.end(), head.begin(), head.end());
+    const at::Tensor index = at::tensor(ids, at::TensorOptions().dtype(at::kLong).device(at::kCPU)).to(options_.device());
+    return pool.Read(index, values).view({kv_heads_, blocks_.per_head() * pool.block_tokens(), head_dim_}).narrow(1, 0, size_);
+  }
+  at::Tensor out = at::empty({kv_heads_, size_, head_dim_}, options_);
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    const std::vector<int32_t>& head = blocks_.ids[static_cast<std::size_t>(h)];
+    for (int64_t b = 0, j = 0; j < size_; ++b, j += pool.block_tokens()) {
+      const int32_t id = head[static_cast<std::size_t>(b)];
+      const int64_t rows = std::min(pool.block_tokens(), size_ - j);
+      out[h].narrow(0, j, rows).copy_((values ? pool.values(id) : pool.keys(id)).narrow(0, 0, rows));
+    }
+  }
+  return out;
+}
+
+KvBlockView LayerKVCache::block_view() const {
+  KvBlockView view;
+  if (!in_blocks() || blocks_.key_rows.size() != static_cast<std::size_t>(kv_heads_ * blocks_.per_head())) return view;
+  view.keys = blocks_.key_rows.data();
+  view.values = blocks_.value_rows.data();
+  view.kv_heads = kv_heads_;
+  view.head_dim = head_dim_;
+  view.tokens = size_;
+  view.blocks_per_head = blocks_.per_head();
+  view.block_shift = blocks_.pool->block_shift();
+  return view;
+}
+
+int64_t LayerKVCache::BlocksFor(int64_t tokens) const {
+  const int64_t block = blocks_.pool->block_tokens();
+  return (tokens + block - 1) / block;
+}
 at::Tensor LayerKVCache::positions() const { return live_[kPositions]; }
 
 at::Tensor LayerKVCache::state(const std::string& name) const {
@@ -47,23 +118,49 @@ at::Tensor LayerKVCache::state(const std::string& name) const {
 }
 
 LayerKVCache LayerKVCache::Clone() const {
-  LayerKVCache copy = *this;
-  for (at::Tensor& buffer : copy.buffers_) buffer = buffer.clone();
+  LayerKVCache copy(kv_heads_, head_dim_, options_);
+  copy.size_ = size_;
+  copy.tokens_seen_ = tokens_seen_;
+  copy.capacity_ = capacity_;
+  copy.expected_tokens_ = expected_tokens_;
+  copy.names_ = names_;
+  copy.buffers_.clear();
+  for (const at::Tensor& buffer : buffers_) copy.buffers_.push_back(buffer.clone());
   copy.query_history_ = query_history_.Clone();
+  if (in_blocks()) {
+    copy.blocks_.pool = blocks_.pool;
+    copy.blocks_.ids.resize(static_cast<std::size_t>(kv_heads_));
+    copy.size_ = 0;
+    const Status appended = copy.AppendToBlocks(keys(), values(), size_);
+    TORCH_CHECK(appended.ok(), "cannot copy a KV cache: ", appended.message());
+    copy.size_ = size_;
+  }
   copy.RefreshViews();
   return copy;
 }
 
 void LayerKVCache::RefreshViews() {
   live_.resize(buffers_.size());
-  for (std::size_t i = 0; i < buffers_.size(); ++i) live_[i] = buffers_[i].narrow(1, 0, size_);
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    const bool pooled = in_blocks() && (i == kKeys || i == kValues);  // their buffers stay empty
+    live_[i] = pooled ? buffers_[i] : buffers_[i].narrow(1, 0, size_);
+  }
 }
 
 int64_t LayerKVCache::kv_bytes() const { return size_ * KvBytesPerToken(); }
 
-int64_t LayerKVCache::reserved_kv_bytes() const { return capacity_ * KvBytesPerToken(); }
+int64_t LayerKVCache::capacity() const {
+  return in_blocks() ? blocks_.per_head() * blocks_.pool->block_tokens() : capacity_;
+}
 
-int64_t LayerKVCache::reserved_kv_bytes_after(int64_t more) const { return GrownCapacity(size_ + more) * KvBytesPerToken(); }
+int64_t LayerKVCache::reserved_kv_bytes() const { return capacity() * KvBytesPerToken(); }
+
+int64_t LayerKVCache::reserved_kv_bytes_after(int64_t more) const {
+  if (in_blocks()) {
+    return std::max(blocks_.per_head(), BlocksFor(size_ + more)) * blocks_.pool->block_tokens() * KvBytesPerToken();
+  }
+  return GrownCapacity(size_ + more) * KvBytesPerToken();
+}
 
 int64_t LayerKVCache::KvBytesPerToken() const {
   return 2 * kv_heads_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
@@ -89,13 +186,16 @@ bool LayerKVCache::on_host() const { return buffers_[kPositions].device().is_cpu
 
 void LayerKVCache::ExpectTokens(int64_t total, bool allocate_now) {
   expected_tokens_ = total;
-  if (allocate_now) Reserve(size_ + std::max<int64_t>(0, total - tokens_seen_));
+  // In blocks, keys and values take a block when they need one: nothing is reserved ahead.
+  if (allocate_now && !in_blocks()) Reserve(size_ + std::max<int64_t>(0, total - tokens_seen_));
 }
 
 void LayerKVCache::Reserve(int64_t capacity) {
   if (capacity <= capacity_) return;
   const int64_t grown = GrownCapacity(capacity);
-  for (auto& buffer : buffers_) {
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    at::Tensor& buffer = buffers_[i];
+    if (in_blocks() && (i == kKeys || i == kValues)) continue;  // in the pool's blocks
     std::vector<int64_t> shape = buffer.sizes().vec();
     shape[1] = grown;
     // Not zero-filled: nothing reads past size_ (Append writes every row it adds, state rows included), and the
@@ -123,13 +223,16 @@ Status LayerKVCache::Append(const at::Tensor& keys, const at::Tensor& values, co
     }
   }
   if (t == 0) return Status::Ok();
+  if (in_blocks() && head_dim_ > 0) NAMM_RETURN_IF_ERROR(AppendToBlocks(keys, values, t));
   Reserve(size_ + t);
   // On the host the rows are copied in place (the engine appends every layer's chunk of every sequence: a
   // tensor operation per buffer was most of an append's time); elsewhere by tensor operations.
   const bool host = on_host() && positions.device().is_cpu() && positions.scalar_type() == at::kLong &&
-                    (head_dim_ == 0 || (internal::host_rows(keys, buffers_[kKeys]) && internal::host_rows(values, buffers_[kValues])));
+                    (head_dim_ == 0 || in_blocks() ||
+                     (internal::host_rows(keys, buffers_[kKeys]) && internal::host_rows(values, buffers_[kValues])));
+  const bool rectangular_kv = head_dim_ > 0 && !in_blocks();
   if (host) {
-    if (head_dim_ > 0) {
+    if (rectangular_kv) {
       internal::copy_rows_on_host(keys, buffers_[kKeys], size_);
       internal::copy_rows_on_host(values, buffers_[kValues], size_);
     }
@@ -148,7 +251,7 @@ Status LayerKVCache::Append(const at::Tensor& keys, const at::Tensor& values, co
       }
     }
   } else {
-    if (head_dim_ > 0) {
+    if (rectangular_kv) {
       buffers_[kKeys].narrow(1, size_, t).copy_(keys);
       buffers_[kValues].narrow(1, size_, t).copy_(values);
     }
@@ -159,6 +262,133 @@ Status LayerKVCache::Append(const at::Tensor& keys, const at::Tensor& values, co
   tokens_seen_ += t;
   RefreshViews();
   return Status::Ok();
+}
+
+Status LayerKVCache::AppendToBlocks(const at::Tensor& keys, const at::Tensor& values, int64_t t) {
+  KvBlockPool& pool = *blocks_.pool;
+  const int64_t have = blocks_.per_head(), need = BlocksFor(size_ + t);
+  if (need > have) {
+    std::vector<int32_t> taken;
+    NAMM_RETURN_IF_ERROR(pool.Allocate((need - have) * kv_heads_, taken));
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      auto& head = blocks_.ids[static_cast<std::size_t>(h)];
+      head.insert(head.end(), taken.begin() + h * (need - have), taken.begin() + (h + 1) * (need - have));
+    }
+  }
+  const int64_t block = pool.block_tokens(), mask = block - 1;
+  const int shift = pool.block_shift();
+  const bool host_float = pool.options().device().is_cpu() && pool.options().dtype() == at::kFloat &&
+                          keys.device().is_cpu() && values.device().is_cpu() && keys.scalar_type() == at::kFloat &&
+                          values.scalar_type() == at::kFloat && keys.stride(2) == 1 && values.stride(2) == 1;
+  if (host_float) {
+    // The table's addresses are looked up again only when blocks were taken (or it was dropped).
+    if (need > have || blocks_.key_rows.size() != static_cast<std::size_t>(kv_heads_ * need)) {
+      blocks_.key_rows.resize(static_cast<std::size_t>(kv_heads_ * need));
+      blocks_.value_rows.resize(blocks_.key_rows.size());
+      for (int64_t h = 0; h < kv_heads_; ++h) {
+        for (int64_t b = 0; b < need; ++b) {
+          const int32_t id = blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(b)];
+          blocks_.key_rows[static_cast<std::size_t>(h * need + b)] = pool.key_data(id);
+        blocks_.value_rows[static_cast<std::size_t>(h * need + b)] = pool.value_data(id);
+        }
+      }
+    }
+    const auto row_bytes = static_cast<int64_t>(head_dim_ * sizeof(float));
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      const float* k = keys.data_ptr<float>() + h * keys.stride(0);
+      const float* v = values.data_ptr<float>() + h * values.stride(0);
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t j = size_ + i, slot = h * need + (j >> shift), row = (j & mask) * head_dim_;
+        // The blocks are the pool's, written through its storage (key_rows only reads).
+        internal::copy_row(reinterpret_cast<char*>(const_cast<float*>(blocks_.key_rows[static_cast<std::size_t>(slot)] + row)),
+                           reinterpret_cast<const char*>(k + i * keys.stride(1)), row_bytes);
+        internal::copy_row(reinterpret_cast<char*>(const_cast<float*>(blocks_.value_rows[static_cast<std::size_t>(slot)] + row)),
+                           reinterpret_cast<const char*>(v + i * values.stride(1)), row_bytes);
+      }
+    }
+    return Status::Ok();
+  }
+  blocks_.key_rows.clear();
+  blocks_.value_rows.clear();
+  WriteRows(keys, values, size_);
+  return Status::Ok();
+}
+
+// Off the host kernel's path, by tensor operations: one write of every row where the pool is one slab (a device's
+// pool with a limit), else a copy per block and head.
+void LayerKVCache::WriteRows(const at::Tensor& keys, const at::Tensor& values, int64_t first) {
+  KvBlockPool& pool = *blocks_.pool;
+  const int64_t t = keys.size(1), block = pool.block_tokens(), mask = block - 1;
+  const int shift = pool.block_shift();
+  if (pool.one_slab()) {
+    std::vector<int64_t> block_ids, rows;
+    block_ids.reserve(static_cast<std::size_t>(kv_heads_ * t));
+    rows.reserve(block_ids.capacity());
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      for (int64_t j = first; j < first + t; ++j) {
+        block_ids.push_back(blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(j >> shift)]);
+        rows.push_back(j & mask);
+      }
+    }
+    const auto index = [&](const std::vector<int64_t>& v) {
+      return at::tensor(v, at::TensorOptions().dtype(at::kLong).device(at::kCPU)).to(pool.options().device());
+    };
+    pool.Write(index(block_ids), index(rows), keys.reshape({kv_heads_ * t, head_dim_}),
+               values.reshape({kv_heads_ * t, head_dim_}));
+    return;
+  }
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    for (int64_t i = 0; i < t;) {
+      const int64_t j = first + i, rows = std::min(t - i, block - (j & mask));
+      const int32_t id = blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(j >> shift)];
+      pool.keys(id).narrow(0, j & mask, rows).copy_(keys[h].narrow(0, i, rows));
+      pool.values(id).narrow(0, j & mask, rows).copy_(values[h].narrow(0, i, rows));
+      i += rows;
+    }
+  }
+}
+
+// Each head's kept tokens move front to back (token i to slot j <= i), then the blocks past the last kept one go
+// back to the pool.
+void LayerKVCache::GatherInBlocks(const at::Tensor& indices) {
+  KvBlockPool& pool = *blocks_.pool;
+  const int64_t k = indices.size(1), keep = BlocksFor(k), held = blocks_.per_head();
+  if (!blocks_.key_rows.empty()) {
+    const int64_t mask = pool.block_tokens() - 1;
+    const int shift = pool.block_shift();
+    const auto row_bytes = static_cast<std::size_t>(head_dim_ * sizeof(float));
+    const int64_t* index = indices.data_ptr<int64_t>();
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      for (std::vector<const float*>* rows : {&blocks_.key_rows, &blocks_.value_rows}) {
+        const auto row = [&](int64_t j) {
+          return const_cast<float*>((*rows)[static_cast<std::size_t>(h * held + (j >> shift))]) + (j & mask) * head_dim_;
+        };
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t i = index[h * k + j];
+          if (i != j) std::memcpy(row(j), row(i), row_bytes);
+        }
+      }
+    }
+  } else {
+    const at::Tensor index = indices.to(options_.device()).unsqueeze(2).expand({kv_heads_, k, head_dim_});
+    WriteRows(FromBlocks(false).gather(1, index), FromBlocks(true).gather(1, index), 0);
+  }
+  if (keep == held) return;
+  for (auto& head : blocks_.ids) {
+    pool.Free(head.data() + keep, held - keep);
+    head.resize(static_cast<std::size_t>(keep));
+  }
+  if (!blocks_.key_rows.empty()) {
+    std::vector<const float*> keys(static_cast<std::size_t>(kv_heads_ * keep)), values(keys.size());
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      for (int64_t b = 0; b < keep; ++b) {
+        keys[static_cast<std::size_t>(h * keep + b)] = blocks_.key_rows[static_cast<std::size_t>(h * held + b)];
+        values[static_cast<std::size_t>(h * keep + b)] = blocks_.value_rows[static_cast<std::size_t>(h * held + b)];
+      }
+    }
+    blocks_.key_rows = std::move(keys);
+    blocks_.value_rows = std::move(values);
+  }
 }
 
 Status LayerKVCache::Gather(const at::Tensor& indices) {
@@ -182,8 +412,11 @@ Status LayerKVCache::Gather(const at::Tensor& indices) {
     }
   }
   if (k == size_) return Status::Ok();  // k ascending indices below size: all of them, in order
+  if (in_blocks() && head_dim_ > 0) GatherInBlocks(indices.to(at::kCPU).contiguous());
   const at::Tensor index = indices.to(buffers_[kPositions].device());
-  for (auto& buffer : buffers_) {
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    at::Tensor& buffer = buffers_[b];
+    if (in_blocks() && (b == kKeys || b == kValues)) continue;
     // Broadcast the [kv_heads, k] indices over the trailing dimensions of this buffer.
     std::vector<int64_t> view_shape = {kv_heads_, k}, expand_shape = buffer.sizes().vec();
     view_shape.resize(static_cast<std::size_t>(buffer.dim()), 1);
@@ -213,7 +446,9 @@ Status LayerKVCache::GatherOnHost(const at::Tensor& indices) {
     }
   }
   if (k == size_) return Status::Ok();
+  if (in_blocks() && head_dim_ > 0) GatherInBlocks(indices);
   for (const at::Tensor& buffer : buffers_) {
+    // Keys and values in blocks leave empty buffers here (a row of 0 bytes).
     const int64_t row = buffer.numel() / (kv_heads_ * capacity_) * static_cast<int64_t>(buffer.element_size());
     if (row == 0) continue;
     auto* base = static_cast<char*>(buffer.data_ptr());

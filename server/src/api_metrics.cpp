@@ -30,6 +30,11 @@ struct ApiMetrics::Impl {
   prometheus::Gauge& kv_reserved = prometheus::BuildGauge()
       .Name("namm_api_kv_cache_reserved_bytes").Help("Key and value storage allocated for the running requests, all layers")
       .Register(registry).Add({});
+  prometheus::Family<prometheus::Gauge>& blocks = prometheus::BuildGauge()
+      .Name("namm_api_kv_blocks").Help("KV blocks of the pool (--kv-block-tokens) in use by the running requests, and free")
+      .Register(registry);
+  prometheus::Gauge& blocks_used = blocks.Add({{"state", "used"}});
+  prometheus::Gauge& blocks_free = blocks.Add({{"state", "free"}});
   prometheus::Counter& preempted = prometheus::BuildCounter()
       .Name("namm_api_preemptions_total").Help("Running requests preempted for memory, to start again from the queue's front")
       .Register(registry).Add({});
@@ -82,6 +87,11 @@ void ApiMetrics::Load(int64_t queued, int64_t running, int64_t kv_bytes, int64_t
   impl_->running.Set(static_cast<double>(running));
   impl_->kv_bytes.Set(static_cast<double>(kv_bytes));
   impl_->kv_reserved.Set(static_cast<double>(reserved_bytes));
+}
+
+void ApiMetrics::Blocks(int64_t used, int64_t free) {
+  impl_->blocks_used.Set(static_cast<double>(used));
+  impl_->blocks_free.Set(static_cast<double>(free));
 }
 
 void ApiMetrics::Preempted() { impl_->preempted.Increment(); }

@@ -25,6 +25,7 @@ struct Options {
   std::string chat_template, log_level = "info";
   double drain_seconds = 30;
   std::optional<uint64_t> max_kv_bytes;  // --max-kv-bytes
+  int64_t kv_block_tokens = 16;          // --kv-block-tokens
 };
 
 // MemAvailable of /proc/meminfo in bytes (0 when it cannot be read).
@@ -99,12 +100,16 @@ int Run(Options& o) {
   } else if (loaded->model->options().device().is_cpu()) {
     s.scheduler.max_kv_bytes = AvailableMemory() / 2;  // 0 when unknown: no limit
   }
+  if (namm::Status blocks = namm::server::use_kv_blocks(*loaded->model, o.kv_block_tokens, s.scheduler.max_kv_bytes); !blocks.ok()) {
+    return Fail(blocks.message());
+  }
   auto server = namm::server::ApiServer::Start(*loaded->model, *loaded->tokenizer, chat->has_value() ? &**chat : nullptr, s);
   if (!server.ok()) return Fail(server.status().message());
   std::cout << "namm-api: serving " << s.model_name << " with " << s.default_policy << " on " << (*server)->url()
             << (chat->has_value() ? " (the model's chat template)" : " (plain chat template)") << "; KV caches up to "
             << (s.scheduler.max_kv_bytes > 0 ? std::to_string(s.scheduler.max_kv_bytes >> 20) + " MiB together"
                                              : std::string("any size (no --max-kv-bytes)"))
+            << (o.kv_block_tokens > 0 ? ", in blocks of " + std::to_string(o.kv_block_tokens) + " tokens" : std::string())
             << std::endl;
   int signal = 0;
   sigwait(&signals, &signal);
@@ -160,6 +165,11 @@ int main(int argc, char** argv) {
                  "its worst case fits beside the others' (it waits meanwhile), one that never could gets 400 "
                  "(default on the CPU: half the memory available at start; on a GPU: no limit)")
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--kv-block-tokens", o.kv_block_tokens,
+                 "Keys and values in blocks of this many tokens per layer and KV head, from one pool of --max-kv-bytes: "
+                 "a request holds whole blocks as it grows, and those an eviction empties serve other requests at "
+                 "once (a power of two; default 16; 0: each request's cache in one buffer that grows by doubling)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--request-timeout", s.scheduler.request_timeout_seconds,
                  "Seconds a request may take from arrival to its last token (default 600; then 408)")
       ->check(CLI::PositiveNumber);

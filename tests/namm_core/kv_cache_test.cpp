@@ -121,6 +121,105 @@ TEST(LayerKVCache, ReservedBytesAfterAnAppendAreKnownBeforeIt) {
   EXPECT_EQ(cache.capacity(), 300);  // 64, 128, 256, then the 300 the sequence can reach
 }
 
+// A cache in blocks of a pool holds what the rectangular cache holds, through appends (across block
+// boundaries), gathers (compacting within each head) and a clone, and reserves whole blocks: the ones an
+// eviction empties go back to the pool at once, and all of them when the cache goes. In float32 on the host (the
+// attention kernel's table, rows copied in place) and in bfloat16 (tensor operations, as on a GPU), with a pool of
+// several slabs and of one (read and written by one tensor operation each).
+TEST(LayerKVCache, InBlocksHoldsWhatARectangularCacheHoldsAndReturnsEmptiedBlocks) {
+  for (const auto& [dtype, max_blocks] : {std::pair{at::kFloat, int64_t{0}}, std::pair{at::kFloat, int64_t{64}},
+                                          std::pair{at::kBFloat16, int64_t{0}}, std::pair{at::kBFloat16, int64_t{64}}}) {
+  SCOPED_TRACE(std::string(c10::toString(dtype)) + ", max_blocks " + std::to_string(max_blocks));
+  const bool host_kernel = dtype == at::kFloat;
+  const auto options = at::TensorOptions().dtype(dtype);
+  auto pool = KvBlockPool::Create(4, 3, options, max_blocks, /*slab_blocks=*/5);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->one_slab(), max_blocks > 0);
+  const std::vector<TokenStateSpec> state = {{"ema", {2}, at::kFloat}};
+  {
+    LayerKVCache rect(2, 3, options, state), blocks(2, 3, options, state, *pool);
+    EXPECT_TRUE(blocks.in_blocks());
+    int64_t seen = 0;
+    const auto append = [&](int64_t t, uint64_t seed) {
+      const at::Tensor rows = testing::RandomNormal({t, 2, 3}, seed).to(dtype);  // strided views, as the engine appends
+      ASSERT_TRUE(rect.Append(rows.transpose(0, 1), (2 * rows).transpose(0, 1), Positions(seen, t)).ok());
+      ASSERT_TRUE(blocks.Append(rows.transpose(0, 1), (2 * rows).transpose(0, 1), Positions(seen, t)).ok());
+      seen += t;
+    };
+    const auto same = [&](const char* when) {
+      SCOPED_TRACE(when);
+      EXPECT_EQ(blocks.size(), rect.size());
+      EXPECT_TRUE(blocks.keys().equal(rect.keys()));
+      EXPECT_TRUE(blocks.values().equal(rect.values()));
+      EXPECT_TRUE(blocks.positions().equal(rect.positions()));
+      EXPECT_EQ(blocks.capacity(), (blocks.size() + 3) / 4 * 4);  // whole blocks, no more
+      EXPECT_EQ(blocks.reserved_kv_bytes(), blocks.capacity() * 2 * 2 * 3 * static_cast<int64_t>(c10::elementSize(dtype)));
+      const KvBlockView view = blocks.block_view();
+      if (!host_kernel) {
+        EXPECT_EQ(view.keys, nullptr);  // the kernel's table is for float32 on the host
+        return;
+      }
+      ASSERT_NE(view.keys, nullptr);
+      EXPECT_EQ(view.tokens, blocks.size());
+      EXPECT_EQ(view.blocks_per_head, blocks.capacity() / 4);
+      for (int64_t h = 0; h < 2; ++h) {  // the kernel's addressing: block j >> 2, row j & 3
+        for (int64_t j = 0; j < blocks.size(); ++j) {
+          const float* key = view.keys[h * view.blocks_per_head + (j >> 2)] + (j & 3) * 3;
+          EXPECT_EQ(key[2], rect.keys()[h][j][2].item<float>());
+        }
+      }
+    };
+    append(6, 1);
+    same("after 6");
+    EXPECT_EQ((*pool)->blocks_in_use(), 4);  // 2 heads x 2 blocks
+    const int64_t predicted = blocks.reserved_kv_bytes_after(7);
+    append(7, 2);
+    same("after 13");
+    EXPECT_EQ(blocks.reserved_kv_bytes(), predicted);
+    EXPECT_EQ((*pool)->blocks_in_use(), 8);  // 4 blocks each: past one slab of 5
+    // Head 0 keeps 5 tokens spread over 4 blocks, head 1 another 5: 2 blocks each remain.
+    const at::Tensor keep = Index({{0, 3, 4, 9, 12}, {1, 2, 7, 11, 12}});
+    ASSERT_TRUE(rect.Gather(keep).ok());
+    ASSERT_TRUE(blocks.Gather(keep).ok());
+    same("after a gather");
+    EXPECT_EQ((*pool)->blocks_in_use(), 4);
+    append(1, 3);
+    LayerKVCache copy = blocks.Clone();
+    EXPECT_EQ((*pool)->blocks_in_use(), 8);
+    append(5, 4);
+    same("after 6 more");
+    EXPECT_TRUE(copy.keys().equal(rect.keys().narrow(1, 0, 6)));
+  }
+  EXPECT_EQ((*pool)->blocks_in_use(), 0);
+  }
+}
+
+// A pool with a limit: an append it cannot hold fails naming the pool and changes nothing; after an eviction
+// frees blocks, it fits.
+TEST(LayerKVCache, InBlocksAnAppendPastThePoolFailsAndChangesNothing) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  auto pool = KvBlockPool::Create(8, 2, options, /*max_blocks=*/4);
+  ASSERT_TRUE(pool.ok());
+  LayerKVCache cache(2, 2, options, {}, *pool);
+  const auto append = [&](int64_t n) {
+    const int64_t start = cache.tokens_seen();
+    return cache.Append(at::ones({2, n, 2}), at::ones({2, n, 2}), Positions(start, n));
+  };
+  ASSERT_TRUE(append(16).ok());
+  const Status full = append(1);
+  EXPECT_EQ(full.code(), Status::Code::kFailedPrecondition);
+  EXPECT_NE(full.message().find("KV block pool is exhausted: 2 blocks asked, 0 of 4 free"), std::string::npos)
+      << full.ToString();
+  EXPECT_EQ(cache.size(), 16);
+  EXPECT_EQ(cache.tokens_seen(), 16);
+  ASSERT_TRUE(cache.Gather(at::arange(8, 16, at::TensorOptions().dtype(at::kLong)).view({1, 8}).expand({2, 8})).ok());
+  EXPECT_EQ((*pool)->blocks_free(), 2);
+  EXPECT_TRUE(append(1).ok());
+  EXPECT_TRUE(cache.positions()[1][8].item<int64_t>() == 16);
+  EXPECT_FALSE(KvBlockPool::Create(6, 2, options).ok());  // not a power of two
+  EXPECT_THROW(LayerKVCache(2, 4, options, {}, *pool), c10::Error);  // the pool's heads are 2 wide
+}
+
 TEST(LayerKVCache, RejectsBadIndicesAndShapes) {
   LayerKVCache cache(2, 4, at::TensorOptions().dtype(at::kFloat));
   EXPECT_FALSE(cache.Append(at::zeros({2, 3, 5}), at::zeros({2, 3, 4}), Positions(0, 3)).ok());

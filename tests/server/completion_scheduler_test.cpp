@@ -184,7 +184,9 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
 // A flood of requests whose caches grow (an evicting policy without a bound known in advance, as a NAMM's) on a
 // budget that holds few of them grown: they are admitted by the memory they use, the youngest are preempted when
 // the running ones' next step would not fit, and every request finishes with the answer it gets without a budget
-// (a preempted one starts again with its seed; nothing it sent is sent twice).
+// (a preempted one starts again with its seed; nothing it sent is sent twice). The same with the caches in blocks
+// of one pool the size of the budget (--kv-block-tokens): admission counts whole blocks, so no append ever finds
+// the pool dry, and every block is back in the pool at the end.
 TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnlimitedAnswers) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
@@ -193,7 +195,8 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
   auto tokenizer = worker::load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV heads x 8 x 4 bytes
-  const auto answers = [&](int64_t limit, ApiMetrics* metrics, std::size_t* most_running) {
+  const auto answers = [&](int64_t limit, ApiMetrics* metrics, std::size_t* most_running, int64_t block_tokens = 0) {
+    EXPECT_TRUE(use_kv_blocks(*model, block_tokens, limit).ok());
     SchedulerOptions options;
     options.chunk_size = 32;
     options.update_interval = 64;
@@ -217,6 +220,9 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
       texts.push_back(end.outcome.text);
     }
     (*scheduler)->Stop();
+    if (block_tokens > 0) {
+      EXPECT_EQ(model->kv_block_pool()->blocks_in_use(), 0);
+    }
     return texts;
   };
   std::size_t unlimited_running = 0, limited_running = 0;
@@ -231,6 +237,19 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
   const std::size_t at = exposition.find(counter);
   ASSERT_NE(at, std::string::npos) << exposition;
   EXPECT_GT(std::stod(exposition.substr(at + counter.size())), 0) << exposition;
+
+  ApiMetrics block_metrics("stories260K", "full");
+  std::size_t block_running = 0;
+  const std::vector<std::string> in_blocks = answers(600 * kBytesPerToken, &block_metrics, &block_running, 16);
+  EXPECT_EQ(in_blocks, unlimited);
+  EXPECT_GE(block_running, 4u);
+  const std::string blocks = block_metrics.Exposition();
+  for (const std::string line : {"\nnamm_api_preemptions_total ", "\nnamm_api_kv_blocks{state=\"free\"} "}) {
+    const std::size_t found = blocks.find(line);
+    ASSERT_NE(found, std::string::npos) << line << blocks;
+    EXPECT_GT(std::stod(blocks.substr(found + line.size())), 0) << line << blocks;
+  }
+  EXPECT_TRUE(use_kv_blocks(*model, 0, 0).ok());
 }
 
 }  // namespace

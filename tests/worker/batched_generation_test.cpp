@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "namm/kv_block_pool.h"
 #include "namm/policies/memory_policy.h"
 #include "namm/policies/namm_policy.h"
 #include "namm/policies/oracle_policy.h"
@@ -128,6 +129,83 @@ std::vector<Result<GenerationResult>> ExpectBatchEqualsAlone(const Stories& s, c
     ExpectSame(*batched[i], *alone);
   }
   return batched;
+}
+
+// The batch of `rows` (requests as in ExpectBatchEqualsAlone), generated once.
+std::vector<Result<GenerationResult>> GenerateRows(const Stories& s, const std::vector<Row>& rows) {
+  std::vector<std::unique_ptr<MemoryPolicy>> policies;
+  std::vector<Generator::Request> requests;
+  for (const Row& row : rows) {
+    policies.push_back(MakePolicy(row.policy, *s.tokenizer));
+    Generator::Request request = RowRequest(s, row, policies.back().get());
+    request.options.record_logits = true;
+    request.options.max_new_tokens = row.new_tokens;
+    requests.push_back(std::move(request));
+  }
+  return Generator(s.model, *s.tokenizer).GenerateBatch(requests);
+}
+
+// Keys and values in blocks of a shared pool (namm-api's --kv-block-tokens) change no number: every policy's rows,
+// two NAMM candidates sharing a prompt's prefix (a cache copied into fresh blocks), blocks of 1, 4 and 16 tokens
+// (boundaries inside the kernel's tiles). Every block goes back to the pool when the rows end; a pool too small
+// for a row fails that row alone, naming the pool.
+TEST(BatchedGeneration, KvInBlocksGivesEveryRowTheSameBitsAsRectangularCaches) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories();
+  const std::vector<Row> rows = {{"namm/1", 300, 12}, {"namm/2", 300, 12}, {"full", 250, 9},
+                                 {"h2o:budget=100", 233, 7}, {"streaming:budget=90", 311, 5},
+                                 {"l2:budget=80", 140, 6}, {"snapkv:budget=64", 129, 3}};
+  const std::vector<Result<GenerationResult>> rectangular = GenerateRows(s, rows);
+  for (const int64_t block_tokens : {int64_t{16}, int64_t{4}, int64_t{1}}) {
+    SCOPED_TRACE("blocks of " + std::to_string(block_tokens));
+    auto pool = KvBlockPool::Create(block_tokens, s.model.config().head_dim, s.model.options());
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(s.model.set_kv_block_pool(*pool).ok());
+    const std::vector<Result<GenerationResult>> blocks = GenerateRows(s, rows);
+    ASSERT_EQ(blocks.size(), rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      SCOPED_TRACE(rows[i].policy);
+      ASSERT_TRUE(blocks[i].ok() && rectangular[i].ok()) << blocks[i].status().ToString();
+      ExpectSame(*blocks[i], *rectangular[i]);
+      EXPECT_EQ(blocks[i]->shared_prefix_tokens, rectangular[i]->shared_prefix_tokens);
+    }
+    EXPECT_EQ((*pool)->blocks_in_use(), 0);
+  }
+  // Room for the full row's first chunk of 64 tokens on every layer and head, not for its whole prompt.
+  const int64_t per_chunk = s.model.config().n_layers * s.model.config().n_kv_heads * (64 / 16);
+  auto small = KvBlockPool::Create(16, s.model.config().head_dim, s.model.options(), 2 * per_chunk);
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE(s.model.set_kv_block_pool(*small).ok());
+  const std::vector<Result<GenerationResult>> starved = GenerateRows(s, {{"full", 250, 4}, {"full", 60, 4}});
+  ASSERT_EQ(starved.size(), 2u);
+  ASSERT_FALSE(starved[0].ok());
+  EXPECT_NE(starved[0].status().message().find("KV block pool is exhausted"), std::string::npos)
+      << starved[0].status().ToString();
+  ASSERT_TRUE(starved[1].ok()) << starved[1].status().ToString();
+  EXPECT_EQ(starved[1]->token_ids, GenerateRows(s, {{"full", 60, 4}})[0]->token_ids);
+  EXPECT_EQ((*small)->blocks_in_use(), 0);
+  ASSERT_TRUE(s.model.set_kv_block_pool(nullptr).ok());
+
+  // In bfloat16 (libtorch's attention over keys and values gathered from the blocks, as on a GPU; the pool one
+  // slab, read and written by one tensor operation each): the same bits here too.
+  LoadOptions bf16;
+  bf16.dtype = at::kBFloat16;
+  bf16.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
+  auto half = LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), bf16);
+  ASSERT_TRUE(half.ok()) << half.status().ToString();
+  Stories h{std::move(*half), std::move(s.tokenizer)};
+  const std::vector<Row> few = {{"namm/1", 300, 8}, {"h2o:budget=100", 233, 6}, {"full", 140, 5}};
+  const std::vector<Result<GenerationResult>> half_rectangular = GenerateRows(h, few);
+  auto one_slab = KvBlockPool::Create(16, h.model.config().head_dim, h.model.options(), 4096);
+  ASSERT_TRUE(one_slab.ok());
+  ASSERT_TRUE(h.model.set_kv_block_pool(*one_slab).ok());
+  const std::vector<Result<GenerationResult>> half_blocks = GenerateRows(h, few);
+  for (std::size_t i = 0; i < few.size(); ++i) {
+    SCOPED_TRACE("bfloat16 " + few[i].policy);
+    ASSERT_TRUE(half_blocks[i].ok() && half_rectangular[i].ok()) << half_blocks[i].status().ToString();
+    ExpectSame(*half_blocks[i], *half_rectangular[i]);
+  }
+  EXPECT_EQ((*one_slab)->blocks_in_use(), 0);
 }
 
 // Eight rows of each policy: different prompt lengths (chunks and updates at different steps), different

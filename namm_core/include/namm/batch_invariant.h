@@ -15,6 +15,8 @@
 #include <memory>
 #include <vector>
 
+#include "namm/kv_block_pool.h"
+
 namespace namm {
 
 namespace cpu {
@@ -62,6 +64,7 @@ void invariant_rope_(const at::Tensor& x, int64_t heads, int64_t first, const at
 struct AttentionRequest {
   at::Tensor q;               // [t, heads * head_dim], after RoPE
   at::Tensor keys, values;    // [kv_heads, n, head_dim], n >= t, the chunk's own keys last (strides free)
+  KvBlockView blocks;         // or, where blocks.keys is set, the keys and values in a pool's blocks (n: tokens)
   at::Tensor key_positions;   // [kv_heads, n] int64; read when window > 0
   int64_t first_position = 0;  // query r's position: first_position + r
   int64_t window = 0;          // > 0: keys at positions <= the query's - window are hidden

@@ -11,15 +11,25 @@
 // allocated whole up front when no token will be evicted. Spare capacity is not zero-filled: on the host, pages
 // never written are never resident. Views returned by the accessors are valid until the
 // next Append() or Gather().
+//
+// Keys and values may instead live in blocks of a shared KvBlockPool (a cache made with a pool): each (KV head)
+// holds whole blocks of block_tokens tokens, taken as the cache grows and returned as soon as an eviction empties
+// them, so what a sequence reserves follows what it holds to within a block per head, and freed memory serves
+// other sequences at once. Every head keeps the same number of tokens (the reference's selection rule,
+// selection.h), so every head holds the same number of blocks. Positions and the policy's per-token state stay in
+// the cache's own buffers. The numbers are the same bits either way (the attention kernel reads through the block
+// table in key order); keys() and values() of a cache in blocks are copies.
 // Not thread-safe: one cache belongs to one sequence being generated.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "namm/kv_block_pool.h"
 #include "namm/query_history.h"
 #include "namm/status.h"
 
@@ -38,6 +48,12 @@ class LayerKVCache {
   // head_dim may be 0 for a cache that only tracks positions and policy state (e.g. scoring recorded attention).
   LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
                std::vector<TokenStateSpec> token_state = {});
+  // Keys and values in blocks of `pool` (its head_dim and dtype must be the cache's; throws otherwise).
+  LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options, std::vector<TokenStateSpec> token_state,
+               std::shared_ptr<KvBlockPool> pool);
+  LayerKVCache(LayerKVCache&&) noexcept = default;
+  LayerKVCache& operator=(LayerKVCache&&) noexcept = default;
+  ~LayerKVCache() = default;
 
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -46,37 +62,45 @@ class LayerKVCache {
   // Tokens ever appended (evicted ones included): the length of the sequence seen so far.
   int64_t tokens_seen() const { return tokens_seen_; }
 
-  at::Tensor keys() const;       // [kv_heads, size, head_dim]
-  at::Tensor values() const;     // [kv_heads, size, head_dim]
+  at::Tensor keys() const;       // [kv_heads, size, head_dim] (a copy for a cache in blocks)
+  at::Tensor values() const;     // [kv_heads, size, head_dim] (a copy for a cache in blocks)
+  // Whether keys and values live in a pool's blocks, and, for float32 ones on the host, the block table the CPU
+  // attention kernel reads (valid until the next Append() or Gather()).
+  bool in_blocks() const { return blocks_.pool != nullptr; }
+  KvBlockView block_view() const;
   at::Tensor positions() const;  // [kv_heads, size] int64
   // The named per-token state, [kv_heads, size, trailing...]; writes through the view update the cache.
   // Throws if `name` was not declared at construction.
   at::Tensor state(const std::string& name) const;
 
   // Appends t new tokens to every head: keys/values [kv_heads, t, head_dim] (may be undefined when head_dim is
-  // 0), positions [t] int64. Their policy state starts at zero.
+  // 0), positions [t] int64. Their policy state starts at zero. In blocks: FailedPrecondition, nothing appended,
+  // when the pool has too few blocks left.
   Status Append(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& positions);
 
-  // Keeps, per head, the tokens at `indices` [kv_heads, k] (int64, ascending, same k for every head).
+  // Keeps, per head, the tokens at `indices` [kv_heads, k] (int64, ascending, same k for every head). In blocks,
+  // each head compacts within its blocks and returns those left empty to the pool.
   Status Gather(const at::Tensor& indices);
 
   // The sequence will append at most `total` tokens in all (evicted ones included): storage never grows past
   // room for the tokens still to come. With `allocate_now`, room for all of them is allocated at once (for a
   // policy that never evicts, so that the cache is never copied to grow).
   void ExpectTokens(int64_t total, bool allocate_now);
-  // Tokens the storage has room for.
-  int64_t capacity() const { return capacity_; }
+  // Tokens the storage of keys and values has room for, per head.
+  int64_t capacity() const;
   // Bytes of the keys and values held (all heads), and of the policy's per-token state held.
   int64_t kv_bytes() const;
   int64_t state_bytes() const;
   // Tokens of room a cache's storage starts with (it then doubles).
   static constexpr int64_t kInitialCapacity = 64;
   // Bytes of key and value storage allocated (room for capacity() tokens): what admission by memory counts. And
-  // the same after `more` tokens were appended (the storage grows by doubling, within the tokens to come).
+  // the same after `more` tokens were appended (the storage grows by doubling, within the tokens to come, or a
+  // block at a time).
   int64_t reserved_kv_bytes() const;
   int64_t reserved_kv_bytes_after(int64_t more) const;
 
-  // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences).
+  // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences); in
+  // blocks, of the same pool (throws when the pool has too few blocks left).
   LayerKVCache Clone() const;
 
   // The layer's latest queries, recorded by the engine for a policy that asks for them
@@ -95,6 +119,26 @@ class LayerKVCache {
   void RefreshViews();
   bool on_host() const;
   Status GatherOnHost(const at::Tensor& indices);
+  // The cache in blocks: what Append, Gather and the accessors do to keys and values there.
+  Status AppendToBlocks(const at::Tensor& keys, const at::Tensor& values, int64_t t);
+  void WriteRows(const at::Tensor& keys, const at::Tensor& values, int64_t first);
+  void GatherInBlocks(const at::Tensor& indices);
+  at::Tensor FromBlocks(bool values) const;
+  int64_t BlocksFor(int64_t tokens) const;
+
+  // Blocks held, per KV head, in token order; returned to the pool when the cache goes. Move-only.
+  struct HeldBlocks {
+    std::shared_ptr<KvBlockPool> pool;  // null: keys and values in buffers_
+    std::vector<std::vector<int32_t>> ids;
+    // ids' key and value addresses (float32 pools on the host; empty otherwise), head-major, for block_view().
+    std::vector<const float*> key_rows, value_rows;
+    HeldBlocks() = default;
+    HeldBlocks(HeldBlocks&& other) noexcept { *this = std::move(other); }
+    HeldBlocks& operator=(HeldBlocks&& other) noexcept;
+    ~HeldBlocks() { Release(); }
+    void Release();
+    int64_t per_head() const { return ids.empty() ? 0 : static_cast<int64_t>(ids.front().size()); }
+  };
 
   int64_t kv_heads_;
   int64_t head_dim_;
@@ -107,6 +151,7 @@ class LayerKVCache {
   std::vector<std::string> names_;
   std::vector<at::Tensor> buffers_;
   std::vector<at::Tensor> live_;  // buffers_[i].narrow(1, 0, size_): the accessors' views, made once per change
+  HeldBlocks blocks_;
   QueryHistory query_history_;
 };
 

@@ -117,10 +117,13 @@ struct RmsNormRows {
 struct AttentionSequence {
   const float* q;  // query r, head j: q + r * q_row_stride + j * head_dim
   int64_t q_row_stride;
-  const float* keys;  // KV head h, key j: keys + h * k_head_stride + j * k_row_stride (head_dim floats)
-  int64_t k_head_stride, k_row_stride;
-  const float* values;  // as keys
-  int64_t v_head_stride, v_row_stride;
+  // KV head h, key j: key_blocks[h * blocks_per_head + (j >> block_shift)] + (j & (2^block_shift - 1)) *
+  // k_row_stride (head_dim floats); a rectangular cache is one block per head (block_shift past any n).
+  const float* const* key_blocks;
+  const float* const* value_blocks;  // as keys, rows v_row_stride apart
+  int64_t blocks_per_head;
+  int block_shift;
+  int64_t k_row_stride, v_row_stride;
   const int64_t* key_positions;  // KV head h, key j: key_positions[h * positions_stride + j]; read if window > 0
   int64_t positions_stride;
   int64_t n, t;

@@ -192,17 +192,33 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
                                                double scale, const Kernels& kernels, int64_t block_rows) {
   std::vector<AttentionOutput> outputs(sequences.size());
   if (sequences.empty()) return outputs;
-  const int64_t kv_heads = sequences.front().keys.size(0), head_dim = sequences.front().keys.size(2);
+  const auto in_blocks = [](const AttentionInput& in) { return in.blocks.keys != nullptr; };
+  const AttentionInput& front = sequences.front();
+  const int64_t kv_heads = in_blocks(front) ? front.blocks.kv_heads : front.keys.size(0);
+  const int64_t head_dim = in_blocks(front) ? front.blocks.head_dim : front.keys.size(2);
   std::vector<AttentionSequence> items(sequences.size());
+  // A rectangular cache is read as one block per head, its start in these tables; no n reaches 2^40.
+  constexpr int kOneBlock = 40;
+  std::vector<std::vector<const float*>> head_keys(sequences.size()), head_values(sequences.size());
   int64_t longest = 1, work = 0;
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     const AttentionInput& in = sequences[i];
-    const int64_t t = in.q.size(0), n = in.keys.size(1);
+    const int64_t t = in.q.size(0), n = in_blocks(in) ? in.blocks.tokens : in.keys.size(1);
     TORCH_CHECK(in.q.dim() == 2 && in.q.size(1) == heads * head_dim && in.q.stride(1) == 1, "q: [t, heads * head_dim]");
-    TORCH_CHECK(in.keys.dim() == 3 && in.keys.size(0) == kv_heads && in.keys.size(2) == head_dim &&
-                    in.keys.stride(2) == 1 && n >= t,
-                "keys: [kv_heads, n >= t, head_dim]");
-    TORCH_CHECK(in.values.sizes() == in.keys.sizes() && in.values.stride(2) == 1, "values: as keys");
+    if (in_blocks(in)) {
+      TORCH_CHECK(in.blocks.kv_heads == kv_heads && in.blocks.head_dim == head_dim && n >= t &&
+                      in.blocks.block_shift < kOneBlock && in.blocks.blocks_per_head << in.blocks.block_shift >= n,
+                  "blocks: [kv_heads, n >= t, head_dim] in blocks covering n");
+    } else {
+      TORCH_CHECK(in.keys.dim() == 3 && in.keys.size(0) == kv_heads && in.keys.size(2) == head_dim &&
+                      in.keys.stride(2) == 1 && n >= t && n < (int64_t{1} << kOneBlock),
+                  "keys: [kv_heads, n >= t, head_dim]");
+      TORCH_CHECK(in.values.sizes() == in.keys.sizes() && in.values.stride(2) == 1, "values: as keys");
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        head_keys[i].push_back(in.keys.data_ptr<float>() + h * in.keys.stride(0));
+        head_values[i].push_back(in.values.data_ptr<float>() + h * in.values.stride(0));
+      }
+    }
     TORCH_CHECK(in.window <= 0 || (in.key_positions.dim() == 2 && in.key_positions.size(0) == kv_heads &&
                                    in.key_positions.size(1) >= n && in.key_positions.stride(1) == 1 &&
                                    in.key_positions.scalar_type() == at::kLong),
@@ -215,12 +231,12 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
     if (in.log_sum_exp) o.log_sum_exp = at::empty({heads, t}, in.q.options());
     items[i] = AttentionSequence{in.q.data_ptr<float>(),
                                  in.q.stride(0),
-                                 in.keys.data_ptr<float>(),
-                                 in.keys.stride(0),
-                                 in.keys.stride(1),
-                                 in.values.data_ptr<float>(),
-                                 in.values.stride(0),
-                                 in.values.stride(1),
+                                 in_blocks(in) ? in.blocks.keys : head_keys[i].data(),
+                                 in_blocks(in) ? in.blocks.values : head_values[i].data(),
+                                 in_blocks(in) ? in.blocks.blocks_per_head : 1,
+                                 in_blocks(in) ? in.blocks.block_shift : kOneBlock,
+                                 in_blocks(in) ? head_dim : in.keys.stride(1),
+                                 in_blocks(in) ? head_dim : in.values.stride(1),
                                  in.window > 0 ? in.key_positions.data_ptr<int64_t>() : nullptr,
                                  in.window > 0 ? in.key_positions.stride(0) : 0,
                                  n,

@@ -660,9 +660,10 @@ int64_t GenerationBatch::reserved_bytes(int64_t id) const { return entries_.at(i
 int64_t GenerationBatch::growth_bytes(int64_t id) const {
   const Entry& entry = *entries_.at(id);
   if (entry.leader == nullptr) return entry.sequence->growth_bytes();
-  // A follower takes a copy of its leader's caches when the shared prefix is done.
+  // A follower takes a copy of its leader's caches when the shared prefix is done, in place of its own (a full
+  // cache on the CPU holds its whole allowance from the start: then the copy adds nothing).
   const Sequence& leader = *entry.leader->sequence;
-  return leader.reserved_bytes() + leader.growth_bytes();
+  return std::max<int64_t>(0, leader.reserved_bytes() + leader.growth_bytes() - entry.sequence->reserved_bytes());
 }
 
 Result<GenerationResult> GenerationBatch::Leave(int64_t id) {

@@ -58,9 +58,24 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
   std::vector<LayerKVCache> caches;
   caches.reserve(static_cast<std::size_t>(config_.n_layers));
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    caches.emplace_back(config_.n_kv_heads, config_.head_dim, options_, policy.token_state());
+    if (kv_block_pool_ != nullptr) {
+      caches.emplace_back(config_.n_kv_heads, config_.head_dim, options_, policy.token_state(), kv_block_pool_);
+    } else {
+      caches.emplace_back(config_.n_kv_heads, config_.head_dim, options_, policy.token_state());
+    }
   }
   return caches;
+}
+
+Status LlamaModel::set_kv_block_pool(std::shared_ptr<KvBlockPool> pool) {
+  if (pool != nullptr && (pool->head_dim() != config_.head_dim || pool->options().dtype() != options_.dtype() ||
+                          pool->options().device() != options_.device())) {
+    return Status::InvalidArgument("the KV block pool's heads (" + std::to_string(pool->head_dim()) +
+                                   " elements) do not match the model's (" + std::to_string(config_.head_dim) +
+                                   "), or its dtype or device differ");
+  }
+  kv_block_pool_ = std::move(pool);
+  return Status::Ok();
 }
 
 // Where each sequence of a batch lies in the packed rows: rows [offset, offset + length), at the positions and
@@ -127,7 +142,7 @@ std::shared_ptr<const LlamaModel::RopeEntry> LlamaModel::RopeFor(int64_t start, 
 }
 
 bool LlamaModel::KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const {
-  return row_invariant(q) &&
+  return row_invariant(q) && (!cache.in_blocks() || cache.block_view().keys != nullptr) &&
          (!policy.needs_attention() || config_.n_heads * q.size(1) * cache.size() <= attention_block_elements_);
 }
 
@@ -283,8 +298,12 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     const int64_t first = packing.offset[s], t = packing.length[s];
     AttentionRequest in;
     in.q = q.narrow(0, first, t).reshape({t, q_width});
-    in.keys = cache.keys();
-    in.values = cache.values();
+    if (cache.in_blocks()) {
+      in.blocks = cache.block_view();
+    } else {
+      in.keys = cache.keys();
+      in.values = cache.values();
+    }
     in.key_positions = cache.positions();
     in.first_position = cache.tokens_seen() - t;
     in.window = window > 0 && cache.tokens_seen() > window ? window : 0;

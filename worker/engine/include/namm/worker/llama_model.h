@@ -47,8 +47,11 @@ class LlamaModel {
   // does not depend on it. 1 runs one query at a time.
   void set_attention_block_elements(int64_t elements) { attention_block_elements_ = std::max<int64_t>(1, elements); }
 
-  // One empty cache per layer, carrying `policy`'s per-token state.
+  // One empty cache per layer, carrying `policy`'s per-token state; its keys and values in blocks of the pool
+  // set here, if one is (null: rectangular caches). The pool's head_dim, dtype and device must be the model's.
   std::vector<LayerKVCache> NewCaches(const MemoryPolicy& policy) const;
+  Status set_kv_block_pool(std::shared_ptr<KvBlockPool> pool);
+  const std::shared_ptr<KvBlockPool>& kv_block_pool() const { return kv_block_pool_; }
 
   // Runs `tokens` [t] (int64) as the next t tokens of the sequence whose state is `caches`: their keys and
   // values are appended, and if the policy needs_attention() each layer's attention probabilities
@@ -110,6 +113,7 @@ class LlamaModel {
   LlamaConfig config_;
   LlamaWeights weights_;
   at::TensorOptions options_;
+  std::shared_ptr<KvBlockPool> kv_block_pool_;
   at::Tensor inv_freq_;
   int64_t attention_block_elements_;  // kAttentionBlockElements on the CPU, kDeviceAttentionBlockElements elsewhere
   std::vector<Projections> projections_;  // per layer
