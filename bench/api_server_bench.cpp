@@ -191,7 +191,7 @@ int Run(const Options& o) {
   for (const std::string& policy : policies) {
     for (int64_t block_tokens : o.kv_block_tokens)
     for (int64_t step_tokens : o.step_tokens) {
-      if (Status blocks = server::use_kv_blocks(*model, block_tokens, o.kv_budget); !blocks.ok()) {
+      if (Status blocks = worker::use_kv_blocks(*model, block_tokens, o.kv_budget); !blocks.ok()) {
         return std::fprintf(stderr, "%s\n", blocks.message().c_str()), 1;
       }
       double one_client_rate = 0;

@@ -534,22 +534,6 @@ struct CompletionScheduler::Impl {
   }
 };
 
-Status use_kv_blocks(worker::LlamaModel& model, int64_t block_tokens, int64_t max_kv_bytes) {
-  if (block_tokens == 0) return model.set_kv_block_pool(nullptr);
-  if (block_tokens < 0 || max_kv_bytes < 0) return Status::InvalidArgument("--kv-block-tokens must be 0 or more");
-  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<KvBlockPool> probe,
-                        KvBlockPool::Create(block_tokens, model.config().head_dim, model.options()));
-  const int64_t max_blocks = max_kv_bytes / probe->block_bytes();
-  if (max_kv_bytes > 0 && max_blocks < model.config().n_layers * model.config().n_kv_heads) {
-    return Status::InvalidArgument("--max-kv-bytes " + std::to_string(max_kv_bytes) + " holds fewer KV blocks (" +
-                                   std::to_string(max_blocks) + " of " + std::to_string(probe->block_bytes()) +
-                                   " bytes) than one token needs (a block per layer and KV head)");
-  }
-  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<KvBlockPool> pool,
-                        KvBlockPool::Create(block_tokens, model.config().head_dim, model.options(), max_blocks));
-  return model.set_kv_block_pool(std::move(pool));
-}
-
 CompletionScheduler::CompletionScheduler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 CompletionScheduler::~CompletionScheduler() { Stop(); }

@@ -2,7 +2,6 @@
 // baseline), with continuous batching. Not to be confused with `namm-worker serve`, the training daemon.
 #include <csignal>
 #include <cstdint>
-#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -24,21 +23,8 @@ struct Options {
   namm::server::ApiServerOptions server;
   std::string chat_template, log_level = "info";
   double drain_seconds = 30;
-  std::optional<uint64_t> max_kv_bytes;  // --max-kv-bytes
-  int64_t kv_block_tokens = 16;          // --kv-block-tokens
+  cli::KvMemoryOptions kv;
 };
-
-// MemAvailable of /proc/meminfo in bytes (0 when it cannot be read).
-int64_t AvailableMemory() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
 
 int Fail(const std::string& message) {
   std::cerr << "namm-api: error: " << message << "\n";
@@ -95,21 +81,16 @@ int Run(Options& o) {
   if (o.inference.chunk_size > 0) s.scheduler.chunk_size = o.inference.chunk_size;
   if (o.inference.update_interval > 0) s.scheduler.update_interval = o.inference.update_interval;
   s.scheduler.max_context = o.inference.max_context;
-  if (o.max_kv_bytes) {
-    s.scheduler.max_kv_bytes = static_cast<int64_t>(*o.max_kv_bytes);
-  } else if (loaded->model->options().device().is_cpu()) {
-    s.scheduler.max_kv_bytes = AvailableMemory() / 2;  // 0 when unknown: no limit
-  }
-  if (namm::Status blocks = namm::server::use_kv_blocks(*loaded->model, o.kv_block_tokens, s.scheduler.max_kv_bytes); !blocks.ok()) {
-    return Fail(blocks.message());
-  }
+  const namm::Result<int64_t> kv_budget = cli::ApplyKvMemory(*loaded->model, o.kv);  // 0 when unknown: no limit
+  if (!kv_budget.ok()) return Fail(kv_budget.status().message());
+  s.scheduler.max_kv_bytes = *kv_budget;
   auto server = namm::server::ApiServer::Start(*loaded->model, *loaded->tokenizer, chat->has_value() ? &**chat : nullptr, s);
   if (!server.ok()) return Fail(server.status().message());
   std::cout << "namm-api: serving " << s.model_name << " with " << s.default_policy << " on " << (*server)->url()
             << (chat->has_value() ? " (the model's chat template)" : " (plain chat template)") << "; KV caches up to "
             << (s.scheduler.max_kv_bytes > 0 ? std::to_string(s.scheduler.max_kv_bytes >> 20) + " MiB together"
                                              : std::string("any size (no --max-kv-bytes)"))
-            << (o.kv_block_tokens > 0 ? ", in blocks of " + std::to_string(o.kv_block_tokens) + " tokens" : std::string())
+            << (o.kv.kv_block_tokens > 0 ? ", in blocks of " + std::to_string(o.kv.kv_block_tokens) + " tokens" : std::string())
             << std::endl;
   int signal = 0;
   sigwait(&signals, &signal);
@@ -160,16 +141,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-connections-per-address", s.max_connections_per_address,
                  "Open connections from one client address; when full, that address's oldest idle one is closed "
                  "for its new one (default 64; 0: only --max-connections)");
-  app.add_option("--max-kv-bytes", o.max_kv_bytes,
-                 "Keys and values the running requests may hold together, e.g. 2GiB: a request joins the batch when "
-                 "its worst case fits beside the others' (it waits meanwhile), one that never could gets 400 "
-                 "(default on the CPU: half the memory available at start; on a GPU: no limit)")
-      ->transform(CLI::AsSizeValue(false));
-  app.add_option("--kv-block-tokens", o.kv_block_tokens,
-                 "Keys and values in blocks of this many tokens per layer and KV head, from one pool of --max-kv-bytes: "
-                 "a request holds whole blocks as it grows, and those an eviction empties serve other requests at "
-                 "once (a power of two; default 16; 0: each request's cache in one buffer that grows by doubling)")
-      ->check(CLI::NonNegativeNumber);
+  cli::AddKvMemoryOptions(&app, o.kv,
+                          "a request joins the batch when what it holds fits beside the others' (it waits meanwhile), "
+                          "the youngest are preempted when the running ones outgrow it, one that never could fit gets 400");
   app.add_option("--request-timeout", s.scheduler.request_timeout_seconds,
                  "Seconds a request may take from arrival to its last token (default 600; then 408)")
       ->check(CLI::PositiveNumber);

@@ -196,7 +196,7 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
   constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV heads x 8 x 4 bytes
   const auto answers = [&](int64_t limit, ApiMetrics* metrics, std::size_t* most_running, int64_t block_tokens = 0) {
-    EXPECT_TRUE(use_kv_blocks(*model, block_tokens, limit).ok());
+    EXPECT_TRUE(worker::use_kv_blocks(*model, block_tokens, limit).ok());
     SchedulerOptions options;
     options.chunk_size = 32;
     options.update_interval = 64;
@@ -249,7 +249,7 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
     ASSERT_NE(found, std::string::npos) << line << blocks;
     EXPECT_GT(std::stod(blocks.substr(found + line.size())), 0) << line << blocks;
   }
-  EXPECT_TRUE(use_kv_blocks(*model, 0, 0).ok());
+  EXPECT_TRUE(worker::use_kv_blocks(*model, 0, 0).ok());
 }
 
 }  // namespace

@@ -119,6 +119,35 @@ TEST(EngineOnCuda, GeneratesWhatTheCpuGenerates) {
   }
 }
 
+// KV in blocks on the GPU (namm-api's and serve's default): a pool of one slab, read and written by one tensor
+// operation per layer and step. The same tokens, cache sizes and logits as the rectangular caches on the GPU.
+TEST(EngineOnCuda, KvInBlocksGivesWhatRectangularCachesGive) {
+  NAMM_REQUIRE_CUDA();
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  LlamaModel gpu = LoadStories(kCuda, at::kFloat);
+  const std::unique_ptr<Tokenizer> tokenizer = StoriesTokenizer();
+  const std::vector<int64_t> prompt = LongPrompt(*tokenizer, 1100);
+  GenerationOptions options;
+  options.max_new_tokens = 24;
+  options.record_logits = true;
+  for (const auto& [name, make] : Policies()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(use_kv_blocks(gpu, 0, 0).ok());
+    auto rectangular_policy = make(kCuda), blocks_policy = make(kCuda);
+    auto rectangular = Generator(gpu, *tokenizer).Generate(prompt, *rectangular_policy, options);
+    ASSERT_TRUE(use_kv_blocks(gpu, 16, int64_t{64} << 20).ok());
+    auto blocks = Generator(gpu, *tokenizer).Generate(prompt, *blocks_policy, options);
+    ASSERT_TRUE(rectangular.ok()) << rectangular.status().ToString();
+    ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+    EXPECT_EQ(blocks->token_ids, rectangular->token_ids);
+    EXPECT_EQ(blocks->final_cache_sizes, rectangular->final_cache_sizes);
+    const float difference = MaxAbsDifference(blocks->generated_logits, rectangular->generated_logits);
+    EXPECT_LT(difference, 1e-4f);
+    EXPECT_EQ(gpu.kv_block_pool()->blocks_in_use(), 0);
+    std::printf("[ %s ] in blocks: max |logit difference| %.2e\n", name.c_str(), difference);
+  }
+}
+
 // Mean negative log-likelihood of the prompt's tokens after the first.
 double PromptNll(const at::Tensor& prompt_logits, const std::vector<int64_t>& ids) {
   const at::Tensor log_probs = at::log_softmax(prompt_logits.to(at::kCPU).to(at::kDouble), -1);

@@ -164,6 +164,49 @@ TEST(NammExecutor, ATaskVariantRunsTheCandidateAtItsBudget) {
   EXPECT_NE(run("syn/interruption@budget=0").status().message().find("budget > 0"), std::string::npos);
 }
 
+// Batches sized by memory (serve's --max-kv-bytes, the caches in blocks of one pool): six full-cache prompts
+// on a pool that holds two of them. The first time their sizes are unknown: they run together, those that find
+// the pool dry run again with fewer beside them, and every outcome is the one without a pool. The second time
+// each is counted at what it held: batches of two, none finds the pool dry, the same outcomes.
+TEST(NammExecutor, BatchesAreSizedByTheKvMemoryEachPromptHeld) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  tasks::TaskPaths paths;
+  ASSERT_NO_FATAL_FAILURE(BuildRows("executor_memory", "--rows 6 --pool 6 --story-tokens 100 --prefix-tokens 60 "
+                                    "--continuation-tokens 20 --distractor-tokens 300 --out story_recall.jsonl", &paths));
+  auto model = LlamaModel::Load(SharedPath(testing::kStoriesModel), LoadOptions{});
+  auto tokenizer = load_tokenizer(SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(model.ok() && tokenizer.ok());
+  LeaseWork lease;
+  lease.reference = true;
+  lease.task = "syn/story_recall";
+  std::vector<PromptJob> jobs;
+  for (int64_t p = 0; p < 6; ++p) jobs.push_back({&lease, p});
+  const std::vector<Result<PromptOutcome>> unlimited = NammExecutor(*model, **tokenizer, paths).RunPrompts(jobs, 0);
+
+  // One prompt's full cache: its tokens per KV head, in blocks of 16, on 5 layers x 4 KV heads of 1 KiB blocks.
+  ASSERT_TRUE(unlimited[0].ok()) << unlimited[0].status().ToString();
+  const int64_t tokens = unlimited[0]->prompt_tokens + unlimited[0]->generated_tokens;
+  const int64_t one = ((tokens + 15) / 16 + 1) * 5 * 4 * 1024;
+  ASSERT_TRUE(use_kv_blocks(*model, 16, 2 * one + one / 2).ok());
+  std::vector<std::size_t> batches;
+  NammExecutor executor(*model, **tokenizer, paths,
+                        [&](const std::vector<PromptJob>& attempt, int64_t) { batches.push_back(attempt.size()); });
+  for (const char* round : {"unknown sizes", "sizes seen"}) {
+    SCOPED_TRACE(round);
+    batches.clear();
+    const std::vector<Result<PromptOutcome>> outcomes = executor.RunPrompts(jobs, 0);
+    ASSERT_EQ(outcomes.size(), jobs.size());
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_TRUE(outcomes[i].ok() && unlimited[i].ok()) << outcomes[i].status().ToString();
+      EXPECT_EQ(outcomes[i]->score, unlimited[i]->score);
+      EXPECT_EQ(outcomes[i]->generated_tokens, unlimited[i]->generated_tokens);
+    }
+    EXPECT_EQ(model->kv_block_pool()->blocks_in_use(), 0);
+  }
+  EXPECT_EQ(batches, (std::vector<std::size_t>{2, 2, 2}));
+  ASSERT_TRUE(use_kv_blocks(*model, 0, 0).ok());
+}
+
 }  // namespace
 }  // namespace namm::worker
 

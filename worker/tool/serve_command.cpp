@@ -31,6 +31,7 @@ struct ServeOptions {
   bool insecure_plaintext = false;
   int concurrency = 1;
   int max_batch = 8;
+  KvMemoryOptions kv;
   int threads = 0;
   bool exit_when_done = false;
 };
@@ -115,6 +116,7 @@ Status Serve(const ServeOptions& o) {
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
   NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, TokenizerFile(o.model)));
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
+  NAMM_ASSIGN_OR_RETURN(const int64_t kv_budget, ApplyKvMemory(*loaded.model, o.kv));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_cpu_threads(o.threads > 0 ? o.threads : std::max(1, cores / o.concurrency));
 
@@ -134,7 +136,10 @@ Status Serve(const ServeOptions& o) {
   NammExecutor executor(*loaded.model, *loaded.tokenizer, paths);
   WorkerClient worker(client, executor);
   std::cerr << "namm-worker: " << client.name << " serving " << loaded.model->config().Describe() << " ("
-            << fingerprint << ") to " << o.coordinator << "\n";
+            << fingerprint << ") to " << o.coordinator << "; KV caches up to "
+            << (kv_budget > 0 ? std::to_string(kv_budget >> 20) + " MiB together" : std::string("any size"))
+            << (o.kv.kv_block_tokens > 0 ? ", in blocks of " + std::to_string(o.kv.kv_block_tokens) + " tokens" : std::string())
+            << "\n";
   Status status;
   {
     SignalDrain drain(worker);
@@ -160,8 +165,12 @@ void AddServeCommand(CLI::App& app, Action& run) {
       ->check(CLI::Range(1, 64));
   cmd->add_option("--max-batch", o->max_batch,
                   "Prompts an executor thread runs together in one batched forward pass per step, from up to this many "
-                  "leases of one task (default 8); a prompt's score does not depend on it on the CPU in float32")
+                  "leases of one task (default 8), fewer where their KV caches would not fit --max-kv-bytes together; a "
+                  "prompt's score does not depend on it on the CPU in float32")
       ->check(CLI::Range(1, 256));
+  AddKvMemoryOptions(cmd, o->kv,
+                     "a batch holds the prompts whose caches fit together (as each last ran here), and prompts that "
+                     "find the pool dry run again with fewer beside them");
   cmd->add_option("--threads", o->threads, "Intra-op CPU threads (default: cores / units concurrency)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--tls-ca", o->tls.ca, "PEM CA that signed the coordinator's certificate (enables TLS)");

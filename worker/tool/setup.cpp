@@ -1,5 +1,11 @@
 #include "setup.h"
 
+#include <fstream>
+
+#ifdef NAMM_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <ATen/Context.h>
 
 #include "namm/cpu_threads.h"
@@ -108,6 +114,45 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
 
 void ApplyThreads(const InferenceOptions& o) {
   if (o.threads > 0) set_cpu_threads(o.threads);
+}
+
+int64_t FreeMemory(const at::Device& device) {
+#ifdef NAMM_WITH_CUDA
+  if (device.is_cuda()) {
+    int previous = 0;
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device.index()) != cudaSuccess) return 0;
+    const bool ok = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+    cudaSetDevice(previous);
+    return ok ? static_cast<int64_t>(free_bytes) : 0;
+  }
+#endif
+  if (!device.is_cpu()) return 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+void AddKvMemoryOptions(CLI::App* cmd, KvMemoryOptions& o, const std::string& use) {
+  cmd->add_option("--max-kv-bytes", o.max_kv_bytes,
+                  "Keys and values the KV caches may hold together, e.g. 2GiB: " + use +
+                      " (default: half the device's free memory at start, printed then)")
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_option("--kv-block-tokens", o.kv_block_tokens,
+                  "Keys and values in blocks of this many tokens per layer and KV head, from one pool of "
+                  "--max-kv-bytes: a cache takes whole blocks as it grows, and those an eviction empties serve others "
+                  "at once (a power of two; default 16; 0: each cache one buffer that grows by doubling)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+Result<int64_t> ApplyKvMemory(LlamaModel& model, const KvMemoryOptions& o) {
+  const int64_t budget = o.max_kv_bytes ? static_cast<int64_t>(*o.max_kv_bytes) : FreeMemory(model.options().device()) / 2;
+  NAMM_RETURN_IF_ERROR(use_kv_blocks(model, o.kv_block_tokens, budget));
+  return budget;
 }
 
 void AddPolicyOptions(CLI::App* cmd, PolicyOptions& o) {

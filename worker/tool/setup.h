@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "namm/policies/memory_policy.h"
@@ -42,6 +43,20 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& options);
 void AddBatchOption(CLI::App* cmd, InferenceOptions& options);
 // The CPU thread budget (namm/cpu_threads.h: libtorch, BLAS and our kernels' pool) when --threads was given.
 void ApplyThreads(const InferenceOptions& options);
+
+// Memory free on `device` in bytes: a GPU's (cudaMemGetInfo, in a CUDA build), else the host's MemAvailable; 0 when
+// unknown.
+int64_t FreeMemory(const at::Device& device);
+
+// The KV memory of namm-api and namm-worker serve: the caches' keys and values in blocks of one pool.
+struct KvMemoryOptions {
+  std::optional<uint64_t> max_kv_bytes;  // --max-kv-bytes (default: half the device's free memory at start)
+  int64_t kv_block_tokens = 16;          // --kv-block-tokens (0: each cache one growing buffer)
+};
+// --max-kv-bytes SIZE (`use`: what the budget does in this program) and --kv-block-tokens N.
+void AddKvMemoryOptions(CLI::App* cmd, KvMemoryOptions& options, const std::string& use);
+// Puts the model's caches in blocks of a pool of --max-kv-bytes (use_kv_blocks); returns that budget (0: none).
+Result<int64_t> ApplyKvMemory(LlamaModel& model, const KvMemoryOptions& options);
 
 struct PolicyOptions {
   std::string namm, policy = "full";

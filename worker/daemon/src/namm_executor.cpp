@@ -94,6 +94,7 @@ Result<const LlamaModel*> NammExecutor::ModelFor(const std::string& rope_scaling
     LlamaConfig config = model_.config();
     config.rope_scaling = scaling;
     variant = std::make_unique<LlamaModel>(LoadedModel{config, model_.weights()}, model_.options());
+    NAMM_RETURN_IF_ERROR(variant->set_kv_block_pool(model_.kv_block_pool()));  // one pool for all
   }
   return variant.get();
 }
@@ -121,8 +122,68 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunPrompts(const std::vector<Pr
   }
   if (valid.empty()) return outcomes;
   std::vector<Result<PromptOutcome>> ran =
-      RunSplitting(valid, **task, effective_chunk_size((*task)->spec, TaskRunOptions{}));
+      RunByMemory(valid, **task, effective_chunk_size((*task)->spec, TaskRunOptions{}));
   for (std::size_t i = 0; i < valid.size(); ++i) outcomes[where[i]] = std::move(ran[i]);
+  return outcomes;
+}
+
+int64_t NammExecutor::KvBytesSeen(const PromptJob& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = kv_bytes_seen_.find({job.lease->task, job.prompt, job.lease->reference});
+  return it == kv_bytes_seen_.end() ? 0 : it->second;
+}
+
+std::vector<Result<PromptOutcome>> NammExecutor::RunByMemory(const std::vector<PromptJob>& jobs,
+                                                             const LoadedTask& task, int64_t chunk_size) {
+  const std::shared_ptr<KvBlockPool>& pool = model_.kv_block_pool();
+  if (pool == nullptr || pool->max_blocks() == 0) return RunSplitting(jobs, task, chunk_size);
+  const int64_t budget = pool->max_blocks() * pool->block_bytes();
+  std::vector<Result<PromptOutcome>> outcomes;
+  std::vector<PromptJob> batch;
+  int64_t bytes = 0;
+  const auto run = [&] {
+    if (batch.size() > 1) spdlog::debug("{} prompts of {} together: {} bytes of KV seen", batch.size(), jobs.front().lease->task, bytes);
+    for (auto& r : RunFitting(batch, task, chunk_size)) outcomes.push_back(std::move(r));
+    batch.clear();
+    bytes = 0;
+  };
+  for (const PromptJob& job : jobs) {
+    const int64_t need = KvBytesSeen(job);
+    if (!batch.empty() && bytes + need > budget) run();
+    batch.push_back(job);
+    bytes += need;
+  }
+  if (!batch.empty()) run();
+  return outcomes;
+}
+
+std::vector<Result<PromptOutcome>> NammExecutor::RunFitting(const std::vector<PromptJob>& jobs, const LoadedTask& task,
+                                                            int64_t chunk_size) {
+  std::vector<Result<PromptOutcome>> outcomes = RunSplitting(jobs, task, chunk_size);
+  // A row whose cache found the pool dry failed alone (LayerKVCache::Append); the others finished.
+  std::vector<std::size_t> dry;
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    const Status& status = outcomes[i].status();
+    if (!outcomes[i].ok() && status.code() == Status::Code::kFailedPrecondition &&
+        status.message().find("KV block pool is exhausted") != std::string::npos) {
+      dry.push_back(i);
+    }
+  }
+  if (dry.empty() || jobs.size() == 1) return outcomes;  // alone it cannot fit: its error says so
+  // Again with fewer beside them: the dry ones together, or, when every row was, each half apart.
+  std::vector<PromptJob> again;
+  for (std::size_t i : dry) again.push_back(jobs[i]);
+  spdlog::warn("the KV block pool ran dry for {} of {} prompts of {}: running them again with fewer beside them",
+               dry.size(), jobs.size(), jobs.front().lease->task);
+  std::vector<Result<PromptOutcome>> rerun;
+  if (again.size() < jobs.size()) {
+    rerun = RunFitting(again, task, chunk_size);
+  } else {
+    const auto half = static_cast<std::ptrdiff_t>(again.size() / 2);
+    rerun = RunFitting({again.begin(), again.begin() + half}, task, chunk_size);
+    for (auto& r : RunFitting({again.begin() + half, again.end()}, task, chunk_size)) rerun.push_back(std::move(r));
+  }
+  for (std::size_t k = 0; k < dry.size(); ++k) outcomes[dry[k]] = std::move(rerun[k]);
   return outcomes;
 }
 
@@ -228,6 +289,15 @@ std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<Promp
     out.prefill_seconds = r.prefill_seconds;
     out.decode_seconds = r.decode_seconds;
     out.device_memory_bytes = device_memory;
+    if (const std::shared_ptr<KvBlockPool>& pool = (*model)->kv_block_pool(); pool != nullptr) {
+      // Its peak in whole blocks, one more per layer and head: the mean over layers hides the largest layer.
+      const LlamaConfig& c = (*model)->config();
+      const auto blocks = static_cast<int64_t>(std::ceil(r.peak_kv_tokens / static_cast<double>(pool->block_tokens()))) + 1;
+      const int64_t held = blocks * c.n_layers * c.n_kv_heads * pool->block_bytes();
+      std::lock_guard<std::mutex> lock(mu_);
+      int64_t& seen = kv_bytes_seen_[{jobs[j].lease->task, jobs[j].prompt, jobs[j].lease->reference}];
+      seen = std::max(seen, held);
+    }
     // Cache sizes in tokens per KV head, averaged over layers: the mean over every query of the cached tokens it
     // attended to (eval's measure, docs/evaluation.md), and the size at the end.
     out.cache_size_mean = r.mean_kv_tokens;

@@ -48,11 +48,6 @@ struct SchedulerOptions {
   int64_t max_kv_bytes = 0;
 };
 
-// Puts `model`'s KV caches in blocks of block_tokens tokens from one pool holding at most max_kv_bytes (0: no
-// limit) of keys and values (LayerKVCache, kv_block_pool.h); block_tokens 0 leaves them rectangular. Before the
-// scheduler starts.
-Status use_kv_blocks(worker::LlamaModel& model, int64_t block_tokens, int64_t max_kv_bytes);
-
 struct CompletionJob {
   std::vector<int64_t> prompt_ids;  // templated (BOS, chat turns)
   std::string policy;               // a policy spec (worker/policy_spec.h)

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "namm/cache_budget.h"
@@ -40,8 +41,12 @@ class NammExecutor final : public LeaseExecutor {
 
   Status Prepare(const RunInfo& run) override;
   // The jobs through the batched engine (TaskRunner::RunBatch), each with its lease's NAMM (or the full cache).
-  // Out of memory splits the batch in halves and runs each; a single prompt out of memory is retried with the
-  // prefill chunk halved, down to kMinChunkSize; any other torch error becomes the batch's prompts' error.
+  // Where the model's caches are in blocks of a pool with a limit (use_kv_blocks: serve's --max-kv-bytes), the jobs
+  // run in batches sized by memory: as many together as the KV storage each held when its prompt last ran here
+  // (the reference and the candidates apart) fits in the pool, a prompt not yet run counting nothing; those that
+  // find the pool dry run again with fewer beside them, then alone. Out of memory (the last resort) splits the
+  // batch in halves and runs each; a single prompt out of memory is retried with the prefill chunk halved, down to
+  // kMinChunkSize; any other torch error becomes the batch's prompts' error.
   std::vector<Result<PromptOutcome>> RunPrompts(const std::vector<PromptJob>& jobs, int slot) override;
 
  private:
@@ -52,6 +57,14 @@ class NammExecutor final : public LeaseExecutor {
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
   Result<const LlamaModel*> ModelFor(const std::string& rope_scaling);
+  // The jobs in batches that fit the pool (RunPrompts), then RunSplitting each.
+  std::vector<Result<PromptOutcome>> RunByMemory(const std::vector<PromptJob>& jobs, const LoadedTask& task,
+                                                 int64_t chunk_size);
+  // The jobs together; those that found the pool dry again, with fewer beside them.
+  std::vector<Result<PromptOutcome>> RunFitting(const std::vector<PromptJob>& jobs, const LoadedTask& task,
+                                                int64_t chunk_size);
+  // What RunByMemory counts for a job: the KV storage it held when its prompt last ran (0: not run here yet).
+  int64_t KvBytesSeen(const PromptJob& job);
   // The jobs (valid prompts of one task) at `chunk_size`, splitting on out of memory.
   std::vector<Result<PromptOutcome>> RunSplitting(const std::vector<PromptJob>& jobs, const LoadedTask& task,
                                                   int64_t chunk_size);
@@ -67,6 +80,8 @@ class NammExecutor final : public LeaseExecutor {
   NammArchitecture architecture_;
   std::string rope_override_;
   std::map<std::string, std::shared_ptr<const LoadedTask>> tasks_;
+  // Per (task, prompt, reference or not): the most KV storage, in whole blocks, a run of it held here.
+  std::map<std::tuple<std::string, int64_t, bool>, int64_t> kv_bytes_seen_;
   std::map<std::string, std::unique_ptr<LlamaModel>> variants_;  // RoPE setting -> model sharing the weights
 };
 

@@ -29,6 +29,12 @@ namespace namm::worker {
 
 struct RopeTables;
 
+// Puts `model`'s KV caches in blocks of block_tokens tokens from one pool holding at most max_kv_bytes (0: no
+// limit) of keys and values (LayerKVCache, kv_block_pool.h); block_tokens 0 leaves them rectangular. Before the
+// model serves (namm-api, namm-worker serve).
+class LlamaModel;
+Status use_kv_blocks(LlamaModel& model, int64_t block_tokens, int64_t max_kv_bytes);
+
 // An exception as a sequence's error (Internal): its message's first line (a torch error's stack frames and source
 // paths stay out of what clients see), said to be out of memory when it was.
 Status failure_status(const std::exception& e);
