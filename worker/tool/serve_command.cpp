@@ -134,6 +134,7 @@ Status Serve(const ServeOptions& o) {
   client.exit_when_done = o.exit_when_done;
   client.metrics = metrics.get();
   NammExecutor executor(*loaded.model, *loaded.tokenizer, paths);
+  executor.set_concurrency(o.concurrency);
   WorkerClient worker(client, executor);
   std::cerr << "namm-worker: " << client.name << " serving " << loaded.model->config().Describe() << " ("
             << fingerprint << ") to " << o.coordinator << "; KV caches up to "

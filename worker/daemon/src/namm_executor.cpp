@@ -137,7 +137,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunByMemory(const std::vector<P
                                                              const LoadedTask& task, int64_t chunk_size) {
   const std::shared_ptr<KvBlockPool>& pool = model_.kv_block_pool();
   if (pool == nullptr || pool->max_blocks() == 0) return RunSplitting(jobs, task, chunk_size);
-  const int64_t budget = pool->max_blocks() * pool->block_bytes();
+  const int64_t budget = pool->max_blocks() * pool->block_bytes() / concurrency_;
   std::vector<Result<PromptOutcome>> outcomes;
   std::vector<PromptJob> batch;
   int64_t bytes = 0;

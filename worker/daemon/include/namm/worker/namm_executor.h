@@ -8,6 +8,7 @@
 // chunk's attention may fit in smaller ones.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,6 +39,10 @@ class NammExecutor final : public LeaseExecutor {
   // weights is made on first use).
   NammExecutor(const LlamaModel& model, const Tokenizer& tokenizer, tasks::TaskPaths paths,
                AttemptHook before_attempt = nullptr);
+
+  // Executor threads running batches at once (serve's --units-concurrency): each sizes its batches to this share
+  // of the pool.
+  void set_concurrency(int threads) { concurrency_ = std::max(1, threads); }
 
   Status Prepare(const RunInfo& run) override;
   // The jobs through the batched engine (TaskRunner::RunBatch), each with its lease's NAMM (or the full cache).
@@ -76,6 +81,7 @@ class NammExecutor final : public LeaseExecutor {
   const Tokenizer& tokenizer_;
   tasks::TaskPaths paths_;
   AttemptHook before_attempt_;
+  int concurrency_ = 1;
   std::mutex mu_;
   NammArchitecture architecture_;
   std::string rope_override_;
