@@ -108,6 +108,7 @@ int64_t LayerKVCache::BlocksFor(int64_t tokens) const {
   const int64_t block = blocks_.pool->block_tokens();
   return (tokens + block - 1) / block;
 }
+
 at::Tensor LayerKVCache::positions() const { return live_[kPositions]; }
 
 at::Tensor LayerKVCache::state(const std::string& name) const {
