@@ -51,11 +51,19 @@ int64_t KvBlockPool::blocks_free() const {
   return max_blocks_ > 0 ? max_blocks_ - in_use_ : -1;
 }
 
+namespace {
+constexpr const char* kExhausted = "the KV block pool is exhausted";
+}  // namespace
+
+bool KvBlockPool::IsExhausted(const Status& status) {
+  return status.code() == Status::Code::kFailedPrecondition && status.message().find(kExhausted) != std::string::npos;
+}
+
 Status KvBlockPool::Allocate(int64_t count, std::vector<int32_t>& ids) {
   if (count <= 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mutex_);
   if (max_blocks_ > 0 && in_use_ + count > max_blocks_) {
-    return Status::FailedPrecondition("the KV block pool is exhausted: " + std::to_string(count) + " blocks asked, " +
+    return Status::FailedPrecondition(std::string(kExhausted) + ": " + std::to_string(count) + " blocks asked, " +
                                       std::to_string(max_blocks_ - in_use_) + " of " + std::to_string(max_blocks_) +
                                       " free");
   }

@@ -54,6 +54,8 @@ class KvBlockPool {
   // Takes `count` blocks, appending their ids to `ids`; FailedPrecondition (and nothing taken) when fewer are
   // left.
   Status Allocate(int64_t count, std::vector<int32_t>& ids);
+  // Whether `status` is Allocate's (or an append's through it) for a pool without enough free blocks.
+  static bool IsExhausted(const Status& status);
   // Returns blocks taken by Allocate.
   void Free(const int32_t* ids, int64_t count);
 

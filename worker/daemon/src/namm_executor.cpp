@@ -142,7 +142,9 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunByMemory(const std::vector<P
   std::vector<PromptJob> batch;
   int64_t bytes = 0;
   const auto run = [&] {
-    if (batch.size() > 1) spdlog::debug("{} prompts of {} together: {} bytes of KV seen", batch.size(), jobs.front().lease->task, bytes);
+    if (batch.size() > 1) {
+      spdlog::debug("{} prompts of {} together: {} bytes of KV seen", batch.size(), jobs.front().lease->task, bytes);
+    }
     for (auto& r : RunFitting(batch, task, chunk_size)) outcomes.push_back(std::move(r));
     batch.clear();
     bytes = 0;
@@ -163,11 +165,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunFitting(const std::vector<Pr
   // A row whose cache found the pool dry failed alone (LayerKVCache::Append); the others finished.
   std::vector<std::size_t> dry;
   for (std::size_t i = 0; i < outcomes.size(); ++i) {
-    const Status& status = outcomes[i].status();
-    if (!outcomes[i].ok() && status.code() == Status::Code::kFailedPrecondition &&
-        status.message().find("KV block pool is exhausted") != std::string::npos) {
-      dry.push_back(i);
-    }
+    if (!outcomes[i].ok() && KvBlockPool::IsExhausted(outcomes[i].status())) dry.push_back(i);
   }
   if (dry.empty() || jobs.size() == 1) return outcomes;  // alone it cannot fit: its error says so
   // Again with fewer beside them: the dry ones together, or, when every row was, each half apart.
