@@ -64,13 +64,16 @@ void BM_BatchedAttentionInBlocks(benchmark::State& state) {
   const int64_t n = state.range(1);
   auto pool = KvBlockPool::Create(16, kHeadDim, at::TensorOptions().dtype(at::kFloat));
   std::vector<LayerKVCache> caches;
-  for (std::size_t s = 0; s < sequences.size(); ++s) caches.emplace_back(kKvHeads, kHeadDim, at::TensorOptions(), std::vector<TokenStateSpec>{}, *pool);
+  for (std::size_t s = 0; s < sequences.size(); ++s) {
+    caches.emplace_back(kKvHeads, kHeadDim, at::TensorOptions(), std::vector<TokenStateSpec>{}, *pool);
+  }
   // 16 tokens at a time, sequence after sequence: each cache's blocks lie between the others'.
   for (int64_t j = 0; j < n; j += 16) {
     for (std::size_t s = 0; s < sequences.size(); ++s) {
       const int64_t rows = std::min<int64_t>(16, n - j);
       const at::Tensor positions = at::arange(j, j + rows, at::TensorOptions().dtype(at::kLong));
-      if (!caches[s].Append(sequences[s].keys.narrow(1, j, rows), sequences[s].values.narrow(1, j, rows), positions).ok()) {
+      const AttentionRequest& in = sequences[s];
+      if (!caches[s].Append(in.keys.narrow(1, j, rows), in.values.narrow(1, j, rows), positions).ok()) {
         state.SkipWithError("append failed");
         return;
       }

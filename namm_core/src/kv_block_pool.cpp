@@ -37,8 +37,8 @@ KvBlockPool::KvBlockPool(int64_t block_tokens, int64_t head_dim, at::TensorOptio
   while ((int64_t{1} << block_shift_) < block_tokens_) ++block_shift_;
 }
 
-int64_t KvBlockPool::block_bytes() const {
-  return 2 * block_tokens_ * head_dim_ * static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
+int64_t KvBlockPool::BlockBytes(int64_t block_tokens, int64_t head_dim, at::ScalarType dtype) {
+  return 2 * block_tokens * head_dim * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
 int64_t KvBlockPool::blocks_in_use() const {

@@ -38,7 +38,7 @@ LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions
 LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
                            std::vector<TokenStateSpec> token_state, std::shared_ptr<KvBlockPool> pool)
     : LayerKVCache(kv_heads, head_dim, options, std::move(token_state)) {
-  TORCH_CHECK(pool != nullptr, "a KV cache in blocks needs a pool");
+  if (pool == nullptr) return;
   TORCH_CHECK(pool->head_dim() == head_dim && pool->options().dtype() == options.dtype() &&
                   pool->options().device() == options.device(),
               "the KV block pool holds heads of ", pool->head_dim(), " ", pool->options().dtype(), " on ",

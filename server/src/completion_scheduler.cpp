@@ -152,8 +152,9 @@ struct CompletionScheduler::Impl {
     std::shared_ptr<CompletionHandle> handle;
     Clock::time_point arrived;
     uint64_t seed = 0;
-    // A preempted request starts again with the same seed, so it makes the same tokens (a row's tokens do not
-    // depend on its batch): what it had sent is not sent again, and its first `regenerate` tokens were counted.
+    // The answer's text sent so far. A preempted request starts again with the same seed, so it makes the same
+    // tokens (a row's tokens do not depend on its batch): what it had sent is not sent again, and its first
+    // `regenerate` tokens were counted.
     std::string sent;
     std::size_t regenerate = 0;
   };
@@ -162,7 +163,6 @@ struct CompletionScheduler::Impl {
     std::unique_ptr<MemoryPolicy> policy;
     int64_t id = 0;
     std::size_t tokens_seen = 0;  // generated tokens already turned into text
-    std::string sent;             // the answer's text sent so far
     Clock::time_point last_token;
     int64_t admitted_bytes = 0;  // KvBytesAtStart when it joined: counted while it holds less
     int64_t peak_bytes = 0;      // the most it held and was about to add at a step
@@ -258,12 +258,13 @@ struct CompletionScheduler::Impl {
     return StoredTokens(tokens) * kv_bytes_per_token;
   }
 
-  // The KV storage the running rows hold and may add at the next step (GenerationBatch::growth_bytes).
+  // The KV storage a running row holds and may add at the next step (GenerationBatch::growth_bytes).
+  int64_t RowBytes(const Row& row) const { return batch.reserved_bytes(row.id) + batch.growth_bytes(row.id); }
+
+  // RowBytes of the running rows, each at least what it was admitted at.
   int64_t KvBytesInUse() const {
     int64_t bytes = 0;
-    for (const Row& row : rows) {
-      bytes += std::max(row.admitted_bytes, batch.reserved_bytes(row.id) + batch.growth_bytes(row.id));
-    }
+    for (const Row& row : rows) bytes += std::max(row.admitted_bytes, RowBytes(row));
     return bytes;
   }
 
@@ -356,7 +357,6 @@ struct CompletionScheduler::Impl {
       row.admitted_bytes = KvBytesAtStart(next.job);
       row.id = batch.Join(std::move(request));
       row.last_token = Clock::now();
-      row.sent = std::move(next.sent);
       row.request = std::move(next);
       rows.push_back(std::move(row));  // reserved for max_running rows: does not throw
     }
@@ -367,15 +367,12 @@ struct CompletionScheduler::Impl {
   // could wait. The oldest row always runs (alone it fits: Submit refused what could not).
   void Preempt() {
     if (options.max_kv_bytes <= 0) return;
-    for (Row& row : rows) {
-      row.peak_bytes = std::max(row.peak_bytes, batch.reserved_bytes(row.id) + batch.growth_bytes(row.id));
-    }
+    for (Row& row : rows) row.peak_bytes = std::max(row.peak_bytes, RowBytes(row));
     while (rows.size() > 1 && KvBytesInUse() > options.max_kv_bytes) {
       Row row = std::move(rows.back());
       rows.pop_back();
       (void)batch.Leave(row.id);  // "left before it finished": it starts again
       Waiting again = std::move(row.request);
-      again.sent = std::move(row.sent);
       again.regenerate = std::max(again.regenerate, row.tokens_seen);
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -433,6 +430,7 @@ struct CompletionScheduler::Impl {
     const auto now = Clock::now();
     for (auto it = rows.begin(); it != rows.end();) {
       Row& row = *it;
+      std::string& sent = row.request.sent;
       const std::vector<int64_t>& tokens = batch.tokens(row.id);
       const std::size_t made = tokens.size() - row.tokens_seen;
       if (made > 0) {
@@ -453,9 +451,9 @@ struct CompletionScheduler::Impl {
           if (at != std::string::npos) text.resize(at);
         }
         const std::size_t stable = StableLength(text, row.request.job.stop);
-        if (stable > row.sent.size() && text.compare(0, row.sent.size(), row.sent) == 0) {
-          row.request.handle->Publish(text.substr(row.sent.size(), stable - row.sent.size()));
-          row.sent = text.substr(0, stable);
+        if (stable > sent.size() && text.compare(0, sent.size(), sent) == 0) {
+          row.request.handle->Publish(text.substr(sent.size(), stable - sent.size()));
+          sent = text.substr(0, stable);
         }
       }
       if (!batch.finished(row.id)) {
@@ -470,8 +468,8 @@ struct CompletionScheduler::Impl {
                                          : ServerError(500, result.status().message()));
       } else {
         // The rest of the answer, cut at its stop string (a decoding that rewrote what was sent cannot be taken back).
-        if (result->text.size() > row.sent.size() && result->text.compare(0, row.sent.size(), row.sent) == 0) {
-          row.request.handle->Publish(result->text.substr(row.sent.size()));
+        if (result->text.size() > sent.size() && result->text.compare(0, sent.size(), sent) == 0) {
+          row.request.handle->Publish(result->text.substr(sent.size()));
         }
         CompletionOutcome outcome;
         outcome.text = result->text;

@@ -118,6 +118,16 @@ TEST(CompletionScheduler, EveryStreamAddsUpToTheWholeAnswerForEveryTokenizer) {
   }
 }
 
+// stories260K (float32, CPU) and its tokenizer.
+void LoadStories(std::unique_ptr<worker::LlamaModel>* model, std::unique_ptr<worker::Tokenizer>* tokenizer) {
+  auto loaded = worker::LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), worker::LoadOptions{});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  *model = std::make_unique<worker::LlamaModel>(std::move(*loaded));
+  auto read = worker::load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  *tokenizer = std::move(*read);
+}
+
 // Admission (SchedulerOptions::max_kv_bytes): 16 requests, 12 of which fit two at a time and 2 of which could
 // never fit, on a budget of 500 tokens' keys and values (1,280 bytes a token on stories260K in float32): the two are
 // refused at once with a 400 naming the limit, the twelve all finish, never more than two running at once; the same
@@ -126,10 +136,9 @@ TEST(CompletionScheduler, EveryStreamAddsUpToTheWholeAnswerForEveryTokenizer) {
 TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeverCould) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
-  auto model = worker::LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), worker::LoadOptions{});
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto tokenizer = worker::load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::Tokenizer> tokenizer;
+  ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
   const auto job = [](const std::string& policy, int64_t max_tokens, uint64_t seed) {
     CompletionJob j;
     j.prompt_ids = {1, 300, 301, 302};
@@ -146,7 +155,7 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
     options.update_interval = 64;
     options.max_kv_bytes = limit;
     options.max_context = 2048;
-    auto scheduler = CompletionScheduler::Start(*model, **tokenizer, "full", options, nullptr);
+    auto scheduler = CompletionScheduler::Start(*model, *tokenizer, "full", options, nullptr);
     ASSERT_TRUE(scheduler.ok()) << scheduler.status().ToString();
     std::vector<std::shared_ptr<CompletionHandle>> fitting, never;
     for (uint64_t i = 0; i < 16; ++i) {
@@ -190,10 +199,9 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
 TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnlimitedAnswers) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
-  auto model = worker::LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), worker::LoadOptions{});
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto tokenizer = worker::load_tokenizer(testing::SharedPath(testing::kStoriesTokenizer));
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::Tokenizer> tokenizer;
+  ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
   constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV heads x 8 x 4 bytes
   const auto answers = [&](int64_t limit, ApiMetrics* metrics, std::size_t* most_running, int64_t block_tokens = 0) {
     EXPECT_TRUE(worker::use_kv_blocks(*model, block_tokens, limit).ok());
@@ -202,7 +210,7 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
     options.update_interval = 64;
     options.max_kv_bytes = limit;
     options.max_running = 16;
-    auto scheduler = CompletionScheduler::Start(*model, **tokenizer, "full", options, metrics);
+    auto scheduler = CompletionScheduler::Start(*model, *tokenizer, "full", options, metrics);
     EXPECT_TRUE(scheduler.ok()) << scheduler.status().ToString();
     std::vector<std::shared_ptr<CompletionHandle>> handles;
     for (uint64_t i = 0; i < 12; ++i) {

@@ -95,14 +95,13 @@ Generator::Request RowRequest(const Stories& s, const Row& row, MemoryPolicy* po
   return request;
 }
 
-// Returns the batch's results (checked against each row alone).
-std::vector<Result<GenerationResult>> ExpectBatchEqualsAlone(const Stories& s, const std::vector<Row>& rows) {
-  const Generator generator(s.model, *s.tokenizer);
-  std::vector<std::unique_ptr<MemoryPolicy>> batch_policies;
+// The rows' requests, logits recorded, each with its own policy (appended to `policies`).
+std::vector<Generator::Request> BatchRequests(const Stories& s, const std::vector<Row>& rows,
+                                              std::vector<std::unique_ptr<MemoryPolicy>>* policies) {
   std::vector<Generator::Request> requests;
   for (const Row& row : rows) {
-    batch_policies.push_back(MakePolicy(row.policy, *s.tokenizer));
-    Generator::Request request = RowRequest(s, row, batch_policies.back().get());
+    policies->push_back(MakePolicy(row.policy, *s.tokenizer));
+    Generator::Request request = RowRequest(s, row, policies->back().get());
     request.options.record_logits = true;
     request.options.eos_ids = {2};
     if (row.forced) {
@@ -114,6 +113,14 @@ std::vector<Result<GenerationResult>> ExpectBatchEqualsAlone(const Stories& s, c
     }
     requests.push_back(std::move(request));
   }
+  return requests;
+}
+
+// Returns the batch's results (checked against each row alone).
+std::vector<Result<GenerationResult>> ExpectBatchEqualsAlone(const Stories& s, const std::vector<Row>& rows) {
+  const Generator generator(s.model, *s.tokenizer);
+  std::vector<std::unique_ptr<MemoryPolicy>> batch_policies;
+  const std::vector<Generator::Request> requests = BatchRequests(s, rows, &batch_policies);
   std::vector<Result<GenerationResult>> batched = generator.GenerateBatch(requests);
   EXPECT_EQ(batched.size(), rows.size());
   if (batched.size() != rows.size()) return batched;
@@ -131,18 +138,10 @@ std::vector<Result<GenerationResult>> ExpectBatchEqualsAlone(const Stories& s, c
   return batched;
 }
 
-// The batch of `rows` (requests as in ExpectBatchEqualsAlone), generated once.
+// The batch of `rows` (BatchRequests), generated once.
 std::vector<Result<GenerationResult>> GenerateRows(const Stories& s, const std::vector<Row>& rows) {
   std::vector<std::unique_ptr<MemoryPolicy>> policies;
-  std::vector<Generator::Request> requests;
-  for (const Row& row : rows) {
-    policies.push_back(MakePolicy(row.policy, *s.tokenizer));
-    Generator::Request request = RowRequest(s, row, policies.back().get());
-    request.options.record_logits = true;
-    request.options.max_new_tokens = row.new_tokens;
-    requests.push_back(std::move(request));
-  }
-  return Generator(s.model, *s.tokenizer).GenerateBatch(requests);
+  return Generator(s.model, *s.tokenizer).GenerateBatch(BatchRequests(s, rows, &policies));
 }
 
 // Keys and values in blocks of a shared pool (namm-api's --kv-block-tokens) change no number: every policy's rows,

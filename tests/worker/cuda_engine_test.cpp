@@ -51,6 +51,14 @@ std::unique_ptr<Tokenizer> StoriesTokenizer() {
   return std::move(tokenizer).value();
 }
 
+// The comparisons' generation: 24 greedy tokens, every logit kept.
+GenerationOptions GreedyWithLogits() {
+  GenerationOptions options;
+  options.max_new_tokens = 24;
+  options.record_logits = true;
+  return options;
+}
+
 using PolicyFactory = std::function<std::unique_ptr<MemoryPolicy>(at::Device)>;
 
 template <typename T>
@@ -93,9 +101,7 @@ TEST(EngineOnCuda, GeneratesWhatTheCpuGenerates) {
   const LlamaModel cpu = LoadStories(at::kCPU, at::kFloat), gpu = LoadStories(kCuda, at::kFloat);
   const std::unique_ptr<Tokenizer> tokenizer = StoriesTokenizer();
   const std::vector<int64_t> prompt = LongPrompt(*tokenizer, 1100);
-  GenerationOptions options;
-  options.max_new_tokens = 24;
-  options.record_logits = true;
+  const GenerationOptions options = GreedyWithLogits();
   for (const auto& [name, make] : Policies()) {
     SCOPED_TRACE(name);
     auto on_cpu_policy = make(at::kCPU), on_gpu_policy = make(kCuda);
@@ -127,9 +133,7 @@ TEST(EngineOnCuda, KvInBlocksGivesWhatRectangularCachesGive) {
   LlamaModel gpu = LoadStories(kCuda, at::kFloat);
   const std::unique_ptr<Tokenizer> tokenizer = StoriesTokenizer();
   const std::vector<int64_t> prompt = LongPrompt(*tokenizer, 1100);
-  GenerationOptions options;
-  options.max_new_tokens = 24;
-  options.record_logits = true;
+  const GenerationOptions options = GreedyWithLogits();
   for (const auto& [name, make] : Policies()) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(use_kv_blocks(gpu, 0, 0).ok());

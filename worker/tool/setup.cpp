@@ -1,16 +1,11 @@
 #include "setup.h"
 
-#include <fstream>
-
-#ifdef NAMM_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include <ATen/Context.h>
 
 #include "namm/cpu_threads.h"
 #include "namm/file_util.h"
 #include "namm/worker/chat_tokenizer.h"
+#include "namm/worker/device_memory.h"
 #include "namm/worker/policy_spec.h"
 
 namespace namm::worker::cli {
@@ -116,27 +111,6 @@ void ApplyThreads(const InferenceOptions& o) {
   if (o.threads > 0) set_cpu_threads(o.threads);
 }
 
-int64_t FreeMemory(const at::Device& device) {
-#ifdef NAMM_WITH_CUDA
-  if (device.is_cuda()) {
-    int previous = 0;
-    std::size_t free_bytes = 0, total_bytes = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device.index()) != cudaSuccess) return 0;
-    const bool ok = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-    cudaSetDevice(previous);
-    return ok ? static_cast<int64_t>(free_bytes) : 0;
-  }
-#endif
-  if (!device.is_cpu()) return 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
 void AddKvMemoryOptions(CLI::App* cmd, KvMemoryOptions& o, const std::string& use) {
   cmd->add_option("--max-kv-bytes", o.max_kv_bytes,
                   "Keys and values the KV caches may hold together, e.g. 2GiB: " + use +
@@ -150,7 +124,8 @@ void AddKvMemoryOptions(CLI::App* cmd, KvMemoryOptions& o, const std::string& us
 }
 
 Result<int64_t> ApplyKvMemory(LlamaModel& model, const KvMemoryOptions& o) {
-  const int64_t budget = o.max_kv_bytes ? static_cast<int64_t>(*o.max_kv_bytes) : FreeMemory(model.options().device()) / 2;
+  const int64_t budget =
+      o.max_kv_bytes ? static_cast<int64_t>(*o.max_kv_bytes) : device_memory(model.options().device()).free / 2;
   NAMM_RETURN_IF_ERROR(use_kv_blocks(model, o.kv_block_tokens, budget));
   return budget;
 }

@@ -44,10 +44,6 @@ void AddBatchOption(CLI::App* cmd, InferenceOptions& options);
 // The CPU thread budget (namm/cpu_threads.h: libtorch, BLAS and our kernels' pool) when --threads was given.
 void ApplyThreads(const InferenceOptions& options);
 
-// Memory free on `device` in bytes: a GPU's (cudaMemGetInfo, in a CUDA build), else the host's MemAvailable; 0 when
-// unknown.
-int64_t FreeMemory(const at::Device& device);
-
 // The KV memory of namm-api and namm-worker serve: the caches' keys and values in blocks of one pool.
 struct KvMemoryOptions {
   std::optional<uint64_t> max_kv_bytes;  // --max-kv-bytes (default: half the device's free memory at start)

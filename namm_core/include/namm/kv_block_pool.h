@@ -45,7 +45,8 @@ class KvBlockPool {
   int64_t head_dim() const { return head_dim_; }
   const at::TensorOptions& options() const { return options_; }
   // Bytes of one block's keys and values.
-  int64_t block_bytes() const;
+  int64_t block_bytes() const { return BlockBytes(block_tokens_, head_dim_, options_.dtype().toScalarType()); }
+  static int64_t BlockBytes(int64_t block_tokens, int64_t head_dim, at::ScalarType dtype);
   int64_t max_blocks() const { return max_blocks_; }
   int64_t blocks_in_use() const;
   // Blocks that can still be taken (max_blocks - in use; -1 without a limit).

@@ -48,7 +48,8 @@ class LayerKVCache {
   // head_dim may be 0 for a cache that only tracks positions and policy state (e.g. scoring recorded attention).
   LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options,
                std::vector<TokenStateSpec> token_state = {});
-  // Keys and values in blocks of `pool` (its head_dim and dtype must be the cache's; throws otherwise).
+  // Keys and values in blocks of `pool` (its head_dim and dtype must be the cache's; throws otherwise), or, with
+  // a null pool, in the cache's own buffers as above.
   LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions options, std::vector<TokenStateSpec> token_state,
                std::shared_ptr<KvBlockPool> pool);
   LayerKVCache(LayerKVCache&&) noexcept = default;

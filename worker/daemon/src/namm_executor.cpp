@@ -6,13 +6,10 @@
 #include <cmath>
 #include <exception>
 
-#ifdef NAMM_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/namm_policy.h"
 #include "namm/tasks/task_variant.h"
+#include "namm/worker/device_memory.h"
 
 namespace namm::worker {
 
@@ -21,18 +18,9 @@ namespace {
 // Memory in use on a CUDA device (the whole device's: one worker per GPU); 0 on CPU, where metrics fall back
 // to the process's resident memory.
 int64_t DeviceMemoryInUse(const at::Device& device) {
-#ifdef NAMM_WITH_CUDA
-  if (device.is_cuda()) {
-    int previous = 0;
-    std::size_t free_bytes = 0, total_bytes = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device.index()) != cudaSuccess) return 0;
-    const bool ok = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-    cudaSetDevice(previous);
-    return ok ? static_cast<int64_t>(total_bytes - free_bytes) : 0;
-  }
-#endif
-  (void)device;
-  return 0;
+  if (!device.is_cuda()) return 0;
+  const DeviceMemory memory = device_memory(device);
+  return memory.total - memory.free;
 }
 
 // CUDA's caching allocator throws OutOfMemoryError; other allocators and libraries (the CPU allocator, cuBLAS)

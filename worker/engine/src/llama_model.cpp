@@ -58,11 +58,7 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
   std::vector<LayerKVCache> caches;
   caches.reserve(static_cast<std::size_t>(config_.n_layers));
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    if (kv_block_pool_ != nullptr) {
-      caches.emplace_back(config_.n_kv_heads, config_.head_dim, options_, policy.token_state(), kv_block_pool_);
-    } else {
-      caches.emplace_back(config_.n_kv_heads, config_.head_dim, options_, policy.token_state());
-    }
+    caches.emplace_back(config_.n_kv_heads, config_.head_dim, options_, policy.token_state(), kv_block_pool_);
   }
   return caches;
 }
@@ -70,16 +66,16 @@ std::vector<LayerKVCache> LlamaModel::NewCaches(const MemoryPolicy& policy) cons
 Status use_kv_blocks(LlamaModel& model, int64_t block_tokens, int64_t max_kv_bytes) {
   if (block_tokens == 0) return model.set_kv_block_pool(nullptr);
   if (block_tokens < 0 || max_kv_bytes < 0) return Status::InvalidArgument("--kv-block-tokens must be 0 or more");
-  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<KvBlockPool> probe,
-                        KvBlockPool::Create(block_tokens, model.config().head_dim, model.options()));
-  const int64_t max_blocks = max_kv_bytes / probe->block_bytes();
-  if (max_kv_bytes > 0 && max_blocks < model.config().n_layers * model.config().n_kv_heads) {
+  const LlamaConfig& c = model.config();
+  const int64_t block_bytes = KvBlockPool::BlockBytes(block_tokens, c.head_dim, model.options().dtype().toScalarType());
+  const int64_t max_blocks = max_kv_bytes / block_bytes;
+  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<KvBlockPool> pool,
+                        KvBlockPool::Create(block_tokens, c.head_dim, model.options(), max_blocks));
+  if (max_kv_bytes > 0 && max_blocks < c.n_layers * c.n_kv_heads) {
     return Status::InvalidArgument("--max-kv-bytes " + std::to_string(max_kv_bytes) + " holds fewer KV blocks (" +
-                                   std::to_string(max_blocks) + " of " + std::to_string(probe->block_bytes()) +
+                                   std::to_string(max_blocks) + " of " + std::to_string(block_bytes) +
                                    " bytes) than one token needs (a block per layer and KV head)");
   }
-  NAMM_ASSIGN_OR_RETURN(std::shared_ptr<KvBlockPool> pool,
-                        KvBlockPool::Create(block_tokens, model.config().head_dim, model.options(), max_blocks));
   return model.set_kv_block_pool(std::move(pool));
 }
 
