@@ -1,5 +1,6 @@
 #include "namm/kv_block_pool.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <ATen/ops/index_put.h>
@@ -22,7 +23,12 @@ Result<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(int64_t block_tokens, i
                                    std::to_string(max_blocks));
   }
   if (slab_blocks <= 0) return Status::InvalidArgument("KV block slabs need at least one block");
-  if (max_blocks > 0) slab_blocks = max_blocks;
+  // A device's pool, or one not in float32, is read and written by tensor operations (Read, Write): one slab of
+  // every block, allocated at once as vLLM allocates its pool. The host kernel reads float32 blocks through a
+  // table of addresses, so the host's pool grows a slab at a time up to its limit: one allocation of the whole
+  // default limit (half the free memory) cost the first request 70 ms here, and a second under AddressSanitizer.
+  const bool by_tensor_ops = !options.device().is_cpu() || options.dtype().toScalarType() != at::kFloat;
+  if (max_blocks > 0) slab_blocks = by_tensor_ops ? max_blocks : std::min(slab_blocks, max_blocks);
   return std::shared_ptr<KvBlockPool>(new KvBlockPool(block_tokens, head_dim, options, max_blocks, slab_blocks));
 }
 
@@ -71,12 +77,14 @@ Status KvBlockPool::Allocate(int64_t count, std::vector<int32_t>& ids) {
   // are read, and on the host pages never written cost no memory.
   while (static_cast<int64_t>(free_.size()) < count) {
     const auto first = static_cast<int64_t>(slabs_.size()) * slab_blocks_;
-    if (first + slab_blocks_ > std::numeric_limits<int32_t>::max()) {
+    // The last slab of a limited pool stops at the limit (only the last one is short: id / slab_blocks_ holds).
+    const int64_t blocks = max_blocks_ > 0 ? std::min(slab_blocks_, max_blocks_ - first) : slab_blocks_;
+    if (first + blocks > std::numeric_limits<int32_t>::max()) {
       return Status::FailedPrecondition("the KV block pool cannot address more than 2^31 blocks");
     }
-    slabs_.push_back(at::empty({slab_blocks_, 2, block_tokens_, head_dim_}, options_));
+    slabs_.push_back(at::empty({blocks, 2, block_tokens_, head_dim_}, options_));
     // Lowest ids handed out first (free_ is used from its back).
-    for (int64_t i = slab_blocks_ - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(first + i));
+    for (int64_t i = blocks - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(first + i));
   }
   for (int64_t i = 0; i < count; ++i) {
     ids.push_back(free_.back());

@@ -290,7 +290,7 @@ Status LayerKVCache::AppendToBlocks(const at::Tensor& keys, const at::Tensor& va
         for (int64_t b = 0; b < need; ++b) {
           const int32_t id = blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(b)];
           blocks_.key_rows[static_cast<std::size_t>(h * need + b)] = pool.key_data(id);
-        blocks_.value_rows[static_cast<std::size_t>(h * need + b)] = pool.value_data(id);
+          blocks_.value_rows[static_cast<std::size_t>(h * need + b)] = pool.value_data(id);
         }
       }
     }

@@ -50,7 +50,7 @@ Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum
                                    std::to_string(first_query));
   }
   // Fixed storage for `keep` queries, made once: rows are shifted within it, never reallocated.
-  const at::Tensor lse = log_sum_exp.to(at::kFloat);
+  const at::Tensor lse = log_sum_exp.scalar_type() == at::kFloat ? log_sum_exp : log_sum_exp.to(at::kFloat);
   if (!query_store_.defined() || query_store_.size(0) != queries.size(0) || query_store_.size(1) != keep ||
       query_store_.size(2) != queries.size(2) || query_store_.scalar_type() != queries.scalar_type() ||
       query_store_.device() != queries.device()) {
@@ -70,17 +70,18 @@ Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum
   }
   if (queries.device().is_cpu() && lse.device().is_cpu() && queries.stride(2) == 1) {
     // Row by row on the host (no tensor operation: this runs per layer, sequence and step).
-    const auto elem = static_cast<int64_t>(queries.element_size()), hd = queries.size(2);
+    // (Sizes, strides and addresses read once: each is a call into libtorch.)
+    const auto elem = static_cast<int64_t>(queries.element_size()), hd = queries.size(2), heads = queries.size(0);
+    const int64_t q_head = queries.stride(0), q_row = queries.stride(1), l_head = lse.stride(0), l_row = lse.stride(1);
     const auto* q = static_cast<const char*>(queries.data_ptr());
     auto* q_store = static_cast<char*>(query_store_.data_ptr());
     const float* l = lse.data_ptr<float>();
     float* l_store = lse_store_.data_ptr<float>();
-    for (int64_t h = 0; h < queries.size(0); ++h) {
+    for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < take; ++i) {
         const int64_t from = t - take + i, to = size_ + i;
-        internal::copy_row(q_store + ((h * keep + to) * hd) * elem,
-                           q + (h * queries.stride(0) + from * queries.stride(1)) * elem, hd * elem);
-        l_store[h * keep + to] = l[h * lse.stride(0) + from * lse.stride(1)];
+        internal::copy_row(q_store + ((h * keep + to) * hd) * elem, q + (h * q_head + from * q_row) * elem, hd * elem);
+        l_store[h * keep + to] = l[h * l_head + from * l_row];
       }
     }
   } else {

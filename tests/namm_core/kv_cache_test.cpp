@@ -124,8 +124,9 @@ TEST(LayerKVCache, ReservedBytesAfterAnAppendAreKnownBeforeIt) {
 // A cache in blocks of a pool holds what the rectangular cache holds, through appends (across block
 // boundaries), gathers (compacting within each head) and a clone, and reserves whole blocks: the ones an
 // eviction empties go back to the pool at once, and all of them when the cache goes. In float32 on the host (the
-// attention kernel's table, rows copied in place) and in bfloat16 (tensor operations, as on a GPU), with a pool of
-// several slabs and of one (read and written by one tensor operation each).
+// attention kernel's table, rows copied in place; slabs of 5 blocks, with a limit or without) and in bfloat16
+// (tensor operations, as on a GPU), with a pool of several slabs and, limited, of one (read and written by one
+// tensor operation each).
 TEST(LayerKVCache, InBlocksHoldsWhatARectangularCacheHoldsAndReturnsEmptiedBlocks) {
   for (const auto& [dtype, max_blocks] : {std::pair{at::kFloat, int64_t{0}}, std::pair{at::kFloat, int64_t{64}},
                                           std::pair{at::kBFloat16, int64_t{0}}, std::pair{at::kBFloat16, int64_t{64}}}) {
@@ -134,7 +135,7 @@ TEST(LayerKVCache, InBlocksHoldsWhatARectangularCacheHoldsAndReturnsEmptiedBlock
   const auto options = at::TensorOptions().dtype(dtype);
   auto pool = KvBlockPool::Create(4, 3, options, max_blocks, /*slab_blocks=*/5);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  EXPECT_EQ((*pool)->one_slab(), max_blocks > 0);
+  EXPECT_EQ((*pool)->one_slab(), max_blocks > 0 && !host_kernel);  // the host's float32 pool grows by slabs
   const std::vector<TokenStateSpec> state = {{"ema", {2}, at::kFloat}};
   {
     LayerKVCache rect(2, 3, options, state), blocks(2, 3, options, state, *pool);
@@ -195,11 +196,12 @@ TEST(LayerKVCache, InBlocksHoldsWhatARectangularCacheHoldsAndReturnsEmptiedBlock
 }
 
 // A pool with a limit: an append it cannot hold fails naming the pool and changes nothing; after an eviction
-// frees blocks, it fits.
+// frees blocks, it fits. On the host its storage grows a slab at a time, the last one cut at the limit (3 + 1).
 TEST(LayerKVCache, InBlocksAnAppendPastThePoolFailsAndChangesNothing) {
   const auto options = at::TensorOptions().dtype(at::kFloat);
-  auto pool = KvBlockPool::Create(8, 2, options, /*max_blocks=*/4);
+  auto pool = KvBlockPool::Create(8, 2, options, /*max_blocks=*/4, /*slab_blocks=*/3);
   ASSERT_TRUE(pool.ok());
+  EXPECT_FALSE((*pool)->one_slab());
   LayerKVCache cache(2, 2, options, {}, *pool);
   const auto append = [&](int64_t n) {
     const int64_t start = cache.tokens_seen();

@@ -34,9 +34,10 @@ struct KvBlockView {
 class KvBlockPool {
  public:
   // block_tokens: a power of two. max_blocks: at most this many blocks held at once (0: no limit). Storage is
-  // allocated with `options` (dtype and device) when the first block is taken: all max_blocks at once, as vLLM
-  // allocates its pool (on the host, pages never written cost nothing), so that blocks are read and written with
-  // one tensor operation (Read, Write); without a limit, slab_blocks blocks at a time.
+  // allocated with `options` (dtype and device) as blocks are first taken, slab_blocks at a time, up to max_blocks;
+  // except that a limited pool whose blocks are read by tensor operations (on a device, or not float32) is one slab
+  // of max_blocks, allocated at the first block as vLLM allocates its pool, so that Read and Write are one tensor
+  // operation each.
   static Result<std::shared_ptr<KvBlockPool>> Create(int64_t block_tokens, int64_t head_dim, at::TensorOptions options,
                                                      int64_t max_blocks = 0, int64_t slab_blocks = 1024);
 
