@@ -57,6 +57,11 @@ int64_t KvBlockPool::blocks_free() const {
   return max_blocks_ > 0 ? max_blocks_ - in_use_ : -1;
 }
 
+int64_t KvBlockPool::blocks_allocated() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_use_ + static_cast<int64_t>(free_.size());
+}
+
 namespace {
 constexpr const char* kExhausted = "the KV block pool is exhausted";
 }  // namespace

@@ -207,7 +207,9 @@ TEST(LayerKVCache, InBlocksAnAppendPastThePoolFailsAndChangesNothing) {
     const int64_t start = cache.tokens_seen();
     return cache.Append(at::ones({2, n, 2}), at::ones({2, n, 2}), Positions(start, n));
   };
+  EXPECT_EQ((*pool)->blocks_allocated(), 0);
   ASSERT_TRUE(append(16).ok());
+  EXPECT_EQ((*pool)->blocks_allocated(), 4);  // slabs of 3 and 1
   const Status full = append(1);
   EXPECT_EQ(full.code(), Status::Code::kFailedPrecondition);
   EXPECT_NE(full.message().find("KV block pool is exhausted: 2 blocks asked, 0 of 4 free"), std::string::npos)
@@ -220,6 +222,20 @@ TEST(LayerKVCache, InBlocksAnAppendPastThePoolFailsAndChangesNothing) {
   EXPECT_TRUE(cache.positions()[1][8].item<int64_t>() == 16);
   EXPECT_FALSE(KvBlockPool::Create(6, 2, options).ok());  // not a power of two
   EXPECT_THROW(LayerKVCache(2, 4, options, {}, *pool), c10::Error);  // the pool's heads are 2 wide
+}
+
+// A large limit costs the host's pool nothing until blocks are taken (its storage grows by slabs: namm-api's default
+// limit is half the free memory); a pool read by tensor operations (bfloat16 here, a GPU's) is one slab of the limit.
+TEST(LayerKVCache, InBlocksTheHostsPoolGrowsBySlabsAPoolOfTensorOperationsIsOneSlab) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    auto pool = KvBlockPool::Create(16, 8, at::TensorOptions().dtype(dtype), /*max_blocks=*/int64_t{1} << 16);
+    ASSERT_TRUE(pool.ok());
+    std::vector<int32_t> ids;
+    ASSERT_TRUE((*pool)->Allocate(3, ids).ok());
+    EXPECT_EQ((*pool)->blocks_allocated(), dtype == at::kFloat ? 1024 : int64_t{1} << 16) << c10::toString(dtype);
+    EXPECT_EQ((*pool)->one_slab(), dtype != at::kFloat);
+    (*pool)->Free(ids.data(), static_cast<int64_t>(ids.size()));
+  }
 }
 
 TEST(LayerKVCache, RejectsBadIndicesAndShapes) {

@@ -52,6 +52,8 @@ class KvBlockPool {
   int64_t blocks_in_use() const;
   // Blocks that can still be taken (max_blocks - in use; -1 without a limit).
   int64_t blocks_free() const;
+  // Blocks whose storage has been allocated (held or not): the slabs made so far.
+  int64_t blocks_allocated() const;
 
   // Takes `count` blocks, appending their ids to `ids`; FailedPrecondition (and nothing taken) when fewer are
   // left.
