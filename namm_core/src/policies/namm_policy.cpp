@@ -91,7 +91,14 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   const int64_t start = std::min(first_end - (kStftWindow - 1), first_query);
   const int64_t earlier = frames_end_here ? first_query - start : 0;
   // Query-major samples [kv, earlier + rows, n]: zeros before the sequence, earlier queries, then these rows.
-  const at::Tensor samples = at::empty({kv_heads, earlier + rows, n}, cache.state(kEmaState).options());
+  const at::TensorOptions options = cache.state(kEmaState).options();
+  at::Tensor samples;
+  if (options.device().is_cpu() && kv_heads * (earlier + rows) * n * int64_t{sizeof(float)} <= kCarriedRowsMaxBytes) {
+    if (!samples_storage_.defined()) samples_storage_ = at::empty({kCarriedRowsMaxBytes / int64_t{sizeof(float)}}, options);
+    samples = samples_storage_.narrow(0, 0, kv_heads * (earlier + rows) * n).view({kv_heads, earlier + rows, n});
+  } else {
+    samples = at::empty({kv_heads, earlier + rows, n}, options);
+  }
   if (earlier > 0) {
     const int64_t zeros = std::max<int64_t>(0, -start);
     if (zeros > 0) samples.narrow(1, 0, zeros).zero_();

@@ -153,9 +153,10 @@ std::shared_ptr<const LlamaModel::RopeEntry> LlamaModel::RopeFor(int64_t start, 
   return entry;
 }
 
-bool LlamaModel::KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const {
+bool LlamaModel::KernelAttends(const at::Tensor& q, int64_t t, const LayerKVCache& cache,
+                                const MemoryPolicy& policy) const {
   return row_invariant(q) && (!cache.in_blocks() || cache.block_view().keys != nullptr) &&
-         (!policy.needs_attention() || config_.n_heads * q.size(1) * cache.size() <= attention_block_elements_);
+         (!policy.needs_attention() || config_.n_heads * t * cache.size() <= attention_block_elements_);
 }
 
 Result<at::Tensor> LlamaModel::Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const {
@@ -250,7 +251,10 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
                              std::vector<Status>& errors, bool contain_exceptions) const {
   const auto count = static_cast<int64_t>(steps.size());
   const int64_t q_width = config_.n_heads * config_.head_dim;
-  std::vector<at::Tensor> queries(steps.size());
+  // The packed rows' views made once per layer: per sequence only a narrow (and a transpose) of them, views
+  // being a tenth of a step's time outside the arithmetic on small models.
+  const at::Tensor q_flat = q.reshape({q.size(0), q_width});
+  const at::Tensor v_heads = v.reshape({v.size(0), config_.n_kv_heads, config_.head_dim});
   std::vector<char> in_kernel(steps.size(), 0);
   const int64_t window = config_.window_of(layer);
   const auto cache_of = [&](std::size_t s) -> LayerKVCache& { return (*steps[s].caches)[static_cast<std::size_t>(layer)]; };
@@ -282,19 +286,17 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     LayerKVCache& cache = cache_of(s);
     MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
-    const at::Tensor v_heads = v.narrow(0, first, t).reshape({t, config_.n_kv_heads, config_.head_dim});
-    if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1), v_heads.transpose(0, 1),
+    if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1), v_heads.narrow(0, first, t).transpose(0, 1),
                                        packing.tables[s]->positions);
         !appended.ok()) {
       errors[s] = std::move(appended);
       return;
     }
-    queries[s] = q.narrow(0, first, t).transpose(0, 1);  // [heads, t, head_dim]
-    if (KernelAttends(queries[s], cache, policy)) {
+    if (KernelAttends(q, t, cache, policy)) {
       in_kernel[s] = 1;
       return;
     }
-    Result<at::Tensor> out = Attend(layer, queries[s], cache, policy);
+    Result<at::Tensor> out = Attend(layer, q.narrow(0, first, t).transpose(0, 1), cache, policy);  // [heads, t, hd]
     if (!out.ok()) {
       errors[s] = out.status();
       return;
@@ -309,7 +311,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     const MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
     AttentionRequest in;
-    in.q = q.narrow(0, first, t).reshape({t, q_width});
+    in.q = q_flat.narrow(0, first, t);
     if (cache.in_blocks()) {
       in.blocks = cache.block_view();
     } else {
@@ -349,7 +351,8 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     if (policy.needs_attention()) observed = policy.Observe(layer, result.probabilities, first_query, cache);
     const int64_t history = std::min(policy.query_history(), t);
     if (observed.ok() && history > 0) {
-      observed = cache.query_history().Record(queries[s].narrow(1, t - history, history),
+      const at::Tensor newest = q.narrow(0, packing.offset[s] + t - history, history).transpose(0, 1);
+      observed = cache.query_history().Record(newest,
                                               result.log_sum_exp.narrow(1, t - history, history),
                                               first_query + t - history, window, policy.query_history());
     }

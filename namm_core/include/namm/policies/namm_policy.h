@@ -143,6 +143,9 @@ class NammPolicy final : public MemoryPolicy {
   };
   std::vector<CarriedRows> carried_;
   at::Tensor spare_rows_;  // storage of the rows just replaced, for the next to reuse
+  // Storage of an observation's samples ([kv_heads, queries, size]) on the host while they fit
+  // kCarriedRowsMaxBytes, reused from call to call instead of allocated per layer and step.
+  at::Tensor samples_storage_;
 };
 
 }  // namespace namm

@@ -96,9 +96,10 @@ class LlamaModel {
   // (RopeCache): every step of every batch needs them again.
   struct RopeEntry;
   std::shared_ptr<const RopeEntry> RopeFor(int64_t start, int64_t t) const;
-  // Whether a sequence's attention runs in the batched CPU kernel (invariant_attention): float32 on the CPU,
-  // and the probabilities its policy observes, if any, within attention_block_elements_.
-  bool KernelAttends(const at::Tensor& q, const LayerKVCache& cache, const MemoryPolicy& policy) const;
+  // Whether a sequence of t rows of the packed queries q runs its attention in the batched CPU kernel
+  // (invariant_attention): float32 on the CPU, and the probabilities its policy observes, if any, within
+  // attention_block_elements_.
+  bool KernelAttends(const at::Tensor& q, int64_t t, const LayerKVCache& cache, const MemoryPolicy& policy) const;
   // A prepared sequence's attention over its cache with libtorch's operations, in blocks of rows (any device and
   // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
   Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
