@@ -91,11 +91,13 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   const int64_t start = std::min(first_end - (kStftWindow - 1), first_query);
   const int64_t earlier = frames_end_here ? first_query - start : 0;
   // Query-major samples [kv, earlier + rows, n]: zeros before the sequence, earlier queries, then these rows.
-  const at::TensorOptions options = cache.state(kEmaState).options();
+  const at::TensorOptions options = cache.state(kEmaState).options();  // float32 (token_state)
+  constexpr int64_t kStorageFloats = kCarriedRowsMaxBytes / int64_t{sizeof(float)};
+  const int64_t count = kv_heads * (earlier + rows) * n;
   at::Tensor samples;
-  if (options.device().is_cpu() && kv_heads * (earlier + rows) * n * int64_t{sizeof(float)} <= kCarriedRowsMaxBytes) {
-    if (!samples_storage_.defined()) samples_storage_ = at::empty({kCarriedRowsMaxBytes / int64_t{sizeof(float)}}, options);
-    samples = samples_storage_.narrow(0, 0, kv_heads * (earlier + rows) * n).view({kv_heads, earlier + rows, n});
+  if (options.device().is_cpu() && count <= kStorageFloats) {
+    if (!samples_storage_.defined()) samples_storage_ = at::empty({kStorageFloats}, options);
+    samples = samples_storage_.narrow(0, 0, count).view({kv_heads, earlier + rows, n});
   } else {
     samples = at::empty({kv_heads, earlier + rows, n}, options);
   }

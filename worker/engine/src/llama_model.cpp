@@ -286,8 +286,8 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     LayerKVCache& cache = cache_of(s);
     MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
-    if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1), v_heads.narrow(0, first, t).transpose(0, 1),
-                                       packing.tables[s]->positions);
+    if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1),
+                                       v_heads.narrow(0, first, t).transpose(0, 1), packing.tables[s]->positions);
         !appended.ok()) {
       errors[s] = std::move(appended);
       return;
