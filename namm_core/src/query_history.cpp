@@ -14,6 +14,7 @@
 #include "namm/dtype.h"
 #include "namm/kv_cache.h"
 #include "namm/stft_features.h"
+#include "namm/tensor_view.h"
 
 namespace namm {
 
@@ -90,8 +91,8 @@ Status QueryHistory::Record(const at::Tensor& queries, const at::Tensor& log_sum
   }
   size_ += take;
   window_ = window;
-  queries_ = query_store_.narrow(1, 0, size_);
-  log_sum_exp_ = lse_store_.narrow(1, 0, size_);
+  queries_ = narrow_view(query_store_, 1, 0, size_);
+  log_sum_exp_ = narrow_view(lse_store_, 1, 0, size_);
   return Status::Ok();
 }
 
@@ -142,7 +143,7 @@ Result<at::Tensor> QueryHistory::Products(const LayerKVCache& cache, int64_t fro
                                    std::to_string(cache.head_dim()));
   }
   const int64_t group = heads / kv_heads, hd = cache.head_dim();
-  const at::Tensor q = queries_.narrow(1, from - first_query_, rows).reshape({kv_heads, group * rows, hd});
+  const at::Tensor q = narrow_view(queries_, 1, from - first_query_, rows).reshape({kv_heads, group * rows, hd});
   return at::bmm(q, cache.keys().transpose(1, 2)).view({heads, rows, n});
 }
 
@@ -170,15 +171,18 @@ Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t fr
 
 Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, int64_t to,
                                       AttentionPrecision precision, const at::Tensor& out) const {
+  // The cache's device, not its keys: keys() of a cache in blocks is a copy of them all.
 #ifdef NAMM_CUDA_KERNELS
-  if (cuda::takes(cache.keys()) && cuda::takes(out) && out.device() == cache.keys().device()) {
+  if (cuda::takes(out) && out.device() == cache.device()) {
     NAMM_ASSIGN_OR_RETURN(at::Tensor products, Products(cache, from, to));
-    cuda::scores_gqa_mean_into(products, ScoreScale(cache), log_sum_exp_.narrow(1, from - first_query_, to - from),
-                               cache.positions(), from, window_, precision == AttentionPrecision::kBf16, out);
-    return Status::Ok();
+    if (cuda::takes(products)) {  // a dtype the kernel reads
+      cuda::scores_gqa_mean_into(products, ScoreScale(cache), log_sum_exp_.narrow(1, from - first_query_, to - from),
+                                 cache.positions(), from, window_, precision == AttentionPrecision::kBf16, out);
+      return Status::Ok();
+    }
   }
 #endif
-  if (!cache.keys().device().is_cpu() || cache.tokens_seen() > std::numeric_limits<int32_t>::max()) {
+  if (!cache.device().is_cpu() || cache.tokens_seen() > std::numeric_limits<int32_t>::max()) {
     NAMM_ASSIGN_OR_RETURN(at::Tensor probs, Attention(cache, from, to));
     gqa_mean_into(probs, precision, out);
     return Status::Ok();
@@ -188,7 +192,7 @@ Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, i
                   out.size(2) == cache.size() && out.stride(2) == 1 && out.scalar_type() == at::kFloat,
               "GqaMeanAttention: out ", out.sizes(), " is not [", cache.kv_heads(), ", ", to - from, ", ", cache.size(),
               "] float32");
-  cpu::scores_gqa_mean_into(scores, log_sum_exp_.narrow(1, from - first_query_, to - from),
+  cpu::scores_gqa_mean_into(scores, narrow_view(log_sum_exp_, 1, from - first_query_, to - from),
                             cache.positions().to(at::kInt), from, window_, precision == AttentionPrecision::kBf16,
                             out, cpu::kernels());
   return Status::Ok();

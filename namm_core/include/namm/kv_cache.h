@@ -63,6 +63,7 @@ class LayerKVCache {
   // Tokens ever appended (evicted ones included): the length of the sequence seen so far.
   int64_t tokens_seen() const { return tokens_seen_; }
 
+  at::Device device() const { return options_.device(); }
   at::Tensor keys() const;       // [kv_heads, size, head_dim] (a copy for a cache in blocks)
   at::Tensor values() const;     // [kv_heads, size, head_dim] (a copy for a cache in blocks)
   // Whether keys and values live in a pool's blocks, and, for float32 ones on the host, the block table the CPU

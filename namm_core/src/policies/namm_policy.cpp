@@ -10,6 +10,7 @@
 #include "namm/recency_embedding.h"
 #include "namm/selection.h"
 #include "namm/stft_features.h"
+#include "namm/tensor_view.h"
 #include "torch_status.h"
 
 namespace namm {
@@ -97,20 +98,20 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   at::Tensor samples;
   if (options.device().is_cpu() && count <= kStorageFloats) {
     if (!samples_storage_.defined()) samples_storage_ = at::empty({kStorageFloats}, options);
-    samples = samples_storage_.narrow(0, 0, count).view({kv_heads, earlier + rows, n});
+    samples = narrow_view(samples_storage_, 0, 0, count).view({kv_heads, earlier + rows, n});
   } else {
     samples = at::empty({kv_heads, earlier + rows, n}, options);
   }
   if (earlier > 0) {
     const int64_t zeros = std::max<int64_t>(0, -start);
     if (zeros > 0) samples.narrow(1, 0, zeros).zero_();
-    if (earlier > zeros) EarlierRowsInto(layer, cache, start + zeros, first_query, samples.narrow(1, zeros, earlier - zeros));
+    if (earlier > zeros) EarlierRowsInto(layer, cache, start + zeros, first_query, narrow_view(samples, 1, zeros, earlier - zeros));
   }
-  const at::Tensor own = samples.narrow(1, earlier, rows);
+  const at::Tensor own = narrow_view(samples, 1, earlier, rows);
   gqa_mean_into(attention, precision, own);
   if (frames_end_here) {
     const int64_t last_end = first_end + (first_query + rows - 1 - first_end) / kStftHop * kStftHop;
-    fold_frames(samples.narrow(1, 0, last_end + 1 - start), cache.state(kEmaState));
+    fold_frames(narrow_view(samples, 1, 0, last_end + 1 - start), cache.state(kEmaState));
   }
   // What later blocks of this forward pass may need: the 31 newest rows of this layer; after its last block, what
   // the next pass's first frame needs (the queries from its start, 16 + T mod 16 before the next token T), when
@@ -130,7 +131,7 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
       if (!storage.defined() || storage.numel() < kv_heads * needed * n) {
         storage = at::empty({kv_heads * needed * n}, own.options());
       }
-      const at::Tensor rows_copy = storage.narrow(0, 0, kv_heads * needed * n).view({kv_heads, needed, n});
+      const at::Tensor rows_copy = narrow_view(storage, 0, 0, kv_heads * needed * n).view({kv_heads, needed, n});
       float* dst = rows_copy.data_ptr<float>();
       for (int64_t h = 0; h < kv_heads; ++h) {
         for (int64_t q = 0; q < needed; ++q) {
@@ -143,7 +144,7 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
     return;
   }
   if (!valid) remembered_ = RememberedRows{layer, cache.tokens_seen(), n, {}};
-  remembered_.blocks.emplace_back(first_query + rows - kept, own.narrow(1, rows - kept, kept).clone());
+  remembered_.blocks.emplace_back(first_query + rows - kept, narrow_view(own, 1, rows - kept, kept).clone());
   while (remembered_.blocks.size() > 1 &&
          remembered_.blocks[1].first <= first_query + rows - (kStftWindow - 1)) {
     remembered_.blocks.erase(remembered_.blocks.begin());
@@ -168,7 +169,7 @@ void NammPolicy::EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t f
     for (int64_t q = next; q < upto; q += piece) {
       const int64_t len = std::min(piece, upto - q);
       const Status computed = cache.query_history().GqaMeanAttention(cache, q, q + len, architecture_.attention_precision,
-                                                                      out.narrow(1, q - from, len));
+                                                                      narrow_view(out, 1, q - from, len));
       TORCH_CHECK(computed.ok(), "NAMM observe: ", computed.message(),
                   " (the engine must record the queries: MemoryPolicy::query_history())");
     }

@@ -16,6 +16,7 @@
 #include "namm/batch_invariant.h"
 #include "namm/cpu_threads.h"
 #include "namm/query_history.h"
+#include "namm/tensor_view.h"
 #include "namm/worker/rope.h"
 
 namespace namm::worker {
@@ -254,7 +255,10 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
   // The packed rows' views made once per layer: per sequence only a narrow (and a transpose) of them, views
   // being a tenth of a step's time outside the arithmetic on small models.
   const at::Tensor q_flat = q.reshape({q.size(0), q_width});
-  const at::Tensor v_heads = v.reshape({v.size(0), config_.n_kv_heads, config_.head_dim});
+  // Head-major [heads, total, head_dim]: a sequence's rows are then one narrow.
+  const at::Tensor q_by_head = q.transpose(0, 1);
+  const at::Tensor k_by_head = k.transpose(0, 1);
+  const at::Tensor v_by_head = v.reshape({v.size(0), config_.n_kv_heads, config_.head_dim}).transpose(0, 1);
   std::vector<char> in_kernel(steps.size(), 0);
   const int64_t window = config_.window_of(layer);
   const auto cache_of = [&](std::size_t s) -> LayerKVCache& { return (*steps[s].caches)[static_cast<std::size_t>(layer)]; };
@@ -286,8 +290,8 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     LayerKVCache& cache = cache_of(s);
     MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
-    if (Status appended = cache.Append(k.narrow(0, first, t).transpose(0, 1),
-                                       v_heads.narrow(0, first, t).transpose(0, 1), packing.tables[s]->positions);
+    if (Status appended = cache.Append(narrow_view(k_by_head, 1, first, t), narrow_view(v_by_head, 1, first, t),
+                                       packing.tables[s]->positions);
         !appended.ok()) {
       errors[s] = std::move(appended);
       return;
@@ -296,7 +300,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
       in_kernel[s] = 1;
       return;
     }
-    Result<at::Tensor> out = Attend(layer, q.narrow(0, first, t).transpose(0, 1), cache, policy);  // [heads, t, hd]
+    Result<at::Tensor> out = Attend(layer, q_by_head.narrow(1, first, t), cache, policy);  // [heads, t, hd]
     if (!out.ok()) {
       errors[s] = out.status();
       return;
@@ -311,7 +315,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     const MemoryPolicy& policy = *steps[s].policy;
     const int64_t first = packing.offset[s], t = packing.length[s];
     AttentionRequest in;
-    in.q = q_flat.narrow(0, first, t);
+    in.q = narrow_view(q_flat, 0, first, t);
     if (cache.in_blocks()) {
       in.blocks = cache.block_view();
     } else {
@@ -321,7 +325,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     in.key_positions = cache.positions();
     in.first_position = cache.tokens_seen() - t;
     in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
-    in.out = heads_out.narrow(0, first, t);
+    in.out = narrow_view(heads_out, 0, first, t);
     in.probabilities = policy.needs_attention();
     in.log_sum_exp = policy.query_history() > 0;
     kernel_inputs.push_back(std::move(in));
@@ -351,9 +355,9 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     if (policy.needs_attention()) observed = policy.Observe(layer, result.probabilities, first_query, cache);
     const int64_t history = std::min(policy.query_history(), t);
     if (observed.ok() && history > 0) {
-      const at::Tensor newest = q.narrow(0, packing.offset[s] + t - history, history).transpose(0, 1);
+      const at::Tensor newest = narrow_view(q_by_head, 1, packing.offset[s] + t - history, history);
       observed = cache.query_history().Record(newest,
-                                              result.log_sum_exp.narrow(1, t - history, history),
+                                              narrow_view(result.log_sum_exp, 1, t - history, history),
                                               first_query + t - history, window, policy.query_history());
     }
     if (!observed.ok()) errors[s] = std::move(observed);
@@ -406,16 +410,17 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
     const at::Tensor normed = invariant_rms_norm(x, w.attention_norm, config_.norm_eps);
     const auto [q, k] = RotateQueriesAndKeys(layer, p.q(normed), p.k(normed), packing);
     const at::Tensor v = p.v(normed);
-    const at::Tensor heads_out = at::zeros({total, q_width}, x.options());
+    // Every live sequence's rows are written by its attention; a failed one's are never read.
+    const at::Tensor heads_out = at::empty({total, q_width}, x.options());
     AttendBatch(layer, steps, packing, q, k, v, heads_out, errors, contain_exceptions);
-    x = x + p.o(heads_out);
-    x = x + FeedForward(p, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps));
+    x.add_(p.o(heads_out));  // x is this pass's own (the embedding rows' copy): added in place
+    x.add_(FeedForward(p, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps)));
   }
   // The rows whose logits are wanted, through the final norm and the head together.
   std::vector<at::Tensor> wanted;
   for (std::size_t s = 0; s < count; ++s) {
     if (!alive(s)) continue;
-    wanted.push_back(steps[s].all_logits ? x.narrow(0, offset[s], length[s]) : x.narrow(0, offset[s] + length[s] - 1, 1));
+    wanted.push_back(steps[s].all_logits ? narrow_view(x, 0, offset[s], length[s]) : narrow_view(x, 0, offset[s] + length[s] - 1, 1));
   }
   std::vector<Result<at::Tensor>> results(errors.begin(), errors.end());
   if (wanted.empty()) return results;
