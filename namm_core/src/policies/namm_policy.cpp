@@ -105,7 +105,9 @@ void NammPolicy::ObserveFromHistory(const at::Tensor& attention, int layer, int6
   if (earlier > 0) {
     const int64_t zeros = std::max<int64_t>(0, -start);
     if (zeros > 0) samples.narrow(1, 0, zeros).zero_();
-    if (earlier > zeros) EarlierRowsInto(layer, cache, start + zeros, first_query, narrow_view(samples, 1, zeros, earlier - zeros));
+    if (earlier > zeros) {
+      EarlierRowsInto(layer, cache, start + zeros, first_query, narrow_view(samples, 1, zeros, earlier - zeros));
+    }
   }
   const at::Tensor own = narrow_view(samples, 1, earlier, rows);
   gqa_mean_into(attention, precision, own);
@@ -168,8 +170,8 @@ void NammPolicy::EarlierRowsInto(int layer, const LayerKVCache& cache, int64_t f
     const int64_t piece = std::max<int64_t>(1, kAttentionBlockElements / std::max<int64_t>(1, heads * cache.size()));
     for (int64_t q = next; q < upto; q += piece) {
       const int64_t len = std::min(piece, upto - q);
-      const Status computed = cache.query_history().GqaMeanAttention(cache, q, q + len, architecture_.attention_precision,
-                                                                      narrow_view(out, 1, q - from, len));
+      const Status computed = cache.query_history().GqaMeanAttention(
+          cache, q, q + len, architecture_.attention_precision, narrow_view(out, 1, q - from, len));
       TORCH_CHECK(computed.ok(), "NAMM observe: ", computed.message(),
                   " (the engine must record the queries: MemoryPolicy::query_history())");
     }

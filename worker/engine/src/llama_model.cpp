@@ -252,10 +252,10 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
                              std::vector<Status>& errors, bool contain_exceptions) const {
   const auto count = static_cast<int64_t>(steps.size());
   const int64_t q_width = config_.n_heads * config_.head_dim;
-  // The packed rows' views made once per layer: per sequence only a narrow (and a transpose) of them, views
-  // being a tenth of a step's time outside the arithmetic on small models.
+  // The packed rows' views made once per layer, token-major (q_flat) and head-major ([heads, total, head_dim]):
+  // per sequence only a narrow_view of them, views being a tenth of a step's time outside the arithmetic on
+  // small models.
   const at::Tensor q_flat = q.reshape({q.size(0), q_width});
-  // Head-major [heads, total, head_dim]: a sequence's rows are then one narrow.
   const at::Tensor q_by_head = q.transpose(0, 1);
   const at::Tensor k_by_head = k.transpose(0, 1);
   const at::Tensor v_by_head = v.reshape({v.size(0), config_.n_kv_heads, config_.head_dim}).transpose(0, 1);
@@ -420,7 +420,8 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>
   std::vector<at::Tensor> wanted;
   for (std::size_t s = 0; s < count; ++s) {
     if (!alive(s)) continue;
-    wanted.push_back(steps[s].all_logits ? narrow_view(x, 0, offset[s], length[s]) : narrow_view(x, 0, offset[s] + length[s] - 1, 1));
+    wanted.push_back(steps[s].all_logits ? narrow_view(x, 0, offset[s], length[s])
+                                         : narrow_view(x, 0, offset[s] + length[s] - 1, 1));
   }
   std::vector<Result<at::Tensor>> results(errors.begin(), errors.end());
   if (wanted.empty()) return results;
