@@ -300,7 +300,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
       in_kernel[s] = 1;
       return;
     }
-    Result<at::Tensor> out = Attend(layer, q_by_head.narrow(1, first, t), cache, policy);  // [heads, t, hd]
+    Result<at::Tensor> out = Attend(layer, narrow_view(q_by_head, 1, first, t), cache, policy);  // [heads, t, hd]
     if (!out.ok()) {
       errors[s] = out.status();
       return;
