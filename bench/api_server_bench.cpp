@@ -54,6 +54,7 @@ struct Options {
   int64_t kv_budget = 0;  // the server's --max-kv-bytes (0: no limit)
   std::vector<int64_t> kv_block_tokens = {16};  // the server's --kv-block-tokens (0: rectangular caches)
   int64_t streaming_budget = 0;                 // > 0: StreamingLLM with this budget in the table too
+  bool skip_full = false;                       // --skip-full 1: no full-cache rows (to profile the others)
 };
 
 struct RequestStats {
@@ -185,7 +186,8 @@ int Run(const Options& o) {
               peak.source.c_str());
   std::printf("| policy | KV blocks | step tokens | clients | most running | preempted | tokens/s | vs 1 client | TTFT p50 (s) | TTFT p99 (s) | between tokens p50 (ms) | "
               "peak RSS (MiB) | KV bytes per request | mean cache (tokens) | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::vector<std::string> policies = {"full"};
+  std::vector<std::string> policies;
+  if (!o.skip_full) policies.push_back("full");
   if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
   if (o.streaming_budget > 0) policies.push_back("streaming:budget=" + std::to_string(o.streaming_budget));
   for (const std::string& policy : policies) {
@@ -200,7 +202,8 @@ int Run(const Options& o) {
         options.listen = "127.0.0.1:0";
         options.model_name = "bench";
         options.default_policy = policy;
-        options.max_connections = static_cast<std::size_t>(clients + 8);
+        // A fresh connection per request: a client's last one may still be closing on the server's side.
+        options.max_connections = static_cast<std::size_t>(2 * clients + 16);
         options.max_connections_per_address = 0;  // every client and the sampler come from 127.0.0.1
         options.scheduler.max_running = static_cast<std::size_t>(o.max_running);
         options.scheduler.max_queue = static_cast<std::size_t>(clients * o.requests + 8);
@@ -276,11 +279,12 @@ int Run(const Options& o) {
 constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
        [--chunk 32] [--update-interval 64] [--threads 2] [--context 0] [--step-tokens 512]
-       [--kv-budget 0] [--kv-block-tokens 16] [--streaming-budget 0]
+       [--kv-budget 0] [--kv-block-tokens 16] [--streaming-budget 0] [--skip-full 0]
 --step-tokens: the server's per-pass token budget, a list to compare (0: every prompt's chunk each pass).
 --kv-budget BYTES: the server's --max-kv-bytes (admission and preemption by memory; 0: no limit).
 --kv-block-tokens: the server's --kv-block-tokens, a list to compare (0: rectangular caches).
 --streaming-budget N: StreamingLLM with an N-token cache in the table too (e.g. the NAMM's mean cache).
+--skip-full 1: no full-cache rows (to profile the other policies alone).
 --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
 --threads sets the CPU thread budget (libtorch, BLAS and our kernels' pool).
 )";
@@ -305,6 +309,7 @@ int main(int argc, char** argv) {
     else if (key == "--kv-budget") o.kv_budget = std::stoll(value);
     else if (key == "--kv-block-tokens") o.kv_block_tokens = namm::bench::ParseCounts(value);
     else if (key == "--streaming-budget") o.streaming_budget = std::stoll(value);
+    else if (key == "--skip-full") o.skip_full = std::stoll(value) != 0;
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

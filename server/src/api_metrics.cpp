@@ -25,6 +25,14 @@ struct ApiMetrics::Impl {
       .Name("namm_api_requests_queued").Help("Completion requests waiting for a row of the batch").Register(registry).Add({});
   prometheus::Gauge& running = prometheus::BuildGauge()
       .Name("namm_api_requests_running").Help("Completion requests in the running batch").Register(registry).Add({});
+  prometheus::Gauge& held = prometheus::BuildGauge()
+      .Name("namm_api_requests_held")
+      .Help("Running requests that wait this step for KV memory (their caches kept)")
+      .Register(registry).Add({});
+  prometheus::Counter& held_steps = prometheus::BuildCounter()
+      .Name("namm_api_held_steps_total")
+      .Help("Steps that running requests waited for KV memory, summed over requests")
+      .Register(registry).Add({});
   prometheus::Gauge& kv_bytes = prometheus::BuildGauge()
       .Name("namm_api_kv_cache_bytes").Help("Keys and values held by the running requests, all layers").Register(registry).Add({});
   prometheus::Gauge& kv_reserved = prometheus::BuildGauge()
@@ -82,9 +90,12 @@ void ApiMetrics::Request(const std::string& endpoint, int status) {
   impl_->requests.Add({{"endpoint", endpoint}, {"status", std::to_string(status)}}).Increment();
 }
 
-void ApiMetrics::Load(int64_t queued, int64_t running, int64_t kv_bytes, int64_t reserved_bytes) {
+void ApiMetrics::Load(int64_t queued, int64_t running, int64_t held, int64_t kv_bytes,
+                      int64_t reserved_bytes) {
   impl_->queued.Set(static_cast<double>(queued));
   impl_->running.Set(static_cast<double>(running));
+  impl_->held.Set(static_cast<double>(held));
+  impl_->held_steps.Increment(static_cast<double>(held));
   impl_->kv_bytes.Set(static_cast<double>(kv_bytes));
   impl_->kv_reserved.Set(static_cast<double>(reserved_bytes));
 }

@@ -19,8 +19,9 @@ class ApiMetrics {
 
   // An answered request (any endpoint, any status).
   void Request(const std::string& endpoint, int status);
-  // kv_bytes: the keys and values held; reserved: their storage allocated (what admission by memory counts).
-  void Load(int64_t queued, int64_t running, int64_t kv_bytes, int64_t reserved_bytes);
+  // After a step. held: running requests that waited this step for memory; kv_bytes: the keys and values
+  // held; reserved: their storage allocated (what admission by memory counts).
+  void Load(int64_t queued, int64_t running, int64_t held, int64_t kv_bytes, int64_t reserved_bytes);
   // KV blocks of the pool held by the running requests, and free (-1: the pool has no limit).
   void Blocks(int64_t used, int64_t free);
   // A running request preempted for memory (it starts again from the queue's front).

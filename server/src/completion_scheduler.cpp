@@ -166,6 +166,7 @@ struct CompletionScheduler::Impl {
     Clock::time_point last_token;
     int64_t admitted_bytes = 0;  // KvBytesAtStart when it joined: counted while it holds less
     int64_t peak_bytes = 0;      // the most it held and was about to add at a step
+    bool held = false;           // waits this step for memory (GenerationBatch::Hold)
   };
 
   Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, SchedulerOptions o, ApiMetrics* mx)
@@ -196,8 +197,8 @@ struct CompletionScheduler::Impl {
   worker::PolicyFactory factory;  // the scheduler's thread only (after Start)
   worker::GenerationBatch batch;  // the scheduler's thread only
   std::vector<Row> rows;          // the scheduler's thread only
-  // Per policy spec, the most KV storage a finished request held at a step (the scheduler's thread only; at most
-  // kLearnedPolicies specs, as clients may name many).
+  // Per policy spec, the most KV storage a request held and was about to add at a step, running or finished
+  // (the scheduler's thread only; at most kLearnedPolicies specs, as clients may name many).
   std::map<std::string, int64_t> learned_peak;
   // Set by a preemption, cleared when a row leaves: no request joins meanwhile, or the preempted one would join
   // again at once and be preempted again at the next growth (the thrash vLLM avoids the same way).
@@ -225,7 +226,7 @@ struct CompletionScheduler::Impl {
       try {
         DropCancelledAndLate();  // before admitting, so that no late request gets a cache
         Admit();
-        Preempt();
+        MakeRoom();
         batch.Step(options.step_tokens);
         Publish();  // also the rows that could not begin, which took no step
         Gauges();
@@ -268,38 +269,38 @@ struct CompletionScheduler::Impl {
     return bytes;
   }
 
-  // The KV storage `job` is counted at when it joins. The full cache on the CPU allocates its whole allowance at
-  // once (LayerKVCache::ExpectTokens); in blocks it grows a block at a time, but surely to its allowance, so it is
-  // counted at that too (admitted at its first chunk, as a cache that may evict is, full caches would be admitted
-  // by the dozen and then preempted in turn as they grew: measured, 64 admitted where 8 fit, 0.66x the tokens/s).
-  // A cache that may evict grows from its first chunk (in blocks, that chunk's blocks), but once a request of its
-  // policy has finished it is counted at the most that one held (within its own allowance): admitted at its first
-  // chunk, a NAMM's requests were admitted by the dozen, then preempted and recomputed as they grew (measured at
-  // 64 clients on a budget of 8 full caches: 98 preemptions of 64 requests).
+  // The KV storage `job` is counted at when it joins: what it surely reaches (SureBytes), or, once requests of
+  // its policy have run, the most one of them has held so far (within its own allowance). Each was measured at
+  // 64 clients on a budget of 8 full caches: full caches counted at their first chunk were admitted by the dozen
+  // and preempted in turn as they grew (64 admitted where 8 fit, 0.66x the tokens/s), and a NAMM's requests
+  // counted so were preempted 98 times per 64 requests.
   int64_t KvBytesAtStart(const CompletionJob& job) const {
-    const int64_t first = FirstStepBytes(job);
+    const int64_t sure = SureBytes(job);
     const auto learned = learned_peak.find(job.policy);
-    if (learned == learned_peak.end()) return first;
-    return std::max(first, std::min(KvBytesAtMost(job), learned->second));
+    if (learned == learned_peak.end()) return sure;
+    return std::max(sure, std::min(KvBytesAtMost(job), learned->second));
   }
 
-  int64_t FirstStepBytes(const CompletionJob& job) const {
+  // The storage `job`'s caches surely reach: the full cache's allowance, a cache that may evict what it holds
+  // at its first memory update (or its end, if sooner).
+  int64_t SureBytes(const CompletionJob& job) const {
     const auto prompt = static_cast<int64_t>(job.prompt_ids.size());
     const int64_t total = prompt + job.max_tokens;
     const Result<std::string> family = worker::policy_family(job.policy);
     const bool full = family.ok() && *family == "full";
-    if (model.kv_block_pool() != nullptr) {
-      if (full) return StoredTokens(total) * kv_bytes_per_token;
-      return StoredTokens(std::min({total, options.chunk_size, std::max<int64_t>(prompt, 1)})) * kv_bytes_per_token;
-    }
-    if (full && model.options().device().is_cpu()) return total * kv_bytes_per_token;
-    const int64_t first = std::max(std::min(options.chunk_size, prompt), LayerKVCache::kInitialCapacity);
-    return std::min(total, first) * kv_bytes_per_token;
+    if (full) return StoredTokens(total) * kv_bytes_per_token;
+    const int64_t before_update = std::min(total, options.update_interval);
+    if (model.kv_block_pool() != nullptr) return StoredTokens(before_update) * kv_bytes_per_token;
+    // A rectangular cache's capacity doubles from kInitialCapacity.
+    int64_t capacity = LayerKVCache::kInitialCapacity;
+    while (capacity < before_update) capacity *= 2;
+    return std::min(total, capacity) * kv_bytes_per_token;
   }
 
-  // With max_kv_bytes, by memory as it is used: a request joins when its first step's storage fits beside what
-  // the running rows hold and may add at their next step; the oldest waits for room and the ones behind it
-  // wait for it. After a preemption, nobody joins until a running request leaves.
+  // With max_kv_bytes, by memory as it is used: a request joins when what it is counted at (KvBytesAtStart)
+  // fits beside what the running rows hold and may add at their next step (held rows' growth included, so
+  // nobody joins while rows wait for memory); the oldest waits for room and the ones behind it wait for it.
+  // After a preemption, nobody joins until a running request leaves.
   void Admit() {
     if (admission_held && !rows.empty()) return;
     admission_held = false;
@@ -362,13 +363,32 @@ struct CompletionScheduler::Impl {
     }
   }
 
-  // When the running rows' next step would pass max_kv_bytes, the youngest rows leave (their caches freed) and
-  // go back to the front of the queue, as vLLM preempts by recomputation: nobody fails for memory while it
-  // could wait. The oldest row always runs (alone it fits: Submit refused what could not).
-  void Preempt() {
+  // When the running rows' next step would pass max_kv_bytes, the youngest rows whose caches would grow wait
+  // (held: they keep their caches and skip the step) until the rest fits; the oldest row always runs. A cache
+  // that evicts gives blocks back at its next memory update, so a held row soon goes on where it stopped.
+  // Only when the caches held, with the oldest row's growth, pass the limit do the youngest rows leave (their
+  // caches freed) and go back to the front of the queue, as vLLM preempts by recomputation: nobody fails for
+  // memory while it could wait (alone the oldest fits: Submit refused what could not). Measured at 64 clients
+  // on a budget of 8 full caches (docs/serving.md): preempting at once recomputed the prompts of 23-34 of 64
+  // NAMM requests.
+  void MakeRoom() {
     if (options.max_kv_bytes <= 0) return;
-    for (Row& row : rows) row.peak_bytes = std::max(row.peak_bytes, RowBytes(row));
-    while (rows.size() > 1 && KvBytesInUse() > options.max_kv_bytes) {
+    for (Row& row : rows) {
+      row.peak_bytes = std::max(row.peak_bytes, RowBytes(row));
+      Learn(row);
+    }
+    while (true) {
+      int64_t in_use = KvBytesInUse();
+      for (std::size_t i = rows.size(); i-- > 0;) {
+        Row& row = rows[i];
+        const int64_t growing = std::max(row.admitted_bytes, RowBytes(row));
+        const int64_t still = std::max(row.admitted_bytes, batch.reserved_bytes(row.id));
+        const bool hold = i > 0 && in_use > options.max_kv_bytes && growing > still;
+        if (hold) in_use -= growing - still;
+        if (hold != row.held) batch.Hold(row.id, hold);
+        row.held = hold;
+      }
+      if (in_use <= options.max_kv_bytes || rows.size() <= 1) return;
       Row row = std::move(rows.back());
       rows.pop_back();
       (void)batch.Leave(row.id);  // "left before it finished": it starts again
@@ -382,6 +402,16 @@ struct CompletionScheduler::Impl {
       admission_held = true;
       if (metrics != nullptr) metrics->Preempted();
     }
+  }
+
+  // Notes the most `row` has held and been about to add at a step under its policy spec.
+  void Learn(const Row& row) {
+    const std::string& policy = row.request.job.policy;
+    if (learned_peak.size() >= kLearnedPolicies && learned_peak.count(policy) == 0) {
+      learned_peak.erase(learned_peak.begin());
+    }
+    int64_t& peak = learned_peak[policy];
+    peak = std::max(peak, row.peak_bytes);
   }
 
   void DropCancelledAndLate() {
@@ -479,11 +509,6 @@ struct CompletionScheduler::Impl {
         outcome.seed = row.request.seed;
         outcome.cache = MakeCacheReport(*result, row.request.job.policy_label);
         if (metrics != nullptr) metrics->Finished(outcome, seconds);
-        if (learned_peak.size() >= kLearnedPolicies && learned_peak.count(row.request.job.policy) == 0) {
-          learned_peak.erase(learned_peak.begin());
-        }
-        int64_t& peak = learned_peak[row.request.job.policy];
-        peak = std::max(peak, row.peak_bytes);
         row.request.handle->Finish(std::move(outcome));
       }
       {
@@ -504,12 +529,13 @@ struct CompletionScheduler::Impl {
       queued_now = queue.size();
     }
     if (metrics == nullptr) return;
-    int64_t kv = 0, reserved = 0;
+    int64_t kv = 0, reserved = 0, held = 0;
     for (const Row& row : rows) {
       kv += batch.kv_bytes(row.id);
       reserved += batch.reserved_bytes(row.id);
+      held += row.held ? 1 : 0;
     }
-    metrics->Load(static_cast<int64_t>(queued_now), static_cast<int64_t>(rows.size()), kv, reserved);
+    metrics->Load(static_cast<int64_t>(queued_now), static_cast<int64_t>(rows.size()), held, kv, reserved);
     if (const std::shared_ptr<KvBlockPool>& pool = model.kv_block_pool(); pool != nullptr) {
       metrics->Blocks(pool->blocks_in_use(), pool->blocks_free());
     }
@@ -528,7 +554,7 @@ struct CompletionScheduler::Impl {
       running = 0;
     }
     for (Waiting& w : waiting) w.handle->Fail(error);
-    if (metrics != nullptr) metrics->Load(0, 0, 0, 0);
+    if (metrics != nullptr) metrics->Load(0, 0, 0, 0, 0);
   }
 };
 

@@ -190,74 +190,115 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
   }
 }
 
-// A flood of requests whose caches grow (an evicting policy without a bound known in advance, as a NAMM's) on a
-// budget that holds few of them grown: they are admitted by the memory they use, the youngest are preempted when
-// the running ones' next step would not fit, and every request finishes with the answer it gets without a budget
-// (a preempted one starts again with its seed; nothing it sent is sent twice). The same with the caches in blocks
-// of one pool the size of the budget (--kv-block-tokens): admission counts whole blocks, so no append ever finds
-// the pool dry, and every block is back in the pool at the end.
+// 12 requests of 4 + 300 tokens with `policy` (each with its seed) through a scheduler of at most 16 rows and
+// `limit` bytes of KV (0: no limit), the caches in blocks of `block_tokens` of one pool the size of the limit
+// (0: rectangular): their answers, in order, each streamed whole; the most that ran at once in
+// `most_running`.
+std::vector<std::string> FloodAnswers(worker::LlamaModel& model, const worker::Tokenizer& tokenizer,
+                                      const std::string& policy, int64_t limit, ApiMetrics* metrics,
+                                      std::size_t* most_running, int64_t block_tokens = 0) {
+  EXPECT_TRUE(worker::use_kv_blocks(model, block_tokens, limit).ok());
+  SchedulerOptions options;
+  options.chunk_size = 32;
+  options.update_interval = 64;
+  options.max_kv_bytes = limit;
+  options.max_running = 16;
+  auto scheduler = CompletionScheduler::Start(model, tokenizer, "full", options, metrics);
+  EXPECT_TRUE(scheduler.ok()) << scheduler.status().ToString();
+  std::vector<std::shared_ptr<CompletionHandle>> handles;
+  for (uint64_t i = 0; i < 12; ++i) {
+    CompletionJob j;
+    j.prompt_ids = {1, 300 + static_cast<int64_t>(i), 301, 302};
+    j.policy = j.policy_label = policy;
+    j.max_tokens = 300;
+    j.temperature = 1.0;
+    j.seed = i + 1;
+    handles.push_back((*scheduler)->Submit(j));
+  }
+  std::vector<std::string> texts;
+  for (const auto& [streamed, end] : FinishAll(**scheduler, handles, most_running)) {
+    EXPECT_EQ(streamed, end.outcome.text) << "request " << texts.size();
+    texts.push_back(end.outcome.text);
+  }
+  (*scheduler)->Stop();
+  if (block_tokens > 0) {
+    EXPECT_EQ(model.kv_block_pool()->blocks_in_use(), 0);
+  }
+  EXPECT_TRUE(worker::use_kv_blocks(model, 0, 0).ok());
+  return texts;
+}
+
+// The value of the sample that begins with `line` (e.g. "\nnamm_api_preemptions_total ") in an exposition.
+double Sample(const std::string& exposition, const std::string& line) {
+  const std::size_t at = exposition.find(line);
+  EXPECT_NE(at, std::string::npos) << line << exposition;
+  return at == std::string::npos ? -1 : std::stod(exposition.substr(at + line.size()));
+}
+
+constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV heads x 8 x 4 bytes
+
+// A flood of requests whose caches grow and never shrink (H2O with a budget over their length: an evicting
+// policy whose bound is not known in advance, as a NAMM's) on a budget that holds few of them grown: they are
+// admitted by the memory they use, the youngest are preempted when the running ones' caches and the oldest's
+// next step would not fit (holding rows back frees nothing here), and every request finishes with the answer
+// it gets without a budget (a preempted one starts again with its seed; nothing it sent is sent twice). The
+// same with the caches in blocks of one pool the size of the budget (--kv-block-tokens): admission counts
+// whole blocks, so no append ever finds the pool dry, and every block is back in the pool at the end.
 TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnlimitedAnswers) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
   std::unique_ptr<worker::LlamaModel> model;
   std::unique_ptr<worker::Tokenizer> tokenizer;
   ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
-  constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV heads x 8 x 4 bytes
-  const auto answers = [&](int64_t limit, ApiMetrics* metrics, std::size_t* most_running, int64_t block_tokens = 0) {
-    EXPECT_TRUE(worker::use_kv_blocks(*model, block_tokens, limit).ok());
-    SchedulerOptions options;
-    options.chunk_size = 32;
-    options.update_interval = 64;
-    options.max_kv_bytes = limit;
-    options.max_running = 16;
-    auto scheduler = CompletionScheduler::Start(*model, *tokenizer, "full", options, metrics);
-    EXPECT_TRUE(scheduler.ok()) << scheduler.status().ToString();
-    std::vector<std::shared_ptr<CompletionHandle>> handles;
-    for (uint64_t i = 0; i < 12; ++i) {
-      CompletionJob j;
-      j.prompt_ids = {1, 300 + static_cast<int64_t>(i), 301, 302};
-      j.policy = j.policy_label = "h2o:budget=400";  // holds every token of these 4 + 300
-      j.max_tokens = 300;
-      j.temperature = 1.0;
-      j.seed = i + 1;
-      handles.push_back((*scheduler)->Submit(j));
-    }
-    std::vector<std::string> texts;
-    for (const auto& [streamed, end] : FinishAll(**scheduler, handles, most_running)) {
-      EXPECT_EQ(streamed, end.outcome.text) << "request " << texts.size();
-      texts.push_back(end.outcome.text);
-    }
-    (*scheduler)->Stop();
-    if (block_tokens > 0) {
-      EXPECT_EQ(model->kv_block_pool()->blocks_in_use(), 0);
-    }
-    return texts;
-  };
+  const std::string policy = "h2o:budget=400";  // holds every token of these 4 + 300
   std::size_t unlimited_running = 0, limited_running = 0;
-  const std::vector<std::string> unlimited = answers(0, nullptr, &unlimited_running);
+  const std::vector<std::string> unlimited =
+      FloodAnswers(*model, *tokenizer, policy, 0, nullptr, &unlimited_running);
   ApiMetrics metrics("stories260K", "full");
   // Room for 9 requests at their start (64 tokens of storage each), for 2 grown to 304 tokens.
-  const std::vector<std::string> limited = answers(600 * kBytesPerToken, &metrics, &limited_running);
+  const std::vector<std::string> limited =
+      FloodAnswers(*model, *tokenizer, policy, 600 * kBytesPerToken, &metrics, &limited_running);
   EXPECT_EQ(limited, unlimited);
   EXPECT_GE(limited_running, 4u);  // counted at their worst case (304 tokens each), one would run at a time
-  const std::string exposition = metrics.Exposition();
-  const std::string counter = "\nnamm_api_preemptions_total ";
-  const std::size_t at = exposition.find(counter);
-  ASSERT_NE(at, std::string::npos) << exposition;
-  EXPECT_GT(std::stod(exposition.substr(at + counter.size())), 0) << exposition;
+  EXPECT_GT(Sample(metrics.Exposition(), "\nnamm_api_preemptions_total "), 0);
 
   ApiMetrics block_metrics("stories260K", "full");
   std::size_t block_running = 0;
-  const std::vector<std::string> in_blocks = answers(600 * kBytesPerToken, &block_metrics, &block_running, 16);
+  const std::vector<std::string> in_blocks =
+      FloodAnswers(*model, *tokenizer, policy, 600 * kBytesPerToken, &block_metrics, &block_running, 16);
   EXPECT_EQ(in_blocks, unlimited);
   EXPECT_GE(block_running, 4u);
   const std::string blocks = block_metrics.Exposition();
-  for (const std::string line : {"\nnamm_api_preemptions_total ", "\nnamm_api_kv_blocks{state=\"free\"} "}) {
-    const std::size_t found = blocks.find(line);
-    ASSERT_NE(found, std::string::npos) << line << blocks;
-    EXPECT_GT(std::stod(blocks.substr(found + line.size())), 0) << line << blocks;
-  }
-  EXPECT_TRUE(worker::use_kv_blocks(*model, 0, 0).ok());
+  EXPECT_GT(Sample(blocks, "\nnamm_api_preemptions_total "), 0);
+  EXPECT_GT(Sample(blocks, "\nnamm_api_kv_blocks{state=\"free\"} "), 0);
+}
+
+// Caches in blocks that evict back to a few tokens at every memory update (StreamingLLM with 16 tokens: at
+// most 16 + 64) on a budget where the running rows cannot all grow at once: the rows whose next step would
+// pass it wait with their caches (namm_api_held_steps_total) while the others' updates give blocks back, and
+// none is preempted and recomputed (preempting at once, as before, preempted some). Every answer is the
+// unlimited one. (A rectangular cache keeps its storage after evicting, so there waiting frees nothing: the
+// flood above.)
+TEST(CompletionScheduler, RowsThatWouldPassTheBudgetWaitForEvictionsInsteadOfBeingPreempted) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::Tokenizer> tokenizer;
+  ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
+  const std::string policy = "streaming:budget=16";
+  std::size_t unlimited_running = 0, most_running = 0;
+  const std::vector<std::string> unlimited =
+      FloodAnswers(*model, *tokenizer, policy, 0, nullptr, &unlimited_running);
+  ApiMetrics metrics("stories260K", "full");
+  // Room for 9 requests at their first memory update (64 tokens: 4 blocks of 16 per KV head), not for 9 grown
+  // to 80 (5 blocks).
+  const std::vector<std::string> limited =
+      FloodAnswers(*model, *tokenizer, policy, 600 * kBytesPerToken, &metrics, &most_running, 16);
+  EXPECT_EQ(limited, unlimited);
+  EXPECT_GE(most_running, 8u);
+  const std::string exposition = metrics.Exposition();
+  EXPECT_GT(Sample(exposition, "\nnamm_api_held_steps_total "), 0);
+  EXPECT_EQ(Sample(exposition, "\nnamm_api_preemptions_total "), 0);
 }
 
 }  // namespace

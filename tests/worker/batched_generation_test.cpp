@@ -78,6 +78,17 @@ void ExpectSame(const GenerationResult& batched, const GenerationResult& alone) 
   }
 }
 
+// Expects `got` (a row's result from a batch) to be what `request` gets alone, with a fresh `policy`.
+void ExpectAsAlone(const Stories& s, const Result<GenerationResult>& got, const std::string& policy,
+                   const Generator::Request& request) {
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  const std::unique_ptr<MemoryPolicy> fresh = MakePolicy(policy, *s.tokenizer);
+  const Result<GenerationResult> alone =
+      Generator(s.model, *s.tokenizer).Generate(request.prompt_ids, *fresh, request.options);
+  ASSERT_TRUE(alone.ok()) << alone.status().ToString();
+  ExpectSame(*got, *alone);
+}
+
 // Row i of a batch: prompt length, new tokens (rows stop at different times) and, for one row, teacher forcing.
 struct Row {
   std::string policy;
@@ -298,15 +309,63 @@ TEST(BatchedGeneration, SequencesJoiningAndLeavingARunningBatchGetWhatTheyGetAlo
     if (!stepped && step > join_at.back()) break;
   }
   EXPECT_EQ(batch.size(), 0u);
-  const Generator generator(s.model, *s.tokenizer);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     SCOPED_TRACE("row " + std::to_string(i) + " (" + rows[i].policy + "), joined before step " + std::to_string(join_at[i]));
-    const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
-    Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
-    ASSERT_TRUE(alone.ok()) << alone.status().ToString();
-    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
-    EXPECT_EQ(static_cast<int64_t>(results[i]->token_ids.size()), rows[i].new_tokens);
-    ExpectSame(*results[i], *alone);
+    ExpectAsAlone(s, results[i], rows[i].policy, requests[i]);
+    if (results[i].ok()) {
+      EXPECT_EQ(static_cast<int64_t>(results[i]->token_ids.size()), rows[i].new_tokens);
+    }
+  }
+}
+
+// Rows held back (GenerationBatch::Hold, namm-api waiting for memory) take no step and keep their caches as
+// they are; let go, they go on where they stopped. A held leader's followers run their own prefix; a held row
+// follows no one, and once let go it may follow a leader again. Every row gets what it gets alone.
+TEST(BatchedGeneration, HeldRowsWaitWithTheirCachesAndGetWhatTheyGetAlone) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  // Rows 0, 1 and 2 share their prompt and prefix (NAMMs, chunks of 64, the first update at 128 tokens). Step
+  // 0: row 2 is held, row 0 leads, row 1 follows. Step 1: row 0 is held after one chunk, so row 1 leads and
+  // row 2, let go, follows it; it takes row 1's caches after step 2. Row 3 is held in its prefill.
+  const std::vector<Row> rows = {
+      {"namm/1", 300, 10}, {"namm/2", 300, 10}, {"namm/3", 300, 10}, {"full", 200, 20}};
+  const std::vector<std::pair<int, int>> held = {{1, 4}, {-1, -1}, {0, 1}, {2, 9}};  // [from, to) steps
+  std::vector<std::unique_ptr<MemoryPolicy>> policies;
+  std::vector<Generator::Request> requests;
+  GenerationBatch batch(s.model, *s.tokenizer);
+  std::vector<int64_t> ids;
+  for (const Row& row : rows) {
+    policies.push_back(MakePolicy(row.policy, *s.tokenizer));
+    requests.push_back(RowRequest(s, row, policies.back().get()));
+    requests.back().options.max_new_tokens = row.new_tokens;
+    ids.push_back(batch.Join(requests.back()));
+  }
+  std::vector<int64_t> bytes(rows.size(), 0);
+  std::vector<std::size_t> made(rows.size(), 0);
+  for (int step = 0; step < 1000; ++step) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (step == held[i].first) {
+        batch.Hold(ids[i], true);
+        bytes[i] = batch.kv_bytes(ids[i]);
+        made[i] = batch.tokens(ids[i]).size();
+      }
+      if (step == held[i].second) batch.Hold(ids[i], false);
+    }
+    if (!batch.Step()) break;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (step < held[i].first || step >= held[i].second) continue;
+      EXPECT_EQ(batch.kv_bytes(ids[i]), bytes[i]) << "row " << i << " at step " << step;
+      EXPECT_EQ(batch.tokens(ids[i]).size(), made[i]) << "row " << i << " at step " << step;
+    }
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i) + " (" + rows[i].policy + ")");
+    ASSERT_TRUE(batch.finished(ids[i]));
+    const Result<GenerationResult> got = batch.Leave(ids[i]);
+    ExpectAsAlone(s, got, rows[i].policy, requests[i]);
+    if (got.ok()) {
+      EXPECT_EQ(got->shared_prefix_tokens, i == 2 ? 128 : 0);
+    }
   }
 }
 
@@ -336,15 +395,9 @@ TEST(BatchedGeneration, AStepTokenBudgetPrefillsInArrivalOrderAndChangesNoResult
         if (first[i] < 0 && !batch.tokens(ids[i]).empty()) first[i] = step;
       }
     }
-    const Generator generator(s.model, *s.tokenizer);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       SCOPED_TRACE(rows[i].policy + " at step_tokens " + std::to_string(step_tokens));
-      const Result<GenerationResult> got = batch.Leave(ids[i]);
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
-      const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
-      const Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
-      ASSERT_TRUE(alone.ok()) << alone.status().ToString();
-      ExpectSame(*got, *alone);
+      ExpectAsAlone(s, batch.Leave(ids[i]), rows[i].policy, requests[i]);
     }
   };
   std::vector<int64_t> together, in_order;
@@ -398,16 +451,11 @@ TEST(BatchedGeneration, ARowThatThrowsMidBatchFailsAlone) {
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.status().message().find("the policy failed on call 3"), std::string::npos) << failed.status().ToString();
   EXPECT_EQ(failed.status().message().find("Exception raised from"), std::string::npos) << failed.status().ToString();
-  const Generator generator(s.model, *s.tokenizer);
   for (std::size_t i : {std::size_t{0}, std::size_t{2}}) {
-    const Result<GenerationResult> got = batch.Leave(ids[i]);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    const std::unique_ptr<MemoryPolicy> policy = MakePolicy(rows[i].policy, *s.tokenizer);
-    const Result<GenerationResult> alone = generator.Generate(requests[i].prompt_ids, *policy, requests[i].options);
-    ASSERT_TRUE(alone.ok());
-    ExpectSame(*got, *alone);
+    ExpectAsAlone(s, batch.Leave(ids[i]), rows[i].policy, requests[i]);
   }
   // The default (a training worker's batch): the exception reaches the caller, which can retry with less.
+  const Generator generator(s.model, *s.tokenizer);
   ThrowingPolicy again;
   Generator::Request throwing = requests[1];
   throwing.policy = &again;

@@ -508,6 +508,7 @@ struct GenerationBatch::Entry {
   std::unique_ptr<Sequence> sequence;
   Entry* leader = nullptr;         // the sequence whose prefix this one waits for
   std::vector<Entry*> followers;   // the sequences waiting for this one's prefix
+  bool held = false;               // Hold(): out of Step() until let go
 };
 
 GenerationBatch::GenerationBatch(const LlamaModel& model, const Tokenizer& tokenizer)
@@ -531,7 +532,7 @@ int64_t GenerationBatch::Join(Generator::Request request) {
 void GenerationBatch::SharePrefixes() {
   std::map<std::pair<std::string, std::vector<int64_t>>, Entry*> leaders;
   for (const auto& [id, entry] : entries_) {
-    if (entry->leader != nullptr || !entry->followers.empty()) continue;
+    if (entry->held || entry->leader != nullptr || !entry->followers.empty()) continue;
     std::string key = entry->sequence->PrefixKey();
     if (key.empty()) continue;
     auto [it, first] = leaders.try_emplace({std::move(key), entry->sequence->prompt()}, entry.get());
@@ -560,7 +561,9 @@ bool GenerationBatch::Step(int64_t step_tokens) {
   for (const bool decode : {true, false}) {
     for (const auto& [id, entry] : entries_) {
       Sequence& sequence = *entry->sequence;
-      if (sequence.done() || entry->leader != nullptr || sequence.decoding() != decode) continue;
+      if (sequence.done() || entry->held || entry->leader != nullptr || sequence.decoding() != decode) {
+        continue;
+      }
       const int64_t length = sequence.NextStepLength();
       if (!decode && (budget_spent || (step_tokens > 0 && tokens + length > step_tokens && chunked))) {
         budget_spent = true;
@@ -666,18 +669,29 @@ int64_t GenerationBatch::growth_bytes(int64_t id) const {
   return std::max<int64_t>(0, leader.reserved_bytes() + leader.growth_bytes() - entry.sequence->reserved_bytes());
 }
 
+void GenerationBatch::Hold(int64_t id, bool held) {
+  Entry& entry = *entries_.at(id);
+  entry.held = held;
+  if (!held) return;
+  Detach(entry);  // neither waited for (its followers run their own prefix) nor waiting
+}
+
+void GenerationBatch::Detach(Entry& entry) {
+  Unpark(entry);
+  if (entry.leader != nullptr) {
+    std::vector<Entry*>& others = entry.leader->followers;
+    others.erase(std::remove(others.begin(), others.end(), &entry), others.end());
+    entry.leader = nullptr;
+  }
+}
+
 Result<GenerationResult> GenerationBatch::Leave(int64_t id) {
   const c10::InferenceMode inference;  // the caches it frees were made in it
   const auto it = entries_.find(id);
   if (it == entries_.end()) return Status::NotFound("no sequence " + std::to_string(id) + " in the batch");
   std::unique_ptr<Entry> entry = std::move(it->second);
   entries_.erase(it);
-  // A leader's followers run their own prefix; a follower is no longer waited for.
-  Unpark(*entry);
-  if (entry->leader != nullptr) {
-    std::vector<Entry*>& others = entry->leader->followers;
-    others.erase(std::remove(others.begin(), others.end(), entry.get()), others.end());
-  }
+  Detach(*entry);  // a leader's followers run their own prefix; a follower is no longer waited for
   if (!entry->sequence->done()) return Status::FailedPrecondition("the sequence left before it finished");
   return entry->sequence->TakeResult();
 }

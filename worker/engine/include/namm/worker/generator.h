@@ -159,6 +159,11 @@ class GenerationBatch {
   // upper bound: a step within a token budget may leave the sequence out).
   int64_t reserved_bytes(int64_t id) const;
   int64_t growth_bytes(int64_t id) const;
+  // Holds a sequence back (true: it takes no part in Step() and keeps its caches as they are) or lets it go
+  // on (false). A scheduler out of memory holds the rows whose next step would grow their caches: an evicting
+  // policy's neighbours give blocks back at their memory updates, where preempting a row would recompute its
+  // prompt. Its result is the same, only later. A held sequence neither leads nor follows a shared prefix.
+  void Hold(int64_t id, bool held);
   // Removes a sequence and frees its caches. Its result or error when it had finished; FailedPrecondition
   // ("left before it finished") otherwise.
   Result<GenerationResult> Leave(int64_t id);
@@ -177,6 +182,8 @@ class GenerationBatch {
   // the prefix is computed once per batch, and each follower's result stays the same bits as alone.
   void SharePrefixes();
   void Unpark(Entry& leader);
+  // Unpark, and out of its leader's followers.
+  void Detach(Entry& entry);
 
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
