@@ -96,7 +96,7 @@ void ScatterHopCpu(const at::Tensor& attention, bool bf16, int64_t r0, int64_t r
   const int64_t head_stride = samples.stride(0), key_stride = samples.stride(1);
   constexpr int64_t kKeyBlock = 1024;
   const int64_t blocks_per_head = (n + kKeyBlock - 1) / kKeyBlock;
-  cpu::parallel_tasks(kv_heads * blocks_per_head, [&](int64_t begin, int64_t end) {
+  cpu::parallel_work(kv_heads * blocks_per_head, kv_heads * rows * group * n, [&](int64_t begin, int64_t end) {
     std::vector<float> sum(static_cast<std::size_t>(kStftHop * kKeyBlock));  // [row, key] of one block
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks_per_head, j0 = (task % blocks_per_head) * kKeyBlock;

@@ -74,6 +74,31 @@ TEST(QueryHistory, RecomputesTheAttentionQueriesPaidOverTheCacheAsItIsNow) {
   ExpectGqaMeanOfAttention(history, cache, 10, 12);
 }
 
+// The recomputed attention scales the products by 1 / sqrt(head_dim) exactly as libtorch's mul_ does (on the CPU
+// in float32 it multiplies on its own thread), for a history large enough that mul_ would fork its thread pool:
+// the same bits as the products scaled by mul_, less the log-sum-exp, exponentiated.
+TEST(QueryHistory, RecomputedAttentionScalesTheProductsBitForBitAsMulDoes) {
+  const int64_t kv_heads = 4, group = 2, heads = kv_heads * group, hd = 8, n = 300, rows = 31;
+  at::manual_seed(5);
+  LayerKVCache cache(kv_heads, hd, kF32);
+  const at::Tensor keys = at::randn({kv_heads, n, hd}, kF32);
+  ASSERT_TRUE(cache.Append(keys, at::randn({kv_heads, n, hd}, kF32), at::arange(n, kF32.dtype(at::kLong))).ok());
+  const at::Tensor queries = at::randn({heads, rows, hd}, kF32), lse = at::randn({heads, rows}, kF32);
+  QueryHistory history;
+  ASSERT_TRUE(history.Record(queries, lse, n - rows, 0, 31).ok());
+  const auto attention = history.Attention(cache, n - rows, n);
+  ASSERT_TRUE(attention.ok()) << attention.status().ToString();
+  ASSERT_GT(attention->numel(), 32768);
+  const at::Tensor later = at::arange(n).view({1, 1, n}).gt(at::arange(n - rows, n).view({1, rows, 1}));
+  const at::Tensor expected = at::bmm(queries.reshape({kv_heads, group * rows, hd}), keys.transpose(1, 2))
+                                  .view({heads, rows, n})
+                                  .mul_(1.0 / std::sqrt(static_cast<double>(hd)))
+                                  .sub_(lse.unsqueeze(2))
+                                  .exp_()
+                                  .masked_fill_(later, 0.0);
+  EXPECT_TRUE(attention->equal(expected));
+}
+
 // The engine's probabilities: a softmax over the keys in float32 whatever the scores' dtype, and the
 // log-sum-exp of the rows asked for.
 TEST(QueryHistory, AttentionProbabilitiesAreASoftmaxWithTheLogSumExpAskedFor) {

@@ -133,6 +133,14 @@ TaskPool& Pool() {
 
 void parallel_tasks(int64_t count, const std::function<void(int64_t begin, int64_t end)>& fn) { Pool().Run(count, fn); }
 
+void parallel_work(int64_t count, int64_t work, const std::function<void(int64_t begin, int64_t end)>& fn) {
+  if (work < kParallelWork) {
+    if (count > 0) fn(0, count);
+  } else {
+    parallel_tasks(count, fn);
+  }
+}
+
 void set_task_threads(int threads) { Pool().Resize(threads); }
 
 int task_threads() { return Pool().threads(); }

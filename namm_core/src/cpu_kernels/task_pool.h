@@ -22,6 +22,17 @@ namespace namm::cpu {
 // busy (another thread's call, or a call from inside fn) runs the whole range on the calling thread.
 void parallel_tasks(int64_t count, const std::function<void(int64_t begin, int64_t end)>& fn);
 
+// Work (multiply-adds, or as many simple steps) below which a loop stays on the calling thread: a round trip
+// through the pool (waking a thread, waiting for it) costs ~50 us on the 2-core development VM
+// (namm_core_bench --benchmark_filter=TaskPoolRoundTrip), about what two threads save on 2^20 multiply-adds.
+// At 2^17 it was woken for every prefill chunk's small products and every decode step's attention: at one
+// namm-api client, stories260K made 1,200-1,800 tokens/s, and 2,300-3,200 with this bound.
+constexpr int64_t kParallelWork = int64_t{1} << 20;
+
+// parallel_tasks(count, fn) when `work` is at least kParallelWork, else fn(0, count) on the calling thread; the
+// results are the same either way.
+void parallel_work(int64_t count, int64_t work, const std::function<void(int64_t begin, int64_t end)>& fn);
+
 // The threads parallel_tasks runs on, the caller's included (>= 1). Changing it waits for a call in progress
 // and must not be done from inside fn.
 void set_task_threads(int threads);

@@ -9,22 +9,6 @@
 
 namespace namm::cpu {
 
-namespace {
-
-// Below this many multiply-adds a call stays on the calling thread: waking the pool costs more than it saves
-// (the results are the same either way).
-constexpr int64_t kParallelWork = 1 << 17;
-
-void run(int64_t tasks, int64_t work, const std::function<void(int64_t, int64_t)>& fn) {
-  if (work < kParallelWork) {
-    fn(0, tasks);
-  } else {
-    parallel_tasks(tasks, fn);
-  }
-}
-
-}  // namespace
-
 // The kernel's layout: queries scaled, keys transposed and padded to whole vectors, values padded to whole
 // vectors.
 at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -44,7 +28,7 @@ at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, c
   const int64_t rows = kernels.query_rows, blocks = (n + rows - 1) / rows;
   // A block's cost falls with its first row (it sees keys from there on): taking blocks alternately from both
   // ends gives every thread's contiguous share of the tasks about the same cost.
-  run(heads * blocks, heads * n * n * (d + 16 * vectors) / 2, [&](int64_t begin, int64_t end) {
+  parallel_work(heads * blocks, heads * n * n * (d + 16 * vectors) / 2, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(static_cast<std::size_t>(rows * n_padded));
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task % heads, i = task / heads;
@@ -76,7 +60,8 @@ void gqa_mean_into(const at::Tensor& attention, bool round_to_bf16, const at::Te
                      rows,
                      n,
                      round_to_bf16};
-  run(kv_heads * rows, attention.size(0) * rows * n, [&](int64_t begin, int64_t end) { kernels.gqa_mean(mean, begin, end); });
+  parallel_work(kv_heads * rows, attention.size(0) * rows * n,
+                [&](int64_t begin, int64_t end) { kernels.gqa_mean(mean, begin, end); });
 }
 
 void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const at::Tensor& key_positions,
@@ -100,7 +85,7 @@ void scores_gqa_mean_into(const at::Tensor& scores, const at::Tensor& lse, const
                            n,
                            round_to_bf16};
   // An exponential costs about ten multiply-adds.
-  run(kv_heads * rows, 10 * scores.size(0) * rows * n,
+  parallel_work(kv_heads * rows, 10 * scores.size(0) * rows * n,
       [&](int64_t begin, int64_t end) { kernels.scores_gqa_mean(mean, begin, end); });
 }
 
@@ -110,7 +95,7 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
   const int64_t kv_heads = ema.size(0), n = ema.size(1), groups = (n + 255) / 256;
   const int64_t frames = samples.size(1) / 16 - 1;
   // A token's frame: a 32 x 34 product, halved by the basis' symmetry.
-  run(kv_heads * groups, kv_heads * n * frames * 32 * 17, [&](int64_t begin, int64_t end) {
+  parallel_work(kv_heads * groups, kv_heads * n * frames * 32 * 17, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end;) {
       // The tasks of one head at a time: tokens [256 g, 256 g_end) of head h.
       const int64_t h = task / groups, g = task % groups, g_end = std::min(groups, g + (end - task));
@@ -134,7 +119,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
   const Linear product{x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), w.stride(0),
                        b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), y.stride(0), m, n, k};
   // Tasks are pairs of columns (the kernel's tile), so that a share's edge never splits one.
-  run((n + 1) / 2, m * n * k, [&](int64_t begin, int64_t end) {
+  parallel_work((n + 1) / 2, m * n * k, [&](int64_t begin, int64_t end) {
     kernels.linear_columns(product, 2 * begin, std::min(n, 2 * end));
   });
   return y;
@@ -164,7 +149,7 @@ void linear_in_out(const float* x, int64_t x_stride, int64_t m, const InOutWeigh
   const LinearInOut op{x, x_stride, w.weight.data(), w.stride, w.bias.empty() ? nullptr : w.bias.data(),
                        y, y_stride, m, w.out, w.in};
   // Tasks of 4 rows (the kernel's tile), so that a share's edge never splits one.
-  run((m + 3) / 4, m * w.out * w.in,
+  parallel_work((m + 3) / 4, m * w.out * w.in,
       [&](int64_t begin, int64_t end) { kernels.linear_in_out_rows(op, 4 * begin, std::min(m, 4 * end)); });
 }
 
@@ -173,7 +158,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels&
   const SiluMul op{gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>()};
   // Every lane runs the same operations, so where a share starts changes nothing; 64-element tasks.
   const int64_t count = gate.numel(), blocks = (count + 63) / 64;
-  run(blocks, 16 * count, [&](int64_t begin, int64_t end) {
+  parallel_work(blocks, 16 * count, [&](int64_t begin, int64_t end) {
     kernels.silu_mul(op, 64 * begin, std::min(count, 64 * end));
   });
   return out;
@@ -184,7 +169,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, c
   const at::Tensor out = at::empty({m, dim}, x.options());
   const RmsNormRows op{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(), out.data_ptr<float>(),
                        out.stride(0), dim, static_cast<float>(eps)};
-  run(m, 4 * m * dim, [&](int64_t begin, int64_t end) { kernels.rms_norm_rows(op, begin, end); });
+  parallel_work(m, 4 * m * dim, [&](int64_t begin, int64_t end) { kernels.rms_norm_rows(op, begin, end); });
   return out;
 }
 
@@ -259,7 +244,7 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
   if (block_rows <= 0) block_rows = std::clamp<int64_t>((int64_t{1} << 18) / (group * longest), 1, 64);
   const BatchedAttention attention{items.data(), static_cast<int64_t>(items.size()), kv_heads, group, head_dim,
                                    static_cast<float>(scale), block_rows};
-  run(attention_items(attention), work,
+  parallel_work(attention_items(attention), work,
       [&](int64_t begin, int64_t end) { kernels.attention_rows(attention, begin, end); });
   return outputs;
 }
