@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "namm/batch_invariant.h"
@@ -44,6 +45,9 @@ MatmulPeak MeasureMatmulPeak(at::Device device, at::ScalarType dtype) {
   const double flops = 2.0 * m * k * n;
   const double blas = flops / BestSeconds(5, [&] { (void)at::mm(x, wt); }) / 1e9;
   const double ours = flops / BestSeconds(5, [&] { (void)invariant_linear(x, w); }) / 1e9;
+  // BLAS's and libtorch's idle threads spin for a while after a product (measured: ~0.2 s of sched_yield on
+  // two cores): they would take a core from whatever the bench times first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   return blas >= ours ? MatmulPeak{blas, "BLAS sgemm"} : MatmulPeak{ours, "our linear kernel"};
 }
 
