@@ -240,10 +240,10 @@ constexpr int64_t kBytesPerToken = 1280;  // stories260K: 2 x 5 layers x 4 KV he
 // A flood of requests whose caches grow and never shrink (H2O with a budget over their length: an evicting
 // policy whose bound is not known in advance, as a NAMM's) on a budget that holds few of them grown: they are
 // admitted by the memory they use, the youngest are preempted when the running ones' caches and the oldest's
-// next step would not fit (holding rows back frees nothing here), and every request finishes with the answer
-// it gets without a budget (a preempted one starts again with its seed; nothing it sent is sent twice). The
-// same with the caches in blocks of one pool the size of the budget (--kv-block-tokens): admission counts
-// whole blocks, so no append ever finds the pool dry, and every block is back in the pool at the end.
+// next step would not fit (a held row frees nothing until an older one finishes), and every request finishes
+// with the answer it gets without a budget (a preempted one starts again with its seed; nothing it sent is sent
+// twice). The same with the caches in blocks of one pool the size of the budget (--kv-block-tokens): admission
+// counts whole blocks, so no append ever finds the pool dry, and every block is back in the pool at the end.
 TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnlimitedAnswers) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
@@ -277,8 +277,8 @@ TEST(CompletionScheduler, AFloodOfGrowingCachesOnASmallBudgetFinishesWithTheUnli
 // most 16 + 64) on a budget where the running rows cannot all grow at once: the rows whose next step would
 // pass it wait with their caches (namm_api_held_steps_total) while the others' updates give blocks back, and
 // none is preempted and recomputed (preempting at once, as before, preempted some). Every answer is the
-// unlimited one. (A rectangular cache keeps its storage after evicting, so there waiting frees nothing: the
-// flood above.)
+// unlimited one. (A rectangular cache keeps its storage after evicting: there a held row waits for an older
+// one to finish, as in the flood above.)
 TEST(CompletionScheduler, RowsThatWouldPassTheBudgetWaitForEvictionsInsteadOfBeingPreempted) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
