@@ -282,7 +282,7 @@ struct CompletionScheduler::Impl {
   }
 
   // The storage `job`'s caches surely reach: the full cache's allowance, a cache that may evict what it holds
-  // at its first memory update (or its end, if sooner).
+  // at its first memory update (or its end, if sooner), within KvBytesAtMost.
   int64_t SureBytes(const CompletionJob& job) const {
     const auto prompt = static_cast<int64_t>(job.prompt_ids.size());
     const int64_t total = prompt + job.max_tokens;
@@ -290,11 +290,22 @@ struct CompletionScheduler::Impl {
     const bool full = family.ok() && *family == "full";
     if (full) return StoredTokens(total) * kv_bytes_per_token;
     const int64_t before_update = std::min(total, options.update_interval);
-    if (model.kv_block_pool() != nullptr) return StoredTokens(before_update) * kv_bytes_per_token;
-    // A rectangular cache's capacity doubles from kInitialCapacity.
-    int64_t capacity = LayerKVCache::kInitialCapacity;
-    while (capacity < before_update) capacity *= 2;
-    return std::min(total, capacity) * kv_bytes_per_token;
+    if (model.kv_block_pool() != nullptr) {
+      return std::min(KvBytesAtMost(job), StoredTokens(before_update) * kv_bytes_per_token);
+    }
+    // A rectangular cache's capacity as LayerKVCache::GrownCapacity grows it, step by step (prompt chunks, then a
+    // token at a time) until the first update; nothing is evicted before it, so its room is the whole sequence.
+    int64_t capacity = 0;
+    for (int64_t size = 0; size < before_update;) {
+      const int64_t step = size < prompt ? std::min(options.chunk_size, prompt - size) : 1;
+      const int64_t more = std::min(step, before_update - size);
+      if (size + more > capacity) {
+        const int64_t doubled = std::max(2 * capacity, LayerKVCache::kInitialCapacity);
+        capacity = std::max(size + more, std::min(doubled, total));
+      }
+      size += more;
+    }
+    return std::min(KvBytesAtMost(job), capacity * kv_bytes_per_token);
   }
 
   // With max_kv_bytes, by memory as it is used: a request joins when what it is counted at (KvBytesAtStart)
@@ -377,18 +388,18 @@ struct CompletionScheduler::Impl {
       row.peak_bytes = std::max(row.peak_bytes, RowBytes(row));
       Learn(row);
     }
+    std::vector<bool> hold;  // decided first, applied once: holding a row ends its part in a shared prefix
     while (true) {
       int64_t in_use = KvBytesInUse();
-      for (std::size_t i = rows.size(); i-- > 0;) {
-        Row& row = rows[i];
+      hold.assign(rows.size(), false);
+      for (std::size_t i = rows.size(); i-- > 1 && in_use > options.max_kv_bytes;) {
+        const Row& row = rows[i];
         const int64_t growing = std::max(row.admitted_bytes, RowBytes(row));
         const int64_t still = std::max(row.admitted_bytes, batch.reserved_bytes(row.id));
-        const bool hold = i > 0 && in_use > options.max_kv_bytes && growing > still;
-        if (hold) in_use -= growing - still;
-        if (hold != row.held) batch.Hold(row.id, hold);
-        row.held = hold;
+        hold[i] = growing > still;
+        if (hold[i]) in_use -= growing - still;
       }
-      if (in_use <= options.max_kv_bytes || rows.size() <= 1) return;
+      if (in_use <= options.max_kv_bytes || rows.size() <= 1) break;
       Row row = std::move(rows.back());
       rows.pop_back();
       (void)batch.Leave(row.id);  // "left before it finished": it starts again
@@ -401,6 +412,10 @@ struct CompletionScheduler::Impl {
       }
       admission_held = true;
       if (metrics != nullptr) metrics->Preempted();
+    }
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (hold[i] != rows[i].held) batch.Hold(rows[i].id, hold[i]);
+      rows[i].held = hold[i];
     }
   }
 
