@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "aten.h"
 #include "host_rows.h"
@@ -182,12 +183,16 @@ int64_t LayerKVCache::KvBytesPerToken() const {
   return 2 * kv_heads_ * head_dim_ * static_cast<int64_t>(buffers_[kKeys].element_size());
 }
 
+int64_t LayerKVCache::GrowCapacity(int64_t capacity, int64_t needed, int64_t room) {
+  return std::max(needed, std::min(std::max({needed, 2 * capacity, kInitialCapacity}), room));
+}
+
 int64_t LayerKVCache::GrownCapacity(int64_t capacity) const {
   if (capacity <= capacity_) return capacity_;
-  const int64_t grown = std::max({capacity, 2 * capacity_, kInitialCapacity});
   // No room beyond what the rest of the sequence can fill (expected_tokens_ counts evicted tokens too).
-  if (expected_tokens_ <= 0) return grown;
-  return std::max(capacity, std::min(grown, size_ + expected_tokens_ - tokens_seen_));
+  const int64_t room = expected_tokens_ > 0 ? size_ + expected_tokens_ - tokens_seen_
+                                            : std::numeric_limits<int64_t>::max();
+  return GrowCapacity(capacity_, capacity, room);
 }
 
 int64_t LayerKVCache::state_bytes() const {

@@ -293,17 +293,13 @@ struct CompletionScheduler::Impl {
     if (model.kv_block_pool() != nullptr) {
       return std::min(KvBytesAtMost(job), StoredTokens(before_update) * kv_bytes_per_token);
     }
-    // A rectangular cache's capacity as LayerKVCache::GrownCapacity grows it, step by step (prompt chunks, then a
-    // token at a time) until the first update; nothing is evicted before it, so its room is the whole sequence.
+    // A rectangular cache's capacity as it grows, step by step (prompt chunks, then a token at a time) until the
+    // first update; nothing is evicted before it, so its room is the whole sequence.
     int64_t capacity = 0;
     for (int64_t size = 0; size < before_update;) {
       const int64_t step = size < prompt ? std::min(options.chunk_size, prompt - size) : 1;
-      const int64_t more = std::min(step, before_update - size);
-      if (size + more > capacity) {
-        const int64_t doubled = std::max(2 * capacity, LayerKVCache::kInitialCapacity);
-        capacity = std::max(size + more, std::min(doubled, total));
-      }
-      size += more;
+      size += std::min(step, before_update - size);
+      if (size > capacity) capacity = LayerKVCache::GrowCapacity(capacity, size, total);
     }
     return std::min(KvBytesAtMost(job), capacity * kv_bytes_per_token);
   }
@@ -385,7 +381,9 @@ struct CompletionScheduler::Impl {
   void MakeRoom() {
     if (options.max_kv_bytes <= 0) return;
     for (Row& row : rows) {
-      row.peak_bytes = std::max(row.peak_bytes, RowBytes(row));
+      const int64_t bytes = RowBytes(row);
+      if (bytes <= row.peak_bytes) continue;
+      row.peak_bytes = bytes;
       Learn(row);
     }
     std::vector<bool> hold;  // decided first, applied once: holding a row ends its part in a shared prefix

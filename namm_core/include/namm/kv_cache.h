@@ -95,6 +95,10 @@ class LayerKVCache {
   int64_t state_bytes() const;
   // Tokens of room a cache's storage starts with (it then doubles).
   static constexpr int64_t kInitialCapacity = 64;
+  // The room a (rectangular) cache with room for `capacity` tokens grows to when it must hold `needed` more than
+  // that: doubled (kInitialCapacity at least), never beyond `room` (what the rest of the sequence can fill),
+  // never below `needed`. namm-api's admission follows a cache's growth with it.
+  static int64_t GrowCapacity(int64_t capacity, int64_t needed, int64_t room);
   // Bytes of key and value storage allocated (room for capacity() tokens): what admission by memory counts. And
   // the same after `more` tokens were appended (the storage grows by doubling, within the tokens to come, or a
   // block at a time).
