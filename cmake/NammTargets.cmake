@@ -20,7 +20,9 @@ function(namm_apply_defaults target)
     # GCC's flow analysis under the sanitizers' instrumentation reports libstdc++'s own std::regex and
     # std::function members as maybe uninitialized (observability_test.cpp at -O2), and GCC 12 warns that
     # ThreadSanitizer does not model the fences in Boost.Asio's handlers: neither is our code's.
-    target_compile_options(${target} PRIVATE ${NAMM_SANITIZER_FLAGS}
+    # Line tables only (-g1): what the sanitizers' stack traces print, at half the objects' size of -g. With -g the
+    # ASan build of everything filled what a CI machine had left of its disk (stop 42's run).
+    target_compile_options(${target} PRIVATE ${NAMM_SANITIZER_FLAGS} -g1
                            $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-maybe-uninitialized>)
     if(NAMM_SANITIZE STREQUAL "thread")
       target_compile_options(${target} PRIVATE $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-tsan>)

@@ -4,7 +4,7 @@
 // Usage: node openai_client_test.mjs NAMM_API NAMM_WORKER STORIES260K_DIR
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
@@ -223,5 +223,6 @@ for (const server of [main, tight]) {
     console.log(`FAIL namm-api exited with ${code} after SIGTERM`);
   }
 }
+rmSync(dir, { recursive: true, force: true });
 console.log(failures === 0 ? "all passed" : `${failures} failed`);
 process.exit(failures === 0 ? 0 : 1);
