@@ -25,6 +25,10 @@ ifneq ($(CCACHE),)
 LAUNCHER := -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE)
 # Lets ccache cache compilations that use precompiled headers.
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+# A bounded cache (ccache's default is 5 GB): a Release and a sanitizer build of this tree take ~0.1 GB of it, and a
+# cache kept between runs grows toward the bound (a CI machine ran out of disk during `make sanitize`). Set it to
+# override.
+export CCACHE_MAXSIZE ?= 1G
 endif
 
 .PHONY: all deps configure build demo test test-long bench sanitize tsan fuzz clean
