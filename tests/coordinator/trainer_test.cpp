@@ -341,6 +341,53 @@ TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
   for (const CandidateRecord& c : candidates) EXPECT_NEAR(c.fitness, 0.5, 1e-12);
 }
 
+// cache_weight: a candidate's fitness is its mean normalized score minus the weight times its mean relative cache
+// (cache size over (n + 1) / 2 for n tokens fed); the evaluated mean is charged the same way; the task scores stay
+// the normalized scores. Here the charge outweighs the scores' spread, so the smallest cache wins.
+TEST(Trainer, CacheWeightChargesEachCandidateItsMeanRelativeCache) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "cache_weight: 0.5\n");
+  const RunSpec spec = parse_run_spec(yaml, "spec").value();
+  EXPECT_EQ(spec.cache_weight, 0.5);
+  EXPECT_EQ(parse_run_spec(SyntheticSpecYaml(), "spec")->cache_weight, 0);
+  EXPECT_EQ(load_run_spec(std::string(NAMM_RUNS_DIR) + "/interruption-cache-weight-cpu.yaml")->cache_weight, 0.1);
+  for (const std::string bad : {"cache_weight: -0.1\n", "cache_weight: .nan\n", "cache_weight: 11\n",
+                                "cache_weight: lots\n", "cache_weight: 0.5\nfitness: mean_rank\n",
+                                "cache_weight: 0.5\nbudgets: [own, 8]\n"}) {
+    std::string text = SyntheticSpecYaml();
+    text.insert(text.find("stages:"), bad);
+    const auto parsed = parse_run_spec(text, "b.yaml");
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("b.yaml.cache_weight"), std::string::npos) << parsed.status().message();
+  }
+
+  auto store = Store::Open(FreshDatabasePath("cache_weight.db"), OpenMode::kCreate).value();
+  ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                           "test", false).ok());
+  auto t = Trainer::Create(*store, spec, SyntheticTaskRows()).value();
+  // Candidate k holds 0.1 (k + 1) of the full cache, the mean 0.05.
+  const auto relative = [](int64_t candidate) { return candidate == kMeanCandidate ? 0.05 : 0.1 * (candidate + 1); };
+  const Evaluator evaluate = [&](const Trainer& trainer, const std::vector<WorkUnit>& units) {
+    std::vector<EvaluationRecord> out = EvaluateUnits(trainer, units);
+    for (EvaluationRecord& e : out) {
+      e.generated_tokens = 7;
+      e.cache_size_mean = relative(e.candidate) * static_cast<double>(e.prompt_tokens + e.generated_tokens + 1) / 2;
+    }
+    return out;
+  };
+  ASSERT_TRUE(DriveRun(*t, 2, evaluate).ok());
+  const std::vector<CandidateRecord> candidates = store->GetCandidates(t->run_id(), 0).value();
+  ASSERT_EQ(candidates.size(), 8u);
+  for (const CandidateRecord& c : candidates) {
+    ASSERT_EQ(c.tasks.size(), 1u);
+    EXPECT_NEAR(c.fitness, c.tasks.at("t/a").normalized - 0.5 * relative(c.candidate), 1e-12) << c.candidate;
+  }
+  const GenerationRecord g0 = store->GetGenerations(t->run_id()).value().at(0);
+  EXPECT_EQ(g0.best_candidate, 0);
+  ASSERT_TRUE(g0.eval_fitness);
+  EXPECT_NEAR(*g0.eval_fitness, g0.eval_tasks.at("t/a").normalized - 0.5 * 0.05, 1e-12);
+}
+
 TEST(Trainer, ReportsMissingReferenceScoresAndCannotTellWithoutThem) {
   auto store = Store::Open(FreshDatabasePath("norefs.db"), OpenMode::kCreate).value();
   const RunSpec spec = *parse_run_spec(SyntheticSpecYaml(), "spec");

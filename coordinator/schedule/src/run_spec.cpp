@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "namm/file_util.h"
@@ -61,6 +62,7 @@ constexpr std::size_t kMaxSettings = 64;      // budgets or ratios
 constexpr std::size_t kMaxNameBytes = 256;    // a task's name or a setting
 constexpr int64_t kMaxGenerations = 1000000;  // the whole run
 constexpr int64_t kMaxPrompts = 1000000;
+constexpr double kMaxCacheWeight = 10;  // a relative cache is at most ~1, a normalized score a few units
 
 Status InRange(const std::string& where, int64_t value, int64_t most) {
   if (value <= 0 || value > most) {
@@ -193,7 +195,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   spec.yaml = yaml;
   MapReader r(root, source);
   NAMM_RETURN_IF_ERROR(r.Check({"name", "model", "namm", "cmaes", "prompts_per_task", "eval_interval",
-                                "eval_prompts", "zero_base", "fitness", "budgets", "ratios", "stages"}));
+                                "eval_prompts", "zero_base", "fitness", "cache_weight", "budgets", "ratios", "stages"}));
   NAMM_RETURN_IF_ERROR(r.Get("name", &spec.name, true));
 
   MapReader model(r.Child("model"), source + ".model");
@@ -242,6 +244,16 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   NAMM_RETURN_IF_ERROR(GetNames(r, "ratios", kMaxSettings, &ratios));
   if (!budgets.empty() && !ratios.empty()) {
     return Status::InvalidArgument(source + ": give 'budgets' or 'ratios', not both");
+  }
+  NAMM_RETURN_IF_ERROR(r.Get("cache_weight", &spec.cache_weight));
+  if (!std::isfinite(spec.cache_weight) || spec.cache_weight < 0 || spec.cache_weight > kMaxCacheWeight) {
+    return Status::InvalidArgument(source + ".cache_weight must be in 0.." +
+                                   std::to_string(static_cast<int>(kMaxCacheWeight)) + ", got " +
+                                   std::to_string(spec.cache_weight));
+  }
+  if (spec.cache_weight > 0 && (spec.rank_fitness || !budgets.empty() || !ratios.empty())) {
+    return Status::InvalidArgument(source + ".cache_weight charges the cache the NAMM's own threshold keeps: it needs "
+                                   "fitness: mean and neither budgets nor ratios (they fix the cache)");
   }
   const std::string knob = budgets.empty() ? "ratio" : "budget";
   const std::vector<std::string>& settings = budgets.empty() ? ratios : budgets;

@@ -45,7 +45,8 @@ Flat Flatten(const RunSpec& s) {
                      {"eval_prompts", s.eval_prompts == 0 ? nlohmann::json("all") : nlohmann::json(s.eval_prompts)},
                      {"zero_base", s.zero_base == tasks::ZeroBase::kOnePlusCandidate ? "one_plus_candidate"
                                                                                      : "reference_epsilon"},
-                     {"fitness", s.rank_fitness ? "mean_rank" : "mean"}});
+                     {"fitness", s.rank_fitness ? "mean_rank" : "mean"},
+                     {"cache_weight", s.cache_weight}});
   for (std::size_t k = 0; k < s.stages.size(); ++k) {
     const std::string stage = "stages[" + std::to_string(k) + "]";
     f.emplace_back(stage + ".tasks", s.stages[k].tasks);

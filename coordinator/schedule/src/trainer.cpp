@@ -44,17 +44,35 @@ std::vector<StageRecord> StageRecords(const RunSpec& spec) {
   return stages;
 }
 
+// Whether `e` is one of `candidate`'s evaluations on `prompts`.
+bool OfCandidateOn(const EvaluationRecord& e, int64_t candidate, const PromptSample& prompts) {
+  if (e.candidate != candidate) return false;
+  const auto it = prompts.find(e.task);
+  return it != prompts.end() && std::binary_search(it->second.begin(), it->second.end(), e.prompt);
+}
+
 // Per-task prompt scores of one candidate on `prompts`, from the generation's evaluations.
 tasks::PromptScores ScoresOf(const std::vector<EvaluationRecord>& evaluations, int64_t candidate,
                              const PromptSample& prompts) {
   tasks::PromptScores scores;
   for (const EvaluationRecord& e : evaluations) {
-    if (e.candidate != candidate) continue;
-    const auto it = prompts.find(e.task);
-    if (it == prompts.end() || !std::binary_search(it->second.begin(), it->second.end(), e.prompt)) continue;
-    scores[e.task][e.prompt] = e.score;
+    if (OfCandidateOn(e, candidate, prompts)) scores[e.task][e.prompt] = e.score;
   }
   return scores;
+}
+
+// cache_weight (run_spec.h): one candidate's mean relative cache on `prompts`, each evaluation's mean cache size
+// over the full cache's over the same n tokens, (n + 1) / 2.
+double MeanRelativeCache(const std::vector<EvaluationRecord>& evaluations, int64_t candidate,
+                         const PromptSample& prompts) {
+  double sum = 0;
+  int64_t count = 0;
+  for (const EvaluationRecord& e : evaluations) {
+    if (!OfCandidateOn(e, candidate, prompts)) continue;
+    sum += e.cache_size_mean / (static_cast<double>(e.prompt_tokens + e.generated_tokens + 1) / 2);
+    ++count;
+  }
+  return count > 0 ? sum / static_cast<double>(count) : 0;
 }
 
 // `prompts` without the dropped pairs (a task left with none disappears).
@@ -866,8 +884,9 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
   for (int64_t k = 0; k < p.population.size; ++k) {
     auto f = tasks::normalized_fitness(ScoresOf(done, k, g.samples), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("fitness of candidate " + std::to_string(k));
-    fitness.push_back(f->value);
-    c.candidates.push_back(CandidateRecord{k, f->value, TaskScores(*f)});
+    // With no cache weight, the normalized score itself (0 times a finite cache subtracts nothing).
+    fitness.push_back(f->value - spec_.cache_weight * MeanRelativeCache(done, k, g.samples));
+    c.candidates.push_back(CandidateRecord{k, fitness.back(), TaskScores(*f)});
   }
   if (spec_.rank_fitness) {
     fitness = MeanRanks(c.candidates);
@@ -876,7 +895,7 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
   if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
     auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("evaluation of the mean");
-    g.eval_fitness = f->value;
+    g.eval_fitness = f->value - spec_.cache_weight * MeanRelativeCache(done, kMeanCandidate, eval_prompts);
     g.eval_tasks = TaskScores(*f);
   }
 

@@ -42,6 +42,13 @@ struct RunSpec {
   // 1 best): every task (every budget of a run over budgets) then weighs the same in the selection, whatever
   // the spread of its scores. The evaluation of the mean stays the mean of normalized scores.
   bool rank_fitness = false;
+  // `cache_weight: w` (a deliberate difference from the reference, whose fitness is the score alone): a candidate's
+  // fitness is its mean normalized score minus w times its mean relative cache over the same evaluations (each
+  // prompt's mean KV-cache size over its queries, divided by the full cache's over them, (n + 1) / 2 for n tokens
+  // fed), so that evolution trades score for memory at the NAMM's own threshold. With `fitness: mean` and no
+  // budgets or ratios (those fix the cache); 0, the default, is the reference's fitness. The evaluation of the
+  // mean is charged the same way, so the stage's best is chosen by the same rule.
+  double cache_weight = 0;
   std::vector<StageSpec> stages;
   std::string yaml;               // the text it was parsed from, stored with the run
 
