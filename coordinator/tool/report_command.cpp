@@ -103,6 +103,20 @@ ChartSeries Series(const std::string& name, const std::vector<Row>& rows, F valu
   return s;
 }
 
+// What the fitness curves show, as the run's spec computed it (run_spec.h).
+std::string FitnessRule(const RunSpec& spec) {
+  const std::string normalized = "the score normalized by the base model's on the same prompts";
+  if (spec.rank_fitness) {
+    return "A candidate's fitness is the mean over tasks of its rank among the generation's candidates by " +
+           normalized + " (0 worst, 1 best); the evaluated mean's is " + normalized + ", averaged over tasks.";
+  }
+  if (spec.cache_weight > 0) {
+    return "Fitness is " + normalized + ", averaged over tasks, minus " + format_number(spec.cache_weight, 4) +
+           " times the mean relative KV cache (cache_weight).";
+  }
+  return "Fitness is " + normalized + ", averaged over tasks.";
+}
+
 std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& stages,
                        const std::vector<Row>& rows, bool explained) {
   std::vector<std::pair<double, std::string>> boundaries;
@@ -128,8 +142,7 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
        << html_escape(run.status) << ", " << rows.size() << " generations, " << run.dimension
        << " parameters, model "
        << "<code>" << html_escape(run.model_fingerprint) << "</code>, created " << html_escape(run.created_at)
-       << ". Fitness is the score normalized by the base model's on the same prompts, averaged over "
-          "tasks.</p>\n";
+       << ". " << FitnessRule(opened.spec) << "</p>\n";
 
   std::vector<std::vector<std::string>> stage_rows;
   for (const StageRecord& s : stages) {

@@ -66,6 +66,8 @@ TEST_F(CoordinatorCli, ReportWritesCurvesThatChromiumRenders) {
   EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg")) << "no network resources";
   EXPECT_EQ(html.find("https://"), std::string::npos);
   EXPECT_NE(html.find("stage 2"), std::string::npos) << "the stage boundary is marked";
+  EXPECT_NE(html.find("Fitness is the score normalized by the base model's on the same prompts, averaged over tasks."),
+            std::string::npos) << "the spec's fitness rule (no cache_weight, no mean_rank)";
 
   if (!namm::testing::ChromiumInstalled()) GTEST_SKIP() << "chromium is not installed (scripts/install-deps.sh)";
   // Fitness (3 series), per-task score, sigma, cache, throughput and workers: at least 6 curves.
