@@ -10,6 +10,7 @@
 
 #include "api_metrics.h"
 #include "namm/kv_cache.h"
+#include "namm/tasks/normalized_score.h"
 #include "namm/worker/generator.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/policy_spec.h"
@@ -76,7 +77,7 @@ CacheReport MakeCacheReport(const worker::GenerationResult& r, const std::string
   c.policy = policy;
   const auto fed = static_cast<double>(r.prompt_tokens + r.decode_steps);
   c.mean_kv_tokens = r.mean_kv_tokens;
-  c.relative_cache = fed > 0 ? r.mean_kv_tokens / ((fed + 1) / 2) : 0;
+  c.relative_cache = tasks::relative_cache(r.mean_kv_tokens, r.prompt_tokens + r.decode_steps);
   c.peak_kv_tokens = r.peak_kv_tokens;
   double final_tokens = 0;
   for (int64_t size : r.final_cache_sizes) final_tokens += static_cast<double>(size);

@@ -61,15 +61,14 @@ tasks::PromptScores ScoresOf(const std::vector<EvaluationRecord>& evaluations, i
   return scores;
 }
 
-// cache_weight (run_spec.h): one candidate's mean relative cache on `prompts`, each evaluation's mean cache size
-// over the full cache's over the same n tokens, (n + 1) / 2.
+// cache_weight (run_spec.h): one candidate's mean relative cache on `prompts` (tasks::relative_cache).
 double MeanRelativeCache(const std::vector<EvaluationRecord>& evaluations, int64_t candidate,
                          const PromptSample& prompts) {
   double sum = 0;
   int64_t count = 0;
   for (const EvaluationRecord& e : evaluations) {
     if (!OfCandidateOn(e, candidate, prompts)) continue;
-    sum += e.cache_size_mean / (static_cast<double>(e.prompt_tokens + e.generated_tokens + 1) / 2);
+    sum += tasks::relative_cache(e.cache_size_mean, e.prompt_tokens + e.generated_tokens);
     ++count;
   }
   return count > 0 ? sum / static_cast<double>(count) : 0;

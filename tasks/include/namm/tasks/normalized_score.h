@@ -66,4 +66,11 @@ struct Fitness {
 Result<Fitness> normalized_fitness(const PromptScores& candidate, const ReferenceScores& reference,
                                    ZeroBase zero_base = ZeroBase::kOnePlusCandidate);
 
+// A cache's size against the full cache's, the memory side of a normalized score: the mean over a sequence's n
+// fed tokens of the cached tokens each query attended to, divided by the full cache's mean over them, (n + 1) / 2;
+// 0 when nothing was fed. namm-api's cache report and the trainer's cache_weight both count it so.
+inline double relative_cache(double mean_kv_tokens, int64_t tokens_fed) {
+  return tokens_fed > 0 ? mean_kv_tokens / ((static_cast<double>(tokens_fed) + 1) / 2) : 0;
+}
+
 }  // namespace namm::tasks
