@@ -286,7 +286,7 @@ constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer
 --streaming-budget N: StreamingLLM with an N-token cache in the table too (e.g. the NAMM's mean cache).
 --skip-full 1: no full-cache rows (to profile the other policies alone).
 --random-model builds a deterministic random Llama (bench/random_model.h; GPT-2's tokenizer decodes it).
---threads sets the CPU thread budget (libtorch, BLAS and our kernels' pool).
+--threads sets the CPU thread budget (BLAS and our kernels' pool).
 )";
 
 int main(int argc, char** argv) {

@@ -40,7 +40,7 @@ struct Options {
   std::vector<int64_t> chunk_memory;  // cached-token counts for --chunk-memory
   at::ScalarType dtype = at::kFloat;  // --dtype fp32|bf16|fp16
   at::Device device = at::kCPU;       // --device cpu|cuda:N
-  int64_t threads = 0;                // --threads N: libtorch's intra-op threads (default: libtorch's)
+  int64_t threads = 0;                // --threads N: the CPU thread budget (default: one per core)
   std::string only;                   // --only TEXT: the full cache and the rows whose name contains TEXT ("A|B": either)
   bool profile = false;               // --profile: where each row's time goes
   std::vector<int64_t> parts;         // --parts N1,N2: the NAMM's parts at those cache sizes
@@ -234,7 +234,7 @@ int Parts(const Options& o) {
 }
 
 int Run(const Options& o) {
-  if (o.threads > 0) set_cpu_threads(static_cast<int>(o.threads));
+  set_cpu_threads(o.threads > 0 ? static_cast<int>(o.threads) : cpu_threads());
   if (!o.parts.empty()) return Parts(o);  // needs no model
   LoadOptions load;
   load.rope_scaling = RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0};
@@ -377,7 +377,7 @@ constexpr const char* kUsage = R"(Usage: worker_generation_bench [--model M] [--
 "A|B": rows containing A or B).
 --chunk sets the prefill chunk of every row (the reference's 128; a divisor of the 512-token memory update
 interval, so the NAMM's updates and what they see are the same, and fewer, larger chunks cost fewer launches).
---threads N: the CPU thread budget (libtorch, BLAS and our kernels' pool; default: one per core).
+--threads N: the CPU thread budget (BLAS and our kernels' pool; default: one per core).
 
        worker_generation_bench --random-model layers=2,dim=2048,heads=16,kv_heads=4,ffn=7168,vocab=32000 [...]
 --random-model builds a deterministic random Llama of that shape (Gaussian weights, std 0.02, seed 1; plain

@@ -15,7 +15,7 @@ namespace namm {
 
 void set_cpu_threads(int threads) {
   threads = std::max(1, threads);
-  at::set_num_threads(threads);
+  at::set_num_threads(1);
   set_blas_threads(threads);
   cpu::set_task_threads(threads);
 }

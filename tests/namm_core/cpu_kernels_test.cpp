@@ -384,5 +384,41 @@ TEST(CpuKernels, BatchedAttentionIsTheSameBitsWhateverItIsBatchedWith) {
   }
 }
 
+// A chunk's rows attended a block at a time (the engine's way when the chunk's probabilities are too many at
+// once): each block's queries, the keys truncated to what its last row sees, its probabilities written into the
+// rows of a [heads, rows, n] buffer of the whole cache's width (the keys past the truncation zeros), give the bits
+// of one call for all rows; a buffer of the wrong shape is refused.
+TEST(CpuKernels, BatchedAttentionInRowBlocksIsTheSameBitsAsOneCall) {
+  const int64_t kv_heads = 2, group = 2, heads = kv_heads * group, d = 8, t = 13, n = 120;
+  for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
+    for (int64_t window : {0, 20}) {
+      const cpu::AttentionInput whole = AttentionSequence(t, n, kv_heads, group, d, window, 900 + window);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      const cpu::AttentionOutput once = cpu::batched_attention({whole}, heads, scale, *kernels).front();
+      const at::Tensor out = at::zeros({t, heads * d});
+      const at::Tensor probabilities = at::full({heads, 5, n}, 7.0f);  // garbage the blocks must overwrite
+      for (int64_t b0 = 0; b0 < t; b0 += 5) {
+        const int64_t rows = std::min<int64_t>(5, t - b0), seen = n - t + b0 + rows;
+        cpu::AttentionInput block = whole;
+        block.q = whole.q.narrow(0, b0, rows);
+        block.keys = whole.keys.narrow(1, 0, seen);
+        block.values = whole.values.narrow(1, 0, seen);
+        block.first_position = whole.first_position + b0;
+        block.out = out.narrow(0, b0, rows);
+        block.probabilities_out = probabilities.narrow(1, 0, rows);
+        const cpu::AttentionOutput got = cpu::batched_attention({block}, heads, scale, *kernels).front();
+        const std::string where = std::string(kernels->isa) + " window " + std::to_string(window) + " rows " +
+                                  std::to_string(b0);
+        EXPECT_TRUE(got.probabilities.equal(once.probabilities.narrow(1, b0, rows))) << where;
+        EXPECT_TRUE(got.log_sum_exp.equal(once.log_sum_exp.narrow(1, b0, rows))) << where;
+      }
+      EXPECT_TRUE(out.equal(once.out)) << kernels->isa;
+      cpu::AttentionInput narrow = whole;
+      narrow.probabilities_out = at::empty({heads, t, n - 1});
+      EXPECT_THROW(cpu::batched_attention({narrow}, heads, scale, *kernels), c10::Error) << "a buffer narrower than n";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace namm

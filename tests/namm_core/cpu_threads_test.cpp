@@ -1,7 +1,8 @@
-// The CPU thread budget (namm/cpu_threads.h): the kernels' pool never runs threads beyond it, and
-// parallel_items runs every item once, whatever fails, with the caller's inference mode.
+// The CPU thread budget (namm/cpu_threads.h): the kernels' pool never runs threads beyond it, libtorch's never
+// forks, and parallel_items runs every item once, whatever fails, with the caller's inference mode.
 #include "namm/cpu_threads.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
@@ -60,6 +61,8 @@ TEST(CpuThreads, ABudgetOfThreeUsesAtMostThreeThreadsAndEachItemOnce) {
   for (const auto& r : runs) ASSERT_EQ(r.load(), 1);
   EXPECT_LE(seen.size(), 3u);
   EXPECT_GE(ThreadsOf(6, 20000000).size(), 2u);  // slow items: the pool's threads take some
+  // libtorch's operations stay on the calling thread: an OpenMP team would spin on the pool's cores.
+  EXPECT_EQ(at::get_num_threads(), 1);
 }
 
 TEST(CpuThreads, AFailingItemFailsTheCallAfterEveryOtherItemRan) {

@@ -103,12 +103,12 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
                   "Longest prompt + answer to run (default: the task's max_context, else the model's context; larger "
                   "values run beyond the trained length)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", o.threads, "CPU threads: libtorch's, BLAS's and our kernels' alike (default: one per core)")
+  cmd->add_option("--threads", o.threads, "CPU threads: BLAS's and our kernels' alike (default: one per core)")
       ->check(CLI::PositiveNumber);
 }
 
 void ApplyThreads(const InferenceOptions& o) {
-  if (o.threads > 0) set_cpu_threads(o.threads);
+  set_cpu_threads(o.threads > 0 ? o.threads : cpu_threads());  // the default budget: one thread per core
 }
 
 void AddKvMemoryOptions(CLI::App* cmd, KvMemoryOptions& o, const std::string& use) {

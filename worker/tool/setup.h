@@ -34,14 +34,14 @@ Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& option
 struct InferenceOptions {
   int64_t chunk_size = 0, update_interval = 0, max_context = 0;
   int64_t batch = 8;  // rows generated together (eval, run-task): see AddBatchOption
-  int threads = 0;  // intra-op CPU threads; 0: libtorch's default
+  int threads = 0;  // the CPU thread budget; 0: one thread per core
 };
 // --chunk-size, --update-interval, --max-context, --threads.
 void AddInferenceOptions(CLI::App* cmd, InferenceOptions& options);
 // --batch N: rows run together through the batched engine (each row's result is the same bits as alone on the
 // CPU in float32).
 void AddBatchOption(CLI::App* cmd, InferenceOptions& options);
-// The CPU thread budget (namm/cpu_threads.h: libtorch, BLAS and our kernels' pool) when --threads was given.
+// The CPU thread budget (namm/cpu_threads.h: BLAS and our kernels' pool): --threads, else one thread per core.
 void ApplyThreads(const InferenceOptions& options);
 
 // The KV memory of namm-api and namm-worker serve: the caches' keys and values in blocks of one pool.

@@ -70,6 +70,10 @@ struct AttentionRequest {
   int64_t window = 0;          // > 0: keys at positions <= the query's - window are hidden
   at::Tensor out;              // [t, heads * head_dim] to write into (a view of a wider tensor), or undefined
   bool probabilities = false, log_sum_exp = false;  // compute these too
+  // Where to write the probabilities, if set: [heads, t, width >= n] float32 (strides free but the last), keys n
+  // to width of every row written as zeros. A chunk's rows attended a block at a time (the keys truncated to what
+  // the block's last row sees) thus fill rows of the chunk's [heads, rows, n] as one call would.
+  at::Tensor probabilities_out;
 };
 struct AttentionResult {
   at::Tensor out;            // [t, heads * head_dim]

@@ -1,6 +1,10 @@
-// The CPU threads a process computes with, from one budget: libtorch's intra-op threads, BLAS's, and the pool
-// our kernels and the batched engine share. A local worker's budget is its share of the machine, so that two
-// workers on two cores never run more than two threads between them.
+// The CPU threads a process computes with, from one budget: BLAS's and the pool our kernels and the batched
+// engine share. A local worker's budget is its share of the machine, so that two workers on two cores never run
+// more than two threads between them. libtorch's own operations run on the calling thread whatever the budget:
+// on the CPU what is left to them are steps of microseconds, and each of its parallel regions woke an OpenMP
+// thread that then spun (libgomp's default wait policy) on a core the pool computes on: ~10% of an 8B-shaped
+// generation's samples at a budget of 2 (docs/performance.md). Half precision on the CPU, which libtorch's
+// operations compute, thus runs on one thread.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +12,8 @@
 
 namespace namm {
 
-// Sets the budget (>= 1) for libtorch, BLAS and the pool (threads - 1 of its own beside the calling thread).
-// Before any call the pool has one thread per core and libtorch and BLAS their defaults.
+// Sets the budget (>= 1) for BLAS and the pool (threads - 1 of its own beside the calling thread), and libtorch's
+// intra-op threads to one. Before any call the pool has one thread per core and libtorch and BLAS their defaults.
 void set_cpu_threads(int threads);
 // The pool's threads, the caller's included.
 int cpu_threads();

@@ -133,6 +133,7 @@ struct AttentionSequence {
   int64_t out_row_stride;
   float* probabilities;  // or null; head j, query r, key k: [j * probs_head_stride + r * probs_row_stride + k]
   int64_t probs_head_stride, probs_row_stride;
+  int64_t probs_width;  // keys written per row (>= n: those past the row's visible ones are zeros)
   float* log_sum_exp;  // or null; head j, query r: [j * lse_head_stride + r]
   int64_t lse_head_stride;
 };

@@ -212,7 +212,13 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
     o.out = in.out.defined() ? in.out : at::empty({t, heads * head_dim}, in.q.options());
     TORCH_CHECK(o.out.dim() == 2 && o.out.size(0) == t && o.out.size(1) == heads * head_dim && o.out.stride(1) == 1,
                 "out: [t, heads * head_dim]");
-    if (in.probabilities) o.probabilities = at::empty({heads, t, n}, in.q.options());
+    if (in.probabilities) {
+      o.probabilities = in.probabilities_out.defined() ? in.probabilities_out : at::empty({heads, t, n}, in.q.options());
+      TORCH_CHECK(o.probabilities.dim() == 3 && o.probabilities.size(0) == heads && o.probabilities.size(1) == t &&
+                      o.probabilities.size(2) >= n && o.probabilities.stride(2) == 1 &&
+                      o.probabilities.scalar_type() == at::kFloat,
+                  "probabilities_out: [heads, t, width >= n] float32");
+    }
     if (in.log_sum_exp) o.log_sum_exp = at::empty({heads, t}, in.q.options());
     items[i] = AttentionSequence{in.q.data_ptr<float>(),
                                  in.q.stride(0),
@@ -231,8 +237,9 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
                                  o.out.data_ptr<float>(),
                                  o.out.stride(0),
                                  in.probabilities ? o.probabilities.data_ptr<float>() : nullptr,
-                                 t * n,
-                                 n,
+                                 in.probabilities ? o.probabilities.stride(0) : 0,
+                                 in.probabilities ? o.probabilities.stride(1) : 0,
+                                 in.probabilities ? o.probabilities.size(2) : 0,
                                  in.log_sum_exp ? o.log_sum_exp.data_ptr<float>() : nullptr,
                                  t};
     longest = std::max(longest, n);

@@ -154,10 +154,57 @@ std::shared_ptr<const LlamaModel::RopeEntry> LlamaModel::RopeFor(int64_t start, 
   return entry;
 }
 
+bool LlamaModel::KernelReads(const at::Tensor& q, const LayerKVCache& cache) const {
+  return row_invariant(q) && (!cache.in_blocks() || cache.block_view().keys != nullptr);
+}
+
 bool LlamaModel::KernelAttends(const at::Tensor& q, int64_t t, const LayerKVCache& cache,
                                 const MemoryPolicy& policy) const {
-  return row_invariant(q) && (!cache.in_blocks() || cache.block_view().keys != nullptr) &&
+  return KernelReads(q, cache) &&
          (!policy.needs_attention() || config_.n_heads * t * cache.size() <= attention_block_elements_);
+}
+
+Status LlamaModel::AttendInRowBlocks(int layer, const at::Tensor& q_rows, const at::Tensor& q_heads,
+                                     LayerKVCache& cache, MemoryPolicy& policy, const at::Tensor& out) const {
+  const int64_t t = q_rows.size(0), heads = config_.n_heads, n = cache.size(), n_old = n - t;
+  const int64_t first_query = cache.tokens_seen() - t, window = config_.window_of(layer);
+  const int64_t block = std::clamp<int64_t>(attention_block_elements_ / (heads * n), 1, t);
+  const int64_t history = std::min(policy.query_history(), t);
+  const at::Tensor log_sum_exp = history > 0 ? at::empty({heads, history}, options_.dtype(at::kFloat)) : at::Tensor();
+  // One buffer for every block's probabilities, [heads, rows, n] contiguous at the front (the last block's
+  // rows are fewer).
+  const at::Tensor probabilities = at::empty({heads * block * n}, options_.dtype(at::kFloat));
+  for (int64_t b0 = 0; b0 < t; b0 += block) {
+    const int64_t rows = std::min(block, t - b0), seen = n_old + b0 + rows;  // keys the block's last row sees
+    AttentionRequest in;
+    in.q = narrow_view(q_rows, 0, b0, rows);
+    if (cache.in_blocks()) {
+      in.blocks = cache.block_view();
+      in.blocks.tokens = seen;
+    } else {
+      in.keys = narrow_view(cache.keys(), 1, 0, seen);
+      in.values = narrow_view(cache.values(), 1, 0, seen);
+    }
+    in.key_positions = cache.positions();
+    in.first_position = first_query + b0;
+    in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
+    in.out = narrow_view(out, 0, b0, rows);
+    in.probabilities = policy.needs_attention();
+    if (in.probabilities) in.probabilities_out = probabilities.narrow(0, 0, heads * rows * n).view({heads, rows, n});
+    const int64_t lo = std::max(b0, t - history);  // the block's first row whose log-sum-exp the history keeps
+    in.log_sum_exp = lo < b0 + rows;
+    const AttentionResult result =
+        std::move(invariant_attention({in}, heads, 1.0 / std::sqrt(static_cast<double>(config_.head_dim))).front());
+    if (in.log_sum_exp) {
+      log_sum_exp.narrow(1, lo - (t - history), b0 + rows - lo).copy_(result.log_sum_exp.narrow(1, lo - b0, b0 + rows - lo));
+    }
+    if (in.probabilities) NAMM_RETURN_IF_ERROR(policy.Observe(layer, result.probabilities, first_query + b0, cache));
+  }
+  if (history > 0) {
+    NAMM_RETURN_IF_ERROR(cache.query_history().Record(q_heads.narrow(1, t - history, history), log_sum_exp,
+                                                     first_query + t - history, window, policy.query_history()));
+  }
+  return Status::Ok();
 }
 
 Result<at::Tensor> LlamaModel::Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const {
@@ -298,6 +345,14 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
     }
     if (KernelAttends(q, t, cache, policy)) {
       in_kernel[s] = 1;
+      return;
+    }
+    if (KernelReads(q, cache)) {  // the kernel, a block of rows at a time: its probabilities are too many at once
+      if (Status attended = AttendInRowBlocks(layer, narrow_view(q_flat, 0, first, t), narrow_view(q_by_head, 1, first, t),
+                                              cache, policy, narrow_view(heads_out, 0, first, t));
+          !attended.ok()) {
+        errors[s] = std::move(attended);
+      }
       return;
     }
     Result<at::Tensor> out = Attend(layer, narrow_view(q_by_head, 1, first, t), cache, policy);  // [heads, t, hd]

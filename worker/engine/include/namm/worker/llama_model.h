@@ -96,10 +96,17 @@ class LlamaModel {
   // (RopeCache): every step of every batch needs them again.
   struct RopeEntry;
   std::shared_ptr<const RopeEntry> RopeFor(int64_t start, int64_t t) const;
-  // Whether a sequence of t rows of the packed queries q runs its attention in the batched CPU kernel
-  // (invariant_attention): float32 on the CPU, and the probabilities its policy observes, if any, within
-  // attention_block_elements_.
+  // Whether the batched CPU kernel (invariant_attention) can attend over `cache` with the packed queries q:
+  // float32 on the CPU, the keys and values readable where they lie.
+  bool KernelReads(const at::Tensor& q, const LayerKVCache& cache) const;
+  // Whether a sequence of t rows runs its attention in the batch's one kernel call: the kernel reads it, and the
+  // probabilities its policy observes, if any, are within attention_block_elements_.
   bool KernelAttends(const at::Tensor& q, int64_t t, const LayerKVCache& cache, const MemoryPolicy& policy) const;
+  // A sequence whose probabilities exceed attention_block_elements_ on the kernel: its rows attended a block at a
+  // time, the policy observing each block (as Attend's blocks, the same bits as one call for all rows). q_rows:
+  // [t, heads * head_dim], q_heads: the same [heads, t, head_dim]; the heads' outputs written into out's rows.
+  Status AttendInRowBlocks(int layer, const at::Tensor& q_rows, const at::Tensor& q_heads, LayerKVCache& cache,
+                           MemoryPolicy& policy, const at::Tensor& out) const;
   // A prepared sequence's attention over its cache with libtorch's operations, in blocks of rows (any device and
   // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
   Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
