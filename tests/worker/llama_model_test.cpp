@@ -338,12 +338,16 @@ TEST(Stories260K, NammFromTheQueryHistoryIsTheSameForEveryPrefillChunk) {
 
 // Attention in blocks of query rows (one row at a time here) gives what one block per chunk gives, evictions
 // included: the NAMM observes each block at its own query indices. On the CPU in float32 both run our kernel
-// (the blocks with their keys truncated to what each block sees), so the numbers are the same bits.
+// (the blocks with their keys truncated to what each block sees), so the numbers are the same bits, with
+// rectangular caches and with keys and values in a pool's blocks alike.
 TEST(Stories260K, AttentionBlocksDoNotChangeTheResult) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
   const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 1100);
-  auto run = [&](int64_t block_elements) {
+  auto pool = KvBlockPool::Create(16, s.model.config().head_dim, s.model.options(), 0);
+  ASSERT_TRUE(pool.ok());
+  auto run = [&](int64_t block_elements, bool in_blocks) {
+    EXPECT_TRUE(s.model.set_kv_block_pool(in_blocks ? *pool : nullptr).ok());
     s.model.set_attention_block_elements(block_elements);
     auto namm = NammPolicy::Create(NammWith(0.15, 4));
     GenerationOptions options;
@@ -353,12 +357,19 @@ TEST(Stories260K, AttentionBlocksDoNotChangeTheResult) {
     EXPECT_TRUE(result.ok());
     return std::move(result).value();
   };
-  const GenerationResult whole = run(int64_t{1} << 40), rows = run(1);
-  EXPECT_EQ(whole.token_ids, rows.token_ids);
-  EXPECT_EQ(whole.final_cache_sizes, rows.final_cache_sizes);
+  const GenerationResult whole = run(int64_t{1} << 40, false);
   EXPECT_LT(whole.final_cache_sizes.front(), 1100) << "the NAMM should have evicted";
-  EXPECT_TRUE(whole.prompt_logits.equal(rows.prompt_logits));
-  EXPECT_TRUE(whole.generated_logits.equal(rows.generated_logits));
+  for (const auto& [block_elements, in_blocks] :
+       {std::pair<int64_t, bool>{1, false}, {int64_t{1} << 40, true}, {1, true}}) {
+    SCOPED_TRACE("block elements " + std::to_string(block_elements) + (in_blocks ? ", KV in blocks" : ""));
+    const GenerationResult other = run(block_elements, in_blocks);
+    EXPECT_EQ(whole.token_ids, other.token_ids);
+    EXPECT_EQ(whole.final_cache_sizes, other.final_cache_sizes);
+    EXPECT_TRUE(whole.prompt_logits.equal(other.prompt_logits));
+    EXPECT_TRUE(whole.generated_logits.equal(other.generated_logits));
+  }
+  EXPECT_TRUE(s.model.set_kv_block_pool(nullptr).ok());
+  s.model.set_attention_block_elements(kAttentionBlockElements);
 }
 
 // The NAMM that keeps only the EMA per token and computes earlier queries' attention again from the recorded
