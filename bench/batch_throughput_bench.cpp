@@ -178,7 +178,7 @@ int Run(const Options& o) {
 constexpr const char* kUsage = R"(Usage: batch_throughput_bench [--rows FILE.jsonl] [--namm FILE.safetensors] [--model M] [--tokenizer T]
        [--batches 1,2,4,8,16] [--prompts 8] [--candidates 16] [--chunk 32] [--update-interval 64] [--threads 1]
        [--random-model layers=2,dim=4096,...] [--prompt-tokens 362] [--continuation-tokens 48] [--new-tokens 0]
---threads sets the CPU thread budget: libtorch's, BLAS's and our kernels' pool alike (default 1, as
+--threads sets the CPU thread budget: BLAS's and our kernels' pool alike (default 1, as
 `namm-coordinator run` gives each of 2 local workers on 2 cores).
 Rows are token-id rows ({"prompt_ids": [...], "continuation_ids": [...]}), e.g. `namm-worker build-synthetic
 --family interruption`; without --rows, seeded random tokens of the interruption rows' shape (362 prompt and
