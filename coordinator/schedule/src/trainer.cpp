@@ -61,9 +61,11 @@ tasks::PromptScores ScoresOf(const std::vector<EvaluationRecord>& evaluations, i
   return scores;
 }
 
-// cache_weight (run_spec.h): one candidate's mean relative cache on `prompts` (tasks::relative_cache).
-double MeanRelativeCache(const std::vector<EvaluationRecord>& evaluations, int64_t candidate,
-                         const PromptSample& prompts) {
+// cache_weight (run_spec.h): one candidate's normalized score less cache_weight times its mean relative cache on
+// `prompts` (tasks::relative_cache); the score itself when the weight is 0 (the reference's fitness).
+double Charged(double normalized, double cache_weight, const std::vector<EvaluationRecord>& evaluations,
+               int64_t candidate, const PromptSample& prompts) {
+  if (cache_weight == 0) return normalized;
   double sum = 0;
   int64_t count = 0;
   for (const EvaluationRecord& e : evaluations) {
@@ -71,7 +73,7 @@ double MeanRelativeCache(const std::vector<EvaluationRecord>& evaluations, int64
     sum += tasks::relative_cache(e.cache_size_mean, e.prompt_tokens + e.generated_tokens);
     ++count;
   }
-  return count > 0 ? sum / static_cast<double>(count) : 0;
+  return normalized - cache_weight * (count > 0 ? sum / static_cast<double>(count) : 0);
 }
 
 // `prompts` without the dropped pairs (a task left with none disappears).
@@ -883,8 +885,7 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
   for (int64_t k = 0; k < p.population.size; ++k) {
     auto f = tasks::normalized_fitness(ScoresOf(done, k, g.samples), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("fitness of candidate " + std::to_string(k));
-    // With no cache weight, the normalized score itself (0 times a finite cache subtracts nothing).
-    fitness.push_back(f->value - spec_.cache_weight * MeanRelativeCache(done, k, g.samples));
+    fitness.push_back(Charged(f->value, spec_.cache_weight, done, k, g.samples));
     c.candidates.push_back(CandidateRecord{k, fitness.back(), TaskScores(*f)});
   }
   if (spec_.rank_fitness) {
@@ -894,7 +895,7 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
   if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
     auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base);
     if (!f.ok()) return f.status().WithContext("evaluation of the mean");
-    g.eval_fitness = f->value - spec_.cache_weight * MeanRelativeCache(done, kMeanCandidate, eval_prompts);
+    g.eval_fitness = Charged(f->value, spec_.cache_weight, done, kMeanCandidate, eval_prompts);
     g.eval_tasks = TaskScores(*f);
   }
 

@@ -164,101 +164,91 @@ bool LlamaModel::KernelAttends(const at::Tensor& q, int64_t t, const LayerKVCach
          (!policy.needs_attention() || config_.n_heads * t * cache.size() <= attention_block_elements_);
 }
 
-Status LlamaModel::AttendInRowBlocks(int layer, const at::Tensor& q_rows, const at::Tensor& q_heads,
-                                     LayerKVCache& cache, MemoryPolicy& policy, const at::Tensor& out) const {
-  const int64_t t = q_rows.size(0), heads = config_.n_heads, n = cache.size(), n_old = n - t;
-  const int64_t first_query = cache.tokens_seen() - t, window = config_.window_of(layer);
-  const int64_t block = std::clamp<int64_t>(attention_block_elements_ / (heads * n), 1, t);
-  const int64_t history = std::min(policy.query_history(), t);
-  const at::Tensor log_sum_exp = history > 0 ? at::empty({heads, history}, options_.dtype(at::kFloat)) : at::Tensor();
-  // One buffer for every block's probabilities, [heads, rows, n] contiguous at the front (the last block's
-  // rows are fewer).
-  const at::Tensor probabilities = at::empty({heads * block * n}, options_.dtype(at::kFloat));
-  for (int64_t b0 = 0; b0 < t; b0 += block) {
-    const int64_t rows = std::min(block, t - b0), seen = n_old + b0 + rows;  // keys the block's last row sees
-    AttentionRequest in;
-    in.q = narrow_view(q_rows, 0, b0, rows);
-    if (cache.in_blocks()) {
-      in.blocks = cache.block_view();
-      in.blocks.tokens = seen;
-    } else {
-      in.keys = narrow_view(cache.keys(), 1, 0, seen);
-      in.values = narrow_view(cache.values(), 1, 0, seen);
-    }
-    in.key_positions = cache.positions();
-    in.first_position = first_query + b0;
-    in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
-    in.out = narrow_view(out, 0, b0, rows);
-    in.probabilities = policy.needs_attention();
-    if (in.probabilities) in.probabilities_out = probabilities.narrow(0, 0, heads * rows * n).view({heads, rows, n});
-    const int64_t lo = std::max(b0, t - history);  // the block's first row whose log-sum-exp the history keeps
-    in.log_sum_exp = lo < b0 + rows;
-    const AttentionResult result =
-        std::move(invariant_attention({in}, heads, 1.0 / std::sqrt(static_cast<double>(config_.head_dim))).front());
-    if (in.log_sum_exp) {
-      log_sum_exp.narrow(1, lo - (t - history), b0 + rows - lo).copy_(result.log_sum_exp.narrow(1, lo - b0, b0 + rows - lo));
-    }
-    if (in.probabilities) NAMM_RETURN_IF_ERROR(policy.Observe(layer, result.probabilities, first_query + b0, cache));
-  }
-  if (history > 0) {
-    NAMM_RETURN_IF_ERROR(cache.query_history().Record(q_heads.narrow(1, t - history, history), log_sum_exp,
-                                                     first_query + t - history, window, policy.query_history()));
-  }
-  return Status::Ok();
-}
-
-Result<at::Tensor> LlamaModel::Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const {
-  const int64_t t = q.size(1), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
+Status LlamaModel::Attend(int layer, const at::Tensor& q_rows, const at::Tensor& q_heads, LayerKVCache& cache,
+                          MemoryPolicy& policy, const at::Tensor& out) const {
+  const int64_t t = q_rows.size(0), hd = config_.head_dim, heads = config_.n_heads, kv_heads = config_.n_kv_heads;
   const int64_t group = heads / kv_heads;
-  const at::Tensor positions = cache.positions().select(0, 0).narrow(0, cache.size() - t, t);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   // The chunk's queries go through attention in blocks of rows, so that the scores and probabilities alive at
   // once ([heads, rows, n] each) stay near attention_block_elements_ whatever the chunk and the cache: at 32k
   // cached tokens a 128-token chunk's probabilities alone were 512 MiB on an 8B-shaped model. Rows are
   // independent, and policies observe each block (its first query's index says where it lies).
   const int64_t n = cache.size(), n_old = n - t, first_query = cache.tokens_seen() - t;
   const int64_t block = std::clamp<int64_t>(attention_block_elements_ / (heads * n), 1, t);
-  const at::Tensor q_grouped = q.reshape({kv_heads, group, t, hd});  // query head h = kv head h / group, member h % group
   const int64_t window = config_.window_of(layer);
   const bool windowed = window > 0 && cache.tokens_seen() > window;
-  at::Tensor out = at::empty({kv_heads, group, t, hd}, q.options());
+  // On our kernel where it reads the cache (each block the same bits as one call for every row), else with
+  // libtorch's operations (any device and dtype).
+  const bool kernel = KernelReads(q_rows, cache);
   // A policy that recomputes earlier queries' attention gets the newest queries with their log-sum-exp.
   const int64_t history = std::min(policy.query_history(), t);
-  at::Tensor log_sum_exp = history > 0 ? at::empty({kv_heads, group, history}, options_.dtype(at::kFloat)) : at::Tensor();
+  const at::Tensor log_sum_exp = history > 0 ? at::empty({heads, history}, options_.dtype(at::kFloat)) : at::Tensor();
+  // The kernel's probabilities: one buffer for every block, [heads, rows, n] at its front.
+  const at::Tensor kernel_probabilities =
+      kernel && policy.needs_attention() ? at::empty({heads * block * n}, options_.dtype(at::kFloat)) : at::Tensor();
   for (int64_t b0 = 0; b0 < t; b0 += block) {
     const int64_t rows = std::min(block, t - b0);
-    // Scores of every query head against its KV head's cache: [kv_heads, group, rows, n]. The group's queries
-    // are stacked as rows of one batched product per KV head (a broadcast matmul would copy the cache group times).
-    at::Tensor scores = at::bmm(q_grouped.narrow(2, b0, rows).reshape({kv_heads, group * rows, hd}),
-                                cache.keys().transpose(1, 2))
-                            .view({kv_heads, group, rows, n});
-    scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
-    // Causal among the chunk's own tokens (row r is chunk token b0 + r); every older cached token is visible.
-    const at::Tensor future = at::ones({rows, t}, options_.dtype(at::kBool)).triu(b0 + 1);
-    scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
-    // A sliding window hides keys window or more positions behind the query (by position: eviction leaves gaps).
-    if (windowed) {
-      const at::Tensor behind =
-          positions.narrow(0, b0, rows).view({1, rows, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, rows, n]
-      scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
+    const int64_t lo = std::max(b0, t - history);  // the block's first row whose log-sum-exp the history keeps
+    const at::Tensor block_lse =
+        lo < b0 + rows ? log_sum_exp.narrow(1, lo - (t - history), b0 + rows - lo) : at::Tensor();
+    at::Tensor probs;  // [heads, rows, n] float32 when the policy observes
+    if (kernel) {
+      const int64_t seen = n_old + b0 + rows;  // keys the block's last row sees
+      AttentionRequest in;
+      in.q = narrow_view(q_rows, 0, b0, rows);
+      if (cache.in_blocks()) {
+        in.blocks = cache.block_view();
+        in.blocks.tokens = seen;
+      } else {
+        in.keys = narrow_view(cache.keys(), 1, 0, seen);
+        in.values = narrow_view(cache.values(), 1, 0, seen);
+      }
+      in.key_positions = cache.positions();
+      in.first_position = first_query + b0;
+      in.window = windowed ? window : 0;
+      in.out = narrow_view(out, 0, b0, rows);
+      in.probabilities = kernel_probabilities.defined();
+      if (in.probabilities) {
+        in.probabilities_out = kernel_probabilities.narrow(0, 0, heads * rows * n).view({heads, rows, n});
+      }
+      in.log_sum_exp = block_lse.defined();
+      const AttentionResult result = std::move(invariant_attention({in}, heads, scale).front());
+      if (in.log_sum_exp) block_lse.copy_(result.log_sum_exp.narrow(1, lo - b0, b0 + rows - lo));
+      probs = result.probabilities;
+    } else {
+      // Scores of every query head against its KV head's cache: [kv_heads, group, rows, n]. The group's queries
+      // are stacked as rows of one batched product per KV head (a broadcast matmul would copy the cache group times).
+      const at::Tensor q_grouped = q_heads.narrow(1, b0, rows).reshape({kv_heads, group * rows, hd});
+      at::Tensor scores = at::bmm(q_grouped, cache.keys().transpose(1, 2)).view({kv_heads, group, rows, n});
+      scores.mul_(scale);
+      // Causal among the chunk's own tokens (row r is chunk token b0 + r); every older cached token is visible.
+      const at::Tensor future = at::ones({rows, t}, options_.dtype(at::kBool)).triu(b0 + 1);
+      scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
+      // A sliding window hides keys window or more positions behind the query (by position: eviction leaves gaps).
+      if (windowed) {
+        const at::Tensor query_positions = cache.positions().select(0, 0).narrow(0, n_old + b0, rows);
+        const at::Tensor behind =
+            query_positions.view({1, rows, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, rows, n]
+        scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
+      }
+      // Probabilities in float32, and the log-sum-exp of the rows the query history keeps.
+      const at::Tensor p = attention_probabilities(
+          scores, lo - b0, block_lse.defined() ? block_lse.view({kv_heads, group, b0 + rows - lo}) : at::Tensor());
+      scores = at::Tensor();  // freed before the next product
+      narrow_view(out, 0, b0, rows)
+          .view({rows, kv_heads, group, hd})
+          .copy_(at::bmm(p.to(q_rows.scalar_type()).view({kv_heads, group * rows, n}), cache.values())
+                     .view({kv_heads, group, rows, hd})
+                     .permute({2, 0, 1, 3}));
+      probs = p.view({heads, rows, n});
     }
-    // Probabilities in float32, and the log-sum-exp of the rows the query history keeps.
-    const int64_t lo = std::max(b0, t - history);
-    const at::Tensor probs = attention_probabilities(
-        scores, lo - b0, lo < b0 + rows ? log_sum_exp.narrow(2, lo - (t - history), b0 + rows - lo) : at::Tensor());
-    scores = at::Tensor();  // freed before the policy and the next product
-    if (policy.needs_attention()) {
-      NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs.view({heads, rows, n}), first_query + b0, cache));
-    }
-    out.narrow(2, b0, rows)
-        .copy_(at::bmm(probs.to(q.scalar_type()).view({kv_heads, group * rows, n}), cache.values())
-                   .view({kv_heads, group, rows, hd}));
+    if (policy.needs_attention()) NAMM_RETURN_IF_ERROR(policy.Observe(layer, probs, first_query + b0, cache));
   }
   if (history > 0) {
-    NAMM_RETURN_IF_ERROR(cache.query_history().Record(q.narrow(1, t - history, history),
-                                                     log_sum_exp.view({heads, history}), first_query + t - history,
-                                                     window, policy.query_history()));
+    NAMM_RETURN_IF_ERROR(cache.query_history().Record(q_heads.narrow(1, t - history, history), log_sum_exp,
+                                                     first_query + t - history, window, policy.query_history()));
   }
-  return out.view({heads, t, hd}).transpose(0, 1).reshape({t, heads * hd});
+  return Status::Ok();
 }
 
 at::Tensor LlamaModel::FeedForward(const Projections& p, const at::Tensor& x) const {
@@ -347,20 +337,13 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
       in_kernel[s] = 1;
       return;
     }
-    if (KernelReads(q, cache)) {  // the kernel, a block of rows at a time: its probabilities are too many at once
-      if (Status attended = AttendInRowBlocks(layer, narrow_view(q_flat, 0, first, t), narrow_view(q_by_head, 1, first, t),
-                                              cache, policy, narrow_view(heads_out, 0, first, t));
-          !attended.ok()) {
-        errors[s] = std::move(attended);
-      }
-      return;
+    // Attention a block of rows at a time: on the kernel when its probabilities are too many at once, else
+    // with libtorch's operations.
+    if (Status attended = Attend(layer, narrow_view(q_flat, 0, first, t), narrow_view(q_by_head, 1, first, t), cache,
+                                 policy, narrow_view(heads_out, 0, first, t));
+        !attended.ok()) {
+      errors[s] = std::move(attended);
     }
-    Result<at::Tensor> out = Attend(layer, narrow_view(q_by_head, 1, first, t), cache, policy);  // [heads, t, hd]
-    if (!out.ok()) {
-      errors[s] = out.status();
-      return;
-    }
-    heads_out.narrow(0, first, t).copy_(*out);
   });
   std::vector<AttentionRequest> kernel_inputs;
   std::vector<std::size_t> kernel_sequences;

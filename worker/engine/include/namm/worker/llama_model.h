@@ -102,14 +102,13 @@ class LlamaModel {
   // Whether a sequence of t rows runs its attention in the batch's one kernel call: the kernel reads it, and the
   // probabilities its policy observes, if any, are within attention_block_elements_.
   bool KernelAttends(const at::Tensor& q, int64_t t, const LayerKVCache& cache, const MemoryPolicy& policy) const;
-  // A sequence whose probabilities exceed attention_block_elements_ on the kernel: its rows attended a block at a
-  // time, the policy observing each block (as Attend's blocks, the same bits as one call for all rows). q_rows:
-  // [t, heads * head_dim], q_heads: the same [heads, t, head_dim]; the heads' outputs written into out's rows.
-  Status AttendInRowBlocks(int layer, const at::Tensor& q_rows, const at::Tensor& q_heads, LayerKVCache& cache,
-                           MemoryPolicy& policy, const at::Tensor& out) const;
-  // A prepared sequence's attention over its cache with libtorch's operations, in blocks of rows (any device and
-  // dtype), the policy observing each block: the heads' outputs [t, heads * head_dim] before W_o.
-  Result<at::Tensor> Attend(int layer, const at::Tensor& q, LayerKVCache& cache, MemoryPolicy& policy) const;
+  // A prepared sequence's attention over its cache in blocks of rows, the policy observing each block: on the
+  // kernel where it reads the cache (a sequence whose probabilities exceed attention_block_elements_; each block
+  // the same bits as one call for every row), else with libtorch's operations (any device and dtype). q_rows:
+  // the queries [t, heads * head_dim], q_heads: the same as [heads, t, head_dim]; the heads' outputs before W_o
+  // are written into out's rows [t, heads * head_dim].
+  Status Attend(int layer, const at::Tensor& q_rows, const at::Tensor& q_heads, LayerKVCache& cache,
+                MemoryPolicy& policy, const at::Tensor& out) const;
   // Attention of `layer` for every sequence of a batch without an error yet, from the packed rotated queries and
   // keys [rows, heads, head_dim] and values [rows, kv_heads * head_dim]: each one's keys and values cached; then, on the CPU in float32, one kernel call for all of them (each query's numbers
   // independent of the others'), else one sequence at a time; the policies observe. Writes the heads' outputs
