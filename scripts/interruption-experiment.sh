@@ -17,6 +17,9 @@ BIN=$BUILD_DIR/bin
 OUT=${OUT:-$BUILD_DIR/interruption}
 CONFIG=${CONFIG:-coordinator/runs/interruption-cpu.yaml}
 BUDGETS=${BUDGETS:-8,16,32,64,128}
+# KEEP_PROMPT=1: the NAMM is evaluated as it was trained, with prompt=keep (a run whose tasks are
+# "T@prompt=keep": interruption-keep-prompt-cpu.yaml).
+NAMM_OPTIONS=${KEEP_PROMPT:+,prompt=keep}
 MODEL=../shared/models/stories260K
 MODEL_FLAGS=(--model "$MODEL/stories260K.bin" --tokenizer "$MODEL/tok512.bin")
 mkdir -p "$OUT"
@@ -34,13 +37,13 @@ echo "== 2. training (resumes the run in $OUT/run.db if there is one)"
 echo "== 3. the evolved NAMM, what it keeps on the first training row, and the training report"
 "$BIN/namm-coordinator" export --db "$OUT/run.db" --best --force --out "$OUT/interruption-namm.safetensors"
 "$BIN/namm-worker" eval "${MODEL_FLAGS[@]}" --tasks syn/interruption --rows 0:1 --data-dir "synthetic=$OUT" --threads 1 \
-  --policies "namm:$OUT/interruption-namm.safetensors" --explain-rows 1 --overwrite --out "$OUT/explain" > /dev/null
+  --policies "namm:$OUT/interruption-namm.safetensors$NAMM_OPTIONS" --explain-rows 1 --overwrite --out "$OUT/explain" > /dev/null
 explain=$(find "$OUT/explain" -path '*namm*' -name explain-row-0.html | head -1)
 "$BIN/namm-coordinator" report --db "$OUT/run.db" --out "$OUT/report" --explain "$explain"
 
 echo "== 4. held-out evaluation"
 "$BIN/namm-worker" eval "${MODEL_FLAGS[@]}" --tasks syn/interruption_heldout --data-dir "synthetic=$OUT" --threads 1 \
-  --policies "oracle,namm:$OUT/interruption-namm.safetensors,streaming,h2o,tova,l2,snapkv,fastgen,fastgen:recovery=0.5" \
+  --policies "oracle,namm:$OUT/interruption-namm.safetensors$NAMM_OPTIONS,streaming,h2o,tova,l2,snapkv,fastgen,fastgen:recovery=0.5" \
   --budgets "$BUDGETS" --out "$OUT/eval"
 
 echo "== 5. clean context (the held-out rows without their interruption), full cache"

@@ -147,11 +147,11 @@ bool SameKey(const std::string& a, const std::string& b) {
 // nobody else's business).
 std::string PolicyLabel(const std::string& spec) {
   if (spec.rfind("namm:", 0) != 0) return spec;
-  const Result<worker::NammSpec> namm = worker::parse_namm_spec(spec);
+  Result<worker::NammSpec> namm = worker::parse_namm_spec(spec);
   if (!namm.ok()) return spec;
   const std::size_t slash = namm->path.find_last_of('/');
-  return "namm:" + (slash == std::string::npos ? namm->path : namm->path.substr(slash + 1)) +
-         (namm->setting.empty() ? "" : "," + namm->setting);
+  if (slash != std::string::npos) namm->path = namm->path.substr(slash + 1);
+  return namm->ToString();
 }
 
 // OpenAI's error type for a status.
@@ -632,14 +632,15 @@ struct ApiServer::Impl {
       job.policy = options.default_policy;
     } else if (r.policy.rfind("default,", 0) == 0) {
       // The server's own policy with a cache setting: "default,budget=32" (a NAMM or a baseline's knob). A budget
-      // or a ratio bounds what it holds, so it is allowed; a NAMM's threshold= may keep more, so only where the
-      // operator allows NAMMs (--allow-policies namm).
+      // or a ratio bounds what it holds, so it is allowed; a NAMM's threshold= may keep more, and prompt=keep holds
+      // the whole prompt, so those only where the operator allows NAMMs (--allow-policies namm).
       const std::string setting = r.policy.substr(std::string("default,").size());
       Result<std::string> with = worker::with_cache_setting(options.default_policy, setting);
       if (!with.ok()) return Error(400, "namm_policy: " + with.status().message(), "namm_policy");
       const Result<std::string> family = worker::policy_family(*with);
       if (!family.ok()) return Error(400, "namm_policy: " + family.status().message(), "namm_policy");
-      if (setting.rfind("threshold=", 0) == 0 && !Allowed(*with, *family)) {
+      const bool may_hold_more = setting.rfind("threshold=", 0) == 0 || setting.find("prompt=keep") != std::string::npos;
+      if (may_hold_more && !Allowed(*with, *family)) {
         return Error(400, "namm_policy '" + r.policy + "' may hold more than this server's " +
                               PolicyLabel(options.default_policy) +
                               ": ask for 'default,budget=N' or 'default,ratio=R', or have the operator allow it "

@@ -283,14 +283,17 @@ struct CompletionScheduler::Impl {
   }
 
   // The storage `job`'s caches surely reach: the full cache's allowance, a cache that may evict what it holds
-  // at its first memory update (or its end, if sooner), within KvBytesAtMost.
+  // at its first memory update (or its end, if sooner; a NAMM with prompt=keep, at the prompt's end), within
+  // KvBytesAtMost.
   int64_t SureBytes(const CompletionJob& job) const {
     const auto prompt = static_cast<int64_t>(job.prompt_ids.size());
     const int64_t total = prompt + job.max_tokens;
     const Result<std::string> family = worker::policy_family(job.policy);
     const bool full = family.ok() && *family == "full";
     if (full) return StoredTokens(total) * kv_bytes_per_token;
-    const int64_t before_update = std::min(total, options.update_interval);
+    const bool keeps_prompt = family.ok() && *family == "namm" && worker::parse_namm_spec(job.policy)->keep_prompt;
+    const int64_t first_eviction = keeps_prompt ? prompt : options.update_interval;
+    const int64_t before_update = std::min(total, first_eviction);
     if (model.kv_block_pool() != nullptr) {
       return std::min(KvBytesAtMost(job), StoredTokens(before_update) * kv_bytes_per_token);
     }

@@ -219,6 +219,12 @@ TEST(RunSpec, BudgetsTurnEachTaskIntoItsVariants) {
     ASSERT_FALSE(parsed.ok()) << insert;
     EXPECT_NE(parsed.status().message().find(says), std::string::npos) << parsed.status().ToString();
   }
+  // A task whose NAMM keeps the prompt (T@prompt=keep) keeps it at every budget.
+  std::string keep = SyntheticSpecYaml();
+  keep.insert(keep.find("stages:"), "budgets: [own, 8]\n");
+  keep.replace(keep.find("[t/a]"), 5, "[t/a@prompt=keep]");
+  EXPECT_EQ(parse_run_spec(keep, "keep.yaml")->stages[0].tasks,
+            (std::vector<std::string>{"t/a@prompt=keep", "t/a@budget=8,prompt=keep"}));
   std::string named = SyntheticSpecYaml();
   named.replace(named.find("[t/a]"), 5, "[t/a@budget=x]");
   EXPECT_NE(parse_run_spec(named, "n.yaml").status().message().find("'t/a@budget=x'"), std::string::npos);

@@ -4,9 +4,11 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -353,6 +355,60 @@ TEST(NammPolicy, TheKnobKeepsEachHeadsBestTokensOrMovesTheThreshold) {
   EXPECT_NE(refused.message().find("learned its threshold"), std::string::npos) << refused.ToString();
   EXPECT_TRUE((*learned)->set_selection_knob({int64_t{32}, std::nullopt, std::nullopt}).ok());
   EXPECT_EQ((*learned)->selection().budget, 32) << "a cap on what it keeps";
+}
+
+// namm:FILE,prompt=keep: updates inside the prompt keep every token, the NAMM's eviction comes at the prompt's end
+// (EndPrefill, at any length), and what it keeps there is what the same NAMM's Select() keeps on the same cache.
+TEST(NammPolicy, KeepingThePromptEvictsAtItsEndWhatSelectWouldThere) {
+  const NammModel model = BamModel(0.15, 77);
+  const at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew + 64, 0, 4242);
+  // The first `tokens` queries through `policy` (chunks of 128, then what is left), a memory update at each 256.
+  const auto read = [&](NammPolicy& policy, LayerKVCache& cache, int64_t tokens, bool updates) {
+    for (int64_t q0 = 0; q0 < tokens; q0 += kChunk) {
+      const int64_t t = std::min(kChunk, tokens - q0);
+      ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), at::arange(q0, q0 + t, at::TensorOptions().dtype(at::kLong))).ok());
+      ASSERT_TRUE(observe_newest(policy, 0, attention.narrow(1, q0, t).narrow(2, 0, cache.size()), cache).ok());
+      if (updates && (q0 + t) % 256 == 0) {
+        ASSERT_TRUE(apply_memory_update(policy, 0, cache).ok());
+      }
+    }
+  };
+  const auto make = [&](bool keep, int64_t prompt) {
+    auto policy = NammPolicy::Create(model);
+    EXPECT_TRUE(policy.ok());
+    (*policy)->set_keep_prompt(keep);
+    EXPECT_TRUE((*policy)->BeginSequence(SequenceInfo{std::vector<int64_t>(static_cast<std::size_t>(prompt), 1)}).ok());
+    return std::move(*policy);
+  };
+
+  auto keeping = make(true, kNew);
+  LayerKVCache kept_cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), keeping->token_state());
+  read(*keeping, kept_cache, kNew, /*updates=*/true);
+  EXPECT_EQ(kept_cache.size(), kNew) << "the updates at 256 and 512 kept every token";
+  const Result<std::optional<at::Tensor>> at_end = keeping->EndPrefill(0, kept_cache);
+  ASSERT_TRUE(at_end.ok()) << at_end.status().ToString();
+  ASSERT_TRUE(at_end->has_value());
+
+  auto plain = make(false, kNew);
+  LayerKVCache plain_cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), plain->token_state());
+  read(*plain, plain_cache, kNew, /*updates=*/false);
+  const Result<at::Tensor> selected = plain->Select(0, plain_cache);
+  ASSERT_TRUE(selected.ok());
+  EXPECT_TRUE(at::equal(**at_end, *selected));
+  EXPECT_LT(selected->size(1), kNew) << "the test needs a NAMM that evicts";
+  const Result<std::optional<at::Tensor>> plain_end = plain->EndPrefill(0, plain_cache);
+  ASSERT_TRUE(plain_end.ok());
+  EXPECT_FALSE(plain_end->has_value()) << "without prompt=keep the prompt's end is not an update";
+
+  // A prompt whose length is no multiple of the hop: evicted at its end all the same, its newest token kept.
+  auto odd = make(true, kNew + 8);
+  LayerKVCache odd_cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), odd->token_state());
+  read(*odd, odd_cache, kNew + 8, /*updates=*/true);
+  const Result<bool> compressed = apply_end_of_prefill(*odd, 0, odd_cache);
+  ASSERT_TRUE(compressed.ok()) << compressed.status().ToString();
+  EXPECT_TRUE(*compressed);
+  EXPECT_LT(odd_cache.size(), kNew + 8);
+  EXPECT_EQ(odd_cache.positions()[0][odd_cache.size() - 1].item<int64_t>(), kNew + 7);
 }
 
 }  // namespace

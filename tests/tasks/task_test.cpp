@@ -165,7 +165,16 @@ TEST(TaskVariant, ParsesABudgetOrARatioAndRefusesAnythingElseNamingTheTask) {
   const TaskVariant share = parse_task_variant("lb/dureader@ratio=0.25").value();
   EXPECT_EQ(share.base, "lb/dureader");
   EXPECT_EQ(share.budget->Resolve(400), 100);
+  EXPECT_FALSE(share.keep_prompt);
+  const TaskVariant keep = parse_task_variant("syn/interruption@prompt=keep").value();
+  EXPECT_EQ(keep.base, "syn/interruption");
+  EXPECT_TRUE(keep.keep_prompt);
+  EXPECT_FALSE(keep.budget.has_value());
+  const TaskVariant both = parse_task_variant("syn/interruption@budget=8,prompt=keep").value();
+  EXPECT_TRUE(both.keep_prompt);
+  EXPECT_EQ(both.budget->Resolve(1000), 8);
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+           {"syn/interruption@prompt=evict", "prompt= takes keep"},
            {"syn/interruption@budget=0", "budget > 0"},
            {"syn/interruption@ratio=1.5", "(0, 1]"},
            {"syn/interruption@threshold=0.5", "threshold"},

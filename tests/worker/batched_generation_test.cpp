@@ -39,9 +39,10 @@ Stories LoadStories() {
 // A policy from a spec, or "namm/SEED" (seeded parameters: rows of one prompt whose caches diverge), or
 // "oracle" (evicting a span of the prompt).
 std::unique_ptr<MemoryPolicy> MakePolicy(const std::string& spec, const Tokenizer& tokenizer) {
-  if (spec.rfind("namm/", 0) == 0) {
+  if (spec.rfind("namm/", 0) == 0) {  // "namm/SEED" or "namm/SEED,prompt=keep"
     auto namm = NammPolicy::Create(NammWith(0.15, std::stoull(spec.substr(5))));
     EXPECT_TRUE(namm.ok());
+    (*namm)->set_keep_prompt(spec.find(",prompt=keep") != std::string::npos);
     return std::move(namm).value();
   }
   if (spec == "oracle") {
@@ -224,7 +225,8 @@ TEST(BatchedGeneration, EveryPolicyGivesEachRowWhatItGetsAlone) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const Stories s = LoadStories();
   for (const std::string policy : {"full", "h2o:budget=100", "l2:budget=80", "streaming:budget=90", "tova:budget=100",
-                                   "snapkv:budget=64", "fastgen:budget=100", "oracle", "namm/1"}) {
+                                   "snapkv:budget=64", "fastgen:budget=100", "oracle", "namm/1",
+                                   "namm/1,prompt=keep"}) {
     SCOPED_TRACE(policy);
     ExpectBatchEqualsAlone(s, {{policy, 300, 20},
                                {policy, 250, 5},

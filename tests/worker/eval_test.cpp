@@ -70,6 +70,23 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_EQ(*knobbed, (std::vector<std::string>{"namm:f.safetensors,ratio=0.25", "tova"}));
   EXPECT_FALSE(policy_family("namm:f.safetensors,budget=8,ratio=0.5").ok()) << "one setting at most";
   EXPECT_FALSE(policy_family("namm:f.safetensors,budget=x").ok());
+  // prompt=keep (the NAMM's eviction at the prompt's end) goes with it through the list, the curve and the bound.
+  auto keep = split_policy_list({"namm:f.safetensors,prompt=keep,tova"});
+  ASSERT_TRUE(keep.ok()) << keep.status().ToString();
+  EXPECT_EQ(*keep, (std::vector<std::string>{"namm:f.safetensors,prompt=keep", "tova"}));
+  EXPECT_EQ(*expand_policies({"namm:f.safetensors,prompt=keep"}, {"8"}, {}),
+            (std::vector<std::string>{"full", "namm:f.safetensors,prompt=keep", "namm:f.safetensors,budget=8,prompt=keep"}));
+  const NammSpec spec = parse_namm_spec("namm:f.safetensors,prompt=keep,threshold=0.5").value();
+  EXPECT_TRUE(spec.keep_prompt);
+  EXPECT_EQ(spec.setting, "threshold=0.5");
+  EXPECT_EQ(spec.ToString(), "namm:f.safetensors,threshold=0.5,prompt=keep");
+  EXPECT_FALSE(parse_namm_spec("namm:f.safetensors,prompt=evict").value().keep_prompt);
+  const Result<NammSpec> bad = parse_namm_spec("namm:f.safetensors,prompt=later");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("prompt= takes keep"), std::string::npos) << bad.status().ToString();
+  EXPECT_EQ(*with_cache_setting("namm:f.safetensors,prompt=keep", "budget=4"), "namm:f.safetensors,budget=4,prompt=keep");
+  EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4,prompt=keep", 300), 300) << "it holds the prompt";
+  EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4", 300), 4);
   EXPECT_EQ(output_directory_name("namm:runs/a b.safetensors"), "namm_runs_a_b.safetensors");
 }
 

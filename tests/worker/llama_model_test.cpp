@@ -493,6 +493,42 @@ TEST(Stories260K, SnapKvCompressesThePromptOnceAndKeepsEveryDecodedToken) {
   EXPECT_DOUBLE_EQ(run->peak_kv_tokens, static_cast<double>(prompt.size()));
 }
 
+// namm:FILE,prompt=keep: the prompt's updates keep every token, the NAMM evicts once at its end (at a length no
+// multiple of the hop), then at the decoding's updates.
+TEST(Stories260K, ANammKeepingThePromptEvictsFromItsEndOn) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 300);
+  ASSERT_NE(prompt.size() % 16, 0u) << "the test wants a prompt's end between spectrogram hops";
+  GenerationOptions options;
+  options.max_new_tokens = 100;
+  options.chunk_size = 32;
+  options.memory_update_interval = 64;
+  auto namm = NammPolicy::Create(NammWith(0.15, 4));
+  ASSERT_TRUE(namm.ok());
+  (*namm)->set_observe_from_query_history(true);
+  (*namm)->set_keep_prompt(true);
+  auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **namm, options);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  const auto length = static_cast<int64_t>(prompt.size());
+  int64_t at_end = 0, after = 0;
+  for (const auto& u : run->updates) {
+    if (u.end_of_prefill) {
+      ++at_end;
+      EXPECT_EQ(u.sequence_length, length);
+      for (int64_t size : u.cache_sizes) EXPECT_LT(size, length);
+    } else if (u.sequence_length <= length) {
+      EXPECT_EQ(u.cache_sizes, std::vector<int64_t>(5, u.sequence_length)) << "inside the prompt";
+    } else {
+      ++after;
+    }
+  }
+  EXPECT_EQ(at_end, 1);
+  EXPECT_GT(after, 0);
+  EXPECT_DOUBLE_EQ(run->peak_kv_tokens, static_cast<double>(length));
+  EXPECT_LT(run->answer_kv_tokens, 0.8 * static_cast<double>(length));
+}
+
 TEST(Generator, CacheSizesAreMeansOverQueries) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   Stories s = LoadStories();

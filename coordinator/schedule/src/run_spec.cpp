@@ -169,16 +169,21 @@ std::vector<std::string> RunSpec::all_tasks() const {
 
 // The top-level budgets: / ratios: applied to a stage's tasks: each plain task becomes its variants
 // "T@budget=N" (or "T@ratio=R"), one per setting, and the task itself for the setting "own" (the NAMM's own
-// selection); a task that names a variant already is kept as it is.
+// selection); "T@prompt=keep" becomes "T@budget=N,prompt=keep" and itself; a task that names a budget already is
+// kept as it is.
 static std::vector<std::string> AtEachSetting(const std::vector<std::string>& tasks, const std::string& knob,
                                        const std::vector<std::string>& settings) {
   std::vector<std::string> out;
   for (const std::string& task : tasks) {
-    if (tasks::base_task(task) != task) {
+    const Result<tasks::TaskVariant> variant = tasks::parse_task_variant(task);
+    if (!variant.ok() || variant->budget) {  // an error is reported where the stage's tasks are checked
       out.push_back(task);
       continue;
     }
-    for (const std::string& setting : settings) out.push_back(setting == "own" ? task : task + "@" + knob + "=" + setting);
+    const std::string keep = variant->keep_prompt ? ",prompt=keep" : "";
+    for (const std::string& setting : settings) {
+      out.push_back(setting == "own" ? task : variant->base + "@" + knob + "=" + setting + keep);
+    }
   }
   return out;
 }

@@ -240,6 +240,7 @@ void NammPolicy::GatherCarriedRows(int layer, const LayerKVCache& cache, const i
 Status NammPolicy::BeginSequence(const SequenceInfo& info) {
   carried_.clear();
   remembered_ = RememberedRows{};
+  prompt_tokens_ = static_cast<int64_t>(info.prompt_ids.size());
   if (knob_budget_) {
     architecture_.selection.budget = knob_budget_->Resolve(static_cast<int64_t>(info.prompt_ids.size()));
   }
@@ -287,6 +288,7 @@ std::string NammPolicy::prefix_key() const {
   key += architecture_.attention_precision == AttentionPrecision::kBf16 ? "bf16;" : "f32;";
   key += from_history_ ? "history;" : "samples;";
   key += FeaturesNeeded() ? "features" : "none";
+  if (keep_prompt_) key += ";keep-prompt";
   return key;
 }
 
@@ -300,7 +302,8 @@ void NammPolicy::AdoptPrefix(const MemoryPolicy& leader) {
 }
 
 Status NammPolicy::CheckSelect(const LayerKVCache& cache) const {
-  if (cache.tokens_seen() % kStftHop != 0) {
+  // At the prompt's end the features are those of the frames completed so far.
+  if (!at_prompt_end_ && cache.tokens_seen() % kStftHop != 0) {
     return Status::FailedPrecondition("a NAMM update needs a sequence length that is a multiple of " +
                                       std::to_string(kStftHop) + " (complete spectrogram frames), got " +
                                       std::to_string(cache.tokens_seen()));
@@ -314,6 +317,15 @@ Status NammPolicy::CheckSelect(const LayerKVCache& cache) const {
 
 Result<at::Tensor> NammPolicy::Select(int layer, LayerKVCache& cache) {
   return std::move(SelectTogether({MemoryUpdate{this, layer, &cache}}).front());
+}
+
+Result<std::optional<at::Tensor>> NammPolicy::EndPrefill(int layer, LayerKVCache& cache) {
+  if (!keep_prompt_) return std::optional<at::Tensor>();
+  at_prompt_end_ = true;
+  Result<at::Tensor> kept = Select(layer, cache);
+  at_prompt_end_ = false;
+  if (!kept.ok()) return kept.status();
+  return std::optional<at::Tensor>(std::move(kept).value());
 }
 
 Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache) {
@@ -363,6 +375,10 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
   for (std::size_t u = 0; u < updates.size(); ++u) {
     auto* policy = static_cast<NammPolicy*>(updates[u].policy);  // apply_memory_updates groups by class
     LayerKVCache& cache = *updates[u].cache;
+    if (policy->ReadingPrompt(cache)) {
+      kept[u] = all_token_indices(cache);
+      continue;
+    }
     if (Status checked = policy->CheckSelect(cache); !checked.ok()) {
       kept[u] = checked;
       continue;

@@ -66,9 +66,10 @@ Result<std::shared_ptr<const NammExecutor::LoadedTask>> NammExecutor::Task(const
     loaded->rows = std::make_shared<const std::vector<tasks::TaskRow>>(std::move(rows));
     base = tasks_[variant.base] = std::move(loaded);
   }
-  if (!variant.budget) return base;
+  if (!variant.budget && !variant.keep_prompt) return base;
   auto loaded = std::make_shared<LoadedTask>(*base);
   loaded->budget = variant.budget;
+  loaded->keep_prompt = variant.keep_prompt;
   tasks_[name] = loaded;
   return std::shared_ptr<const LoadedTask>(loaded);
 }
@@ -248,6 +249,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<Promp
       }
       (*p)->set_observe_from_query_history(true);  // the engine records each layer's queries
       if (task.budget) (*p)->set_selection_budget(*task.budget);
+      (*p)->set_keep_prompt(task.keep_prompt);
       namm_policies[j] = p->get();
       policies[j] = std::move(p).value();
     }

@@ -82,8 +82,10 @@ std::string CacheSetting(const std::string& spec) {
 // The spec without its cache setting ("fastgen:budget=16,recovery=0.5" -> "fastgen:recovery=0.5"): one curve.
 std::string Family(const std::string& spec) {
   if (spec.rfind("namm:", 0) == 0) {
-    const Result<NammSpec> namm = parse_namm_spec(spec);
-    return namm.ok() && !CacheSetting(spec).empty() ? "namm:" + namm->path : spec;
+    Result<NammSpec> namm = parse_namm_spec(spec);
+    if (!namm.ok() || CacheSetting(spec).empty()) return spec;
+    namm->setting.clear();
+    return namm->ToString();
   }
   Result<OptionSpec> parsed = parse_option_spec(spec);
   if (!parsed.ok()) return spec;
@@ -228,9 +230,9 @@ Result<std::vector<std::string>> split_policy_list(const std::vector<std::string
     std::string piece;
     while (std::getline(pieces, piece, ',')) {
       const bool continues = piece.find(':') == std::string::npos && piece.find('=') != std::string::npos;
-      // A NAMM takes its knob (budget=, ratio=, threshold=) after a comma, and nothing else.
+      // A NAMM takes its knob (budget=, ratio=, threshold=) and prompt= after a comma, and nothing else.
       const bool knob = piece.rfind("budget=", 0) == 0 || piece.rfind("ratio=", 0) == 0 ||
-                        piece.rfind("threshold=", 0) == 0;
+                        piece.rfind("threshold=", 0) == 0 || piece.rfind("prompt=", 0) == 0;
       if (continues && !specs.empty() && (specs.back().rfind("namm:", 0) != 0 || knob)) {
         specs.back() += "," + piece;
         continue;

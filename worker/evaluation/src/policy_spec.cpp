@@ -66,6 +66,7 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
     if (!namm_spec.setting.empty()) {
       NAMM_RETURN_IF_ERROR(namm->set_selection_knob(namm_spec.knob).WithContext("policy '" + text + "'"));
     }
+    namm->set_keep_prompt(namm_spec.keep_prompt);
     return std::unique_ptr<MemoryPolicy>(std::move(namm));
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
@@ -132,20 +133,31 @@ Result<std::string> policy_family(const std::string& text) {
 Result<NammSpec> parse_namm_spec(const std::string& text) {
   if (text.rfind("namm:", 0) != 0) return Status::InvalidArgument("'" + text + "' is not a NAMM spec (namm:FILE)");
   NammSpec out;
-  // The knob is the first ",budget=" / ",ratio=" / ",threshold=": a file name holding one of those is not supported.
-  std::size_t knob = std::string::npos;
-  for (const char* key : {",budget=", ",ratio=", ",threshold="}) knob = std::min(knob, text.find(key, 5));
-  out.path = text.substr(5, knob == std::string::npos ? std::string::npos : knob - 5);
+  // The options start at the first ",budget=" / ",ratio=" / ",threshold=" / ",prompt=": a file name holding one of
+  // those is not supported.
+  std::size_t first = std::string::npos;
+  for (const char* key : {",budget=", ",ratio=", ",threshold=", ",prompt="}) first = std::min(first, text.find(key, 5));
+  out.path = text.substr(5, first == std::string::npos ? std::string::npos : first - 5);
   if (out.path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
-  if (knob == std::string::npos) return out;
-  out.setting = text.substr(knob + 1);
-  NAMM_ASSIGN_OR_RETURN(OptionSpec options, parse_option_spec("namm:" + out.setting));
+  if (first == std::string::npos) return out;
+  NAMM_ASSIGN_OR_RETURN(OptionSpec options, parse_option_spec("namm:" + text.substr(first + 1)));
   const auto where = [&](const Status& s) { return s.WithContext("policy '" + text + "'"); };
-  NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold"})));
+  NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold", "prompt"})));
+  if (const auto prompt = options.options.find("prompt"); prompt != options.options.end()) {
+    if (prompt->second != "keep" && prompt->second != "evict") {
+      return where(Status::InvalidArgument("prompt= takes keep (evict at the prompt's end) or evict (at every "
+                                           "update, the default), got '" + prompt->second + "'"));
+    }
+    out.keep_prompt = prompt->second == "keep";
+    options.options.erase(prompt);
+  }
+  if (options.options.empty()) return out;
   if (options.options.size() != 1) {
-    return where(Status::InvalidArgument("a NAMM takes one of budget=, ratio= or threshold=, got '" + out.setting + "'"));
+    return where(Status::InvalidArgument("a NAMM takes one of budget=, ratio= or threshold=, got '" +
+                                         text.substr(first + 1) + "'"));
   }
   const std::string key = options.options.begin()->first;
+  out.setting = key + "=" + options.options.begin()->second;
   if (key == "budget") {
     const Result<int64_t> budget = options.GetInt(key, 0);
     if (!budget.ok()) return where(budget.status());
@@ -158,13 +170,22 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
   return out;
 }
 
+std::string NammSpec::ToString() const {
+  std::string text = "namm:" + path;
+  if (!setting.empty()) text += "," + setting;
+  if (keep_prompt) text += ",prompt=keep";
+  return text;
+}
+
 Result<std::optional<int64_t>> policy_token_bound(const std::string& text, int64_t prompt_tokens) {
   if (text.rfind("namm:", 0) == 0) {
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
     if (!namm.knob.budget && !namm.knob.ratio) return std::optional<int64_t>();
     NAMM_ASSIGN_OR_RETURN(const CacheBudget budget, namm.knob.budget ? CacheBudget::Tokens(*namm.knob.budget)
                                                                      : CacheBudget::Ratio(*namm.knob.ratio));
-    return std::optional<int64_t>(budget.Resolve(prompt_tokens));
+    // prompt=keep holds the whole prompt until its end.
+    const int64_t bound = budget.Resolve(prompt_tokens);
+    return std::optional<int64_t>(namm.keep_prompt ? std::max(bound, prompt_tokens) : bound);
   }
   NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
   if (!is_budgeted_family(family)) return std::optional<int64_t>();
@@ -181,9 +202,9 @@ bool is_budgeted_family(const std::string& family) {
 Result<std::string> with_cache_setting(const std::string& text, const std::string& setting) {
   if (text.rfind("namm:", 0) == 0) {
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
-    const std::string with = "namm:" + namm.path + "," + setting;
-    NAMM_RETURN_IF_ERROR(parse_namm_spec(with).status());
-    return with;
+    NAMM_ASSIGN_OR_RETURN(NammSpec with, parse_namm_spec("namm:" + namm.path + "," + setting));
+    with.keep_prompt = with.keep_prompt || namm.keep_prompt;
+    return with.ToString();
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
   NAMM_ASSIGN_OR_RETURN(OptionSpec budget, parse_option_spec("x:" + setting));

@@ -43,6 +43,9 @@ class NammPolicy final : public MemoryPolicy {
   Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override;
   // Fails unless the sequence length is a multiple of the STFT hop (16), where every frame is complete.
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override;
+  // With keep_prompt: the NAMM's selection at the prompt's end (any length: the frames completed so far);
+  // otherwise nothing.
+  Result<std::optional<at::Tensor>> EndPrefill(int layer, LayerKVCache& cache) override;
   // Every update's NAMM (each its own parameters) in one pass on the CPU: features, scorer and selection of
   // every (sequence, KV head) as tasks of our kernels, without tensor operations; each result the same bits as
   // Select() alone (Select() is this with one update).
@@ -84,6 +87,14 @@ class NammPolicy final : public MemoryPolicy {
   void set_selection_budget(const CacheBudget& budget);
   const SelectionConfig& selection() const { return architecture_.selection; }
 
+  // namm:FILE,prompt=keep: the whole prompt stays cached while it is read (memory updates that fall inside it
+  // keep every token) and the NAMM's first eviction is at the prompt's end (EndPrefill), as SnapKV compresses;
+  // later updates as usual. Every kept token's keys and values were then computed with the whole prompt in the
+  // cache, at the cost of holding it during prefill. Deliberately beyond the reference, which evicts at every
+  // update (docs/namm-core.md). Set before BeginSequence.
+  void set_keep_prompt(bool keep) { keep_prompt_ = keep; }
+  bool keep_prompt() const { return keep_prompt_; }
+
   // The statistics in use, including any gathered by this policy while collecting.
   const FeatureNormalizer& normalizer() const { return normalizer_; }
 
@@ -94,6 +105,10 @@ class NammPolicy final : public MemoryPolicy {
   bool FeaturesNeeded() const;
   // Select()'s preconditions.
   Status CheckSelect(const LayerKVCache& cache) const;
+  // With keep_prompt, a memory update that falls inside the prompt: it keeps every token.
+  bool ReadingPrompt(const LayerKVCache& cache) const {
+    return keep_prompt_ && !at_prompt_end_ && cache.tokens_seen() <= prompt_tokens_;
+  }
   // Select() by tensor operations: any device, tracing, the constant-score shortcut.
   Result<at::Tensor> SelectWithTensors(int layer, LayerKVCache& cache);
   // The carried rows of `layer` (CarriedRows) for queries [from, to) into out [kv_heads, to - from, n], if they
@@ -119,6 +134,9 @@ class NammPolicy final : public MemoryPolicy {
   bool tracing_ = false;
   Trace trace_;
   bool from_history_ = false;
+  bool keep_prompt_ = false;
+  int64_t prompt_tokens_ = 0;   // BeginSequence's prompt
+  bool at_prompt_end_ = false;  // within EndPrefill's selection
   // The reduced rows of the current forward pass's latest blocks of one layer (at most the 31 newest), valid
   // while the cache neither grows nor changes: (first query, query-major rows [kv_heads, r, n]).
   struct RememberedRows {

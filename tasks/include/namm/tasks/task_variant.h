@@ -19,9 +19,11 @@ namespace namm::tasks {
 struct TaskVariant {
   std::string base;                   // the task the rows come from: "syn/interruption"
   std::optional<CacheBudget> budget;  // the NAMM's budget knob; nullopt: the task itself (its own selection)
+  bool keep_prompt = false;           // "@prompt=keep": the NAMM evicts from the prompt's end on (NammPolicy)
 };
 
-// "TASK" or "TASK@budget=N" / "TASK@ratio=R"; anything else after '@' is an error naming the task.
+// "TASK", "TASK@budget=N" / "TASK@ratio=R", "TASK@prompt=keep", "TASK@budget=N,prompt=keep"; anything else
+// after '@' is an error naming the task.
 Result<TaskVariant> parse_task_variant(const std::string& name);
 
 // The part before '@' (the name itself for a plain task): where rows, prompts and reference scores come from.

@@ -59,6 +59,7 @@ class NammExecutor final : public LeaseExecutor {
     tasks::TaskSpec spec;  // a variant's ("T@budget=16"): its base task's
     std::shared_ptr<const std::vector<tasks::TaskRow>> rows;  // a variant's: its base task's, shared
     std::optional<CacheBudget> budget;  // a variant's: the candidates' selection budget
+    bool keep_prompt = false;           // a variant's: the candidates keep the prompt until its end
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
   Result<const LlamaModel*> ModelFor(const std::string& rope_scaling);
