@@ -135,6 +135,22 @@ PY
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,threshold=-5"}')
 [ "$code" = 400 ] && grep -q -- "--allow-policies namm" "$work/body" || fail "a lower threshold per request: $code $(cat "$work/body")"
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,prompt=keep"}')
+[ "$code" = 400 ] && grep -q -- "--allow-policies namm" "$work/body" || fail "prompt=keep per request: $code $(cat "$work/body")"
+kill "$PID"; wait "$PID" 2>/dev/null || true
+
+echo "== allowed, 'default,budget=16,prompt=keep' holds the whole prompt, then 16 tokens per head"
+start --policy "namm:$work/namm.safetensors" --chunk-size 64 --update-interval 64 --allow-policies namm
+keep=$(cache default,budget=16,prompt=keep)
+echo "   budget 16, prompt=keep: $keep"
+python3 - "$small" "$keep" <<'PY' || fail "prompt=keep: $small / $keep"
+import sys
+(p16, f16, b16), (pk, fk, bk) = ((p, float(f), int(b)) for p, f, b in (a.split() for a in sys.argv[1:]))
+assert pk.endswith(",budget=16,prompt=keep"), pk
+assert fk <= 16 + 64, fk       # evicted at the prompt's end and at the answer's updates
+assert bk > 4 * b16, (bk, b16)  # the peak is the whole prompt (~360 tokens), not 16 + an update's 64
+PY
 kill "$PID"; wait "$PID" 2>/dev/null || true
 start --max-context 4096
 
