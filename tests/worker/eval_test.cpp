@@ -84,6 +84,11 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   const Result<NammSpec> bad = parse_namm_spec("namm:f.safetensors,prompt=later");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("prompt= takes keep"), std::string::npos) << bad.status().ToString();
+  const Result<NammSpec> twice = parse_namm_spec("namm:f.safetensors,prompt=keep,prompt=evict");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("given twice"), std::string::npos) << twice.status().ToString();
+  EXPECT_NE(twice.status().message().find("'namm:f.safetensors,prompt=keep,prompt=evict'"), std::string::npos)
+      << "the error names the whole policy: " << twice.status().ToString();
   EXPECT_EQ(*with_cache_setting("namm:f.safetensors,prompt=keep", "budget=4"), "namm:f.safetensors,budget=4,prompt=keep");
   EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4,prompt=keep", 300), 300) << "it holds the prompt";
   EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4", 300), 4);

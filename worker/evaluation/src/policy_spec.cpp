@@ -140,13 +140,15 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
   out.path = text.substr(5, first == std::string::npos ? std::string::npos : first - 5);
   if (out.path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
   if (first == std::string::npos) return out;
-  NAMM_ASSIGN_OR_RETURN(OptionSpec options, parse_option_spec("namm:" + text.substr(first + 1)));
   const auto where = [&](const Status& s) { return s.WithContext("policy '" + text + "'"); };
+  Result<OptionSpec> parsed = parse_option_spec("namm:" + text.substr(first + 1));
+  if (!parsed.ok()) return where(parsed.status());
+  OptionSpec& options = *parsed;
   NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold", "prompt"})));
   if (const auto prompt = options.options.find("prompt"); prompt != options.options.end()) {
     if (prompt->second != "keep" && prompt->second != "evict") {
-      return where(Status::InvalidArgument("prompt= takes keep (evict at the prompt's end) or evict (at every "
-                                           "update, the default), got '" + prompt->second + "'"));
+      return where(Status::InvalidArgument("prompt= takes keep (no eviction before the prompt's end) or evict "
+                                           "(at every update, the default), got '" + prompt->second + "'"));
     }
     out.keep_prompt = prompt->second == "keep";
     options.options.erase(prompt);
