@@ -154,12 +154,6 @@ std::string PolicyLabel(const std::string& spec) {
   return namm->ToString();
 }
 
-// Whether `spec` is a NAMM with prompt=keep.
-bool KeepsPrompt(const std::string& spec) {
-  const Result<worker::NammSpec> namm = worker::parse_namm_spec(spec);
-  return namm.ok() && namm->keep_prompt;
-}
-
 // OpenAI's error type for a status.
 ApiError Error(int status, std::string message, std::string param = "", std::string code = "") {
   const char* type = status == 429 ? "rate_limit_exceeded" : status >= 500 ? "server_error" : "invalid_request_error";
@@ -645,8 +639,9 @@ struct ApiServer::Impl {
       if (!with.ok()) return Error(400, "namm_policy: " + with.status().message(), "namm_policy");
       const Result<std::string> family = worker::policy_family(*with);
       if (!family.ok()) return Error(400, "namm_policy: " + family.status().message(), "namm_policy");
-      const bool may_hold_more = setting.rfind("threshold=", 0) == 0 ||
-                                 (setting.find("prompt=keep") != std::string::npos && !KeepsPrompt(options.default_policy));
+      const bool may_hold_more =
+          setting.rfind("threshold=", 0) == 0 ||
+          (worker::policy_keeps_prompt(*with) && !worker::policy_keeps_prompt(options.default_policy));
       if (may_hold_more && !Allowed(*with, *family)) {
         return Error(400, "namm_policy '" + r.policy + "' may hold more than this server's " +
                               PolicyLabel(options.default_policy) +

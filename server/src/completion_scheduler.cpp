@@ -291,8 +291,7 @@ struct CompletionScheduler::Impl {
     const Result<std::string> family = worker::policy_family(job.policy);
     const bool full = family.ok() && *family == "full";
     if (full) return StoredTokens(total) * kv_bytes_per_token;
-    const bool keeps_prompt = family.ok() && *family == "namm" && worker::parse_namm_spec(job.policy)->keep_prompt;
-    const int64_t first_eviction = keeps_prompt ? prompt : options.update_interval;
+    const int64_t first_eviction = worker::policy_keeps_prompt(job.policy) ? prompt : options.update_interval;
     const int64_t before_update = std::min(total, first_eviction);
     if (model.kv_block_pool() != nullptr) {
       return std::min(KvBytesAtMost(job), StoredTokens(before_update) * kv_bytes_per_token);

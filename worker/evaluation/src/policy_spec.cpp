@@ -172,6 +172,12 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
   return out;
 }
 
+bool policy_keeps_prompt(const std::string& spec) {
+  if (spec.rfind("namm:", 0) != 0) return false;
+  const Result<NammSpec> namm = parse_namm_spec(spec);
+  return namm.ok() && namm->keep_prompt;
+}
+
 std::string NammSpec::ToString() const {
   std::string text = "namm:" + path;
   if (!setting.empty()) text += "," + setting;

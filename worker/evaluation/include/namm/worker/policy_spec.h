@@ -71,6 +71,8 @@ struct NammSpec {
   std::string ToString() const;
 };
 Result<NammSpec> parse_namm_spec(const std::string& spec);
+// Whether `spec` is a NAMM with prompt=keep (false for anything else, or a spec that does not parse).
+bool policy_keeps_prompt(const std::string& spec);
 
 // One policy, without a factory's caching.
 Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const PolicyContext& context);
