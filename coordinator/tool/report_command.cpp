@@ -103,18 +103,32 @@ ChartSeries Series(const std::string& name, const std::vector<Row>& rows, F valu
   return s;
 }
 
-// What the fitness curves show, as the run's spec computed it (run_spec.h).
+// The stages' weights as the spec gave them, as HTML ("" when every task weighs the same).
+std::string WeightsText(const RunSpec& spec) {
+  std::string text;
+  for (std::size_t k = 0; k < spec.stages.size(); ++k) {
+    if (spec.stages[k].weights.empty()) continue;
+    text += (text.empty() ? " Weights (tasks not named weigh 1): stage " : "; stage ") + std::to_string(k + 1);
+    for (const auto& [task, w] : spec.stages[k].weights) text += " " + html_escape(task) + " " + format_number(w, 4);
+  }
+  return text.empty() ? text : text + ".";
+}
+
+// What the fitness curves show, as the run's spec computed it (run_spec.h), as HTML.
 std::string FitnessRule(const RunSpec& spec) {
   const std::string normalized = "the score normalized by the base model's on the same prompts";
+  const std::string weights = WeightsText(spec);
+  const std::string mean = weights.empty() ? "mean" : "weighted mean";
+  const std::string averaged = weights.empty() ? "averaged over tasks" : "a weighted mean over tasks";
   if (spec.rank_fitness) {
-    return "A candidate's fitness is the mean over tasks of its rank among the generation's candidates by " +
-           normalized + " (0 worst, 1 best); the evaluated mean's is " + normalized + ", averaged over tasks.";
+    return "A candidate's fitness is the " + mean + " over tasks of its rank among the generation's candidates by " +
+           normalized + " (0 worst, 1 best); the evaluated mean's is " + normalized + ", " + averaged + "." + weights;
   }
   if (spec.cache_weight > 0) {
-    return "Fitness is " + normalized + ", averaged over tasks, minus " + format_number(spec.cache_weight, 4) +
-           " times the mean relative KV cache (cache_weight).";
+    return "Fitness is " + normalized + ", " + averaged + ", minus " + format_number(spec.cache_weight, 4) +
+           " times the mean relative KV cache (cache_weight)." + weights;
   }
-  return "Fitness is " + normalized + ", averaged over tasks.";
+  return "Fitness is " + normalized + ", " + averaged + "." + weights;
 }
 
 std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& stages,

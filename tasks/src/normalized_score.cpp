@@ -70,9 +70,11 @@ Status ReferenceScores::Set(const std::string& task, int64_t row, double score) 
   return Status::Ok();
 }
 
-Result<Fitness> normalized_fitness(const PromptScores& candidate, const ReferenceScores& reference, ZeroBase zero_base) {
+Result<Fitness> normalized_fitness(const PromptScores& candidate, const ReferenceScores& reference, ZeroBase zero_base,
+                                   const TaskWeights& weights) {
   if (candidate.empty()) return Status::InvalidArgument("no task scores to normalize");
   Fitness fitness;
+  double weight_sum = 0;
   for (const auto& [task, rows] : candidate) {
     if (rows.empty()) return Status::InvalidArgument("task " + task + " has no sampled prompts");
     TaskFitness t{task, static_cast<int64_t>(rows.size()), 0, 0, 0};
@@ -89,10 +91,12 @@ Result<Fitness> normalized_fitness(const PromptScores& candidate, const Referenc
     } else {
       t.normalized = t.base_mean > 0 ? t.candidate_mean / t.base_mean : 1.0 + t.candidate_mean;
     }
-    fitness.value += t.normalized;
+    const double w = task_weight(weights, task);
+    fitness.value += w * t.normalized;
+    weight_sum += w;
     fitness.tasks.push_back(t);
   }
-  fitness.value /= static_cast<double>(fitness.tasks.size());
+  fitness.value /= weight_sum;
   return fitness;
 }
 

@@ -347,6 +347,81 @@ TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
   for (const CandidateRecord& c : candidates) EXPECT_NEAR(c.fitness, 0.5, 1e-12);
 }
 
+// A stage's weights: the candidates' fitness and the evaluation of the mean are the weighted means of the tasks'
+// normalized scores (tasks not named weigh 1), and with mean_rank the weighted mean of the ranks; bad weights are
+// refused naming the key; weights are part of the stage, so changing them is refused on resume.
+TEST(Trainer, StageWeightsWeighEachTaskInTheFitnessAndInTheEvaluationOfTheMean) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\n");
+  const std::string stage0 = "{tasks: [t/a], generations";
+  yaml.replace(yaml.find(stage0), stage0.size(), "{tasks: [t/a], weights: {t/a@budget=8: 3}, generations");
+  const RunSpec spec = parse_run_spec(yaml, "spec").value();
+  EXPECT_EQ(spec.stages[0].weights, (tasks::TaskWeights{{"t/a@budget=8", 3.0}}));
+  EXPECT_TRUE(spec.stages[1].weights.empty());
+  for (const auto& [weights, says] : std::vector<std::pair<std::string, std::string>>{
+           {"{t/b: 2}", "'t/b' is not one of the stage's tasks"},
+           {"{t/a: 0}", "spec.stages[0].weights.t/a must be in (0, 1000]"},
+           {"{t/a: -1}", "must be in (0, 1000]"},
+           {"{t/a: .inf}", "must be in (0, 1000]"},
+           {"{t/a: heavy}", "'heavy' is not a number"},
+           {"[3, 1]", "spec.stages[0].weights must map the stage's tasks to weights"}}) {
+    std::string bad = yaml;
+    bad.replace(bad.find("{t/a@budget=8: 3}"), 17, weights);
+    const auto parsed = parse_run_spec(bad, "spec");
+    ASSERT_FALSE(parsed.ok()) << weights;
+    EXPECT_NE(parsed.status().message().find(says), std::string::npos) << parsed.status().message();
+  }
+  // Changing a stage's weights would change the run's trajectory: refused, named.
+  std::string reweighed = yaml;
+  reweighed.replace(reweighed.find("{t/a@budget=8: 3}"), 17, "{t/a@budget=8: 2}");
+  const Status refused = check_spec_revision(spec, *parse_run_spec(reweighed, "reweighed"), false);
+  EXPECT_NE(refused.message().find("stages[0].weights"), std::string::npos) << refused.ToString();
+
+  std::map<std::string, int64_t> rows = SyntheticTaskRows();
+  rows["t/a@budget=8"] = rows.at("t/a");
+  rows["t/b@budget=8"] = rows.at("t/b");
+  // At budget 8 a candidate's order is reversed and compressed, as in the rank test.
+  const Evaluator evaluate = [](const Trainer& trainer, const std::vector<WorkUnit>& units) {
+    std::vector<EvaluationRecord> out = EvaluateUnits(trainer, units);
+    for (EvaluationRecord& e : out) {
+      if (e.task.find("@budget=8") != std::string::npos) e.score = 0.5 - 0.1 * (e.score - 0.5);
+    }
+    return out;
+  };
+  for (const bool rank : {false, true}) {
+    std::string text = yaml;
+    if (rank) text.insert(text.find("stages:"), "fitness: mean_rank\n");
+    const RunSpec weighted = parse_run_spec(text, "spec").value();
+    auto store = Store::Open(FreshDatabasePath(rank ? "weights_rank.db" : "weights.db"), OpenMode::kCreate).value();
+    ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                             "test", false).ok());
+    auto t = Trainer::Create(*store, weighted, rows).value();
+    ASSERT_TRUE(DriveRun(*t, 2, evaluate).ok());
+    const std::vector<CandidateRecord> candidates = store->GetCandidates(t->run_id(), 0).value();
+    ASSERT_EQ(candidates.size(), 8u);
+    for (const CandidateRecord& c : candidates) {
+      const auto value = [&](const std::string& task) {
+        if (!rank) return c.tasks.at(task).normalized;
+        int below = 0;
+        for (const CandidateRecord& o : candidates) below += o.tasks.at(task).normalized < c.tasks.at(task).normalized;
+        return below / 7.0;
+      };
+      EXPECT_NEAR(c.fitness, (value("t/a") + 3 * value("t/a@budget=8")) / 4, 1e-12) << c.candidate;
+    }
+    const GenerationRecord g0 = store->GetGenerations(t->run_id()).value().at(0);
+    ASSERT_TRUE(g0.eval_fitness);
+    EXPECT_NEAR(*g0.eval_fitness,
+                (g0.eval_tasks.at("t/a").normalized + 3 * g0.eval_tasks.at("t/a@budget=8").normalized) / 4, 1e-12);
+    // With ranks, budget 8 (the order reversed) outweighs the task itself: its best candidate is the generation's.
+    const auto best_at_8 = std::max_element(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+      return a.tasks.at("t/a@budget=8").normalized < b.tasks.at("t/a@budget=8").normalized;
+    });
+    if (rank) {
+      EXPECT_EQ(g0.best_candidate, best_at_8->candidate);
+    }
+  }
+}
+
 // cache_weight: a candidate's fitness is its mean normalized score minus the weight times its mean relative cache
 // (cache size over (n + 1) / 2 for n tokens fed); the evaluated mean is charged the same way; the task scores stay
 // the normalized scores. Here the charge outweighs the scores' spread, so the smallest cache wins.

@@ -63,6 +63,7 @@ constexpr std::size_t kMaxNameBytes = 256;    // a task's name or a setting
 constexpr int64_t kMaxGenerations = 1000000;  // the whole run
 constexpr int64_t kMaxPrompts = 1000000;
 constexpr double kMaxCacheWeight = 10;  // a relative cache is at most ~1, a normalized score a few units
+constexpr double kMaxTaskWeight = 1000;  // one task 1000 times another's: any sharper is another run
 
 Status InRange(const std::string& where, int64_t value, int64_t most) {
   if (value <= 0 || value > most) {
@@ -91,6 +92,38 @@ Status GetNames(const MapReader& r, const std::string& key, std::size_t most, st
     }
   }
   return r.Get(key, names, required);
+}
+
+// A stage's `weights`: a map from its tasks (as budgets: / ratios: expanded them) to weights in (0, kMaxTaskWeight].
+Status GetWeights(const MapReader& r, const std::vector<std::string>& tasks, tasks::TaskWeights* weights) {
+  const YAML::Node node = r.Child("weights");
+  const std::string where = r.where() + ".weights";
+  if (!node) return Status::Ok();
+  if (!node.IsMap()) return Status::InvalidArgument(where + " must map the stage's tasks to weights");
+  if (node.size() > tasks.size()) {
+    return Status::InvalidArgument(where + " names " + std::to_string(node.size()) + " tasks; the stage has " +
+                                   std::to_string(tasks.size()));
+  }
+  for (const auto& item : node) {
+    if (!item.first.IsScalar()) return Status::InvalidArgument(where + ": keys must be task names");
+    const std::string task = item.first.Scalar();
+    if (std::find(tasks.begin(), tasks.end(), task) == tasks.end()) {
+      return Status::InvalidArgument(where + ": '" + task.substr(0, kMaxNameBytes) + "' is not one of the stage's tasks" +
+                                     " (after budgets or ratios expand them)");
+    }
+    double w = 0;
+    try {
+      w = item.second.as<double>();
+    } catch (const YAML::Exception&) {
+      return Status::InvalidArgument(where + "." + task + ": '" + YAML::Dump(item.second) + "' is not a number");
+    }
+    if (!std::isfinite(w) || w <= 0 || w > kMaxTaskWeight) {
+      return Status::InvalidArgument(where + "." + task + " must be in (0, " +
+                                     std::to_string(static_cast<int>(kMaxTaskWeight)) + "], got " + YAML::Dump(item.second));
+    }
+    if (!weights->emplace(task, w).second) return Status::InvalidArgument(where + " names " + task + " twice");
+  }
+  return Status::Ok();
 }
 
 Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammArchitecture* arch) {
@@ -279,7 +312,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   for (std::size_t k = 0; k < stages.size(); ++k) {
     const std::string where = source + ".stages[" + std::to_string(k) + "]";
     MapReader s(stages[k], where);
-    NAMM_RETURN_IF_ERROR(s.Check({"tasks", "generations"}));
+    NAMM_RETURN_IF_ERROR(s.Check({"tasks", "weights", "generations"}));
     StageSpec stage;
     NAMM_RETURN_IF_ERROR(GetNames(s, "tasks", kMaxStageTasks, &stage.tasks, true));
     NAMM_RETURN_IF_ERROR(s.Get("generations", &stage.generations, true));
@@ -304,6 +337,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
     if (std::set<std::string>(stage.tasks.begin(), stage.tasks.end()).size() != stage.tasks.size()) {
       return Status::InvalidArgument(where + ".tasks lists a task twice");
     }
+    NAMM_RETURN_IF_ERROR(GetWeights(s, stage.tasks, &stage.weights));
     spec.stages.push_back(std::move(stage));
   }
   NAMM_RETURN_IF_ERROR(make_cmaes_params(spec.architecture.param_count(), spec.cmaes).status().WithContext(source));

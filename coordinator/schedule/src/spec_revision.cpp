@@ -50,6 +50,8 @@ Flat Flatten(const RunSpec& s) {
   for (std::size_t k = 0; k < s.stages.size(); ++k) {
     const std::string stage = "stages[" + std::to_string(k) + "]";
     f.emplace_back(stage + ".tasks", s.stages[k].tasks);
+    // Only when given, so that a spec from before weights existed flattens as it did.
+    if (!s.stages[k].weights.empty()) f.emplace_back(stage + ".weights", s.stages[k].weights);
     f.emplace_back(stage + ".generations", s.stages[k].generations);
   }
   return f;
@@ -64,7 +66,7 @@ bool ExtendsStages(const RunSpec& stored, const RunSpec& given) {
   for (std::size_t k = 0; k < stored.stages.size(); ++k) {
     const StageSpec &a = stored.stages[k], &b = given.stages[k];
     const bool last = k + 1 == stored.stages.size();
-    if (a.tasks != b.tasks || b.generations < a.generations || (!last && b.generations != a.generations)) {
+    if (a.tasks != b.tasks || a.weights != b.weights || b.generations < a.generations || (!last && b.generations != a.generations)) {
       return false;
     }
   }

@@ -93,14 +93,18 @@ std::map<std::string, TaskScore> TaskScores(const tasks::Fitness& f) {
   return out;
 }
 
-// fitness: mean_rank (run_spec.h): per candidate, the mean over tasks of its rank among the candidates by the
-// task's normalized score, scaled to [0, 1] (0 the worst, 1 the best; ties share their mean rank).
-std::vector<double> MeanRanks(const std::vector<CandidateRecord>& candidates) {
+// fitness: mean_rank (run_spec.h): per candidate, the mean over tasks (weighted by the stage's weights) of its rank
+// among the candidates by the task's normalized score, scaled to [0, 1] (0 the worst, 1 the best; ties share their
+// mean rank).
+std::vector<double> MeanRanks(const std::vector<CandidateRecord>& candidates, const tasks::TaskWeights& weights) {
   std::vector<double> mean(candidates.size(), 0.0);
   if (candidates.size() < 2) return mean;
   const auto scale = static_cast<double>(candidates.size() - 1);
   const std::map<std::string, TaskScore>& tasks = candidates.front().tasks;
+  double weight_sum = 0;
   for (const auto& [task, unused] : tasks) {
+    const double w = tasks::task_weight(weights, task);
+    weight_sum += w;
     for (std::size_t k = 0; k < candidates.size(); ++k) {
       const double mine = candidates[k].tasks.at(task).normalized;
       double below = 0, equal = 0;
@@ -109,10 +113,10 @@ std::vector<double> MeanRanks(const std::vector<CandidateRecord>& candidates) {
         below += theirs < mine ? 1 : 0;
         equal += theirs == mine ? 1 : 0;
       }
-      mean[k] += (below + (equal - 1) / 2) / scale;
+      mean[k] += w * (below + (equal - 1) / 2) / scale;
     }
   }
-  for (double& m : mean) m /= static_cast<double>(tasks.size());
+  for (double& m : mean) m /= weight_sum;
   return mean;
 }
 
@@ -881,19 +885,21 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
   }
   const PromptSample eval_prompts = Without(p.eval_prompts, p.dropped);
 
+  const tasks::TaskWeights& weights = spec_.stages[static_cast<std::size_t>(g.stage)].weights;
   std::vector<double>& fitness = scored.fitness;
   for (int64_t k = 0; k < p.population.size; ++k) {
-    auto f = tasks::normalized_fitness(ScoresOf(done, k, g.samples), reference, spec_.zero_base);
+    auto f = tasks::normalized_fitness(ScoresOf(done, k, g.samples), reference, spec_.zero_base, weights);
     if (!f.ok()) return f.status().WithContext("fitness of candidate " + std::to_string(k));
     fitness.push_back(Charged(f->value, spec_.cache_weight, done, k, g.samples));
     c.candidates.push_back(CandidateRecord{k, fitness.back(), TaskScores(*f)});
   }
   if (spec_.rank_fitness) {
-    fitness = MeanRanks(c.candidates);
+    fitness = MeanRanks(c.candidates, weights);
     for (std::size_t k = 0; k < fitness.size(); ++k) c.candidates[k].fitness = fitness[k];
   }
   if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
-    auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base);
+    auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base,
+                                       weights);
     if (!f.ok()) return f.status().WithContext("evaluation of the mean");
     g.eval_fitness = Charged(f->value, spec_.cache_weight, done, kMeanCandidate, eval_prompts);
     g.eval_tasks = TaskScores(*f);

@@ -1,8 +1,9 @@
 // Fitness normalized by the base model (spec §7.1-7.2).
 //
 // Per task, the candidate's mean score over the sampled prompts divided by the base model's (full-cache)
-// mean over the same prompts — a ratio of means, not a mean of ratios; the fitness is the unweighted mean over
-// tasks. A candidate as good as the base model scores 1 on every task.
+// mean over the same prompts — a ratio of means, not a mean of ratios; the fitness is the mean over tasks,
+// unweighted as in the reference unless a run spec weighs its tasks (TaskWeights). A candidate as good as the base
+// model scores 1 on every task.
 //
 // When the base model scores 0 on every sampled prompt of a task the ratio is undefined. The reference divides
 // by (100 x base mean + 1e-7), so any non-zero candidate score becomes ~10^7 and swamps every other task. By
@@ -56,15 +57,24 @@ struct TaskFitness {
   double normalized = 0;
 };
 
+// task name -> its weight in a fitness (> 0); a task not named weighs 1. Empty: the reference's unweighted mean.
+using TaskWeights = std::map<std::string, double>;
+
+inline double task_weight(const TaskWeights& weights, const std::string& task) {
+  const auto it = weights.find(task);
+  return it == weights.end() ? 1.0 : it->second;
+}
+
 struct Fitness {
-  double value = 0;                 // mean of the tasks' normalized scores
+  double value = 0;                 // mean of the tasks' normalized scores, weighted by TaskWeights
   std::vector<TaskFitness> tasks;   // in task-name order
 };
 
 // `candidate`: the candidate's per-prompt scores on the sampled prompts of each task. Every prompt needs a
-// reference score; a missing one is an error naming the task and row.
+// reference score; a missing one is an error naming the task and row. `weights` (a deliberate difference from the
+// reference, for runs whose tasks are one task's variants: budgets, prompt=keep): value = sum(w * normalized) / sum(w).
 Result<Fitness> normalized_fitness(const PromptScores& candidate, const ReferenceScores& reference,
-                                   ZeroBase zero_base = ZeroBase::kOnePlusCandidate);
+                                   ZeroBase zero_base = ZeroBase::kOnePlusCandidate, const TaskWeights& weights = {});
 
 // A cache's size against the full cache's, the memory side of a normalized score: the mean over a sequence's n
 // fed tokens of the cached tokens each query attended to, divided by the full cache's mean over them, (n + 1) / 2;

@@ -25,6 +25,10 @@ struct StageSpec {
   // The stage's tasks (the incremental recipe adds one per stage), task variants included ("T@budget=16": the
   // candidates scored with that cache budget, namm/tasks/task_variant.h); the spec's budgets: / ratios: expanded.
   std::vector<std::string> tasks;
+  // `weights: {TASK: w, ...}`: a task's weight in the stage's fitness and in the evaluation of the mean (both modes
+  // of `fitness`); a task not named weighs 1. So a run over variants can lean towards the one its selection would
+  // otherwise neglect (docs/results.md). Empty: the reference's unweighted mean.
+  tasks::TaskWeights weights;
   int64_t generations = 0;
 };
 
@@ -40,7 +44,8 @@ struct RunSpec {
   // How a candidate's tasks combine into its fitness: the mean of their normalized scores (the reference), or,
   // with `fitness: mean_rank`, the mean of its rank among the generation's candidates on each task (0 worst,
   // 1 best): every task (every budget of a run over budgets) then weighs the same in the selection, whatever
-  // the spread of its scores. The evaluation of the mean stays the mean of normalized scores.
+  // the spread of its scores. The evaluation of the mean stays the mean of normalized scores. Both weighted by
+  // the stage's `weights`.
   bool rank_fitness = false;
   // `cache_weight: w` (a deliberate difference from the reference, whose fitness is the score alone): a candidate's
   // fitness is its mean normalized score minus w times its mean relative cache over the same evaluations (each
