@@ -360,9 +360,10 @@ TEST(Trainer, StageWeightsWeighEachTaskInTheFitnessAndInTheEvaluationOfTheMean) 
   EXPECT_TRUE(spec.stages[1].weights.empty());
   for (const auto& [weights, says] : std::vector<std::pair<std::string, std::string>>{
            {"{t/b: 2}", "'t/b' is not one of the stage's tasks"},
-           {"{t/a: 0}", "spec.stages[0].weights.t/a must be in (0, 1000]"},
-           {"{t/a: -1}", "must be in (0, 1000]"},
-           {"{t/a: .inf}", "must be in (0, 1000]"},
+           {"{t/a: 0}", "spec.stages[0].weights.t/a must be in 0.001..1000"},
+           {"{t/a: -1}", "must be in 0.001..1000"},
+           {"{t/a: 1e-300}", "must be in 0.001..1000"},
+           {"{t/a: .inf}", "must be in 0.001..1000"},
            {"{t/a: heavy}", "'heavy' is not a number"},
            {"[3, 1]", "spec.stages[0].weights must map the stage's tasks to weights"}}) {
     std::string bad = yaml;
@@ -371,7 +372,10 @@ TEST(Trainer, StageWeightsWeighEachTaskInTheFitnessAndInTheEvaluationOfTheMean) 
     ASSERT_FALSE(parsed.ok()) << weights;
     EXPECT_NE(parsed.status().message().find(says), std::string::npos) << parsed.status().message();
   }
-  // Changing a stage's weights would change the run's trajectory: refused, named.
+  // A weight of 1 spelled out is no change; another weight changes the run's trajectory: refused, named.
+  std::string spelled = yaml;
+  spelled.replace(spelled.find("{t/a@budget=8: 3}"), 17, "{t/a@budget=8: 3, t/a: 1}");
+  EXPECT_TRUE(check_spec_revision(spec, *parse_run_spec(spelled, "spelled"), false).ok());
   std::string reweighed = yaml;
   reweighed.replace(reweighed.find("{t/a@budget=8: 3}"), 17, "{t/a@budget=8: 2}");
   const Status refused = check_spec_revision(spec, *parse_run_spec(reweighed, "reweighed"), false);
@@ -396,7 +400,19 @@ TEST(Trainer, StageWeightsWeighEachTaskInTheFitnessAndInTheEvaluationOfTheMean) 
     ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
                                              "test", false).ok());
     auto t = Trainer::Create(*store, weighted, rows).value();
-    ASSERT_TRUE(DriveRun(*t, 2, evaluate).ok());
+    // The statistics phase, stage 0's 3 generations, then one of stage 1.
+    ASSERT_TRUE(DriveRun(*t, 5, evaluate).ok());
+    // Stage 1 names no weights: its four tasks weigh the same.
+    const std::vector<CandidateRecord> stage1 = store->GetCandidates(t->run_id(), 3).value();
+    ASSERT_EQ(stage1.size(), 8u);
+    for (const CandidateRecord& c : stage1) {
+      ASSERT_EQ(c.tasks.size(), 4u);
+      if (!rank) {
+        double sum = 0;
+        for (const auto& [task, score] : c.tasks) sum += score.normalized;
+        EXPECT_NEAR(c.fitness, sum / 4, 1e-12) << c.candidate;
+      }
+    }
     const std::vector<CandidateRecord> candidates = store->GetCandidates(t->run_id(), 0).value();
     ASSERT_EQ(candidates.size(), 8u);
     for (const CandidateRecord& c : candidates) {

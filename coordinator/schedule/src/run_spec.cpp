@@ -63,7 +63,9 @@ constexpr std::size_t kMaxNameBytes = 256;    // a task's name or a setting
 constexpr int64_t kMaxGenerations = 1000000;  // the whole run
 constexpr int64_t kMaxPrompts = 1000000;
 constexpr double kMaxCacheWeight = 10;  // a relative cache is at most ~1, a normalized score a few units
-constexpr double kMaxTaskWeight = 1000;  // one task 1000 times another's: any sharper is another run
+// A task's weight in [1/1000, 1000]: so one weighs at most 10^6 times another (any sharper is another run),
+// and no weight is so small that w x score loses the score's digits.
+constexpr double kMinTaskWeight = 0.001, kMaxTaskWeight = 1000;
 
 Status InRange(const std::string& where, int64_t value, int64_t most) {
   if (value <= 0 || value > most) {
@@ -94,7 +96,9 @@ Status GetNames(const MapReader& r, const std::string& key, std::size_t most, st
   return r.Get(key, names, required);
 }
 
-// A stage's `weights`: a map from its tasks (as budgets: / ratios: expanded them) to weights in (0, kMaxTaskWeight].
+// A stage's `weights`: a map from its tasks (as budgets: / ratios: expanded them) to weights in
+// [kMinTaskWeight, kMaxTaskWeight]. A weight of 1 is the default and is not kept, so that spelling it out is
+// no change of the spec (spec_revision.h).
 Status GetWeights(const MapReader& r, const std::vector<std::string>& tasks, tasks::TaskWeights* weights) {
   const YAML::Node node = r.Child("weights");
   const std::string where = r.where() + ".weights";
@@ -104,24 +108,27 @@ Status GetWeights(const MapReader& r, const std::vector<std::string>& tasks, tas
     return Status::InvalidArgument(where + " names " + std::to_string(node.size()) + " tasks; the stage has " +
                                    std::to_string(tasks.size()));
   }
+  std::set<std::string> named;
   for (const auto& item : node) {
     if (!item.first.IsScalar()) return Status::InvalidArgument(where + ": keys must be task names");
     const std::string task = item.first.Scalar();
     if (std::find(tasks.begin(), tasks.end(), task) == tasks.end()) {
-      return Status::InvalidArgument(where + ": '" + task.substr(0, kMaxNameBytes) + "' is not one of the stage's tasks" +
-                                     " (after budgets or ratios expand them)");
+      return Status::InvalidArgument(
+          where + ": '" + task.substr(0, kMaxNameBytes) +
+          "' is not one of the stage's tasks (after budgets or ratios expand them)");
     }
+    if (!named.insert(task).second) return Status::InvalidArgument(where + " names " + task + " twice");
     double w = 0;
     try {
       w = item.second.as<double>();
     } catch (const YAML::Exception&) {
       return Status::InvalidArgument(where + "." + task + ": '" + YAML::Dump(item.second) + "' is not a number");
     }
-    if (!std::isfinite(w) || w <= 0 || w > kMaxTaskWeight) {
-      return Status::InvalidArgument(where + "." + task + " must be in (0, " +
-                                     std::to_string(static_cast<int>(kMaxTaskWeight)) + "], got " + YAML::Dump(item.second));
+    if (!std::isfinite(w) || w < kMinTaskWeight || w > kMaxTaskWeight) {
+      return Status::InvalidArgument(where + "." + task + " must be in 0.001..1000, got " +
+                                     YAML::Dump(item.second));
     }
-    if (!weights->emplace(task, w).second) return Status::InvalidArgument(where + " names " + task + " twice");
+    if (w != 1) weights->emplace(task, w);
   }
   return Status::Ok();
 }

@@ -66,7 +66,8 @@ bool ExtendsStages(const RunSpec& stored, const RunSpec& given) {
   for (std::size_t k = 0; k < stored.stages.size(); ++k) {
     const StageSpec &a = stored.stages[k], &b = given.stages[k];
     const bool last = k + 1 == stored.stages.size();
-    if (a.tasks != b.tasks || a.weights != b.weights || b.generations < a.generations || (!last && b.generations != a.generations)) {
+    const bool same = a.tasks == b.tasks && a.weights == b.weights;
+    if (!same || b.generations < a.generations || (!last && b.generations != a.generations)) {
       return false;
     }
   }

@@ -25,9 +25,10 @@ struct StageSpec {
   // The stage's tasks (the incremental recipe adds one per stage), task variants included ("T@budget=16": the
   // candidates scored with that cache budget, namm/tasks/task_variant.h); the spec's budgets: / ratios: expanded.
   std::vector<std::string> tasks;
-  // `weights: {TASK: w, ...}`: a task's weight in the stage's fitness and in the evaluation of the mean (both modes
-  // of `fitness`); a task not named weighs 1. So a run over variants can lean towards the one its selection would
-  // otherwise neglect (docs/results.md). Empty: the reference's unweighted mean.
+  // `weights: {TASK: w, ...}`: a task's weight in the stage's fitness and in the evaluation of the mean (both
+  // modes of `fitness`); a task not named weighs 1. So a run over variants can lean towards the one its
+  // selection would otherwise neglect (docs/results.md). Each in [0.001, 1000]; a weight of 1 is not kept.
+  // Empty: the reference's unweighted mean.
   tasks::TaskWeights weights;
   int64_t generations = 0;
 };
@@ -47,12 +48,13 @@ struct RunSpec {
   // the spread of its scores. The evaluation of the mean stays the mean of normalized scores. Both weighted by
   // the stage's `weights`.
   bool rank_fitness = false;
-  // `cache_weight: w` (a deliberate difference from the reference, whose fitness is the score alone): a candidate's
-  // fitness is its mean normalized score minus w times its mean relative cache over the same evaluations (each
-  // prompt's mean KV-cache size over its queries, divided by the full cache's over them, (n + 1) / 2 for n tokens
-  // fed), so that evolution trades score for memory at the NAMM's own threshold. With `fitness: mean` and no
-  // budgets or ratios (those fix the cache); 0, the default, is the reference's fitness. The evaluation of the
-  // mean is charged the same way, so the stage's best is chosen by the same rule.
+  // `cache_weight: w` (a deliberate difference from the reference, whose fitness is the score alone): a
+  // candidate's fitness is its (weighted) mean normalized score minus w times its mean relative cache over
+  // the same evaluations (each prompt's mean KV-cache size over its queries, divided by the full cache's over
+  // them, (n + 1) / 2 for n tokens fed), so that evolution trades score for memory at the NAMM's own
+  // threshold. With `fitness: mean` and no budgets or ratios (those fix the cache); 0, the default, is the
+  // reference's fitness. The evaluation of the mean is charged the same way, so the stage's best is chosen by
+  // the same rule.
   double cache_weight = 0;
   std::vector<StageSpec> stages;
   std::string yaml;               // the text it was parsed from, stored with the run
