@@ -429,10 +429,10 @@ TEST(Trainer, StageWeightsWeighEachTaskInTheFitnessAndInTheEvaluationOfTheMean) 
     EXPECT_NEAR(*g0.eval_fitness,
                 (g0.eval_tasks.at("t/a").normalized + 3 * g0.eval_tasks.at("t/a@budget=8").normalized) / 4, 1e-12);
     // With ranks, budget 8 (the order reversed) outweighs the task itself: its best candidate is the generation's.
-    const auto best_at_8 = std::max_element(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
-      return a.tasks.at("t/a@budget=8").normalized < b.tasks.at("t/a@budget=8").normalized;
-    });
     if (rank) {
+      const auto best_at_8 = std::max_element(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) {
+        return a.tasks.at("t/a@budget=8").normalized < b.tasks.at("t/a@budget=8").normalized;
+      });
       EXPECT_EQ(g0.best_candidate, best_at_8->candidate);
     }
   }
