@@ -156,7 +156,9 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
        << html_escape(run.status) << ", " << rows.size() << " generations, " << run.dimension
        << " parameters, model "
        << "<code>" << html_escape(run.model_fingerprint) << "</code>, created " << html_escape(run.created_at)
-       << ". " << FitnessRule(opened.spec) << "</p>\n";
+       << ". " << FitnessRule(opened.spec)
+       << (opened.spec.init.empty() ? "" : " Started from the NAMM <code>" + html_escape(opened.spec.init) + "</code>.")
+       << "</p>\n";
 
   std::vector<std::vector<std::string>> stage_rows;
   for (const StageRecord& s : stages) {

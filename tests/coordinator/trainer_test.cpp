@@ -9,7 +9,9 @@
 #include "../temp_path.h"
 #include "namm/coordinator/prompt_costs.h"
 #include "namm/coordinator/prompt_sampler.h"
+#include "namm/coordinator/spec_revision.h"
 #include "namm/coordinator/stage_schedule.h"
+#include "namm/namm_file.h"
 #include "synthetic_run.h"
 
 namespace namm::coordinator {
@@ -18,6 +20,7 @@ namespace {
 using namespace namm::coordinator::testing;
 
 using namm::testing::FreshDatabasePath;
+using namm::testing::TempPath;
 
 struct SyntheticRun {
   std::unique_ptr<Store> store;
@@ -173,6 +176,66 @@ TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
   EXPECT_TRUE(metrics.count("eval_normalized/t/a"));
   EXPECT_EQ(r.store->GetRun(t.run_id())->status, "finished");
   EXPECT_EQ(r.store->GetCandidates(t.run_id(), 4)->size(), 8u);
+}
+
+// `namm.init: FILE`: the run starts at that NAMM's parameters with its frozen statistics (no statistics phase), read
+// once at creation; a file of another architecture, or none, is refused naming the key, and so is a changed init on
+// resume.
+TEST(Trainer, ARunStartsFromANammFilesParametersAndStatistics) {
+  const std::string zeros_yaml = SyntheticSpecYaml();
+  NammModel start;
+  start.architecture = parse_run_spec(zeros_yaml, "spec")->architecture;
+  for (int64_t i = 0; i < start.architecture.param_count(); ++i) {  // t/a's optimum (synthetic_run.h)
+    start.params.push_back(static_cast<float>(0.01 * (static_cast<double>(i % 7) - 3.0)));
+  }
+  start.norm_state = NormState::kFrozen;
+  start.norm_stats = SyntheticNormStats("t/a", 3);
+  const std::string file = TempPath("init-namm.safetensors");
+  ASSERT_TRUE(write_namm_file(file, start).ok());
+  auto with_init = [&](const std::string& path) {
+    std::string yaml = zeros_yaml;
+    yaml.replace(yaml.find("selection: binary}"), 18, "selection: binary, init: '" + path + "'}");
+    return yaml;
+  };
+
+  SyntheticRun r = StartSyntheticRun(FreshDatabasePath("init.db"), with_init(file));
+  Trainer& t = *r.trainer;
+  EXPECT_FALSE(t.plan().collect_norm_stats);
+  ASSERT_TRUE(r.store->GetRun(t.run_id())->norm_stats.has_value());
+  EXPECT_EQ(r.store->GetRun(t.run_id())->norm_stats->mean, start.norm_stats.mean);
+  EXPECT_EQ(r.store->GetRun(t.run_id())->norm_stats->count, start.norm_stats.count);
+  EXPECT_EQ(t.settled_state().mean, std::vector<double>(start.params.begin(), start.params.end()));
+  ASSERT_TRUE(DriveRun(t, 1).ok());
+  // The start scores t/a's optimum, far above the zero NAMM (which normalizes to exactly 1).
+  EXPECT_GT(*r.store->GetGenerations(t.run_id())->at(0).eval_fitness, 1.05);
+  // Read once: the run resumes with the file gone.
+  std::filesystem::remove(file);
+  const int64_t run_id = t.run_id();
+  r.trainer.reset();
+  auto resumed = Trainer::Resume(*r.store, run_id, SyntheticTaskRows());
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_FALSE((*resumed)->plan().collect_norm_stats);
+
+  // On resume a changed (or dropped) init is refused: the run began from the stored one.
+  const RunSpec stored = *parse_run_spec(with_init(file), "stored");
+  const Status moved = check_spec_revision(stored, *parse_run_spec(with_init("/elsewhere/namm.safetensors"), "s"), false);
+  EXPECT_NE(moved.message().find("namm.init"), std::string::npos) << moved.ToString();
+  EXPECT_FALSE(check_spec_revision(stored, *parse_run_spec(zeros_yaml, "s"), false).ok());
+
+  auto missing = Trainer::Create(*r.store, *parse_run_spec(with_init(file), "spec"), SyntheticTaskRows());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message().rfind("namm.init: ", 0), 0u) << missing.status().ToString();
+  NammModel bam;
+  bam.architecture.scorer = default_scorer_config(ScorerKind::kBam);
+  bam.params = initial_params(bam.architecture);
+  ASSERT_TRUE(write_namm_file(file, bam).ok());
+  auto other = Trainer::Create(*r.store, *parse_run_spec(with_init(file), "spec"), SyntheticTaskRows());
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("namm.init: " + file + " is a NAMM of bam("), std::string::npos)
+      << other.status().ToString();
+  EXPECT_EQ(r.store->ListRuns()->size(), 1u) << "a refused start leaves no run behind";
+  const Status empty = parse_run_spec(with_init(""), "spec").status();
+  EXPECT_NE(empty.message().find("spec.namm.init: an empty path"), std::string::npos) << empty.ToString();
 }
 
 TEST(Trainer, RefusesResultsOutsideThePlan) {

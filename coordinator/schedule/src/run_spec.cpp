@@ -133,10 +133,14 @@ Status GetWeights(const MapReader& r, const std::vector<std::string>& tasks, tas
   return Status::Ok();
 }
 
-Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammArchitecture* arch) {
+Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammArchitecture* arch,
+                         std::string* init) {
   if (!node) return Status::Ok();  // the paper's BAM with binary selection
   MapReader r(node, where);
-  NAMM_RETURN_IF_ERROR(r.Check({"scorer", "hidden", "attention_bias", "mlp_bias", "selection", "attention_precision"}));
+  NAMM_RETURN_IF_ERROR(
+      r.Check({"scorer", "hidden", "attention_bias", "mlp_bias", "selection", "attention_precision", "init"}));
+  NAMM_RETURN_IF_ERROR(r.Get("init", init));
+  if (r.Child("init") && init->empty()) return Status::InvalidArgument(where + ".init: an empty path");
   std::string scorer = "bam", selection = "binary", precision = "bf16";
   NAMM_RETURN_IF_ERROR(r.Get("scorer", &scorer));
   if (scorer != "bam" && scorer != "mlp") {
@@ -251,7 +255,7 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
   NAMM_RETURN_IF_ERROR(model.Get("rope_scaling", &spec.model.rope_scaling));
   NAMM_RETURN_IF_ERROR(model.Get("fingerprint", &spec.model.fingerprint, true));
 
-  NAMM_RETURN_IF_ERROR(ParseArchitecture(r.Child("namm"), source + ".namm", &spec.architecture));
+  NAMM_RETURN_IF_ERROR(ParseArchitecture(r.Child("namm"), source + ".namm", &spec.architecture, &spec.init));
   NAMM_RETURN_IF_ERROR(ParseCmaes(r.Child("cmaes"), source + ".cmaes", &spec.cmaes));
   NAMM_RETURN_IF_ERROR(r.Get("prompts_per_task", &spec.prompts_per_task));
   NAMM_RETURN_IF_ERROR(InRange(source + ".prompts_per_task", spec.prompts_per_task, kMaxPrompts));

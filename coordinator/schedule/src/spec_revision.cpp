@@ -30,6 +30,8 @@ Flat Flatten(const RunSpec& s) {
     std::replace(key.begin(), key.end(), '/', '.');
     f.emplace_back(key, value);
   }
+  // Only when given (specs from before it flatten as they did). Not a location: the run began from that file.
+  if (!s.init.empty()) f.emplace_back("namm.init", s.init);
   const CmaesOptions& c = s.cmaes;
   f.insert(f.end(), {{"cmaes.population", c.population},
                      {"cmaes.elite_ratio", c.elite_ratio},

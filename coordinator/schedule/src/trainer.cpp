@@ -16,6 +16,7 @@
 #include "namm/blas_threads.h"
 #include "namm/coordinator/checkpoint_codec.h"
 #include "namm/coordinator/prompt_sampler.h"
+#include "namm/namm_file.h"
 #include "namm/tasks/task_variant.h"
 
 namespace namm::coordinator {
@@ -284,10 +285,20 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(TrainingStore& store, const Run
 
 Result<int64_t> Trainer::WriteNewRun(TrainingStore& store, const RunSpec& spec) {
   NAMM_ASSIGN_OR_RETURN(CmaesParams params, make_cmaes_params(spec.architecture.param_count(), spec.cmaes));
-  const std::vector<float> initial = initial_params(spec.architecture);
+  std::vector<float> initial = initial_params(spec.architecture);
+  NewRun run;
+  if (!spec.init.empty()) {
+    Result<NammModel> start = read_namm_file(spec.init);
+    if (!start.ok()) return start.status().WithContext("namm.init");
+    if (start->architecture.ToJson() != spec.architecture.ToJson()) {
+      return Status::InvalidArgument("namm.init: " + spec.init + " is a NAMM of " + start->architecture.Describe() +
+                                     "; the spec's is " + spec.architecture.Describe());
+    }
+    initial = std::move(start->params);
+    if (start->norm_state == NormState::kFrozen) run.norm_stats = start->norm_stats;
+  }
   NAMM_ASSIGN_OR_RETURN(CmaesState state,
                         initial_cmaes_state(params, std::vector<double>(initial.begin(), initial.end())));
-  NewRun run;
   run.name = spec.name;
   run.spec_yaml = spec.yaml;
   run.model_fingerprint = spec.model.fingerprint;

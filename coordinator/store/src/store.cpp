@@ -692,8 +692,15 @@ Result<int64_t> Store::CreateRun(const NewRun& run) {
     insert.bind(6, run.optimizer_revision);
     insert.exec();
     const int64_t id = db_->getLastInsertRowid();
+    if (run.norm_stats) {
+      const std::string record = encode_norm_stats(*run.norm_stats);  // bound, not copied: alive until exec
+      SQLite::Statement norm(*db_, "UPDATE runs SET norm_stats = ? WHERE id = ?");
+      BindBlob(norm, 1, record);
+      norm.bind(2, id);
+      norm.exec();
+    }
     for (std::size_t k = 0; k < run.stages.size(); ++k) InsertStage(*db_, id, static_cast<int64_t>(k), run.stages[k]);
-    WriteLatest(*db_, id, 0, 0, *run.initial_state, std::nullopt);
+    WriteLatest(*db_, id, 0, 0, *run.initial_state, run.norm_stats);
     NewSnapshot initial;
     initial.state = run.initial_state;
     WriteSnapshot(*db_, id, initial);

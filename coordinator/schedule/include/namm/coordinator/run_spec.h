@@ -37,6 +37,11 @@ struct RunSpec {
   std::string name;
   ModelSpec model;
   NammArchitecture architecture;
+  // `namm.init: FILE` (a deliberate difference from the reference, which starts every run at zeros): the run's
+  // initial mean is that NAMM file's parameters, and its frozen normalization statistics, if it has any, are the
+  // run's (no generation collects them). The file must be of the spec's architecture. Read once, when the run is
+  // created; the run's start is then stored with it, so a resume never reads the file again. Empty: zeros.
+  std::string init;
   CmaesOptions cmaes;
   int64_t prompts_per_task = 64;  // sampled per task per generation, the same for every candidate
   int64_t eval_interval = 10;     // evaluate the mean every this many generations (and at each stage's start)

@@ -140,6 +140,8 @@ struct NewRun {
   std::vector<StageRecord> stages;  // stage numbers 0.., tasks and planned generations
   const CmaesState* initial_state = nullptr;  // becomes the first snapshot and the latest checkpoint
   int64_t optimizer_revision = 1;
+  // Frozen from the start (a run that begins from a NAMM file's statistics), else collected by generation 0.
+  std::optional<NormStats> norm_stats;
 };
 
 // Everything one generation's tell() changes. The store writes what it is given: which state comes next (after a
