@@ -46,7 +46,7 @@ Status Get(const nlohmann::json& object, const char* key, T* out, bool required)
 }  // namespace
 
 int64_t NammArchitecture::param_count() const {
-  return scorer_param_count(scorer) + selection_param_count(selection);
+  return scorer_param_count(scorer) + selection_param_count(selection) + (budget_input ? kFeatureDim : 0);
 }
 
 Status NammArchitecture::Validate() const {
@@ -78,6 +78,7 @@ std::string NammArchitecture::ToJson() const {
   if (selection.kind != SelectionKind::kBinary) sel["budget"] = selection.budget;
   if (selection.kind == SelectionKind::kDynamic) sel["initial_log_threshold"] = selection.initial_log_threshold;
   j["selection"] = sel;
+  if (budget_input) j["budget_input"] = true;  // only when set: files without it read as before
   j["features"] = FeatureConstants();
   j["features"]["attention_precision"] = precision_name(attention_precision);
   j["param_count"] = param_count();
@@ -116,6 +117,7 @@ Result<NammArchitecture> NammArchitecture::FromJson(const std::string& text) {
   }
   NAMM_RETURN_IF_ERROR(Get(j["selection"], "budget", &arch.selection.budget, false));
   NAMM_RETURN_IF_ERROR(Get(j["selection"], "initial_log_threshold", &arch.selection.initial_log_threshold, false));
+  NAMM_RETURN_IF_ERROR(Get(j, "budget_input", &arch.budget_input, false));
 
   if (j.contains("features")) {
     const auto& features = j["features"];
@@ -156,6 +158,7 @@ std::string NammArchitecture::Describe() const {
   if (selection.kind == SelectionKind::kTopK) out << " (budget " << selection.budget << ")";
   if (selection.kind == SelectionKind::kDynamic && selection.budget > 0) out << " (cap " << selection.budget << ")";
   out << ", " << precision_name(attention_precision) << " attention";
+  if (budget_input) out << ", budget input";
   return out.str();
 }
 
@@ -185,7 +188,8 @@ Status NammModel::Validate() const {
 std::vector<float> initial_params(const NammArchitecture& architecture) {
   std::vector<float> params(static_cast<std::size_t>(architecture.param_count()), 0.0f);
   if (architecture.selection.kind == SelectionKind::kDynamic) {
-    params.back() = static_cast<float>(architecture.selection.initial_log_threshold);
+    params[static_cast<std::size_t>(scorer_param_count(architecture.scorer))] =  // the selection's, after the scorer's
+        static_cast<float>(architecture.selection.initial_log_threshold);
   }
   return params;
 }

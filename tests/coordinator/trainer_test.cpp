@@ -234,6 +234,16 @@ TEST(Trainer, ARunStartsFromANammFilesParametersAndStatistics) {
   EXPECT_NE(other.status().message().find("namm.init: " + file + " is a NAMM of bam("), std::string::npos)
       << other.status().ToString();
   EXPECT_EQ(r.store->ListRuns()->size(), 1u) << "a refused start leaves no run behind";
+  // A NAMM without the budget input starts a spec with it, its embedding at zeros (scoring as the file does).
+  ASSERT_TRUE(write_namm_file(file, start).ok());
+  std::string budgeted = with_init(file);
+  budgeted.replace(budgeted.find("init:"), 5, "budget_input: true, init:");
+  budgeted.replace(budgeted.find("name: synthetic"), 15, "name: budgeted");
+  auto padded = Trainer::Create(*r.store, *parse_run_spec(budgeted, "spec"), SyntheticTaskRows());
+  ASSERT_TRUE(padded.ok()) << padded.status().ToString();
+  std::vector<double> expected(start.params.begin(), start.params.end());
+  expected.resize(expected.size() + kFeatureDim, 0.0);
+  EXPECT_EQ((*padded)->settled_state().mean, expected);
   const Status empty = parse_run_spec(with_init(""), "spec").status();
   EXPECT_NE(empty.message().find("spec.namm.init: an empty path"), std::string::npos) << empty.ToString();
 }

@@ -46,6 +46,27 @@ TEST(NammFile, RoundTripsEverythingBitExactly) {
   EXPECT_EQ(back->architecture.attention_precision, AttentionPrecision::kF32);
 }
 
+// With the budget input its embedding comes after the selection's threshold; a file keeps the flag and all three.
+TEST(NammFile, RoundTripsTheBudgetInput) {
+  NammModel model = ExampleModel();
+  model.architecture.budget_input = true;
+  const std::vector<float> start = initial_params(model.architecture);
+  const auto scorer_n = static_cast<std::size_t>(scorer_param_count(model.architecture.scorer));
+  ASSERT_EQ(start.size(), scorer_n + 1 + kFeatureDim);
+  EXPECT_EQ(start[scorer_n], -7.5f) << "the dynamic threshold stays right after the scorer's parameters";
+  EXPECT_EQ(start.back(), 0.0f) << "the embedding starts at zeros";
+  model.params = start;
+  for (int64_t c = 0; c < kFeatureDim; ++c) model.params[scorer_n + 1 + static_cast<std::size_t>(c)] = 0.5f * c;
+  const std::string path = testing::TempPath("budget-input.safetensors");
+  ASSERT_TRUE(write_namm_file(path, model).ok());
+  auto back = read_namm_file(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->architecture.budget_input);
+  EXPECT_EQ(back->params, model.params);
+  model.params.resize(model.params.size() - kFeatureDim);  // a file without the embedding is refused, by count
+  EXPECT_FALSE(write_namm_file(path, model).ok());
+}
+
 TEST(NammFile, WriterRefusesInconsistentModels) {
   NammModel model = ExampleModel();
   model.params.pop_back();

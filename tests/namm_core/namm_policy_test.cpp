@@ -13,6 +13,7 @@
 #include <limits>
 #include <optional>
 
+#include "namm/budget_input.h"
 #include "test_util.h"
 
 namespace namm {
@@ -355,6 +356,71 @@ TEST(NammPolicy, TheKnobKeepsEachHeadsBestTokensOrMovesTheThreshold) {
   EXPECT_NE(refused.message().find("learned its threshold"), std::string::npos) << refused.ToString();
   EXPECT_TRUE((*learned)->set_selection_knob({int64_t{32}, std::nullopt, std::nullopt}).ok());
   EXPECT_EQ((*learned)->selection().budget, 32) << "a cap on what it keeps";
+}
+
+// The budget as an input (budget_input.h): without a budget the NAMM scores as without the input; under a budget
+// every token's features move by pressure x the embedding, on the tensor path and on the host path alike, and the
+// ranking moves with them; an embedding of zeros changes nothing.
+TEST(NammPolicy, TheBudgetInputShiftsTheFeaturesOnlyUnderABudget) {
+  const NammModel base = BamModel(0.15, 77);
+  NammModel with = base, zeros = base;
+  with.architecture.budget_input = zeros.architecture.budget_input = true;
+  const at::Tensor e = testing::RandomNormal({kFeatureDim}, 78, 1.0);
+  with.params.insert(with.params.end(), e.data_ptr<float>(), e.data_ptr<float>() + kFeatureDim);
+  zeros.params.resize(zeros.params.size() + kFeatureDim, 0.0f);
+  EXPECT_EQ(with.architecture.param_count(), 4172 + kFeatureDim);
+  EXPECT_NE(with.architecture.Describe().find("budget input"), std::string::npos);
+  EXPECT_EQ(base.architecture.ToJson().find("budget_input"), std::string::npos) << "files without it read as before";
+  auto parsed = NammArchitecture::FromJson(with.architecture.ToJson());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_TRUE(parsed->budget_input);
+  EXPECT_EQ(parsed->param_count(), 4172 + kFeatureDim);
+
+  // One update of 512 tokens, traced (the tensor path) or not (the host path), with or without a budget of 64.
+  const auto update = [](const NammModel& model, std::optional<int64_t> budget, bool traced, at::Tensor* features,
+                         at::Tensor* scores) {
+    auto policy = std::move(NammPolicy::Create(model)).value();
+    if (budget) {
+      EXPECT_TRUE(policy->set_selection_knob({*budget, std::nullopt, std::nullopt}).ok());
+    }
+    policy->set_tracing(traced);
+    LayerKVCache cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), policy->token_state());
+    const at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, 0, 4242);
+    for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
+      EXPECT_TRUE(cache.Append(at::Tensor(), at::Tensor(), at::arange(q0, q0 + kChunk, at::TensorOptions().dtype(at::kLong))).ok());
+      EXPECT_TRUE(observe_newest(*policy, 0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+    }
+    Result<at::Tensor> keep = policy->Select(0, cache);
+    EXPECT_TRUE(keep.ok()) << keep.status().ToString();
+    if (traced) {
+      *features = policy->last_trace().features.clone();
+      *scores = policy->last_trace().scores.clone();
+    }
+    return keep.ok() ? Rows(*keep) : std::vector<std::vector<int64_t>>{};
+  };
+  at::Tensor base_features, base_scores, features, scores, unused;
+  // Own threshold: the same features, scores and tokens.
+  const auto own = update(base, std::nullopt, true, &base_features, &base_scores);
+  EXPECT_EQ(update(with, std::nullopt, true, &features, &scores), own);
+  EXPECT_TRUE(features.equal(base_features));
+  EXPECT_TRUE(scores.equal(base_scores));
+  EXPECT_EQ(update(with, std::nullopt, false, &unused, &unused), own);
+
+  // Budget 64 of 512 tokens: pressure log2(512 / 64) = 3.
+  const auto base_64 = update(base, int64_t{64}, true, &base_features, &base_scores);
+  const auto with_64 = update(with, int64_t{64}, true, &features, &scores);
+  const at::Tensor shift = at::from_blob(budget_shift(3.0f, std::vector<float>(e.data_ptr<float>(),
+                                                                                     e.data_ptr<float>() + kFeatureDim))
+                                             .data(),
+                                         {kFeatureDim}, at::TensorOptions().dtype(at::kFloat))
+                               .clone();
+  EXPECT_TRUE(features.equal(base_features + shift));
+  EXPECT_NE(with_64, base_64) << "a shift common to every token still moves the ranking";
+  EXPECT_EQ(update(with, int64_t{64}, false, &unused, &unused), with_64) << "the host path adds the same shift";
+  EXPECT_EQ(update(zeros, int64_t{64}, false, &unused, &unused), base_64);
+  EXPECT_FLOAT_EQ(budget_pressure(SelectionConfig{SelectionKind::kTopK, 64, 0}, 512), 3.0f);
+  EXPECT_EQ(budget_pressure(SelectionConfig{SelectionKind::kTopK, 64, 0}, 64), 0.0f);
+  EXPECT_EQ(budget_pressure(SelectionConfig{SelectionKind::kBinary, 0, 0}, 512), 0.0f);
 }
 
 // namm:FILE,prompt=keep: updates inside the prompt keep every token, the NAMM's eviction comes at the prompt's end

@@ -22,6 +22,7 @@ struct InitOptions {
   bool no_bias = false;
   std::string selection = "binary";
   std::string precision = "bf16";
+  bool budget_input = false;
   bool zero = false;
   std::optional<uint64_t> seed;
   double scale = 0.0;
@@ -90,6 +91,7 @@ Result<NammModel> BuildModel(const InitOptions& o) {
   } else {
     return Status::InvalidArgument("unknown --attention-precision '" + o.precision + "' (known: bf16, f32)");
   }
+  model.architecture.budget_input = o.budget_input;
   NAMM_RETURN_IF_ERROR(model.architecture.Validate());
 
   const int64_t n = model.architecture.param_count();
@@ -158,6 +160,9 @@ void AddInitCommand(CLI::App& app, Action& run) {
                   "binary (keep score >= 0; default) | topk:budget=N | dynamic[:cap=N,init=LOG_THRESHOLD]");
   cmd->add_option("--attention-precision", options->precision,
                   "bf16 (round attention to bfloat16 like the reference; default) | f32");
+  cmd->add_flag("--budget-input", options->budget_input,
+                "The budget as an input: 25 more parameters, a learned embedding of the compression a budget asks "
+                "(docs/namm-core.md); --seed and --params leave it at zeros unless --params holds it");
   auto* zero = cmd->add_flag("--zero", options->zero, "All-zero parameters: keeps every token (the base model)");
   auto* seed = cmd->add_option("--seed", options->seed, "Gaussian scorer parameters from this seed (needs --scale)");
   auto* scale = cmd->add_option("--scale", options->scale, "Standard deviation of the Gaussian parameters");

@@ -138,7 +138,8 @@ Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammA
   if (!node) return Status::Ok();  // the paper's BAM with binary selection
   MapReader r(node, where);
   NAMM_RETURN_IF_ERROR(
-      r.Check({"scorer", "hidden", "attention_bias", "mlp_bias", "selection", "attention_precision", "init"}));
+      r.Check({"scorer", "hidden", "attention_bias", "mlp_bias", "selection", "attention_precision", "budget_input",
+               "init"}));
   NAMM_RETURN_IF_ERROR(r.Get("init", init));
   if (r.Child("init") && init->empty()) return Status::InvalidArgument(where + ".init: an empty path");
   std::string scorer = "bam", selection = "binary", precision = "bf16";
@@ -157,6 +158,7 @@ Status ParseArchitecture(const YAML::Node& node, const std::string& where, NammA
     return Status::InvalidArgument(where + ".attention_precision: '" + precision + "' is not bf16 or f32");
   }
   arch->attention_precision = precision == "bf16" ? AttentionPrecision::kBf16 : AttentionPrecision::kF32;
+  NAMM_RETURN_IF_ERROR(r.Get("budget_input", &arch->budget_input));
   return arch->Validate().WithContext(where);
 }
 

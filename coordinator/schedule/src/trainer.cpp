@@ -290,8 +290,14 @@ Result<int64_t> Trainer::WriteNewRun(TrainingStore& store, const RunSpec& spec) 
   if (!spec.init.empty()) {
     Result<NammModel> start = read_namm_file(spec.init);
     if (!start.ok()) return start.status().WithContext("namm.init");
+    // A NAMM without the budget input starts one with it: its embedding at zeros, so the start scores as the file.
+    const std::string described = start->architecture.Describe();
+    if (spec.architecture.budget_input && !start->architecture.budget_input) {
+      start->architecture.budget_input = true;
+      start->params.resize(start->params.size() + kFeatureDim, 0.0f);
+    }
     if (start->architecture.ToJson() != spec.architecture.ToJson()) {
-      return Status::InvalidArgument("namm.init: " + spec.init + " is a NAMM of " + start->architecture.Describe() +
+      return Status::InvalidArgument("namm.init: " + spec.init + " is a NAMM of " + described +
                                      "; the spec's is " + spec.architecture.Describe());
     }
     initial = std::move(start->params);

@@ -18,8 +18,13 @@ struct NammArchitecture {
   ScorerConfig scorer;
   SelectionConfig selection;
   AttentionPrecision attention_precision = AttentionPrecision::kBf16;
+  // The budget as an input (budget_input.h; a deliberate difference from the reference): kFeatureDim more
+  // parameters, a learned embedding added to every token's features in proportion to the compression a budget
+  // asks for. Without a budget the NAMM scores as without it.
+  bool budget_input = false;
 
-  // Length of the flat parameter vector: the scorer's parameters, then the selection's.
+  // Length of the flat parameter vector: the scorer's parameters, then the selection's, then the budget
+  // embedding's (when budget_input).
   int64_t param_count() const;
   Status Validate() const;
 

@@ -7,6 +7,7 @@
 
 #include "aten.h"
 #include "cpu_kernels/task_pool.h"
+#include "namm/budget_input.h"
 #include "namm/recency_embedding.h"
 #include "namm/selection.h"
 #include "namm/stft_features.h"
@@ -30,7 +31,8 @@ Result<std::unique_ptr<NammPolicy>> NammPolicy::Create(const NammModel& model, a
     const int64_t scorer_n = scorer_param_count(model.architecture.scorer);
     NAMM_ASSIGN_OR_RETURN(std::unique_ptr<Scorer> scorer,
                           make_scorer(model.architecture.scorer, params.narrow(0, 0, scorer_n)));
-    at::Tensor selection_params = params.narrow(0, scorer_n, n - scorer_n).cpu();
+    const int64_t selection_n = selection_param_count(model.architecture.selection);
+    at::Tensor selection_params = params.narrow(0, scorer_n, selection_n).cpu();
     return std::unique_ptr<NammPolicy>(new NammPolicy(model, std::move(scorer), selection_params));
   });
 }
@@ -40,7 +42,9 @@ NammPolicy::NammPolicy(const NammModel& model, std::unique_ptr<Scorer> scorer, a
       scorer_(std::move(scorer)),
       constant_score_(constant_score(model.architecture.scorer, model.params)),
       selection_params_(std::move(selection_params)),
-      normalizer_(model.norm_state, model.norm_stats) {}
+      normalizer_(model.norm_state, model.norm_stats) {
+  if (architecture_.budget_input) budget_embedding_.assign(model.params.end() - kFeatureDim, model.params.end());
+}
 
 std::string NammPolicy::name() const {
   return "namm(" + architecture_.Describe() + ", " + std::to_string(architecture_.param_count()) + " params)";
@@ -337,7 +341,14 @@ Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache)
       return select_tokens(scores, architecture_.selection, selection_params_);
     }
     const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState));
-    const at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
+    at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
+    if (const float pressure = budget_pressure(architecture_.selection, cache.size());
+        architecture_.budget_input && pressure > 0) {
+      std::vector<float> shift = budget_shift(pressure, budget_embedding_);  // read in place until the sum is made
+      const at::Tensor shift_tensor =
+          at::from_blob(shift.data(), {kFeatureDim}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+      features = features + shift_tensor.to(features.device());
+    }
     const at::Tensor scores = scorer_->Score(features);
     at::Tensor kept = select_tokens(scores, architecture_.selection, selection_params_);
     if (tracing_) trace_ = {features, scores, kept};
@@ -367,6 +378,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     bool affine = false;                  // normalized by mean and scale; else `ema` is already normalized
     std::array<float, kStftBins> mean{}, scale{};
     std::vector<float> scores;            // [heads][n]
+    std::vector<float> budget_shift;      // added to every token's features (budget_input.h); empty: none
     bool host = true;                     // else (ScoreOnHost declined) the tensor path
   };
   std::vector<Result<at::Tensor>> kept(updates.size(), Result<at::Tensor>(Status::Internal("not selected")));
@@ -400,6 +412,10 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     // Collecting statistics (or frozen without any): the normalizer's own pass, which also gathers them.
     if (!item.affine) item.ema = policy->normalizer_.Normalize(item.ema).contiguous();
     item.scores.resize(static_cast<std::size_t>(item.heads * item.n));
+    if (const float pressure = budget_pressure(policy->architecture_.selection, item.n);
+        policy->architecture_.budget_input && pressure > 0) {
+      item.budget_shift = budget_shift(pressure, policy->budget_embedding_);
+    }
     items.push_back(std::move(item));
     where.push_back(u);
   }
@@ -425,6 +441,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
             x[f] = item.affine ? (bins[f] - item.mean[f]) / item.scale[f] : bins[f];
           }
         }
+        add_budget_shift(item.budget_shift, features.data(), n, kFeatureDim);
         // Declining is a property of the policy (its parameters' device), the same for all of its heads.
         item.host = item.policy->scorer_->ScoreOnHost(features.data(), kFeatureDim, n, item.scores.data() + h * n,
                                                       workspace);

@@ -130,6 +130,7 @@ class NammPolicy final : public MemoryPolicy {
   std::optional<float> constant_score_;
   bool observe_skipped_ = false;
   at::Tensor selection_params_;
+  std::vector<float> budget_embedding_;  // [kFeatureDim] with budget_input (budget_input.h), else empty
   FeatureNormalizer normalizer_;
   bool tracing_ = false;
   Trace trace_;
