@@ -231,8 +231,17 @@ TEST(Trainer, ARunStartsFromANammFilesParametersAndStatistics) {
   ASSERT_TRUE(write_namm_file(file, bam).ok());
   auto other = Trainer::Create(*r.store, *parse_run_spec(with_init(file), "spec"), SyntheticTaskRows());
   ASSERT_FALSE(other.ok());
-  EXPECT_NE(other.status().message().find("namm.init: " + file + " is a NAMM of bam("), std::string::npos)
+  EXPECT_NE(other.status().message().find("namm.init: " + file + " is a NAMM of {\"scorer\":{\"kind\":\"bam\""),
+            std::string::npos)
       << other.status().ToString();
+  NammModel elsewhere = start;
+  elsewhere.metadata["model_fingerprint"] = "another-model";
+  ASSERT_TRUE(write_namm_file(file, elsewhere).ok());
+  auto foreign = Trainer::Create(*r.store, *parse_run_spec(with_init(file), "spec"), SyntheticTaskRows());
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.status().message().find("was evolved on model another-model; this run's is synthetic-model"),
+            std::string::npos)
+      << foreign.status().ToString();
   EXPECT_EQ(r.store->ListRuns()->size(), 1u) << "a refused start leaves no run behind";
   // A NAMM without the budget input starts a spec with it, its embedding at zeros (scoring as the file does).
   ASSERT_TRUE(write_namm_file(file, start).ok());

@@ -421,6 +421,25 @@ TEST(NammPolicy, TheBudgetInputShiftsTheFeaturesOnlyUnderABudget) {
   EXPECT_FLOAT_EQ(budget_pressure(SelectionConfig{SelectionKind::kTopK, 64, 0}, 512), 3.0f);
   EXPECT_EQ(budget_pressure(SelectionConfig{SelectionKind::kTopK, 64, 0}, 64), 0.0f);
   EXPECT_EQ(budget_pressure(SelectionConfig{SelectionKind::kBinary, 0, 0}, 512), 0.0f);
+
+  // A learned threshold (dynamic selection: theta right after the scorer's parameters, the embedding after it) with
+  // frozen statistics (the host path's own normalization): at its threshold it keeps what the same NAMM without the
+  // input keeps; under a budget the host and tensor paths keep the same tokens.
+  const auto learned = [](NammModel m) {
+    m.architecture.selection = SelectionConfig{SelectionKind::kDynamic, 0, -2.0};
+    m.params.insert(m.params.begin() + 4172, -2.0f);
+    m.norm_state = NormState::kFrozen;
+    m.norm_stats.count = 100;
+    m.norm_stats.mean.fill(0.003);
+    m.norm_stats.var.fill(2e-6);
+    return m;
+  };
+  const NammModel dynamic = learned(with), dynamic_base = learned(base);
+  EXPECT_EQ(update(dynamic, std::nullopt, false, &unused, &unused),
+            update(dynamic_base, std::nullopt, false, &unused, &unused));
+  const auto dynamic_64 = update(dynamic, int64_t{64}, false, &unused, &unused);
+  EXPECT_EQ(update(dynamic, int64_t{64}, true, &unused, &unused), dynamic_64);
+  EXPECT_NE(dynamic_64, update(dynamic_base, int64_t{64}, false, &unused, &unused));
 }
 
 // namm:FILE,prompt=keep: updates inside the prompt keep every token, the NAMM's eviction comes at the prompt's end

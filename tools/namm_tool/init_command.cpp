@@ -162,7 +162,7 @@ void AddInitCommand(CLI::App& app, Action& run) {
                   "bf16 (round attention to bfloat16 like the reference; default) | f32");
   cmd->add_flag("--budget-input", options->budget_input,
                 "The budget as an input: 25 more parameters, a learned embedding of the compression a budget asks "
-                "(docs/namm-core.md); --seed and --params leave it at zeros unless --params holds it");
+                "(docs/namm-core.md); --seed leaves it at zeros, --params must hold it (its last 25 values)");
   auto* zero = cmd->add_flag("--zero", options->zero, "All-zero parameters: keeps every token (the base model)");
   auto* seed = cmd->add_option("--seed", options->seed, "Gaussian scorer parameters from this seed (needs --scale)");
   auto* scale = cmd->add_option("--scale", options->scale, "Standard deviation of the Gaussian parameters");

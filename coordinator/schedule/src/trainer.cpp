@@ -290,15 +290,23 @@ Result<int64_t> Trainer::WriteNewRun(TrainingStore& store, const RunSpec& spec) 
   if (!spec.init.empty()) {
     Result<NammModel> start = read_namm_file(spec.init);
     if (!start.ok()) return start.status().WithContext("namm.init");
+    // Statistics of another model's attention would be wrong for this one (export writes the fingerprint).
+    const auto fingerprint = start->metadata.find("model_fingerprint");
+    if (fingerprint != start->metadata.end() && fingerprint->second != spec.model.fingerprint) {
+      return Status::InvalidArgument("namm.init: " + spec.init + " was evolved on model " + fingerprint->second +
+                                     "; this run's is " + spec.model.fingerprint);
+    }
     // A NAMM without the budget input starts one with it: its embedding at zeros, so the start scores as the file.
-    const std::string described = start->architecture.Describe();
+    const std::string described = start->architecture.ToJson();
     if (spec.architecture.budget_input && !start->architecture.budget_input) {
       start->architecture.budget_input = true;
       start->params.resize(start->params.size() + kFeatureDim, 0.0f);
     }
+    // A dynamic selection's initial threshold is only where a run from zeros starts; the file's theta is its own.
+    start->architecture.selection.initial_log_threshold = spec.architecture.selection.initial_log_threshold;
     if (start->architecture.ToJson() != spec.architecture.ToJson()) {
-      return Status::InvalidArgument("namm.init: " + spec.init + " is a NAMM of " + described +
-                                     "; the spec's is " + spec.architecture.Describe());
+      return Status::InvalidArgument("namm.init: " + spec.init + " is a NAMM of " + described + "; the spec's is " +
+                                     spec.architecture.ToJson());
     }
     initial = std::move(start->params);
     if (start->norm_state == NormState::kFrozen) run.norm_stats = start->norm_stats;

@@ -38,8 +38,9 @@ struct RunSpec {
   ModelSpec model;
   NammArchitecture architecture;
   // `namm.init: FILE` (a deliberate difference from the reference, which starts every run at zeros): the run's
-  // initial mean is that NAMM file's parameters, and its frozen normalization statistics, if it has any, are the
-  // run's (no generation collects them). The file must be of the spec's architecture. Read once, when the run is
+  // initial mean is that NAMM file's parameters, and its frozen normalization statistics, if they are frozen, are
+  // the run's (no generation collects them; a count of 0 stays "unnormalized", as the file scores). The file must be
+  // of the spec's architecture, and of the spec's model if it names one (export does). Read once, when the run is
   // created; the run's start is then stored with it, so a resume never reads the file again. Empty: zeros. A file
   // without the budget input starts a spec with `budget_input: true` with that embedding at zeros.
   std::string init;
