@@ -18,6 +18,7 @@ std::vector<float> budget_shift(float pressure, const std::vector<float>& embedd
 
 void add_budget_shift(const std::vector<float>& shift, float* features, int64_t n, int64_t stride) {
   const auto width = static_cast<int64_t>(shift.size());
+  if (width == 0) return;  // no budget input, or no budget: the common case on the hot path
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t c = 0; c < width; ++c) features[j * stride + c] += shift[static_cast<std::size_t>(c)];
   }

@@ -683,22 +683,22 @@ Result<int64_t> Store::CreateRun(const NewRun& run) {
     same.reset();
     SQLite::Statement insert(*db_,
                              "INSERT INTO runs(name, created_at, spec_yaml, dimension, model_fingerprint, status, "
-                             "stage, generation, optimizer_revision) VALUES(?, ?, ?, ?, ?, 'running', 0, 0, ?)");
+                             "stage, generation, optimizer_revision, norm_stats) VALUES(?, ?, ?, ?, ?, 'running', 0, "
+                             "0, ?, ?)");
     insert.bind(1, run.name);
     insert.bind(2, NowUtc());
     insert.bind(3, run.spec_yaml);
     insert.bind(4, static_cast<int64_t>(run.initial_state->mean.size()));
     insert.bind(5, run.model_fingerprint);
     insert.bind(6, run.optimizer_revision);
+    const std::string norm_record = run.norm_stats ? encode_norm_stats(*run.norm_stats) : std::string();
+    if (run.norm_stats) {
+      BindBlob(insert, 7, norm_record);  // bound, not copied: alive until exec
+    } else {
+      insert.bind(7);
+    }
     insert.exec();
     const int64_t id = db_->getLastInsertRowid();
-    if (run.norm_stats) {
-      const std::string record = encode_norm_stats(*run.norm_stats);  // bound, not copied: alive until exec
-      SQLite::Statement norm(*db_, "UPDATE runs SET norm_stats = ? WHERE id = ?");
-      BindBlob(norm, 1, record);
-      norm.bind(2, id);
-      norm.exec();
-    }
     for (std::size_t k = 0; k < run.stages.size(); ++k) InsertStage(*db_, id, static_cast<int64_t>(k), run.stages[k]);
     WriteLatest(*db_, id, 0, 0, *run.initial_state, run.norm_stats);
     NewSnapshot initial;

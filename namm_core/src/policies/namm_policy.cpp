@@ -46,6 +46,12 @@ NammPolicy::NammPolicy(const NammModel& model, std::unique_ptr<Scorer> scorer, a
   if (architecture_.budget_input) budget_embedding_.assign(model.params.end() - kFeatureDim, model.params.end());
 }
 
+std::vector<float> NammPolicy::BudgetShift(int64_t n) const {
+  const float pressure = budget_pressure(architecture_.selection, n);
+  if (!architecture_.budget_input || pressure == 0) return {};
+  return budget_shift(pressure, budget_embedding_);
+}
+
 std::string NammPolicy::name() const {
   return "namm(" + architecture_.Describe() + ", " + std::to_string(architecture_.param_count()) + " params)";
 }
@@ -342,9 +348,7 @@ Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache)
     }
     const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState));
     at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
-    if (const float pressure = budget_pressure(architecture_.selection, cache.size());
-        architecture_.budget_input && pressure > 0) {
-      std::vector<float> shift = budget_shift(pressure, budget_embedding_);  // read in place until the sum is made
+    if (std::vector<float> shift = BudgetShift(cache.size()); !shift.empty()) {  // read in place until the sum
       const at::Tensor shift_tensor =
           at::from_blob(shift.data(), {kFeatureDim}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
       features = features + shift_tensor.to(features.device());
@@ -412,10 +416,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     // Collecting statistics (or frozen without any): the normalizer's own pass, which also gathers them.
     if (!item.affine) item.ema = policy->normalizer_.Normalize(item.ema).contiguous();
     item.scores.resize(static_cast<std::size_t>(item.heads * item.n));
-    if (const float pressure = budget_pressure(policy->architecture_.selection, item.n);
-        policy->architecture_.budget_input && pressure > 0) {
-      item.budget_shift = budget_shift(pressure, policy->budget_embedding_);
-    }
+    item.budget_shift = policy->BudgetShift(item.n);
     items.push_back(std::move(item));
     where.push_back(u);
   }

@@ -103,6 +103,8 @@ class NammPolicy final : public MemoryPolicy {
 
   // The features are needed unless the scorer is constant and no statistics are being gathered.
   bool FeaturesNeeded() const;
+  // What the budget input adds to each token's features for a head of n tokens (budget_input.h); empty: nothing.
+  std::vector<float> BudgetShift(int64_t n) const;
   // Select()'s preconditions.
   Status CheckSelect(const LayerKVCache& cache) const;
   // With keep_prompt, a memory update that falls inside the prompt: it keeps every token.
