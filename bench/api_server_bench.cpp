@@ -22,6 +22,8 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +57,7 @@ struct Options {
   std::vector<int64_t> kv_block_tokens = {16};  // the server's --kv-block-tokens (0: rectangular caches)
   int64_t streaming_budget = 0;                 // > 0: StreamingLLM with this budget in the table too
   bool skip_full = false;                       // --skip-full 1: no full-cache rows (to profile the others)
+  std::vector<std::string> namm_heads = {"equal"};  // the NAMM's heads= settings to compare (own: a ragged cache)
 };
 
 struct RequestStats {
@@ -188,7 +191,9 @@ int Run(const Options& o) {
               "peak RSS (MiB) | KV bytes per request | mean cache (tokens) | GFLOP/s | of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> policies;
   if (!o.skip_full) policies.push_back("full");
-  if (!o.namm.empty()) policies.push_back("namm:" + o.namm);
+  for (const std::string& heads : o.namm_heads) {
+    if (!o.namm.empty()) policies.push_back("namm:" + o.namm + (heads == "own" ? ",heads=own" : ""));
+  }
   if (o.streaming_budget > 0) policies.push_back("streaming:budget=" + std::to_string(o.streaming_budget));
   for (const std::string& policy : policies) {
     for (int64_t block_tokens : o.kv_block_tokens)
@@ -261,7 +266,8 @@ int Run(const Options& o) {
         const double rate = tokens / seconds;
         if (clients == o.clients.front()) one_client_rate = rate;
         std::printf("| %s | %s | %lld | %lld | %lld | %lld | %.3g | %.2fx | %.3f | %.3f | %.2f | %.0f | %.0f | %.1f | %s |\n",
-                    policy.rfind("namm:", 0) == 0 ? "NAMM" : policy.c_str(),
+                    policy.rfind("namm:", 0) != 0 ? policy.c_str()
+                    : policy.find(",heads=own") != std::string::npos ? "NAMM, heads=own" : "NAMM",
                     block_tokens > 0 ? std::to_string(block_tokens).c_str() : "no", static_cast<long long>(step_tokens),
                     static_cast<long long>(clients), static_cast<long long>(most_running), static_cast<long long>(preemptions), rate,
                     rate / one_client_rate, Percentile(first, 0.5), Percentile(first, 0.99),
@@ -279,7 +285,8 @@ int Run(const Options& o) {
 constexpr const char* kUsage = R"(Usage: api_server_bench [--model M --tokenizer T | --random-model layers=2,dim=4096,...] [--namm FILE]
        [--clients 1,8,64] [--requests 2] [--prompt-tokens 448] [--max-tokens 64] [--max-running 64]
        [--chunk 32] [--update-interval 64] [--threads 2] [--context 0] [--step-tokens 512]
-       [--kv-budget 0] [--kv-block-tokens 16] [--streaming-budget 0] [--skip-full 0]
+       [--kv-budget 0] [--kv-block-tokens 16] [--streaming-budget 0] [--skip-full 0] [--namm-heads equal]
+--namm-heads: the NAMM's heads= settings, a list to compare (own: each KV head keeps its own count).
 --step-tokens: the server's per-pass token budget, a list to compare (0: every prompt's chunk each pass).
 --kv-budget BYTES: the server's --max-kv-bytes (admission and preemption by memory; 0: no limit).
 --kv-block-tokens: the server's --kv-block-tokens, a list to compare (0: rectangular caches).
@@ -310,6 +317,14 @@ int main(int argc, char** argv) {
     else if (key == "--kv-block-tokens") o.kv_block_tokens = namm::bench::ParseCounts(value);
     else if (key == "--streaming-budget") o.streaming_budget = std::stoll(value);
     else if (key == "--skip-full") o.skip_full = std::stoll(value) != 0;
+    else if (key == "--namm-heads") {
+      o.namm_heads.clear();
+      std::stringstream list(value);
+      for (std::string item; std::getline(list, item, ',');) {
+        if (item != "own" && item != "equal") throw std::invalid_argument("--namm-heads takes own and/or equal");
+        o.namm_heads.push_back(item);
+      }
+    }
     else if (key == "--random-model") {
       o.random_model = value;
       o.tokenizer = std::string(NAMM_SHARED_DIR) + "/tokenizers/gpt2/tokenizer.json";

@@ -40,8 +40,15 @@ bool FeatureNormalizer::FrozenAffine(std::array<float, kStftBins>& mean, std::ar
   return true;
 }
 
-at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) {
-  if (state_ == NormState::kCollecting) stats_ = stats_.Merge(norm_stats_of(ema));
+at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema) { return Normalize(ema, nullptr); }
+
+at::Tensor FeatureNormalizer::Normalize(const at::Tensor& ema, const int64_t* vacant) {
+  if (state_ == NormState::kCollecting && vacant == nullptr) stats_ = stats_.Merge(norm_stats_of(ema));
+  if (state_ == NormState::kCollecting && vacant != nullptr) {
+    for (int64_t h = 0; h < ema.size(0); ++h) {
+      stats_ = stats_.Merge(norm_stats_of(ema[h].narrow(0, vacant[h], ema.size(1) - vacant[h])));
+    }
+  }
   // Frozen before anything was collected: the reference skips normalization (with a warning) in this state.
   if (stats_.count == 0) return ema.clone();
   const bool frozen = state_ == NormState::kFrozen;

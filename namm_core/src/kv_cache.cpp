@@ -34,6 +34,7 @@ LayerKVCache::LayerKVCache(int64_t kv_heads, int64_t head_dim, at::TensorOptions
     }
     add(spec.name, spec.trailing_shape, spec.dtype);
   }
+  vacant_.assign(static_cast<std::size_t>(kv_heads), 0);
   RefreshViews();
 }
 
@@ -62,6 +63,18 @@ LayerKVCache::HeldBlocks& LayerKVCache::HeldBlocks::operator=(HeldBlocks&& other
   return *this;
 }
 
+int64_t LayerKVCache::HeldBlocks::width() const {
+  std::size_t most = 0;
+  for (const auto& head : ids) most = std::max(most, head.size());
+  return static_cast<int64_t>(most);
+}
+
+int64_t LayerKVCache::HeldBlocks::total() const {
+  int64_t count = 0;
+  for (const auto& head : ids) count += static_cast<int64_t>(head.size());
+  return count;
+}
+
 void LayerKVCache::HeldBlocks::Release() {
   if (pool == nullptr) return;
   for (const auto& head : ids) pool->Free(head.data(), static_cast<int64_t>(head.size()));
@@ -75,13 +88,13 @@ at::Tensor LayerKVCache::values() const { return in_blocks() ? FromBlocks(true) 
 
 at::Tensor LayerKVCache::FromBlocks(bool values) const {
   const KvBlockPool& pool = *blocks_.pool;
-  if (pool.one_slab()) {  // one read of every head's blocks
+  if (pool.one_slab() && !ragged_) {  // one read of every head's blocks (a ragged cache is only on the host)
     std::vector<int64_t> ids;
     for (const auto& head : blocks_.ids) ids.insert(ids.end(), head.begin(), head.end());
     const at::Tensor index = at::tensor(ids, at::TensorOptions().dtype(at::kLong).device(at::kCPU)).to(options_.device());
-    return pool.Read(index, values).view({kv_heads_, blocks_.per_head() * pool.block_tokens(), head_dim_}).narrow(1, 0, size_);
+    return pool.Read(index, values).view({kv_heads_, blocks_.width() * pool.block_tokens(), head_dim_}).narrow(1, 0, size_);
   }
-  at::Tensor out = at::empty({kv_heads_, size_, head_dim_}, options_);
+  at::Tensor out = ragged_ ? at::zeros({kv_heads_, size_, head_dim_}, options_) : at::empty({kv_heads_, size_, head_dim_}, options_);
   const int64_t block = pool.block_tokens();
   const bool host_float = pool.options().device().is_cpu() && pool.options().dtype() == at::kFloat;
   // On the host in float32 each block's rows are copied from their address (the block table the kernel reads,
@@ -91,16 +104,18 @@ at::Tensor LayerKVCache::FromBlocks(bool values) const {
   const float* const* table = values ? view.values : view.keys;
   for (int64_t h = 0; h < kv_heads_; ++h) {
     const std::vector<int32_t>& head = blocks_.ids[static_cast<std::size_t>(h)];
-    for (int64_t b = 0, j = 0; j < size_; ++b, j += block) {
+    // Block b holds the head's slots vacant + b * block on (the vacant ones stay zero).
+    const int64_t vacant = vacant_[static_cast<std::size_t>(h)], held = size_ - vacant;
+    for (int64_t b = 0, j = 0; j < held; ++b, j += block) {
       const int32_t id = head[static_cast<std::size_t>(b)];
-      const int64_t rows = std::min(block, size_ - j);
+      const int64_t rows = std::min(block, held - j);
       if (!host_float) {
-        out[h].narrow(0, j, rows).copy_((values ? pool.values(id) : pool.keys(id)).narrow(0, 0, rows));
+        out[h].narrow(0, vacant + j, rows).copy_((values ? pool.values(id) : pool.keys(id)).narrow(0, 0, rows));
         continue;
       }
       const float* from = table != nullptr ? table[h * view.blocks_per_head + b]
                                            : (values ? pool.value_data(id) : pool.key_data(id));
-      std::memcpy(to + (h * size_ + j) * head_dim_, from,
+      std::memcpy(to + (h * size_ + vacant + j) * head_dim_, from,
                   static_cast<std::size_t>(rows * head_dim_) * sizeof(float));
     }
   }
@@ -109,13 +124,16 @@ at::Tensor LayerKVCache::FromBlocks(bool values) const {
 
 KvBlockView LayerKVCache::block_view() const {
   KvBlockView view;
-  if (!in_blocks() || blocks_.key_rows.size() != static_cast<std::size_t>(kv_heads_ * blocks_.per_head())) return view;
+  if (!in_blocks() || blocks_.key_rows.empty() ||
+      blocks_.key_rows.size() != static_cast<std::size_t>(kv_heads_ * blocks_.width())) {
+    return view;
+  }
   view.keys = blocks_.key_rows.data();
   view.values = blocks_.value_rows.data();
   view.kv_heads = kv_heads_;
   view.head_dim = head_dim_;
   view.tokens = size_;
-  view.blocks_per_head = blocks_.per_head();
+  view.blocks_per_head = blocks_.width();
   view.block_shift = blocks_.pool->block_shift();
   return view;
 }
@@ -140,6 +158,8 @@ LayerKVCache LayerKVCache::Clone() const {
   copy.tokens_seen_ = tokens_seen_;
   copy.capacity_ = capacity_;
   copy.expected_tokens_ = expected_tokens_;
+  copy.vacant_ = vacant_;
+  copy.ragged_ = ragged_;
   copy.names_ = names_;
   copy.buffers_.clear();
   for (const at::Tensor& buffer : buffers_) copy.buffers_.push_back(buffer.clone());
@@ -164,17 +184,31 @@ void LayerKVCache::RefreshViews() {
   }
 }
 
-int64_t LayerKVCache::kv_bytes() const { return size_ * KvBytesPerToken(); }
-
-int64_t LayerKVCache::capacity() const {
-  return in_blocks() ? blocks_.per_head() * blocks_.pool->block_tokens() : capacity_;
+int64_t LayerKVCache::held_tokens() const {
+  int64_t held = kv_heads_ * size_;
+  for (const int64_t v : vacant_) held -= v;
+  return held;
 }
 
-int64_t LayerKVCache::reserved_kv_bytes() const { return capacity() * KvBytesPerToken(); }
+int64_t LayerKVCache::kv_bytes() const { return held_tokens() * (KvBytesPerToken() / kv_heads_); }
+
+int64_t LayerKVCache::capacity() const {
+  return in_blocks() ? blocks_.width() * blocks_.pool->block_tokens() : capacity_;
+}
+
+int64_t LayerKVCache::reserved_kv_bytes() const {
+  if (in_blocks()) return blocks_.total() * blocks_.pool->block_tokens() * (KvBytesPerToken() / kv_heads_);
+  return capacity_ * KvBytesPerToken();
+}
 
 int64_t LayerKVCache::reserved_kv_bytes_after(int64_t more) const {
   if (in_blocks()) {
-    return std::max(blocks_.per_head(), BlocksFor(size_ + more)) * blocks_.pool->block_tokens() * KvBytesPerToken();
+    int64_t blocks = 0;
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      const auto head = static_cast<std::size_t>(h);
+      blocks += std::max(static_cast<int64_t>(blocks_.ids[head].size()), BlocksFor(size_ - vacant_[head] + more));
+    }
+    return blocks * blocks_.pool->block_tokens() * (KvBytesPerToken() / kv_heads_);
   }
   return GrownCapacity(size_ + more) * KvBytesPerToken();
 }
@@ -287,13 +321,22 @@ Status LayerKVCache::Append(const at::Tensor& keys, const at::Tensor& values, co
 
 Status LayerKVCache::AppendToBlocks(const at::Tensor& keys, const at::Tensor& values, int64_t t) {
   KvBlockPool& pool = *blocks_.pool;
-  const int64_t have = blocks_.per_head(), need = BlocksFor(size_ + t);
-  if (need > have) {
+  // Head h's slot j (j >= its vacant slots) is row j - vacant of its blocks.
+  int64_t wanted = 0;
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    const auto head = static_cast<std::size_t>(h);
+    wanted += std::max<int64_t>(0, BlocksFor(size_ + t - vacant_[head]) - static_cast<int64_t>(blocks_.ids[head].size()));
+  }
+  if (wanted > 0) {
     std::vector<int32_t> taken;
-    NAMM_RETURN_IF_ERROR(pool.Allocate((need - have) * kv_heads_, taken));
+    NAMM_RETURN_IF_ERROR(pool.Allocate(wanted, taken));
+    auto next = taken.begin();
     for (int64_t h = 0; h < kv_heads_; ++h) {
       auto& head = blocks_.ids[static_cast<std::size_t>(h)];
-      head.insert(head.end(), taken.begin() + h * (need - have), taken.begin() + (h + 1) * (need - have));
+      const int64_t more = BlocksFor(size_ + t - vacant_[static_cast<std::size_t>(h)]) - static_cast<int64_t>(head.size());
+      if (more <= 0) continue;
+      head.insert(head.end(), next, next + more);
+      next += more;
     }
   }
   const int64_t block = pool.block_tokens(), mask = block - 1;
@@ -303,23 +346,16 @@ Status LayerKVCache::AppendToBlocks(const at::Tensor& keys, const at::Tensor& va
                           values.scalar_type() == at::kFloat && keys.stride(2) == 1 && values.stride(2) == 1;
   if (host_float) {
     // The table's addresses are looked up again only when blocks were taken (or it was dropped).
-    if (need > have || blocks_.key_rows.size() != static_cast<std::size_t>(kv_heads_ * need)) {
-      blocks_.key_rows.resize(static_cast<std::size_t>(kv_heads_ * need));
-      blocks_.value_rows.resize(blocks_.key_rows.size());
-      for (int64_t h = 0; h < kv_heads_; ++h) {
-        for (int64_t b = 0; b < need; ++b) {
-          const int32_t id = blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(b)];
-          blocks_.key_rows[static_cast<std::size_t>(h * need + b)] = pool.key_data(id);
-          blocks_.value_rows[static_cast<std::size_t>(h * need + b)] = pool.value_data(id);
-        }
-      }
-    }
+    const int64_t width = blocks_.width();
+    if (wanted > 0 || blocks_.key_rows.size() != static_cast<std::size_t>(kv_heads_ * width)) RefreshBlockTable();
     const auto row_bytes = static_cast<int64_t>(head_dim_ * sizeof(float));
     for (int64_t h = 0; h < kv_heads_; ++h) {
       const float* k = keys.data_ptr<float>() + h * keys.stride(0);
       const float* v = values.data_ptr<float>() + h * values.stride(0);
+      const int64_t vacant = vacant_[static_cast<std::size_t>(h)];
       for (int64_t i = 0; i < t; ++i) {
-        const int64_t j = size_ + i, slot = h * need + (j >> shift), row = (j & mask) * head_dim_;
+        if (size_ + i < vacant) continue;  // a clone's vacant slots
+        const int64_t j = size_ + i - vacant, slot = h * width + (j >> shift), row = (j & mask) * head_dim_;
         // The blocks are the pool's, written through its storage (key_rows only reads).
         internal::copy_row(reinterpret_cast<char*>(const_cast<float*>(blocks_.key_rows[static_cast<std::size_t>(slot)] + row)),
                            reinterpret_cast<const char*>(k + i * keys.stride(1)), row_bytes);
@@ -335,12 +371,27 @@ Status LayerKVCache::AppendToBlocks(const at::Tensor& keys, const at::Tensor& va
   return Status::Ok();
 }
 
+void LayerKVCache::RefreshBlockTable() {
+  const KvBlockPool& pool = *blocks_.pool;
+  const int64_t width = blocks_.width();
+  blocks_.key_rows.assign(static_cast<std::size_t>(kv_heads_ * width), nullptr);
+  blocks_.value_rows.assign(blocks_.key_rows.size(), nullptr);
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    const auto& head = blocks_.ids[static_cast<std::size_t>(h)];
+    for (std::size_t b = 0; b < head.size(); ++b) {
+      blocks_.key_rows[static_cast<std::size_t>(h * width) + b] = pool.key_data(head[b]);
+      blocks_.value_rows[static_cast<std::size_t>(h * width) + b] = pool.value_data(head[b]);
+    }
+  }
+}
+
 // Off the host kernel's path, by tensor operations: one write of every row where the pool is one slab (a device's
 // pool with a limit), else a copy per block and head.
 void LayerKVCache::WriteRows(const at::Tensor& keys, const at::Tensor& values, int64_t first) {
   KvBlockPool& pool = *blocks_.pool;
   const int64_t t = keys.size(1), block = pool.block_tokens(), mask = block - 1;
   const int shift = pool.block_shift();
+  TORCH_CHECK(!ragged_, "a ragged KV cache keeps float32 keys and values on the host");
   if (pool.one_slab()) {
     std::vector<int64_t> block_ids, rows;
     block_ids.reserve(static_cast<std::size_t>(kv_heads_ * t));
@@ -369,47 +420,43 @@ void LayerKVCache::WriteRows(const at::Tensor& keys, const at::Tensor& values, i
   }
 }
 
-// Each head's kept tokens move front to back (token i to slot j <= i), then the blocks past the last kept one go
-// back to the pool.
-void LayerKVCache::GatherInBlocks(const at::Tensor& indices) {
+// Each head's kept tokens move front to back within its blocks (its token i to row j <= i - vacant), then the
+// blocks past its last kept one go back to the pool. kept[h]: head h's tokens kept (its row's last entries).
+void LayerKVCache::GatherInBlocks(const int64_t* index, int64_t k, const std::vector<int64_t>& kept) {
   KvBlockPool& pool = *blocks_.pool;
-  const int64_t k = indices.size(1), keep = BlocksFor(k), held = blocks_.per_head();
   if (!blocks_.key_rows.empty()) {
-    const int64_t mask = pool.block_tokens() - 1;
+    const int64_t mask = pool.block_tokens() - 1, width = blocks_.width();
     const int shift = pool.block_shift();
     const auto row_bytes = static_cast<std::size_t>(head_dim_ * sizeof(float));
-    const int64_t* index = indices.data_ptr<int64_t>();
     for (int64_t h = 0; h < kv_heads_; ++h) {
+      const int64_t vacant = vacant_[static_cast<std::size_t>(h)], count = kept[static_cast<std::size_t>(h)];
+      const int64_t* own = index + h * k + (k - count);
       for (std::vector<const float*>* rows : {&blocks_.key_rows, &blocks_.value_rows}) {
         const auto row = [&](int64_t j) {
-          return const_cast<float*>((*rows)[static_cast<std::size_t>(h * held + (j >> shift))]) + (j & mask) * head_dim_;
+          return const_cast<float*>((*rows)[static_cast<std::size_t>(h * width + (j >> shift))]) + (j & mask) * head_dim_;
         };
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t i = index[h * k + j];
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t i = own[j] - vacant;
           if (i != j) std::memcpy(row(j), row(i), row_bytes);
         }
       }
     }
   } else {
-    const at::Tensor index = indices.to(options_.device()).unsqueeze(2).expand({kv_heads_, k, head_dim_});
-    WriteRows(FromBlocks(false).gather(1, index), FromBlocks(true).gather(1, index), 0);
+    const at::Tensor indices =
+        at::from_blob(const_cast<int64_t*>(index), {kv_heads_, k}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+    const at::Tensor where = indices.to(options_.device()).unsqueeze(2).expand({kv_heads_, k, head_dim_});
+    WriteRows(FromBlocks(false).gather(1, where), FromBlocks(true).gather(1, where), 0);
   }
-  if (keep == held) return;
-  for (auto& head : blocks_.ids) {
+  bool freed = false;
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    auto& head = blocks_.ids[static_cast<std::size_t>(h)];
+    const int64_t keep = BlocksFor(kept[static_cast<std::size_t>(h)]), held = static_cast<int64_t>(head.size());
+    if (keep >= held) continue;
     pool.Free(head.data() + keep, held - keep);
     head.resize(static_cast<std::size_t>(keep));
+    freed = true;
   }
-  if (!blocks_.key_rows.empty()) {
-    std::vector<const float*> keys(static_cast<std::size_t>(kv_heads_ * keep)), values(keys.size());
-    for (int64_t h = 0; h < kv_heads_; ++h) {
-      for (int64_t b = 0; b < keep; ++b) {
-        keys[static_cast<std::size_t>(h * keep + b)] = blocks_.key_rows[static_cast<std::size_t>(h * held + b)];
-        values[static_cast<std::size_t>(h * keep + b)] = blocks_.value_rows[static_cast<std::size_t>(h * held + b)];
-      }
-    }
-    blocks_.key_rows = std::move(keys);
-    blocks_.value_rows = std::move(values);
-  }
+  if (freed && !blocks_.key_rows.empty()) RefreshBlockTable();
 }
 
 Status LayerKVCache::Gather(const at::Tensor& indices) {
@@ -423,17 +470,22 @@ Status LayerKVCache::Gather(const at::Tensor& indices) {
   if (k > size_) return Status::InvalidArgument("cannot retain " + std::to_string(k) + " of " +
                                                 std::to_string(size_) + " tokens");
   if (on_host() && indices.device().is_cpu()) return GatherOnHost(indices.contiguous());
+  if (ragged_) return Status::FailedPrecondition("a ragged KV cache gathers with indices on the host");
   if (k > 0) {
     const int64_t lo = indices.min().item<int64_t>(), hi = indices.max().item<int64_t>();
     if (lo < 0 || hi >= size_) {
-      return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) + ")");
+      return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) +
+                                     ") (vacant slots, -1, need a cache on the host)");
     }
     if (k > 1 && !indices.diff(1, 1).gt(0).all().item<bool>()) {
       return Status::InvalidArgument("retained indices must be strictly ascending per head");
     }
   }
   if (k == size_) return Status::Ok();  // k ascending indices below size: all of them, in order
-  if (in_blocks() && head_dim_ > 0) GatherInBlocks(indices.to(at::kCPU).contiguous());
+  if (in_blocks() && head_dim_ > 0) {
+    const at::Tensor host = indices.to(at::kCPU).contiguous();
+    GatherInBlocks(host.data_ptr<int64_t>(), k, std::vector<int64_t>(static_cast<std::size_t>(kv_heads_), k));
+  }
   const at::Tensor index = indices.to(buffers_[kPositions].device());
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     at::Tensor& buffer = buffers_[b];
@@ -450,40 +502,87 @@ Status LayerKVCache::Gather(const at::Tensor& indices) {
   return Status::Ok();
 }
 
-// Ascending indices move every kept row to a slot at or before its own, so each head compacts in place, front
-// to back, with no copy of the cache.
-Status LayerKVCache::GatherOnHost(const at::Tensor& indices) {
-  const int64_t k = indices.size(1);
-  const int64_t* index = indices.data_ptr<int64_t>();
+Status LayerKVCache::CheckHostIndices(const int64_t* index, int64_t k, std::vector<int64_t>& kept) const {
+  kept.assign(static_cast<std::size_t>(kv_heads_), k);
   for (int64_t h = 0; h < kv_heads_; ++h) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t i = index[h * k + j];
-      if (i < 0 || i >= size_) {
-        return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) + ")");
+    const int64_t* row = index + h * k;
+    int64_t first = 0;
+    while (first < k && row[first] == -1) ++first;
+    kept[static_cast<std::size_t>(h)] = k - first;
+    for (int64_t j = first; j < k; ++j) {
+      if (row[j] < 0 || row[j] >= size_) {
+        return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) +
+                                       ") (-1, a vacant slot, only before a head's kept tokens)");
       }
-      if (j > 0 && i <= index[h * k + j - 1]) {
+      if (j > first && row[j] <= row[j - 1]) {
         return Status::InvalidArgument("retained indices must be strictly ascending per head");
       }
     }
   }
-  if (k == size_) return Status::Ok();
-  if (in_blocks() && head_dim_ > 0) GatherInBlocks(indices);
-  for (const at::Tensor& buffer : buffers_) {
+  return Status::Ok();
+}
+
+// Ascending indices move every kept row to a slot at or before its own, so each head compacts in place, front
+// to back, with no copy of the cache. A head that leaves slots vacant puts its rows after them (through a copy
+// of its kept rows: they may move either way), and its vacant slots get zeros and position -1.
+Status LayerKVCache::GatherOnHost(const at::Tensor& indices) {
+  const int64_t k = indices.size(1);
+  const int64_t* index = indices.data_ptr<int64_t>();
+  std::vector<int64_t> kept;
+  NAMM_RETURN_IF_ERROR(CheckHostIndices(index, k, kept));
+  bool leaves_vacant = false;
+  for (const int64_t count : kept) leaves_vacant = leaves_vacant || count < k;
+  if (k == size_ && !leaves_vacant) return Status::Ok();  // every slot, in order
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    const auto head = static_cast<std::size_t>(h);
+    for (int64_t j = k - kept[head]; j < k; ++j) {
+      if (index[h * k + j] < vacant_[head]) {
+        return Status::InvalidArgument("retained index " + std::to_string(index[h * k + j]) + " of KV head " +
+                                       std::to_string(h) + " names a vacant slot (the head holds slots " +
+                                       std::to_string(vacant_[head]) + ".." + std::to_string(size_ - 1) + ")");
+      }
+    }
+  }
+  if (leaves_vacant && in_blocks() && head_dim_ > 0 && blocks_.key_rows.empty()) {
+    return Status::FailedPrecondition("a head can leave slots vacant only in a cache of float32 keys and values "
+                                      "on the host");
+  }
+  if (in_blocks() && head_dim_ > 0) GatherInBlocks(index, k, kept);
+  std::vector<char> moved;
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    const at::Tensor& buffer = buffers_[b];
     // Keys and values in blocks leave empty buffers here (a row of 0 bytes).
     const int64_t row = buffer.numel() / (kv_heads_ * capacity_) * static_cast<int64_t>(buffer.element_size());
     if (row == 0) continue;
     auto* base = static_cast<char*>(buffer.data_ptr());
     for (int64_t h = 0; h < kv_heads_; ++h) {
       char* head = base + h * capacity_ * row;
-      const int64_t* kept = index + h * k;
+      const int64_t count = kept[static_cast<std::size_t>(h)], vacant = k - count;
+      const int64_t* own = index + h * k + vacant;
+      if (vacant > 0) {
+        moved.resize(static_cast<std::size_t>(count * row));
+        for (int64_t j = 0; j < count; ++j) std::memcpy(moved.data() + j * row, head + own[j] * row, static_cast<std::size_t>(row));
+        std::memcpy(head + vacant * row, moved.data(), moved.size());
+        if (b == kPositions) {
+          std::fill_n(reinterpret_cast<int64_t*>(head), vacant, int64_t{-1});
+        } else {
+          std::memset(head, 0, static_cast<std::size_t>(vacant * row));
+        }
+        continue;
+      }
       // Runs of consecutive kept tokens move together (one copy each); rows already in place stay.
       for (int64_t j = 0; j < k;) {
         int64_t run = 1;
-        while (j + run < k && kept[j + run] == kept[j] + run) ++run;
-        if (kept[j] != j) std::memmove(head + j * row, head + kept[j] * row, static_cast<std::size_t>(run * row));
+        while (j + run < k && own[j + run] == own[j] + run) ++run;
+        if (own[j] != j) std::memmove(head + j * row, head + own[j] * row, static_cast<std::size_t>(run * row));
         j += run;
       }
     }
+  }
+  ragged_ = false;
+  for (int64_t h = 0; h < kv_heads_; ++h) {
+    vacant_[static_cast<std::size_t>(h)] = k - kept[static_cast<std::size_t>(h)];
+    ragged_ = ragged_ || vacant_[static_cast<std::size_t>(h)] > 0;
   }
   size_ = k;
   RefreshViews();

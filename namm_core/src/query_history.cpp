@@ -149,6 +149,15 @@ Result<at::Tensor> QueryHistory::Products(const LayerKVCache& cache, int64_t fro
 
 namespace {
 double ScoreScale(const LayerKVCache& cache) { return 1.0 / std::sqrt(static_cast<double>(cache.head_dim())); }
+
+// A ragged cache's vacant slots (KV head h's first vacant[h]) got nothing: zeros in `per_kv_head` [kv_heads, ..., n].
+void ZeroVacant(const LayerKVCache& cache, const at::Tensor& per_kv_head) {
+  const int64_t* vacant = cache.vacant();
+  if (vacant == nullptr) return;
+  for (int64_t h = 0; h < cache.kv_heads(); ++h) {
+    if (vacant[h] > 0) per_kv_head[h].narrow(-1, 0, vacant[h]).zero_();
+  }
+}
 }  // namespace
 
 Result<at::Tensor> QueryHistory::Scores(const LayerKVCache& cache, int64_t from, int64_t to) const {
@@ -175,6 +184,7 @@ Result<at::Tensor> QueryHistory::Attention(const LayerKVCache& cache, int64_t fr
   at::Tensor hidden = key_positions.gt(query_positions);            // [kv_heads, rows, n], no int64 temporary
   if (window_ > 0) hidden.logical_or_(key_positions.le(query_positions - window_));
   probs.view({kv_heads, heads / kv_heads, rows, n}).masked_fill_(hidden.unsqueeze(1), 0.0);
+  ZeroVacant(cache, probs.view({kv_heads, heads / kv_heads, rows, n}));
   return probs;
 }
 
@@ -187,6 +197,7 @@ Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, i
     if (cuda::takes(products)) {  // a dtype the kernel reads
       cuda::scores_gqa_mean_into(products, ScoreScale(cache), log_sum_exp_.narrow(1, from - first_query_, to - from),
                                  cache.positions(), from, window_, precision == AttentionPrecision::kBf16, out);
+      ZeroVacant(cache, out);
       return Status::Ok();
     }
   }
@@ -204,6 +215,7 @@ Status QueryHistory::GqaMeanAttention(const LayerKVCache& cache, int64_t from, i
   cpu::scores_gqa_mean_into(scores, narrow_view(log_sum_exp_, 1, from - first_query_, to - from),
                             cache.positions().to(at::kInt), from, window_, precision == AttentionPrecision::kBf16,
                             out, cpu::kernels());
+  ZeroVacant(cache, out);
   return Status::Ok();
 }
 

@@ -74,6 +74,40 @@ int64_t select_tokens_on_host(float* scores, int64_t heads, int64_t n, const Sel
   return k;
 }
 
+int64_t select_own_counts_on_host(float* scores, int64_t heads, int64_t n, const int64_t* vacant,
+                                  const SelectionConfig& config, double log_threshold, std::vector<int64_t>& keep,
+                                  std::vector<int64_t>& order) {
+  TORCH_CHECK(config.kind != SelectionKind::kTopK || config.budget > 0, "top-k selection needs a budget > 0");
+  // Compared in float32, as a float tensor is compared with a scalar.
+  const float threshold = config.kind == SelectionKind::kDynamic ? static_cast<float>(std::exp(log_threshold))
+                                                                 : config.threshold;
+  std::vector<int64_t> counts(static_cast<std::size_t>(heads));
+  int64_t k = 0;
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t first = vacant != nullptr ? vacant[h] : 0, held = n - first;
+    TORCH_CHECK(first >= 0 && held >= 1, "KV head ", h, " holds no token of ", n, " slots");
+    float* score = scores + h * n + first;
+    score[held - 1] = std::numeric_limits<float>::max();  // the newest
+    int64_t count = held;
+    if (config.kind == SelectionKind::kTopK) {
+      count = std::min(held, config.budget);
+    } else {
+      count = std::max<int64_t>(1, count_not_below_on_host(score, 1, held, threshold));  // the newest, even at inf
+      if (config.kind == SelectionKind::kDynamic && config.budget > 0) count = std::min(count, config.budget);
+    }
+    counts[static_cast<std::size_t>(h)] = count;
+    k = std::max(k, count);
+  }
+  keep.assign(static_cast<std::size_t>(heads * k), -1);
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t first = vacant != nullptr ? vacant[h] : 0, count = counts[static_cast<std::size_t>(h)];
+    int64_t* row = keep.data() + h * k + (k - count);
+    keep_top_k_on_host(scores + h * n + first, 1, n - first, count, row, order);
+    for (int64_t j = 0; j < count; ++j) row[j] += first;
+  }
+  return k;
+}
+
 at::Tensor force_keep_newest(const at::Tensor& scores) {
   at::Tensor forced = scores.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   forced.select(1, forced.size(1) - 1).fill_(std::numeric_limits<float>::max());

@@ -1,9 +1,14 @@
 #include "namm/kv_cache.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "namm/batch_invariant.h"
 #include "test_util.h"
 
 namespace namm {
@@ -247,6 +252,106 @@ TEST(LayerKVCache, RejectsBadIndicesAndShapes) {
   EXPECT_FALSE(cache.Gather(Index({{0, 1}})).ok());          // wrong head count
   EXPECT_EQ(cache.size(), 3);                                // nothing changed
   EXPECT_THROW(cache.state("nope"), c10::Error);
+}
+
+// A ragged cache (kv_cache.h): a gather whose rows start with -1 leaves that head's oldest slots vacant. In
+// blocks the vacant slots take no storage (their blocks go back to the pool), a rectangular cache holds the same
+// tensors (zero keys, values and state, position -1 there), appends and clones go on from there, and the
+// attention kernel reads each head's own tokens alone: the result of a softmax over the tokens the head holds
+// (not the vacant slots), the same bits in blocks and rectangular, and probability 0 at every vacant slot.
+TEST(LayerKVCache, ARaggedGatherLeavesVacantSlotsThatHoldNoStorageAndGetNoAttention) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  auto pool = KvBlockPool::Create(4, 8, options);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const std::vector<TokenStateSpec> state = {{"ema", {2}, at::kFloat}};
+  {
+    LayerKVCache rect(2, 8, options, state), blocks(2, 8, options, state, *pool);
+    int64_t seen = 0;
+    const auto append = [&](int64_t t, uint64_t seed) {
+      const at::Tensor rows = testing::RandomNormal({t, 2, 8}, seed);
+      for (LayerKVCache* cache : {&rect, &blocks}) {
+        ASSERT_TRUE(cache->Append(rows.transpose(0, 1), (rows * 0.5).transpose(0, 1), Positions(seen, t)).ok());
+        cache->state("ema").fill_(1.0f);
+      }
+      seen += t;
+    };
+    append(16, 11);
+    const at::Tensor keys_before = rect.keys().clone();
+    // Head 0 keeps 10 tokens, head 1 three: 7 vacant slots.
+    const at::Tensor keep = Index({{0, 2, 3, 5, 6, 8, 9, 11, 13, 15}, {-1, -1, -1, -1, -1, -1, -1, 4, 12, 15}});
+    ASSERT_TRUE(rect.Gather(keep).ok());
+    ASSERT_TRUE(blocks.Gather(keep).ok());
+    for (const LayerKVCache* cache : {&rect, &blocks}) {
+      ASSERT_NE(cache->vacant(), nullptr);
+      EXPECT_EQ(cache->vacant()[0], 0);
+      EXPECT_EQ(cache->vacant()[1], 7);
+      EXPECT_EQ(cache->size(), 10);
+      EXPECT_EQ(cache->held_tokens(), 13);
+      EXPECT_EQ(cache->kv_bytes(), 13 * 2 * 8 * 4);
+      EXPECT_TRUE(cache->keys()[1].narrow(0, 0, 7).eq(0).all().item<bool>());
+      EXPECT_TRUE(cache->state("ema")[1].narrow(0, 0, 7).eq(0).all().item<bool>());
+      EXPECT_TRUE(cache->state("ema")[1].narrow(0, 7, 3).eq(1).all().item<bool>());
+      EXPECT_EQ(cache->positions()[1][6].item<int64_t>(), -1);
+      EXPECT_EQ(cache->positions()[1][7].item<int64_t>(), 4);
+      EXPECT_TRUE(cache->keys()[1][8].equal(keys_before[1][12]));
+      EXPECT_TRUE(cache->keys()[0][9].equal(keys_before[0][15]));
+    }
+    EXPECT_TRUE(blocks.keys().equal(rect.keys()));
+    EXPECT_TRUE(blocks.values().equal(rect.values()));
+    EXPECT_TRUE(blocks.positions().equal(rect.positions()));
+    EXPECT_EQ((*pool)->blocks_in_use(), 3 + 1);  // head 0: 10 tokens in 3 blocks; head 1: 3 in 1
+    EXPECT_EQ(blocks.reserved_kv_bytes(), 4 * 4 * 2 * 8 * 4);
+    EXPECT_EQ(blocks.reserved_kv_bytes_after(3), (4 + 2) * 4 * 2 * 8 * 4);  // head 0 needs a 4th, head 1 a 2nd
+    // A vacant slot is not the head's to keep, and -1 only comes before a head's tokens.
+    EXPECT_FALSE(blocks.Gather(Index({{0, 9}, {3, 9}})).ok());
+    EXPECT_FALSE(blocks.Gather(Index({{0, 9}, {8, -1}})).ok());
+    EXPECT_EQ(blocks.held_tokens(), 13);  // nothing changed
+    append(3, 12);
+    EXPECT_EQ((*pool)->blocks_in_use(), 4 + 2);
+    LayerKVCache copy = blocks.Clone();
+    EXPECT_EQ((*pool)->blocks_in_use(), 12);
+    for (const LayerKVCache* cache : {&blocks, &copy}) {
+      EXPECT_TRUE(cache->keys().equal(rect.keys()));
+      EXPECT_TRUE(cache->positions().equal(rect.positions()));
+      ASSERT_NE(cache->vacant(), nullptr);
+      EXPECT_EQ(cache->vacant()[1], 7);
+    }
+
+    // The newest token's 4 query heads (2 per KV head) attend to the 13 slots.
+    const at::Tensor q = testing::RandomNormal({1, 4 * 8}, 13);
+    const double scale = 1.0 / std::sqrt(8.0);
+    std::vector<AttentionResult> results;
+    for (const LayerKVCache* cache : {&rect, &blocks}) {
+      AttentionRequest in;
+      in.q = q;
+      if (cache->in_blocks()) {
+        in.blocks = cache->block_view();
+        ASSERT_NE(in.blocks.keys, nullptr);
+      } else {
+        in.keys = cache->keys();
+        in.values = cache->values();
+      }
+      in.key_positions = cache->positions();
+      in.vacant = cache->vacant();
+      in.first_position = seen - 1;
+      in.probabilities = true;
+      results.push_back(invariant_attention({in}, 4, scale).front());
+    }
+    EXPECT_TRUE(results[0].out.equal(results[1].out));
+    EXPECT_TRUE(results[0].probabilities.equal(results[1].probabilities));
+    for (int64_t j = 0; j < 4; ++j) {
+      const int64_t h = j / 2, first = rect.vacant()[h], n = rect.size() - first;
+      const at::Tensor keys = rect.keys()[h].narrow(0, first, n).to(at::kDouble);
+      const at::Tensor values = rect.values()[h].narrow(0, first, n).to(at::kDouble);
+      const at::Tensor query = q[0].narrow(0, j * 8, 8).to(at::kDouble);
+      const at::Tensor p = at::softmax(at::matmul(keys, query) * scale, 0);
+      const at::Tensor probabilities = results[0].probabilities[j][0];
+      EXPECT_TRUE(probabilities.narrow(0, 0, first).eq(0).all().item<bool>());
+      EXPECT_TRUE(at::allclose(probabilities.narrow(0, first, n).to(at::kDouble), p, 1e-5, 1e-6));
+      EXPECT_TRUE(at::allclose(results[0].out[0].narrow(0, j * 8, 8).to(at::kDouble), at::matmul(p, values), 1e-5, 1e-6));
+    }
+  }
+  EXPECT_EQ((*pool)->blocks_in_use(), 0);
 }
 
 }  // namespace

@@ -293,6 +293,62 @@ at::Tensor OneUpdate(NammPolicy& policy, at::Tensor* scores) {
   return keep.ok() ? *keep : at::Tensor();
 }
 
+// heads=own: at the first update (no head has left a slot yet) each head keeps exactly its tokens scoring >= 0 —
+// the reference's kept set less its padding —, the rest of its row vacant. At the next, collecting statistics
+// count only the slots the heads hold, and no head keeps a slot it left. A ragged cache is not traced.
+TEST(NammPolicy, HeadsKeepingTheirOwnCountsDropThePaddingAndCountOnlyTheirOwnSlots) {
+  const NammModel model = BamModel(0.15, 77);  // collecting statistics
+  auto reference = NammPolicy::Create(model);
+  ASSERT_TRUE(reference.ok());
+  at::Tensor scores;
+  const at::Tensor padded = OneUpdate(**reference, &scores);
+  auto own = NammPolicy::Create(model);
+  ASSERT_TRUE(own.ok());
+  (*own)->set_own_head_counts(true);
+  LayerKVCache cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), (*own)->token_state());
+  const auto observe = [&](uint64_t seed) {
+    const int64_t n_old = cache.size(), first = cache.tokens_seen();
+    const at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, n_old, seed);
+    for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
+      at::Tensor positions = at::arange(first + q0, first + q0 + kChunk, at::TensorOptions().dtype(at::kLong));
+      ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions).ok());
+      ASSERT_TRUE(observe_newest(**own, 0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+    }
+  };
+  observe(4242);  // OneUpdate's attention
+  Result<at::Tensor> keep = (*own)->Select(0, cache);
+  ASSERT_TRUE(keep.ok()) << keep.status().ToString();
+  ASSERT_EQ(keep->size(1), padded.size(1));  // the largest count is the reference's k
+  int64_t vacant = 0;
+  for (int64_t h = 0; h < kKvHeads; ++h) {
+    std::vector<int64_t> expected;  // the reference's row without its padding, -1 in front
+    for (int64_t j = 0; j < padded.size(1); ++j) {
+      const int64_t i = padded[h][j].item<int64_t>();
+      if (scores[h][i].item<float>() >= 0) expected.push_back(i);
+    }
+    vacant += padded.size(1) - static_cast<int64_t>(expected.size());
+    expected.insert(expected.begin(), padded.size(1) - static_cast<int64_t>(expected.size()), -1);
+    EXPECT_EQ(Rows(*keep)[static_cast<std::size_t>(h)], expected) << "head " << h;
+  }
+  EXPECT_GT(vacant, 5) << "the test means something only if a head was padded";
+  ASSERT_TRUE(cache.Gather(*keep).ok());
+  ASSERT_NE(cache.vacant(), nullptr);
+  const int64_t counted = (*own)->normalizer().stats().count;
+  observe(4343);
+  const int64_t held = cache.held_tokens();
+  ASSERT_LT(held, kKvHeads * cache.size());
+  Result<at::Tensor> next = (*own)->Select(0, cache);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ((*own)->normalizer().stats().count - counted, held);
+  ASSERT_TRUE(cache.Gather(*next).ok()) << "every kept index is a slot its head holds";
+  // Tracing computes features by tensor operations over every slot: refused once a head left some.
+  observe(4444);
+  (*own)->set_tracing(true);
+  Result<at::Tensor> traced = (*own)->Select(0, cache);
+  ASSERT_FALSE(traced.ok());
+  EXPECT_NE(traced.status().message().find("heads=own"), std::string::npos) << traced.status().ToString();
+}
+
 // The deployment's knob (namm:FILE,budget=N|ratio=R|threshold=T): each KV head keeps its N best-scored tokens, or
 // R of the prompt, or those scoring at least T; the same NAMM without it keeps what scores >= 0.
 TEST(NammPolicy, TheKnobKeepsEachHeadsBestTokensOrMovesTheThreshold) {

@@ -32,6 +32,34 @@ TEST(BinarySelection, EveryHeadKeepsTheMaxCountPaddedWithItsBestNegatives) {
   EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), (Keep{{0, 1, 3, 4}, {0, 1, 2, 4}}));
 }
 
+// heads=own (select_own_counts_on_host): each head keeps only what its own scores keep, the rest of its row -1
+// (slots it leaves vacant), and never a slot it does not hold.
+TEST(OwnHeadCounts, EachHeadKeepsItsOwnTokensAndLeavesTheRestVacant) {
+  const auto select = [](std::vector<float> scores, const std::vector<int64_t>* vacant, const SelectionConfig& config,
+                         double log_threshold = 0) {
+    std::vector<int64_t> keep, order;
+    const int64_t k = select_own_counts_on_host(scores.data(), 2, 5, vacant != nullptr ? vacant->data() : nullptr,
+                                                config, log_threshold, keep, order);
+    Keep rows(2);
+    for (int64_t h = 0; h < 2; ++h) rows[static_cast<std::size_t>(h)].assign(keep.begin() + h * k, keep.begin() + (h + 1) * k);
+    return rows;
+  };
+  const std::vector<float> scores = {-1, 2, -3, 0.5f, -0.1f, 1, 2, 3, -1, -2};
+  // The reference pads head 0 with its best negative (index 0: EveryHeadKeepsTheMaxCountPaddedWithItsBestNegatives).
+  EXPECT_EQ(select(scores, nullptr, SelectionConfig{}), (Keep{{-1, 1, 3, 4}, {0, 1, 2, 4}}));
+  const std::vector<int64_t> vacant = {2, 0};  // head 0 holds slots 2..4 only
+  EXPECT_EQ(select(scores, &vacant, SelectionConfig{}), (Keep{{-1, -1, 3, 4}, {0, 1, 2, 4}}));
+  SelectionConfig topk;
+  topk.kind = SelectionKind::kTopK;
+  topk.budget = 3;
+  const std::vector<int64_t> most = {3, 0};  // head 0 holds 2 slots: fewer than the budget
+  EXPECT_EQ(select(scores, &most, topk), (Keep{{-1, 3, 4}, {1, 2, 4}}));
+  SelectionConfig dynamic;
+  dynamic.kind = SelectionKind::kDynamic;
+  dynamic.budget = 2;  // exp(0) = 1: head 0 keeps 1 (2) and the newest, head 1 its best two of 4 (1, 2, 3, newest)
+  EXPECT_EQ(select(scores, nullptr, dynamic), (Keep{{1, 4}, {2, 4}}));
+}
+
 TEST(BinarySelection, KeepRuleIsGreaterOrEqualZeroAndTheNewestIsForced) {
   at::Tensor s = Scores({{0.0f, -1e-6f, 0.0f, -5.0f}});
   EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), (Keep{{0, 2, 3}}));

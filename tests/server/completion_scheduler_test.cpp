@@ -7,12 +7,15 @@
 
 #include <chrono>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../../server/src/api_metrics.h"
+#include "../temp_path.h"
 #include "../worker/shared_data.h"
+#include "namm/namm_file.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
 
@@ -299,6 +302,32 @@ TEST(CompletionScheduler, RowsThatWouldPassTheBudgetWaitForEvictionsInsteadOfBei
   const std::string exposition = metrics.Exposition();
   EXPECT_GT(Sample(exposition, "\nnamm_api_held_steps_total "), 0);
   EXPECT_EQ(Sample(exposition, "\nnamm_api_preemptions_total "), 0);
+}
+
+// A NAMM whose heads keep their own counts (namm:FILE,heads=own: ragged caches, whose heads give their dropped
+// slots' blocks back) on the same small budget: every answer is the unlimited one's, with rectangular caches,
+// and every block is back in the pool at the end (FloodAnswers).
+TEST(CompletionScheduler, ANammWhoseHeadsKeepTheirOwnCountsAnswersOnASmallBudgetAsUnlimited) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::Tokenizer> tokenizer;
+  ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
+  NammModel namm;
+  namm.params = initial_params(namm.architecture);
+  std::mt19937 random(7);
+  std::normal_distribution<float> normal(0.0f, 0.15f);
+  for (float& p : namm.params) p = normal(random);
+  const std::string file = testing::TempPath("own-heads.safetensors");
+  ASSERT_TRUE(write_namm_file(file, namm).ok());
+  const std::string policy = "namm:" + file + ",heads=own";
+  std::size_t unlimited_running = 0, most_running = 0;
+  const std::vector<std::string> unlimited = FloodAnswers(*model, *tokenizer, policy, 0, nullptr, &unlimited_running);
+  ApiMetrics metrics("stories260K", "full");
+  const std::vector<std::string> limited =
+      FloodAnswers(*model, *tokenizer, policy, 600 * kBytesPerToken, &metrics, &most_running, 16);
+  EXPECT_EQ(limited, unlimited);
+  EXPECT_GE(most_running, 4u);
 }
 
 }  // namespace

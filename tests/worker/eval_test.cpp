@@ -93,6 +93,17 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4,prompt=keep", 300), 300) << "it holds the prompt";
   EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4", 300), 4);
   EXPECT_EQ(output_directory_name("namm:runs/a b.safetensors"), "namm_runs_a_b.safetensors");
+  // heads=own (each KV head keeps its own count: a ragged cache) likewise.
+  EXPECT_EQ(*split_policy_list({"namm:f.safetensors,heads=own,tova"}),
+            (std::vector<std::string>{"namm:f.safetensors,heads=own", "tova"}));
+  const NammSpec own = parse_namm_spec("namm:f.safetensors,heads=own,prompt=keep,budget=8").value();
+  EXPECT_TRUE(own.own_head_counts && own.keep_prompt);
+  EXPECT_EQ(own.ToString(), "namm:f.safetensors,budget=8,prompt=keep,heads=own");
+  EXPECT_FALSE(parse_namm_spec("namm:f.safetensors,heads=equal").value().own_head_counts);
+  EXPECT_EQ(*with_cache_setting("namm:f.safetensors,heads=own", "budget=4"), "namm:f.safetensors,budget=4,heads=own");
+  const Result<NammSpec> bad_heads = parse_namm_spec("namm:f.safetensors,heads=some");
+  ASSERT_FALSE(bad_heads.ok());
+  EXPECT_NE(bad_heads.status().message().find("heads= takes own"), std::string::npos) << bad_heads.status().ToString();
 }
 
 TEST(EvalPolicies, MatchedCacheComparisonInterpolatesEachFamily) {

@@ -74,6 +74,9 @@ struct AttentionRequest {
   // to width of every row written as zeros. A chunk's rows attended a block at a time (the keys truncated to what
   // the block's last row sees) thus fill rows of the chunk's [heads, rows, n] as one call would.
   at::Tensor probabilities_out;
+  // Or null: per KV head, the leading keys it does not hold (LayerKVCache::vacant()), hidden; a block table then
+  // starts at each head's first held key.
+  const int64_t* vacant = nullptr;
 };
 struct AttentionResult {
   at::Tensor out;            // [t, heads * head_dim]

@@ -28,6 +28,9 @@ class FeatureNormalizer {
   // statistics, current update included, until they are frozen). Frozen with no statistics (count 0), the
   // input is returned unnormalized, as the reference does.
   at::Tensor Normalize(const at::Tensor& ema);
+  // The same for a ragged cache's ema [kv_heads, n, 17] (kv_cache.h): while collecting, only each head's own
+  // slots, vacant[h] on, are counted (vacant null: all).
+  at::Tensor Normalize(const at::Tensor& ema, const int64_t* vacant);
 
   // The map Normalize applies once frozen with statistics, (ema - mean[f]) / scale[f] in float32, for callers
   // that normalize host memory themselves. False while collecting or frozen without statistics (then Normalize

@@ -15,10 +15,16 @@
 // Keys and values may instead live in blocks of a shared KvBlockPool (a cache made with a pool): each (KV head)
 // holds whole blocks of block_tokens tokens, taken as the cache grows and returned as soon as an eviction empties
 // them, so what a sequence reserves follows what it holds to within a block per head, and freed memory serves
-// other sequences at once. Every head keeps the same number of tokens (the reference's selection rule,
-// selection.h), so every head holds the same number of blocks. Positions and the policy's per-token state stay in
-// the cache's own buffers. The numbers are the same bits either way (the attention kernel reads through the block
-// table in key order); keys() and values() of a cache in blocks are copies.
+// other sequences at once. Positions and the policy's per-token state stay in the cache's own buffers. The numbers
+// are the same bits either way (the attention kernel reads through the block table in key order); keys() and
+// values() of a cache in blocks are copies.
+//
+// Heads keep the same number of tokens (the reference's selection rule, selection.h) unless a gather leaves slots
+// vacant (a ragged cache, for a policy whose heads keep their own counts: NammPolicy::set_own_head_counts). Head h
+// then holds only slots [vacant(h), size()): its first vacant(h) slots hold no token — zero keys and values, state
+// zero, position -1 —, attention hides them, and in blocks they take no storage, so what a head drops goes back to
+// the pool even when another head of the layer keeps more. The vacant slots are always a head's oldest, so the
+// tensors stay rectangular [kv_heads, size, ...] for every reader and an append stays one row per head.
 // Not thread-safe: one cache belongs to one sequence being generated.
 #pragma once
 
@@ -58,14 +64,18 @@ class LayerKVCache {
 
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
-  // Tokens currently held per head.
+  // Slots per head: the tokens held, plus the vacant ones of a ragged cache.
   int64_t size() const { return size_; }
+  // Per head, the leading slots that hold no token (a ragged cache), [kv_heads]; null when there are none.
+  const int64_t* vacant() const { return ragged_ ? vacant_.data() : nullptr; }
+  // Tokens held, all heads together (kv_heads x size() less the vacant slots).
+  int64_t held_tokens() const;
   // Tokens ever appended (evicted ones included): the length of the sequence seen so far.
   int64_t tokens_seen() const { return tokens_seen_; }
 
   at::Device device() const { return options_.device(); }
-  at::Tensor keys() const;       // [kv_heads, size, head_dim] (a copy for a cache in blocks)
-  at::Tensor values() const;     // [kv_heads, size, head_dim] (a copy for a cache in blocks)
+  at::Tensor keys() const;       // [kv_heads, size, head_dim] (a copy for a cache in blocks; vacant slots zero)
+  at::Tensor values() const;     // [kv_heads, size, head_dim] (a copy for a cache in blocks; vacant slots zero)
   // Whether keys and values live in a pool's blocks, and, for float32 ones on the host, the block table the CPU
   // attention kernel reads (valid until the next Append() or Gather()).
   bool in_blocks() const { return blocks_.pool != nullptr; }
@@ -81,16 +91,19 @@ class LayerKVCache {
   Status Append(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& positions);
 
   // Keeps, per head, the tokens at `indices` [kv_heads, k] (int64, ascending, same k for every head). In blocks,
-  // each head compacts within its blocks and returns those left empty to the pool.
+  // each head compacts within its blocks and returns those left empty to the pool. On the host a row may start
+  // with -1 entries: that head keeps fewer tokens and leaves as many slots vacant (a ragged cache, above); a
+  // head's indices name slots it holds.
   Status Gather(const at::Tensor& indices);
 
   // The sequence will append at most `total` tokens in all (evicted ones included): storage never grows past
   // room for the tokens still to come. With `allocate_now`, room for all of them is allocated at once (for a
   // policy that never evicts, so that the cache is never copied to grow).
   void ExpectTokens(int64_t total, bool allocate_now);
-  // Tokens the storage of keys and values has room for, per head.
+  // Tokens the storage of keys and values has room for, per head (the most of any head, in blocks).
   int64_t capacity() const;
-  // Bytes of the keys and values held (all heads), and of the policy's per-token state held.
+  // Bytes of the keys and values held (all heads, vacant slots not counted), and of the policy's per-token state
+  // held.
   int64_t kv_bytes() const;
   int64_t state_bytes() const;
   // Tokens of room a cache's storage starts with (it then doubles).
@@ -106,7 +119,7 @@ class LayerKVCache {
   int64_t reserved_kv_bytes_after(int64_t more) const;
 
   // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences); in
-  // blocks, of the same pool (throws when the pool has too few blocks left).
+  // blocks, of the same pool (throws when the pool has too few blocks left). Vacant slots stay vacant.
   LayerKVCache Clone() const;
 
   // The layer's latest queries, recorded by the engine for a policy that asks for them
@@ -125,10 +138,14 @@ class LayerKVCache {
   void RefreshViews();
   bool on_host() const;
   Status GatherOnHost(const at::Tensor& indices);
+  // Checks GatherOnHost's indices; sets kept[h] to head h's count of kept tokens (the rest of its row is -1).
+  Status CheckHostIndices(const int64_t* index, int64_t k, std::vector<int64_t>& kept) const;
+  // Head h's blocks as the kernel's table, width() blocks per head (null past a head's own).
+  void RefreshBlockTable();
   // The cache in blocks: what Append, Gather and the accessors do to keys and values there.
   Status AppendToBlocks(const at::Tensor& keys, const at::Tensor& values, int64_t t);
   void WriteRows(const at::Tensor& keys, const at::Tensor& values, int64_t first);
-  void GatherInBlocks(const at::Tensor& indices);
+  void GatherInBlocks(const int64_t* index, int64_t k, const std::vector<int64_t>& kept);
   at::Tensor FromBlocks(bool values) const;
   int64_t BlocksFor(int64_t tokens) const;
 
@@ -143,7 +160,9 @@ class LayerKVCache {
     HeldBlocks& operator=(HeldBlocks&& other) noexcept;
     ~HeldBlocks() { Release(); }
     void Release();
-    int64_t per_head() const { return ids.empty() ? 0 : static_cast<int64_t>(ids.front().size()); }
+    // The most blocks any head holds: the block table's width.
+    int64_t width() const;
+    int64_t total() const;
   };
 
   int64_t kv_heads_;
@@ -153,6 +172,8 @@ class LayerKVCache {
   int64_t tokens_seen_ = 0;
   int64_t capacity_ = 0;
   int64_t expected_tokens_ = 0;  // 0: no bound given
+  std::vector<int64_t> vacant_;  // [kv_heads]: each head's vacant leading slots
+  bool ragged_ = false;          // some head has vacant slots
   // Every per-token buffer, [kv_heads, capacity, ...]: keys, values, positions, then the declared states.
   std::vector<std::string> names_;
   std::vector<at::Tensor> buffers_;

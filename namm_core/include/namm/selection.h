@@ -3,7 +3,8 @@
 // All selections share the reference's rules:
 //  - the newest token (the last cache slot) is always kept: its score is raised to +float max first;
 //  - every head of a layer keeps the same number k of tokens (the layer's KV tensors stay rectangular); a head
-//    with fewer qualifying tokens keeps its best-scoring non-qualifying ones too (they stay visible to the LLM);
+//    with fewer qualifying tokens keeps its best-scoring non-qualifying ones too (they stay visible to the LLM)
+//    — except in select_own_counts_on_host, our deliberate difference;
 //  - each head keeps its k best-scoring tokens; among equal scores the more recent token wins (the reference
 //    sorts ascending with a stable sort and drops the front);
 //  - retained indices are returned in ascending (chronological) order.
@@ -37,6 +38,15 @@ at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k);
 // and k is returned. `order` is a workspace. log_threshold: theta of kDynamic, unused otherwise.
 int64_t select_tokens_on_host(float* scores, int64_t heads, int64_t n, const SelectionConfig& config,
                               double log_threshold, std::vector<int64_t>& keep, std::vector<int64_t>& order);
+// The same rules with each head keeping its own count instead of the layer's largest (a deliberate difference
+// from the reference: NammPolicy::set_own_head_counts): head h keeps the tokens the rule keeps of its own —
+// those not below the threshold (kBinary; kDynamic, at most its budget) or its `budget` best (kTopK) —, ranked
+// as above, and no others. Head h holds slots [vacant[h], n) of the n (vacant null: all of them); the others are
+// never kept. keep [heads][k] (resized), k the largest count: each row -1 for every slot its head leaves vacant,
+// then its kept indices ascending (LayerKVCache::Gather). Returns k.
+int64_t select_own_counts_on_host(float* scores, int64_t heads, int64_t n, const int64_t* vacant,
+                                  const SelectionConfig& config, double log_threshold, std::vector<int64_t>& keep,
+                                  std::vector<int64_t>& order);
 // max_count_not_below and keep_top_k_per_head on host scores [heads][n] (keep: [heads][k]).
 int64_t count_not_below_on_host(const float* scores, int64_t heads, int64_t n, float threshold);
 void keep_top_k_on_host(const float* scores, int64_t heads, int64_t n, int64_t k, int64_t* keep,

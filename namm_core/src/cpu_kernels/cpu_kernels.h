@@ -136,6 +136,9 @@ struct AttentionSequence {
   int64_t probs_width;  // keys written per row (>= n: those past the row's visible ones are zeros)
   float* log_sum_exp;  // or null; head j, query r: [j * lse_head_stride + r]
   int64_t lse_head_stride;
+  // Or null: KV head h's keys before vacant[h] are hidden (a ragged cache, kv_cache.h), and its block table (or
+  // rectangular start) begins at key vacant[h]: key j >= vacant[h] is row j - vacant[h] of the blocks above.
+  const int64_t* vacant;
 };
 
 // Causal softmax(q k^T * scale) v of many sequences, row-invariant: each query's numbers come from one code path

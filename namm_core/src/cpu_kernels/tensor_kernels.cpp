@@ -190,18 +190,21 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
     const AttentionInput& in = sequences[i];
     const int64_t t = in.q.size(0), n = in_blocks(in) ? in.blocks.tokens : in.keys.size(1);
     TORCH_CHECK(in.q.dim() == 2 && in.q.size(1) == heads * head_dim && in.q.stride(1) == 1, "q: [t, heads * head_dim]");
+    const int64_t fewest_vacant = in.vacant != nullptr ? *std::min_element(in.vacant, in.vacant + kv_heads) : 0;
     if (in_blocks(in)) {
       TORCH_CHECK(in.blocks.kv_heads == kv_heads && in.blocks.head_dim == head_dim && n >= t &&
-                      in.blocks.block_shift < kOneBlock && in.blocks.blocks_per_head << in.blocks.block_shift >= n,
+                      in.blocks.block_shift < kOneBlock &&
+                      in.blocks.blocks_per_head << in.blocks.block_shift >= n - fewest_vacant,
                   "blocks: [kv_heads, n >= t, head_dim] in blocks covering n");
     } else {
       TORCH_CHECK(in.keys.dim() == 3 && in.keys.size(0) == kv_heads && in.keys.size(2) == head_dim &&
                       in.keys.stride(2) == 1 && n >= t && n < (int64_t{1} << kOneBlock),
                   "keys: [kv_heads, n >= t, head_dim]");
       TORCH_CHECK(in.values.sizes() == in.keys.sizes() && in.values.stride(2) == 1, "values: as keys");
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        head_keys[i].push_back(in.keys.data_ptr<float>() + h * in.keys.stride(0));
-        head_values[i].push_back(in.values.data_ptr<float>() + h * in.values.stride(0));
+      for (int64_t h = 0; h < kv_heads; ++h) {  // from the head's first held key
+        const int64_t first = in.vacant != nullptr ? in.vacant[h] : 0;
+        head_keys[i].push_back(in.keys.data_ptr<float>() + h * in.keys.stride(0) + first * in.keys.stride(1));
+        head_values[i].push_back(in.values.data_ptr<float>() + h * in.values.stride(0) + first * in.values.stride(1));
       }
     }
     TORCH_CHECK(in.window <= 0 || (in.key_positions.dim() == 2 && in.key_positions.size(0) == kv_heads &&
@@ -241,7 +244,8 @@ std::vector<AttentionOutput> batched_attention(const std::vector<AttentionInput>
                                  in.probabilities ? o.probabilities.stride(1) : 0,
                                  in.probabilities ? o.probabilities.size(2) : 0,
                                  in.log_sum_exp ? o.log_sum_exp.data_ptr<float>() : nullptr,
-                                 t};
+                                 t,
+                                 in.vacant};
     longest = std::max(longest, n);
     work += 2 * heads * t * n * head_dim;
   }

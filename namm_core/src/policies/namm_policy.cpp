@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "aten.h"
@@ -240,7 +241,7 @@ void NammPolicy::GatherCarriedRows(int layer, const LayerKVCache& cache, const i
     for (int64_t q = 0; q < r; ++q) {
       const float* from = rows.data_ptr<float>() + (h * r + q) * c.size;
       float* to = gathered.data_ptr<float>() + (h * r + q) * k;
-      for (int64_t j = 0; j < k; ++j) to[j] = from[keep[h * k + j]];
+      for (int64_t j = 0; j < k; ++j) to[j] = keep[h * k + j] >= 0 ? from[keep[h * k + j]] : 0.0f;  // -1: vacant
     }
   }
   c.rows = gathered;
@@ -255,6 +256,21 @@ Status NammPolicy::BeginSequence(const SequenceInfo& info) {
     architecture_.selection.budget = knob_budget_->Resolve(static_cast<int64_t>(info.prompt_ids.size()));
   }
   return Status::Ok();
+}
+
+void NammPolicy::set_own_head_counts(bool own) { own_head_counts_ = own; }
+
+int64_t NammPolicy::SelectOnHost(float* scores, const LayerKVCache& cache, std::vector<int64_t>& keep,
+                                 std::vector<int64_t>& order) const {
+  const SelectionConfig& selection = architecture_.selection;
+  const double theta = selection.kind == SelectionKind::kDynamic
+                           ? static_cast<double>(selection_params_.data_ptr<float>()[0])
+                           : 0.0;
+  if (own_head_counts_) {
+    return select_own_counts_on_host(scores, cache.kv_heads(), cache.size(), cache.vacant(), selection, theta, keep,
+                                     order);
+  }
+  return select_tokens_on_host(scores, cache.kv_heads(), cache.size(), selection, theta, keep, order);
 }
 
 Status NammPolicy::set_selection_knob(const SelectionKnob& knob) {
@@ -339,12 +355,27 @@ Result<std::optional<at::Tensor>> NammPolicy::EndPrefill(int layer, LayerKVCache
 }
 
 Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache) {
+  const bool constant = constant_score_ && !tracing_;
+  if (own_head_counts_ && cache.vacant() != nullptr && (!constant || !cache.positions().device().is_cpu())) {
+    return Status::FailedPrecondition("heads=own: the memory update of a ragged cache runs on the host, untraced "
+                                      "(a cache on " + cache.device().str() + (tracing_ ? ", traced" : "") + ")");
+  }
+  // Own head counts select on the host, whatever computed the scores.
+  const auto select = [&](const at::Tensor& scores) {
+    if (!own_head_counts_) return select_tokens(scores, architecture_.selection, selection_params_);
+    at::Tensor host = scores.to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    std::vector<int64_t> keep, order;
+    const int64_t k = SelectOnHost(host.data_ptr<float>(), cache, keep, order);
+    at::Tensor out = at::empty({cache.kv_heads(), k}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+    std::copy(keep.begin(), keep.end(), out.data_ptr<int64_t>());
+    return out.to(scores.device());
+  };
   Result<at::Tensor> keep = internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
-    if (constant_score_ && !tracing_) {
-      if (normalizer_.state() == NormState::kCollecting) normalizer_.Normalize(cache.state(kEmaState));
+    if (constant) {
+      if (normalizer_.state() == NormState::kCollecting) normalizer_.Normalize(cache.state(kEmaState), cache.vacant());
       const at::Tensor scores = at::full({cache.kv_heads(), cache.size()}, *constant_score_,
                                          cache.positions().options().dtype(at::kFloat));
-      return select_tokens(scores, architecture_.selection, selection_params_);
+      return select(scores);
     }
     const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState));
     at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
@@ -354,7 +385,7 @@ Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache)
       features = features + shift_tensor.to(features.device());
     }
     const at::Tensor scores = scorer_->Score(features);
-    at::Tensor kept = select_tokens(scores, architecture_.selection, selection_params_);
+    at::Tensor kept = select(scores);
     if (tracing_) trace_ = {features, scores, kept};
     return kept;
   });
@@ -378,11 +409,13 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     int layer = 0;
     LayerKVCache* cache = nullptr;
     int64_t heads = 0, n = 0;
+    const int64_t* vacant = nullptr;      // the cache's (own head counts): head h scores slots vacant[h] on
     at::Tensor ema, positions;            // [heads, n, 17] and [heads, n], rows contiguous
     bool affine = false;                  // normalized by mean and scale; else `ema` is already normalized
     std::array<float, kStftBins> mean{}, scale{};
     std::vector<float> scores;            // [heads][n]
     std::vector<float> budget_shift;      // added to every token's features (budget_input.h); empty: none
+                                          // (own head counts: computed per head)
     bool host = true;                     // else (ScoreOnHost declined) the tensor path
   };
   std::vector<Result<at::Tensor>> kept(updates.size(), Result<at::Tensor>(Status::Internal("not selected")));
@@ -410,13 +443,14 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     item.cache = &cache;
     item.heads = cache.kv_heads();
     item.n = cache.size();
+    item.vacant = cache.vacant();
     item.ema = cache.state(kEmaState);
     item.positions = cache.positions();
     item.affine = policy->normalizer_.FrozenAffine(item.mean, item.scale);
     // Collecting statistics (or frozen without any): the normalizer's own pass, which also gathers them.
-    if (!item.affine) item.ema = policy->normalizer_.Normalize(item.ema).contiguous();
+    if (!item.affine) item.ema = policy->normalizer_.Normalize(item.ema, item.vacant).contiguous();
     item.scores.resize(static_cast<std::size_t>(item.heads * item.n));
-    item.budget_shift = policy->BudgetShift(item.n);
+    if (!policy->own_head_counts_) item.budget_shift = policy->BudgetShift(item.n);
     items.push_back(std::move(item));
     where.push_back(u);
   }
@@ -429,12 +463,14 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
       const auto i = static_cast<std::size_t>(std::upper_bound(first_task.begin(), first_task.end(), task) -
                                               first_task.begin() - 1);
       Item& item = items[i];
-      const int64_t h = task - first_task[i], n = item.n;
+      const int64_t h = task - first_task[i];
+      // A ragged cache's head holds slots [first, item.n): its features and scores are of those alone.
+      const int64_t first = item.vacant != nullptr ? item.vacant[h] : 0, n = item.n - first;
       try {
         features.resize(static_cast<std::size_t>(n * kFeatureDim));
-        recency_embedding_on_host(item.positions.data_ptr<int64_t>() + h * item.positions.stride(0), n,
+        recency_embedding_on_host(item.positions.data_ptr<int64_t>() + h * item.positions.stride(0) + first, n,
                                   features.data(), kFeatureDim);
-        const float* ema = item.ema.data_ptr<float>() + h * item.ema.stride(0);
+        const float* ema = item.ema.data_ptr<float>() + h * item.ema.stride(0) + first * item.ema.stride(1);
         for (int64_t j = 0; j < n; ++j) {
           const float* bins = ema + j * item.ema.stride(1);
           float* x = features.data() + j * kFeatureDim + kRecencyDims;
@@ -442,10 +478,12 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
             x[f] = item.affine ? (bins[f] - item.mean[f]) / item.scale[f] : bins[f];
           }
         }
-        add_budget_shift(item.budget_shift, features.data(), n, kFeatureDim);
+        add_budget_shift(item.policy->own_head_counts_ ? item.policy->BudgetShift(n) : item.budget_shift,
+                         features.data(), n, kFeatureDim);
+        float* scores = item.scores.data() + h * item.n;
+        std::fill(scores, scores + first, -std::numeric_limits<float>::infinity());  // vacant: never kept
         // Declining is a property of the policy (its parameters' device), the same for all of its heads.
-        item.host = item.policy->scorer_->ScoreOnHost(features.data(), kFeatureDim, n, item.scores.data() + h * n,
-                                                      workspace);
+        item.host = item.policy->scorer_->ScoreOnHost(features.data(), kFeatureDim, n, scores + first, workspace);
       } catch (const std::exception& e) {
         failures[static_cast<std::size_t>(task)] = e.what();
       }
@@ -464,13 +502,8 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
       kept[where[i]] = item.policy->SelectWithTensors(item.layer, *item.cache);
       continue;
     }
-    const NammPolicy& policy = *item.policy;
-    const double theta = policy.architecture_.selection.kind == SelectionKind::kDynamic
-                             ? static_cast<double>(policy.selection_params_.data_ptr<float>()[0])
-                             : 0.0;
     kept[where[i]] = internal::catch_torch_errors("NAMM select", [&]() -> Result<at::Tensor> {
-      const int64_t k = select_tokens_on_host(item.scores.data(), item.heads, item.n, policy.architecture_.selection,
-                                              theta, keep, order);
+      const int64_t k = item.policy->SelectOnHost(item.scores.data(), *item.cache, keep, order);
       item.policy->GatherCarriedRows(item.layer, *item.cache, keep.data(), k);
       at::Tensor out = at::empty({item.heads, k}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
       std::copy(keep.begin(), keep.end(), out.data_ptr<int64_t>());

@@ -78,8 +78,9 @@ class CacheTracker {
     for (const auto& cache : caches_) {
       kv += cache.kv_bytes();
       state += cache.state_bytes() + cache.query_history().bytes();
-      // The step's queries saw n - t + 1, ..., n cached tokens.
-      const auto n = static_cast<double>(cache.size()), steps = static_cast<double>(t);
+      // The step's queries saw n - t + 1, ..., n cached tokens (n: the tokens a head holds, on average over heads).
+      const double n = static_cast<double>(cache.held_tokens()) / static_cast<double>(cache.kv_heads());
+      const auto steps = static_cast<double>(t);
       held += n;
       attended += steps * n - steps * (steps - 1) / 2;
     }

@@ -204,6 +204,7 @@ Status LlamaModel::Attend(int layer, const at::Tensor& q_rows, const at::Tensor&
         in.values = narrow_view(cache.values(), 1, 0, seen);
       }
       in.key_positions = cache.positions();
+      in.vacant = cache.vacant();
       in.first_position = first_query + b0;
       in.window = windowed ? window : 0;
       in.out = narrow_view(out, 0, b0, rows);
@@ -230,6 +231,12 @@ Status LlamaModel::Attend(int layer, const at::Tensor& q_rows, const at::Tensor&
         const at::Tensor behind =
             query_positions.view({1, rows, 1}) - cache.positions().unsqueeze(1);  // [kv_heads, rows, n]
         scores.masked_fill_(behind.ge(window).unsqueeze(1), -std::numeric_limits<float>::infinity());
+      }
+      // A ragged cache's vacant slots hold no token.
+      if (const int64_t* vacant = cache.vacant(); vacant != nullptr) {
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          if (vacant[h] > 0) scores[h].narrow(2, 0, vacant[h]).fill_(-std::numeric_limits<float>::infinity());
+        }
       }
       // Probabilities in float32, and the log-sum-exp of the rows the query history keeps.
       const at::Tensor p = attention_probabilities(
@@ -361,6 +368,7 @@ void LlamaModel::AttendBatch(int layer, const std::vector<Step>& steps, const Pa
       in.values = cache.values();
     }
     in.key_positions = cache.positions();
+    in.vacant = cache.vacant();
     in.first_position = cache.tokens_seen() - t;
     in.window = window > 0 && cache.tokens_seen() > window ? window : 0;
     in.out = narrow_view(heads_out, 0, first, t);

@@ -230,9 +230,10 @@ Result<std::vector<std::string>> split_policy_list(const std::vector<std::string
     std::string piece;
     while (std::getline(pieces, piece, ',')) {
       const bool continues = piece.find(':') == std::string::npos && piece.find('=') != std::string::npos;
-      // A NAMM takes its knob (budget=, ratio=, threshold=) and prompt= after a comma, and nothing else.
+      // A NAMM takes its knob (budget=, ratio=, threshold=), prompt= and heads= after a comma, and nothing else.
       const bool knob = piece.rfind("budget=", 0) == 0 || piece.rfind("ratio=", 0) == 0 ||
-                        piece.rfind("threshold=", 0) == 0 || piece.rfind("prompt=", 0) == 0;
+                        piece.rfind("threshold=", 0) == 0 || piece.rfind("prompt=", 0) == 0 ||
+                        piece.rfind("heads=", 0) == 0;
       if (continues && !specs.empty() && (specs.back().rfind("namm:", 0) != 0 || knob)) {
         specs.back() += "," + piece;
         continue;

@@ -67,6 +67,11 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
       NAMM_RETURN_IF_ERROR(namm->set_selection_knob(namm_spec.knob).WithContext("policy '" + text + "'"));
     }
     namm->set_keep_prompt(namm_spec.keep_prompt);
+    if (namm_spec.own_head_counts && !device_.is_cpu()) {
+      return Status::InvalidArgument("policy '" + text + "': heads=own (a ragged KV cache) runs on the CPU, not " +
+                                     device_.str());
+    }
+    namm->set_own_head_counts(namm_spec.own_head_counts);
     return std::unique_ptr<MemoryPolicy>(std::move(namm));
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
@@ -133,10 +138,12 @@ Result<std::string> policy_family(const std::string& text) {
 Result<NammSpec> parse_namm_spec(const std::string& text) {
   if (text.rfind("namm:", 0) != 0) return Status::InvalidArgument("'" + text + "' is not a NAMM spec (namm:FILE)");
   NammSpec out;
-  // The options start at the first ",budget=" / ",ratio=" / ",threshold=" / ",prompt=": a file name holding one of
-  // those is not supported.
+  // The options start at the first ",budget=" / ",ratio=" / ",threshold=" / ",prompt=" / ",heads=": a file name
+  // holding one of those is not supported.
   std::size_t first = std::string::npos;
-  for (const char* key : {",budget=", ",ratio=", ",threshold=", ",prompt="}) first = std::min(first, text.find(key, 5));
+  for (const char* key : {",budget=", ",ratio=", ",threshold=", ",prompt=", ",heads="}) {
+    first = std::min(first, text.find(key, 5));
+  }
   out.path = text.substr(5, first == std::string::npos ? std::string::npos : first - 5);
   if (out.path.empty()) return Status::InvalidArgument("'namm:' needs a file: namm:FILE.safetensors");
   if (first == std::string::npos) return out;
@@ -144,7 +151,16 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
   Result<OptionSpec> parsed = parse_option_spec("namm:" + text.substr(first + 1));
   if (!parsed.ok()) return where(parsed.status());
   OptionSpec& options = *parsed;
-  NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold", "prompt"})));
+  NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold", "prompt", "heads"})));
+  if (const auto heads = options.options.find("heads"); heads != options.options.end()) {
+    if (heads->second != "own" && heads->second != "equal") {
+      return where(Status::InvalidArgument("heads= takes own (each KV head keeps its own count of tokens) or equal "
+                                           "(every head of a layer keeps the largest count, the default), got '" +
+                                           heads->second + "'"));
+    }
+    out.own_head_counts = heads->second == "own";
+    options.options.erase(heads);
+  }
   if (const auto prompt = options.options.find("prompt"); prompt != options.options.end()) {
     if (prompt->second != "keep" && prompt->second != "evict") {
       return where(Status::InvalidArgument("prompt= takes keep (no eviction before the prompt's end) or evict "
@@ -182,6 +198,7 @@ std::string NammSpec::ToString() const {
   std::string text = "namm:" + path;
   if (!setting.empty()) text += "," + setting;
   if (keep_prompt) text += ",prompt=keep";
+  if (own_head_counts) text += ",heads=own";
   return text;
 }
 
@@ -212,6 +229,7 @@ Result<std::string> with_cache_setting(const std::string& text, const std::strin
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
     NAMM_ASSIGN_OR_RETURN(NammSpec with, parse_namm_spec("namm:" + namm.path + "," + setting));
     with.keep_prompt = with.keep_prompt || namm.keep_prompt;
+    with.own_head_counts = with.own_head_counts || namm.own_head_counts;
     return with.ToString();
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));

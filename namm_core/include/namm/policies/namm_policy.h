@@ -95,6 +95,16 @@ class NammPolicy final : public MemoryPolicy {
   void set_keep_prompt(bool keep) { keep_prompt_ = keep; }
   bool keep_prompt() const { return keep_prompt_; }
 
+  // namm:FILE,heads=own: each KV head keeps its own count of tokens — those its scores keep
+  // (select_own_counts_on_host) — where the reference pads every head of a layer to the layer's largest count with
+  // its best tokens below the threshold. The caches become ragged (kv_cache.h): a head's dropped slots hold no
+  // storage in blocks and get no attention, so the model reads fewer tokens than with the reference's padding
+  // and the scores may differ from the reference's. Each head's features, scorer and budget input then see only
+  // its own tokens (statistics being collected count only the slots a head holds). Deliberately beyond the
+  // reference (docs/namm-core.md). The memory update runs on the host (caches on the CPU, not traced once a head
+  // has left slots vacant). Set before BeginSequence.
+  void set_own_head_counts(bool own);
+  bool own_head_counts() const { return own_head_counts_; }
   // The statistics in use, including any gathered by this policy while collecting.
   const FeatureNormalizer& normalizer() const { return normalizer_; }
 
@@ -104,6 +114,7 @@ class NammPolicy final : public MemoryPolicy {
   // The features are needed unless the scorer is constant and no statistics are being gathered.
   bool FeaturesNeeded() const;
   // What the budget input adds to each token's features for a head of n tokens (budget_input.h); empty: nothing.
+  // With own head counts, n is the head's own.
   std::vector<float> BudgetShift(int64_t n) const;
   // Select()'s preconditions.
   Status CheckSelect(const LayerKVCache& cache) const;
@@ -113,6 +124,10 @@ class NammPolicy final : public MemoryPolicy {
   }
   // Select() by tensor operations: any device, tracing, the constant-score shortcut.
   Result<at::Tensor> SelectWithTensors(int layer, LayerKVCache& cache);
+  // The selection of host scores [kv_heads][n] (the newest raised in place): the architecture's rule, or with own
+  // head counts each head's own over the slots it holds.
+  int64_t SelectOnHost(float* scores, const LayerKVCache& cache, std::vector<int64_t>& keep,
+                       std::vector<int64_t>& order) const;
   // The carried rows of `layer` (CarriedRows) for queries [from, to) into out [kv_heads, to - from, n], if they
   // cover them and the cache has only grown since; false (nothing written) otherwise.
   bool CopyCarriedRows(int layer, const LayerKVCache& cache, int64_t from, int64_t to, const at::Tensor& out) const;
@@ -138,6 +153,7 @@ class NammPolicy final : public MemoryPolicy {
   Trace trace_;
   bool from_history_ = false;
   bool keep_prompt_ = false;
+  bool own_head_counts_ = false;
   int64_t prompt_tokens_ = 0;   // BeginSequence's prompt
   bool at_prompt_end_ = false;  // within EndPrefill's selection
   // The reduced rows of the current forward pass's latest blocks of one layer (at most the 31 newest), valid

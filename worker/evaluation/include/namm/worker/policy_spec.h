@@ -6,9 +6,11 @@
 //   tova:budget=N|ratio=R                  attention of the latest query
 //   snapkv:budget=N|ratio=R[,window=32,kernel=7]   prompt compression at the end of prefill
 //   fastgen:budget=N|ratio=R[,recovery=0.95,window=32]   per-head profiles at the end of prefill
-//   namm:FILE.safetensors[,budget=N|,ratio=R|,threshold=T][,prompt=keep]   a NAMM file; with a knob, each KV head
-//                                          keeps its N (or R of the prompt) best-scored tokens, or those scoring
-//                                          >= T (not 0); prompt=keep: no eviction before the prompt's end
+//   namm:FILE.safetensors[,budget=N|,ratio=R|,threshold=T][,prompt=keep][,heads=own]   a NAMM file; with a
+//                                          knob, each KV head keeps its N (or R of the prompt) best-scored tokens,
+//                                          or those scoring >= T (not 0); prompt=keep: no eviction before the
+//                                          prompt's end; heads=own: each KV head keeps its own count, not the
+//                                          layer's largest (a ragged cache)
 //   oracle                                 evaluation ceiling: evicts a synthetic row's marked interruption
 // budget = tokens kept per KV head; ratio = that number as a share of each prompt.
 #pragma once
@@ -60,14 +62,15 @@ class PolicyFactory {
   std::map<std::string, NammModel> namm_models_;
 };
 
-// "namm:FILE[,budget=N|,ratio=R|,threshold=T][,prompt=keep|evict]" split: the file (which may hold ':' and ',')
-// and the options.
+// "namm:FILE[,budget=N|,ratio=R|,threshold=T][,prompt=keep|evict][,heads=own|equal]" split: the file (which may
+// hold ':' and ',') and the options.
 struct NammSpec {
   std::string path;
   NammPolicy::SelectionKnob knob;
   std::string setting;  // "budget=N", "ratio=R", "threshold=T" as given, or ""
   bool keep_prompt = false;  // prompt=keep (NammPolicy::set_keep_prompt)
-  // The spec again, options in a fixed order: "namm:FILE[,SETTING][,prompt=keep]".
+  bool own_head_counts = false;  // heads=own (NammPolicy::set_own_head_counts)
+  // The spec again, options in a fixed order: "namm:FILE[,SETTING][,prompt=keep][,heads=own]".
   std::string ToString() const;
 };
 Result<NammSpec> parse_namm_spec(const std::string& spec);
