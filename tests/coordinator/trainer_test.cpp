@@ -307,6 +307,11 @@ TEST(RunSpec, BudgetsTurnEachTaskIntoItsVariants) {
   keep.replace(keep.find("[t/a]"), 5, "[t/a@prompt=keep]");
   EXPECT_EQ(parse_run_spec(keep, "keep.yaml")->stages[0].tasks,
             (std::vector<std::string>{"t/a@prompt=keep", "t/a@budget=8,prompt=keep"}));
+  std::string own = SyntheticSpecYaml();  // and heads=own
+  own.insert(own.find("stages:"), "budgets: [own, 8]\n");
+  own.replace(own.find("[t/a]"), 5, "[t/a@heads=own]");
+  EXPECT_EQ(parse_run_spec(own, "own.yaml")->stages[0].tasks,
+            (std::vector<std::string>{"t/a@heads=own", "t/a@budget=8,heads=own"}));
   std::string named = SyntheticSpecYaml();
   named.replace(named.find("[t/a]"), 5, "[t/a@budget=x]");
   EXPECT_NE(parse_run_spec(named, "n.yaml").status().message().find("'t/a@budget=x'"), std::string::npos);

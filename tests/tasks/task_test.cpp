@@ -173,8 +173,16 @@ TEST(TaskVariant, ParsesABudgetOrARatioAndRefusesAnythingElseNamingTheTask) {
   const TaskVariant both = parse_task_variant("syn/interruption@budget=8,prompt=keep").value();
   EXPECT_TRUE(both.keep_prompt);
   EXPECT_EQ(both.budget->Resolve(1000), 8);
+  EXPECT_FALSE(both.own_head_counts);
+  const TaskVariant own = parse_task_variant("syn/interruption@heads=own").value();
+  EXPECT_TRUE(own.own_head_counts);
+  EXPECT_FALSE(own.keep_prompt || own.budget.has_value());
+  const TaskVariant all = parse_task_variant("syn/interruption@prompt=keep,budget=8,heads=own").value();
+  EXPECT_TRUE(all.own_head_counts && all.keep_prompt);
+  EXPECT_EQ(variant_flags(all), ",prompt=keep,heads=own");
   for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
            {"syn/interruption@prompt=evict", "prompt= takes keep"},
+           {"syn/interruption@heads=equal", "heads= takes own"},
            {"syn/interruption@budget=0", "budget > 0"},
            {"syn/interruption@ratio=1.5", "(0, 1]"},
            {"syn/interruption@threshold=0.5", "threshold"},

@@ -101,6 +101,8 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_EQ(own.ToString(), "namm:f.safetensors,budget=8,prompt=keep,heads=own");
   EXPECT_FALSE(parse_namm_spec("namm:f.safetensors,heads=equal").value().own_head_counts);
   EXPECT_EQ(*with_cache_setting("namm:f.safetensors,heads=own", "budget=4"), "namm:f.safetensors,budget=4,heads=own");
+  EXPECT_EQ(*with_cache_setting("namm:f.safetensors,budget=8", "heads=own"), "namm:f.safetensors,budget=8,heads=own")
+      << "a flag keeps the NAMM's budget";
   const Result<NammSpec> bad_heads = parse_namm_spec("namm:f.safetensors,heads=some");
   ASSERT_FALSE(bad_heads.ok());
   EXPECT_NE(bad_heads.status().message().find("heads= takes own"), std::string::npos) << bad_heads.status().ToString();

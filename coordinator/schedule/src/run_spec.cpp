@@ -215,8 +215,8 @@ std::vector<std::string> RunSpec::all_tasks() const {
 
 // The top-level budgets: / ratios: applied to a stage's tasks: each plain task becomes its variants
 // "T@budget=N" (or "T@ratio=R"), one per setting, and the task itself for the setting "own" (the NAMM's own
-// selection); "T@prompt=keep" becomes "T@budget=N,prompt=keep" and itself; a task that names a budget already is
-// kept as it is.
+// selection); "T@prompt=keep" becomes "T@budget=N,prompt=keep" and itself (so with heads=own); a task that
+// names a budget already is kept as it is.
 static std::vector<std::string> AtEachSetting(const std::vector<std::string>& tasks, const std::string& knob,
                                        const std::vector<std::string>& settings) {
   std::vector<std::string> out;
@@ -226,9 +226,8 @@ static std::vector<std::string> AtEachSetting(const std::vector<std::string>& ta
       out.push_back(task);
       continue;
     }
-    const std::string keep = variant->keep_prompt ? ",prompt=keep" : "";
     for (const std::string& setting : settings) {
-      out.push_back(setting == "own" ? task : variant->base + "@" + knob + "=" + setting + keep);
+      out.push_back(setting == "own" ? task : variant->base + "@" + knob + "=" + setting + tasks::variant_flags(*variant));
     }
   }
   return out;

@@ -66,10 +66,11 @@ Result<std::shared_ptr<const NammExecutor::LoadedTask>> NammExecutor::Task(const
     loaded->rows = std::make_shared<const std::vector<tasks::TaskRow>>(std::move(rows));
     base = tasks_[variant.base] = std::move(loaded);
   }
-  if (!variant.budget && !variant.keep_prompt) return base;
+  if (!variant.budget && !variant.keep_prompt && !variant.own_head_counts) return base;
   auto loaded = std::make_shared<LoadedTask>(*base);
   loaded->budget = variant.budget;
   loaded->keep_prompt = variant.keep_prompt;
+  loaded->own_head_counts = variant.own_head_counts;
   tasks_[name] = loaded;
   return std::shared_ptr<const LoadedTask>(loaded);
 }
@@ -250,6 +251,12 @@ std::vector<Result<PromptOutcome>> NammExecutor::Attempt(const std::vector<Promp
       (*p)->set_observe_from_query_history(true);  // the engine records each layer's queries
       if (task.budget) (*p)->set_selection_budget(*task.budget);
       (*p)->set_keep_prompt(task.keep_prompt);
+      if (task.own_head_counts && !(*model)->options().device().is_cpu()) {
+        outcomes[j] = Status::InvalidArgument("task variant heads=own (ragged KV caches) runs on the CPU, not " +
+                                              (*model)->options().device().str());
+        continue;
+      }
+      (*p)->set_own_head_counts(task.own_head_counts);
       namm_policies[j] = p->get();
       policies[j] = std::move(p).value();
     }

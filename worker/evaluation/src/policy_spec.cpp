@@ -228,6 +228,10 @@ Result<std::string> with_cache_setting(const std::string& text, const std::strin
   if (text.rfind("namm:", 0) == 0) {
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
     NAMM_ASSIGN_OR_RETURN(NammSpec with, parse_namm_spec("namm:" + namm.path + "," + setting));
+    if (with.setting.empty()) {  // only prompt= or heads=: the NAMM's own knob stays
+      with.setting = namm.setting;
+      with.knob = namm.knob;
+    }
     with.keep_prompt = with.keep_prompt || namm.keep_prompt;
     with.own_head_counts = with.own_head_counts || namm.own_head_counts;
     return with.ToString();

@@ -20,11 +20,14 @@ struct TaskVariant {
   std::string base;                   // the task the rows come from: "syn/interruption"
   std::optional<CacheBudget> budget;  // the NAMM's budget knob; nullopt: the task itself (its own selection)
   bool keep_prompt = false;           // "@prompt=keep": the NAMM evicts from the prompt's end on (NammPolicy)
+  bool own_head_counts = false;       // "@heads=own": each KV head keeps its own count (NammPolicy)
 };
 
-// "TASK", "TASK@budget=N" / "TASK@ratio=R", "TASK@prompt=keep", "TASK@budget=N,prompt=keep"; anything else
-// after '@' is an error naming the task.
+// "TASK", "TASK@budget=N" / "TASK@ratio=R", "TASK@prompt=keep", "TASK@heads=own", or a budget with either or
+// both ("TASK@budget=N,prompt=keep,heads=own"); anything else after '@' is an error naming the task.
 Result<TaskVariant> parse_task_variant(const std::string& name);
+// What a variant adds to a budget: ",prompt=keep" and/or ",heads=own" (empty for neither).
+std::string variant_flags(const TaskVariant& variant);
 
 // The part before '@' (the name itself for a plain task): where rows, prompts and reference scores come from.
 std::string base_task(const std::string& name);

@@ -60,6 +60,7 @@ class NammExecutor final : public LeaseExecutor {
     std::shared_ptr<const std::vector<tasks::TaskRow>> rows;  // a variant's: its base task's, shared
     std::optional<CacheBudget> budget;  // a variant's: the candidates' selection budget
     bool keep_prompt = false;           // a variant's: the candidates keep the prompt until its end
+    bool own_head_counts = false;       // a variant's: each KV head keeps its own count (heads=own)
   };
   Result<std::shared_ptr<const LoadedTask>> Task(const std::string& name);
   Result<const LlamaModel*> ModelFor(const std::string& rope_scaling);

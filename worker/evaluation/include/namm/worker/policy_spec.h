@@ -90,7 +90,8 @@ bool is_budgeted_family(const std::string& family);
 // holds up to a memory-update interval or prefill chunk more (namm-api's admission adds it).
 Result<std::optional<int64_t>> policy_token_bound(const std::string& spec, int64_t prompt_tokens);
 // The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8",
-// ("namm:f.safetensors", "budget=32") -> "namm:f.safetensors,budget=32".
+// ("namm:f.safetensors", "budget=32") -> "namm:f.safetensors,budget=32". A NAMM's prompt= and heads= are added
+// to its flags, and a setting of those alone keeps its budget ("namm:f,budget=8" + "heads=own").
 Result<std::string> with_cache_setting(const std::string& spec, const std::string& setting);
 
 }  // namespace namm::worker
