@@ -509,6 +509,7 @@ Status LayerKVCache::CheckHostIndices(const int64_t* index, int64_t k, std::vect
     int64_t first = 0;
     while (first < k && row[first] == -1) ++first;
     kept[static_cast<std::size_t>(h)] = k - first;
+    if (k > 0 && first == k) return Status::InvalidArgument("KV head " + std::to_string(h) + " would keep no token");
     for (int64_t j = first; j < k; ++j) {
       if (row[j] < 0 || row[j] >= size_) {
         return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) +
@@ -532,7 +533,8 @@ Status LayerKVCache::GatherOnHost(const at::Tensor& indices) {
   NAMM_RETURN_IF_ERROR(CheckHostIndices(index, k, kept));
   bool leaves_vacant = false;
   for (const int64_t count : kept) leaves_vacant = leaves_vacant || count < k;
-  if (k == size_ && !leaves_vacant) return Status::Ok();  // every slot, in order
+  // Every slot, in order (a ragged cache's vacant ones staying vacant: all_token_indices).
+  if (k == size_ && !leaves_vacant) return Status::Ok();
   for (int64_t h = 0; h < kv_heads_; ++h) {
     const auto head = static_cast<std::size_t>(h);
     for (int64_t j = k - kept[head]; j < k; ++j) {

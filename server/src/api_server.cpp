@@ -610,11 +610,14 @@ struct ApiServer::Impl {
   }
 
   // Whether a request may name `spec` (of `family`) besides the server's own (ApiServerOptions::allowed_policies).
+  // Whether the operator's --allow-policies names the spec, its family or any.
+  bool AllowedByOperator(const std::string& spec, const std::string& family) const {
+    return std::any_of(options.allowed_policies.begin(), options.allowed_policies.end(),
+                       [&](const std::string& a) { return a == "any" || a == family || a == spec; });
+  }
+
   bool Allowed(const std::string& spec, const std::string& family) const {
-    if (!options.allowed_policies.empty()) {
-      return std::any_of(options.allowed_policies.begin(), options.allowed_policies.end(),
-                         [&](const std::string& a) { return a == "any" || a == family || a == spec; });
-    }
+    if (!options.allowed_policies.empty()) return AllowedByOperator(spec, family);
     const Result<std::string> own = worker::policy_family(options.default_policy);
     if (family == "full") return own.ok() && *own == "full";
     // A token budget or a share of the prompt bounds what the cache holds.
@@ -632,17 +635,22 @@ struct ApiServer::Impl {
       job.policy = options.default_policy;
     } else if (r.policy.rfind("default,", 0) == 0) {
       // The server's own policy with a cache setting: "default,budget=32" (a NAMM or a baseline's knob). A budget
-      // or a ratio bounds what it holds, so it is allowed; a NAMM's threshold= may keep more, and prompt=keep holds
-      // the whole prompt, so those only where the operator allows NAMMs (--allow-policies namm).
+      // or a ratio bounds what it holds, so it is allowed, as is heads=own (it holds less); a NAMM's threshold= may
+      // keep more, and prompt=keep holds the whole prompt (a budget or not), so those only where the operator
+      // allows NAMMs (--allow-policies namm).
       const std::string setting = r.policy.substr(std::string("default,").size());
       Result<std::string> with = worker::with_cache_setting(options.default_policy, setting);
       if (!with.ok()) return Error(400, "namm_policy: " + with.status().message(), "namm_policy");
       const Result<std::string> family = worker::policy_family(*with);
       if (!family.ok()) return Error(400, "namm_policy: " + family.status().message(), "namm_policy");
-      const bool may_hold_more =
-          setting.rfind("threshold=", 0) == 0 ||
-          (worker::policy_keeps_prompt(*with) && !worker::policy_keeps_prompt(options.default_policy));
-      if (may_hold_more && !Allowed(*with, *family)) {
+      bool may_hold_more = false;
+      if (*family == "namm") {
+        const Result<worker::NammSpec> asked = worker::parse_namm_spec(*with);
+        const Result<worker::NammSpec> own = worker::parse_namm_spec(options.default_policy);
+        may_hold_more = !asked.ok() || !own.ok() || (asked->knob.threshold && asked->setting != own->setting) ||
+                        (asked->keep_prompt && !own->keep_prompt);
+      }
+      if (may_hold_more && !AllowedByOperator(*with, *family)) {
         return Error(400, "namm_policy '" + r.policy + "' may hold more than this server's " +
                               PolicyLabel(options.default_policy) +
                               ": ask for 'default,budget=N' or 'default,ratio=R', or have the operator allow it "

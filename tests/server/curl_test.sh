@@ -138,6 +138,20 @@ code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Cont
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,prompt=keep"}')
 [ "$code" = 400 ] && grep -q -- "--allow-policies namm" "$work/body" || fail "prompt=keep per request: $code $(cat "$work/body")"
+for setting in heads=own,threshold=-5 budget=16,prompt=keep; do  # neither a flag nor a budget lets them through
+  code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,'"$setting"'"}')
+  [ "$code" = 400 ] && grep -q -- "--allow-policies namm" "$work/body" || fail "default,$setting per request: $code $(cat "$work/body")"
+done
+base=$(cache default)
+own=$(cache default,heads=own)
+echo "   the server's NAMM: $base; heads=own: $own"
+python3 - "$base" "$own" <<'PY' || fail "heads=own per request: $base / $own"
+import sys
+(p, f, b), (po, fo, bo) = ((p, float(f), int(b)) for p, f, b in (a.split() for a in sys.argv[1:]))
+assert po == p + ",heads=own", (p, po)
+assert fo <= f and bo <= b, (f, fo, b, bo)
+PY
 kill "$PID"; wait "$PID" 2>/dev/null || true
 
 echo "== allowed, 'default,budget=16,prompt=keep' holds the whole prompt, then 16 tokens per head"

@@ -103,6 +103,8 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_EQ(*with_cache_setting("namm:f.safetensors,heads=own", "budget=4"), "namm:f.safetensors,budget=4,heads=own");
   EXPECT_EQ(*with_cache_setting("namm:f.safetensors,budget=8", "heads=own"), "namm:f.safetensors,budget=8,heads=own")
       << "a flag keeps the NAMM's budget";
+  EXPECT_EQ(*with_cache_setting("namm:f.safetensors,heads=own,prompt=keep", "heads=equal"),
+            "namm:f.safetensors,prompt=keep") << "a flag named in the setting is the setting's";
   const Result<NammSpec> bad_heads = parse_namm_spec("namm:f.safetensors,heads=some");
   ASSERT_FALSE(bad_heads.ok());
   EXPECT_NE(bad_heads.status().message().find("heads= takes own"), std::string::npos) << bad_heads.status().ToString();

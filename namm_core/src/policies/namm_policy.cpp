@@ -356,7 +356,8 @@ Result<std::optional<at::Tensor>> NammPolicy::EndPrefill(int layer, LayerKVCache
 
 Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache) {
   const bool constant = constant_score_ && !tracing_;
-  if (own_head_counts_ && cache.vacant() != nullptr && (!constant || !cache.positions().device().is_cpu())) {
+  // Features by tensor operations cover every slot, vacant ones too, and a ragged gather runs on the host.
+  if (own_head_counts_ && (!constant || !cache.positions().device().is_cpu())) {
     return Status::FailedPrecondition("heads=own: the memory update of a ragged cache runs on the host, untraced "
                                       "(a cache on " + cache.device().str() + (tracing_ ? ", traced" : "") + ")");
   }

@@ -53,6 +53,11 @@ void WaitForDevice(const at::Tensor& t) {
   if (!t.device().is_cpu()) (void)t.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
 }
 
+// The tokens a layer's KV heads hold, on average (a ragged cache's vacant slots not counted), rounded.
+int64_t TokensPerHead(const LayerKVCache& cache) {
+  return (2 * cache.held_tokens() + cache.kv_heads()) / (2 * cache.kv_heads());
+}
+
 // Bookkeeping shared by prefill and decoding: memory updates at multiples of n_up, the end-of-prefill hook, and
 // cache sizes.
 class CacheTracker {
@@ -127,7 +132,7 @@ class CacheTracker {
     for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
       NAMM_RETURN_IF_ERROR(statuses[layer]);
       RecordEvictions(layer, before_[layer], length);
-      record.cache_sizes.push_back(caches_[layer].size());
+      record.cache_sizes.push_back(TokensPerHead(caches_[layer]));
     }
     result_.updates.push_back(std::move(record));
     return Status::Ok();
@@ -142,7 +147,7 @@ class CacheTracker {
       NAMM_ASSIGN_OR_RETURN(bool gathered, apply_end_of_prefill(policy_, static_cast<int>(layer), caches_[layer]));
       if (gathered) RecordEvictions(layer, before, caches_[0].tokens_seen());
       compressed = compressed || gathered;
-      record.cache_sizes.push_back(caches_[layer].size());
+      record.cache_sizes.push_back(TokensPerHead(caches_[layer]));
     }
     if (compressed) result_.updates.push_back(std::move(record));
     answering_ = true;
@@ -448,7 +453,7 @@ class Sequence {
         if (pos != std::string::npos) result_.text.resize(pos);
       }
     }
-    for (const auto& cache : caches_) result_.final_cache_sizes.push_back(cache.size());
+    for (const auto& cache : caches_) result_.final_cache_sizes.push_back(TokensPerHead(cache));
     if (!caches_.empty()) result_.retention.cached = caches_[0].tokens_seen();
     phase_ = Phase::kDone;
     caches_.clear();

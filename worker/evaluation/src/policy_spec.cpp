@@ -232,8 +232,10 @@ Result<std::string> with_cache_setting(const std::string& text, const std::strin
       with.setting = namm.setting;
       with.knob = namm.knob;
     }
-    with.keep_prompt = with.keep_prompt || namm.keep_prompt;
-    with.own_head_counts = with.own_head_counts || namm.own_head_counts;
+    // A flag the setting does not name stays as the spec has it; one it names is the setting's (heads=equal too).
+    NAMM_ASSIGN_OR_RETURN(const OptionSpec named, parse_option_spec("x:" + setting));
+    if (named.options.count("prompt") == 0) with.keep_prompt = namm.keep_prompt;
+    if (named.options.count("heads") == 0) with.own_head_counts = namm.own_head_counts;
     return with.ToString();
   }
   NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));

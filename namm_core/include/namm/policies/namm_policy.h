@@ -101,8 +101,8 @@ class NammPolicy final : public MemoryPolicy {
   // storage in blocks and get no attention, so the model reads fewer tokens than with the reference's padding
   // and the scores may differ from the reference's. Each head's features, scorer and budget input then see only
   // its own tokens (statistics being collected count only the slots a head holds). Deliberately beyond the
-  // reference (docs/namm-core.md). The memory update runs on the host (caches on the CPU, not traced once a head
-  // has left slots vacant). Set before BeginSequence.
+  // reference (docs/namm-core.md). The memory update runs on the host (caches on the CPU, untraced: Select refuses
+  // otherwise). Set before BeginSequence.
   void set_own_head_counts(bool own);
   bool own_head_counts() const { return own_head_counts_; }
   // The statistics in use, including any gathered by this policy while collecting.

@@ -60,7 +60,7 @@ struct Retention {
 // Cache sizes after one memory update.
 struct MemoryUpdateRecord {
   int64_t sequence_length = 0;      // tokens processed when the update ran (a multiple of n_up, or the prompt)
-  std::vector<int64_t> cache_sizes;  // per layer: tokens kept per KV head
+  std::vector<int64_t> cache_sizes;  // per layer: tokens kept per KV head (heads=own: their mean, rounded)
   bool end_of_prefill = false;       // the policy's end-of-prefill compression rather than a memory update
 };
 
