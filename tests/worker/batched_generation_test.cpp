@@ -167,12 +167,16 @@ TEST(BatchedGeneration, KvInBlocksGivesEveryRowTheSameBitsAsRectangularCaches) {
   const std::vector<Row> rows = {{"namm/1", 300, 12}, {"namm/2", 300, 12}, {"full", 250, 9},
                                  {"h2o:budget=100", 233, 7}, {"streaming:budget=90", 311, 5},
                                  {"l2:budget=80", 140, 6}, {"snapkv:budget=64", 129, 3},
-                                 {"namm/1,heads=own", 300, 12}, {"namm/2,heads=own,prompt=keep", 300, 12}};
+                                 {"namm/1,heads=own", 300, 12}, {"namm/2,heads=own,prompt=keep", 300, 12},
+                                 {"fastgen:budget=40,recovery=0.5", 300, 6},
+                                 {"fastgen:budget=40,recovery=0.5,heads=own", 300, 6}};
   const std::vector<Result<GenerationResult>> rectangular = GenerateRows(s, rows);
   // Heads keeping their own counts (a ragged cache) hold fewer tokens than the layer's largest count.
   ASSERT_TRUE(rectangular[0].ok() && rectangular[7].ok());
   EXPECT_LT(rectangular[7]->mean_kv_tokens, 0.95 * rectangular[0]->mean_kv_tokens);
   EXPECT_LT(rectangular[7]->peak_kv_bytes, rectangular[0]->peak_kv_bytes);
+  ASSERT_TRUE(rectangular[9].ok() && rectangular[10].ok());  // FastGen's heads, profiled apart, likewise
+  EXPECT_LT(rectangular[10]->answer_kv_tokens, rectangular[9]->answer_kv_tokens);
   for (const int64_t block_tokens : {int64_t{16}, int64_t{4}, int64_t{1}}) {
     SCOPED_TRACE("blocks of " + std::to_string(block_tokens));
     auto pool = KvBlockPool::Create(block_tokens, s.model.config().head_dim, s.model.options());
@@ -232,7 +236,7 @@ TEST(BatchedGeneration, EveryPolicyGivesEachRowWhatItGetsAlone) {
   const Stories s = LoadStories();
   for (const std::string policy : {"full", "h2o:budget=100", "l2:budget=80", "streaming:budget=90", "tova:budget=100",
                                    "snapkv:budget=64", "fastgen:budget=100", "oracle", "namm/1",
-                                   "namm/1,prompt=keep", "namm/1,heads=own"}) {
+                                   "namm/1,prompt=keep", "namm/1,heads=own", "fastgen:budget=40,recovery=0.5,heads=own"}) {
     SCOPED_TRACE(policy);
     ExpectBatchEqualsAlone(s, {{policy, 300, 20},
                                {policy, 250, 5},

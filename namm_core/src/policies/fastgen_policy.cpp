@@ -35,7 +35,7 @@ Result<std::unique_ptr<FastGenPolicy>> FastGenPolicy::Create(CacheBudget budget,
 
 std::string FastGenPolicy::name() const {
   return "fastgen(" + budget().ToString() + ", recovery=" + std::to_string(options_.recovery).substr(0, 4) +
-         ", window=" + std::to_string(options_.window) + ")";
+         ", window=" + std::to_string(options_.window) + (options_.own_head_counts ? ", heads=own" : "") + ")";
 }
 
 std::vector<TokenStateSpec> FastGenPolicy::token_state() const {
@@ -122,6 +122,21 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
 
     // A rectangular cache: every head keeps the layer's largest count, padding with its most-attended others.
     const int64_t k = keep.sum(1).max().item<int64_t>();
+    if (options_.own_head_counts) {  // or each head its own, the rest of its row -1 (vacant)
+      const at::Tensor mask = keep.to(at::kCPU).contiguous();
+      if (k == n && mask.all().item<bool>()) return std::optional<at::Tensor>();
+      at::Tensor rows = at::full({kv_heads, k}, -1, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+      const bool* kept = mask.data_ptr<bool>();
+      int64_t* row = rows.data_ptr<int64_t>();
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        std::vector<int64_t> own;
+        for (int64_t i = 0; i < n; ++i) {
+          if (kept[h * n + i]) own.push_back(i);
+        }
+        std::copy(own.begin(), own.end(), row + h * k + (k - static_cast<int64_t>(own.size())));
+      }
+      return std::optional<at::Tensor>(rows);
+    }
     if (k == n) return std::optional<at::Tensor>();
     const at::Tensor ranking = accumulated.masked_fill(keep, std::numeric_limits<float>::max());
     return std::optional<at::Tensor>(keep_top_k_per_head(ranking, k));

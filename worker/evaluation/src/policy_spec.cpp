@@ -114,9 +114,19 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
     return Upcast(SnapKvPolicy::Create(budget, window, kernel));
   }
   // fastgen
-  NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "recovery", "window"})));
+  NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "recovery", "window", "heads"})));
   if (tokenizer_ == nullptr) return Status::InvalidArgument("fastgen needs the tokenizer (token classes)");
   FastGenOptions options;
+  if (const auto heads = spec.options.find("heads"); heads != spec.options.end()) {
+    if (heads->second != "own" && heads->second != "equal") {
+      return where(Status::InvalidArgument("heads= takes own (each KV head keeps what its profile keeps) or equal "
+                                           "(padded to the layer's largest, the default), got '" + heads->second + "'"));
+    }
+    options.own_head_counts = heads->second == "own";
+    if (options.own_head_counts && !device_.is_cpu()) {
+      return where(Status::InvalidArgument("heads=own (a ragged KV cache) runs on the CPU, not " + device_.str()));
+    }
+  }
   NAMM_ASSIGN_OR_RETURN(options.recovery, spec.GetDouble("recovery", options.recovery));
   NAMM_ASSIGN_OR_RETURN(options.window, spec.GetInt("window", options.window));
   if (!classes_) classes_ = classify_tokens(*tokenizer_);

@@ -8,11 +8,13 @@
 // The budget sets the sizes of the frequency and locality parts: half of it each (the paper gives them as
 // ratios of the prompt, r_f = r_l).
 //
-// Deliberate differences: (1) the KV cache is rectangular (every head of a layer holds the same number of
-// tokens, as in the reference), so heads whose policy keeps fewer tokens than the layer's largest are padded
-// with their most-attended other tokens, and the reported cache size counts what is stored; (2) tokens after
-// the prompt are all kept, as SnapKV does (the paper applies each head's policy to generated tokens too; the
-// answers scored here are short).
+// Deliberate differences: (1) by default the KV cache is rectangular (every head of a layer holds the same
+// number of tokens, as in the reference's NAMM code), so heads whose policy keeps fewer tokens than the layer's
+// largest are padded with their most-attended other tokens, and the reported cache size counts what is stored;
+// with own_head_counts (fastgen:...,heads=own, on the CPU) each head keeps what its policy keeps, as the paper's
+// FastGen does, the rest of its slots vacant (a ragged cache, kv_cache.h); (2) tokens after the prompt are all
+// kept, as SnapKV does (the paper applies each head's policy to generated tokens too; the answers scored here are
+// short).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@ struct FastGenOptions {
   // Token classes, from the tokenizer: special tokens (BOS, EOS, ...) and punctuation.
   std::vector<int64_t> special_ids;
   std::vector<int64_t> punctuation_ids;
+  bool own_head_counts = false;  // heads=own: no padding to the layer's largest count (above)
 };
 
 class FastGenPolicy final : public BudgetedPolicy {

@@ -5,7 +5,8 @@
 //   streaming:budget=N|ratio=R[,sinks=4]   StreamingLLM: attention sinks + a recent window
 //   tova:budget=N|ratio=R                  attention of the latest query
 //   snapkv:budget=N|ratio=R[,window=32,kernel=7]   prompt compression at the end of prefill
-//   fastgen:budget=N|ratio=R[,recovery=0.95,window=32]   per-head profiles at the end of prefill
+//   fastgen:budget=N|ratio=R[,recovery=0.95,window=32][,heads=own]   per-head profiles at the end of prefill
+//                                          (heads=own: each KV head keeps its own count, not the layer's largest)
 //   namm:FILE.safetensors[,budget=N|,ratio=R|,threshold=T][,prompt=keep][,heads=own]   a NAMM file; with a
 //                                          knob, each KV head keeps its N (or R of the prompt) best-scored tokens,
 //                                          or those scoring >= T (not 0); prompt=keep: no eviction before the
