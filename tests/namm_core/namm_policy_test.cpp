@@ -294,31 +294,43 @@ at::Tensor OneUpdate(NammPolicy& policy, at::Tensor* scores) {
 }
 
 // heads=own: at the first update (no head has left a slot yet) each head keeps exactly its tokens scoring >= 0 —
-// the reference's kept set less its padding —, the rest of its row vacant. At the next, collecting statistics
-// count only the slots the heads hold, and no head keeps a slot it left. A ragged cache is not traced.
+// the reference's kept set less its padding —, the rest of its row vacant. At the next ones, collecting
+// statistics count only the slots the heads hold, no head keeps a slot it left, and the traced tensor pipeline
+// keeps what the host's keeps.
 TEST(NammPolicy, HeadsKeepingTheirOwnCountsDropThePaddingAndCountOnlyTheirOwnSlots) {
   const NammModel model = BamModel(0.15, 77);  // collecting statistics
   auto reference = NammPolicy::Create(model);
   ASSERT_TRUE(reference.ok());
   at::Tensor scores;
   const at::Tensor padded = OneUpdate(**reference, &scores);
-  auto own = NammPolicy::Create(model);
-  ASSERT_TRUE(own.ok());
-  (*own)->set_own_head_counts(true);
-  LayerKVCache cache(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), (*own)->token_state());
-  const auto observe = [&](uint64_t seed) {
-    const int64_t n_old = cache.size(), first = cache.tokens_seen();
-    const at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, n_old, seed);
-    for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
-      at::Tensor positions = at::arange(first + q0, first + q0 + kChunk, at::TensorOptions().dtype(at::kLong));
-      ASSERT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions).ok());
-      ASSERT_TRUE(observe_newest(**own, 0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+  std::vector<std::unique_ptr<NammPolicy>> own;  // on the host, and traced (tensor operations)
+  std::vector<LayerKVCache> caches;
+  for (bool traced : {false, true}) {
+    own.push_back(std::move(NammPolicy::Create(model)).value());
+    own.back()->set_own_head_counts(true);
+    own.back()->set_tracing(traced);
+    caches.emplace_back(kKvHeads, 0, at::TensorOptions().dtype(at::kFloat), own.back()->token_state());
+  }
+  const auto update = [&](uint64_t seed) {
+    std::vector<at::Tensor> kept;
+    for (std::size_t p = 0; p < own.size(); ++p) {
+      LayerKVCache& cache = caches[p];
+      const int64_t n_old = cache.size(), first = cache.tokens_seen();
+      const at::Tensor attention = testing::RandomCausalAttention(kQHeads, kNew, n_old, seed);
+      for (int64_t q0 = 0; q0 < kNew; q0 += kChunk) {
+        at::Tensor positions = at::arange(first + q0, first + q0 + kChunk, at::TensorOptions().dtype(at::kLong));
+        EXPECT_TRUE(cache.Append(at::Tensor(), at::Tensor(), positions).ok());
+        EXPECT_TRUE(observe_newest(*own[p], 0, attention.narrow(1, q0, kChunk).narrow(2, 0, cache.size()), cache).ok());
+      }
+      Result<at::Tensor> keep = own[p]->Select(0, cache);
+      EXPECT_TRUE(keep.ok()) << keep.status().ToString();
+      kept.push_back(keep.ok() ? *keep : at::Tensor());
     }
+    EXPECT_TRUE(kept[0].equal(kept[1])) << "the host and the traced pipeline keep the same tokens";
+    return kept[0];
   };
-  observe(4242);  // OneUpdate's attention
-  Result<at::Tensor> keep = (*own)->Select(0, cache);
-  ASSERT_TRUE(keep.ok()) << keep.status().ToString();
-  ASSERT_EQ(keep->size(1), padded.size(1));  // the largest count is the reference's k
+  const at::Tensor keep = update(4242);  // OneUpdate's attention
+  ASSERT_EQ(keep.size(1), padded.size(1));  // the largest count is the reference's k
   int64_t vacant = 0;
   for (int64_t h = 0; h < kKvHeads; ++h) {
     std::vector<int64_t> expected;  // the reference's row without its padding, -1 in front
@@ -328,25 +340,22 @@ TEST(NammPolicy, HeadsKeepingTheirOwnCountsDropThePaddingAndCountOnlyTheirOwnSlo
     }
     vacant += padded.size(1) - static_cast<int64_t>(expected.size());
     expected.insert(expected.begin(), padded.size(1) - static_cast<int64_t>(expected.size()), -1);
-    EXPECT_EQ(Rows(*keep)[static_cast<std::size_t>(h)], expected) << "head " << h;
+    EXPECT_EQ(Rows(keep)[static_cast<std::size_t>(h)], expected) << "head " << h;
   }
   EXPECT_GT(vacant, 5) << "the test means something only if a head was padded";
-  ASSERT_TRUE(cache.Gather(*keep).ok());
-  ASSERT_NE(cache.vacant(), nullptr);
-  const int64_t counted = (*own)->normalizer().stats().count;
-  observe(4343);
-  const int64_t held = cache.held_tokens();
-  ASSERT_LT(held, kKvHeads * cache.size());
-  Result<at::Tensor> next = (*own)->Select(0, cache);
-  ASSERT_TRUE(next.ok()) << next.status().ToString();
-  EXPECT_EQ((*own)->normalizer().stats().count - counted, held);
-  ASSERT_TRUE(cache.Gather(*next).ok()) << "every kept index is a slot its head holds";
-  // Tracing computes features by tensor operations over every slot: refused once a head left some.
-  observe(4444);
-  (*own)->set_tracing(true);
-  Result<at::Tensor> traced = (*own)->Select(0, cache);
-  ASSERT_FALSE(traced.ok());
-  EXPECT_NE(traced.status().message().find("heads=own"), std::string::npos) << traced.status().ToString();
+  for (LayerKVCache& cache : caches) ASSERT_TRUE(cache.Gather(keep).ok());
+  ASSERT_NE(caches[0].vacant(), nullptr);
+  for (uint64_t u = 1; u < 3; ++u) {
+    const int64_t counted = own[0]->normalizer().stats().count;
+    const int64_t held = caches[0].held_tokens() + kKvHeads * kNew;  // what the heads will hold at the update
+    const at::Tensor next = update(4242 + u);
+    ASSERT_TRUE(next.defined());
+    EXPECT_EQ(own[0]->normalizer().stats().count - counted, held);
+    EXPECT_EQ(own[1]->normalizer().stats().count, own[0]->normalizer().stats().count);
+    for (LayerKVCache& cache : caches) ASSERT_TRUE(cache.Gather(next).ok()) << "every kept index is a slot its head holds";
+    EXPECT_TRUE(caches[0].positions().equal(caches[1].positions()));
+  }
+  EXPECT_LT(caches[0].held_tokens(), kKvHeads * caches[0].size());
 }
 
 // The deployment's knob (namm:FILE,budget=N|ratio=R|threshold=T): each KV head keeps its N best-scored tokens, or

@@ -356,10 +356,10 @@ Result<std::optional<at::Tensor>> NammPolicy::EndPrefill(int layer, LayerKVCache
 
 Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache) {
   const bool constant = constant_score_ && !tracing_;
-  // Features by tensor operations cover every slot, vacant ones too, and a ragged gather runs on the host.
-  if (own_head_counts_ && (!constant || !cache.positions().device().is_cpu())) {
-    return Status::FailedPrecondition("heads=own: the memory update of a ragged cache runs on the host, untraced "
-                                      "(a cache on " + cache.device().str() + (tracing_ ? ", traced" : "") + ")");
+  // A ragged gather runs on the host.
+  if (own_head_counts_ && !cache.positions().device().is_cpu()) {
+    return Status::FailedPrecondition("heads=own: the memory update of a ragged cache runs on the host, not on " +
+                                      cache.device().str());
   }
   // Own head counts select on the host, whatever computed the scores.
   const auto select = [&](const at::Tensor& scores) {
@@ -378,14 +378,30 @@ Result<at::Tensor> NammPolicy::SelectWithTensors(int layer, LayerKVCache& cache)
                                          cache.positions().options().dtype(at::kFloat));
       return select(scores);
     }
-    const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState));
+    const at::Tensor normalized = normalizer_.Normalize(cache.state(kEmaState), cache.vacant());
     at::Tensor features = at::cat({recency_embedding(cache.positions()), normalized}, 2);
-    if (std::vector<float> shift = BudgetShift(cache.size()); !shift.empty()) {  // read in place until the sum
+    // The budget input's shift for a head of n tokens, added to `rows` [..., n, kFeatureDim].
+    const auto shifted = [&](const at::Tensor& rows, int64_t n) {
+      std::vector<float> shift = BudgetShift(n);  // read in place until the sum
+      if (shift.empty()) return rows;
       const at::Tensor shift_tensor =
           at::from_blob(shift.data(), {kFeatureDim}, at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
-      features = features + shift_tensor.to(features.device());
+      return rows + shift_tensor.to(rows.device());
+    };
+    at::Tensor scores;
+    if (!own_head_counts_) {
+      features = shifted(features, cache.size());
+      scores = scorer_->Score(features);
+    } else {  // each head scored over the slots it holds alone, as SelectTogether does; vacant ones never kept
+      const int64_t n = cache.size();
+      scores = at::full({cache.kv_heads(), n}, -std::numeric_limits<float>::infinity(), features.options());
+      for (int64_t h = 0; h < cache.kv_heads(); ++h) {
+        const int64_t first = cache.vacant() != nullptr ? cache.vacant()[h] : 0;
+        at::Tensor own = features[h].narrow(0, first, n - first);
+        own.copy_(shifted(own, n - first));
+        scores[h].narrow(0, first, n - first).copy_(scorer_->Score(own.unsqueeze(0))[0]);
+      }
     }
-    const at::Tensor scores = scorer_->Score(features);
     at::Tensor kept = select(scores);
     if (tracing_) trace_ = {features, scores, kept};
     return kept;

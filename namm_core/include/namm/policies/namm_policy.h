@@ -59,7 +59,8 @@ class NammPolicy final : public MemoryPolicy {
   struct Trace {
     at::Tensor features;  // [kv_heads, n, 25]: 8 recency dims, then 17 normalized spectrogram bins
     at::Tensor scores;    // [kv_heads, n]: raw scorer output, before the newest token is forced to be kept
-    at::Tensor keep;      // [kv_heads, k] int64, ascending
+                          // (heads=own: -inf at a head's vacant slots)
+    at::Tensor keep;      // [kv_heads, k] int64, ascending (heads=own: -1 first for each slot a head leaves)
   };
   // Enable before creating the caches (the constant-score shortcut may otherwise have dropped the features).
   void set_tracing(bool on) { tracing_ = on; }
@@ -101,8 +102,8 @@ class NammPolicy final : public MemoryPolicy {
   // storage in blocks and get no attention, so the model reads fewer tokens than with the reference's padding
   // and the scores may differ from the reference's. Each head's features, scorer and budget input then see only
   // its own tokens (statistics being collected count only the slots a head holds). Deliberately beyond the
-  // reference (docs/namm-core.md). The memory update runs on the host (caches on the CPU, untraced: Select refuses
-  // otherwise). Set before BeginSequence.
+  // reference (docs/namm-core.md). The caches must be on the CPU (Select refuses a device's: a ragged gather runs
+  // on the host). Set before BeginSequence.
   void set_own_head_counts(bool own);
   bool own_head_counts() const { return own_head_counts_; }
   // The statistics in use, including any gathered by this policy while collecting.
