@@ -88,7 +88,7 @@ at::Tensor LayerKVCache::values() const { return in_blocks() ? FromBlocks(true) 
 
 at::Tensor LayerKVCache::FromBlocks(bool values) const {
   const KvBlockPool& pool = *blocks_.pool;
-  if (pool.one_slab() && !ragged_) {  // one read of every head's blocks (a ragged cache is only on the host)
+  if (pool.one_slab() && !ragged_) {  // one read of every head's blocks (a ragged cache's heads hold different counts)
     std::vector<int64_t> ids;
     for (const auto& head : blocks_.ids) ids.insert(ids.end(), head.begin(), head.end());
     const at::Tensor index = at::tensor(ids, at::TensorOptions().dtype(at::kLong).device(at::kCPU)).to(options_.device());
@@ -386,35 +386,44 @@ void LayerKVCache::RefreshBlockTable() {
 }
 
 // Off the host kernel's path, by tensor operations: one write of every row where the pool is one slab (a device's
-// pool with a limit), else a copy per block and head.
+// pool with a limit), else a copy per block and head. keys/values [kv_heads, t, head_dim] are slots first.. of
+// every head; a head's vacant slots among them are not written (its blocks start after them).
 void LayerKVCache::WriteRows(const at::Tensor& keys, const at::Tensor& values, int64_t first) {
   KvBlockPool& pool = *blocks_.pool;
   const int64_t t = keys.size(1), block = pool.block_tokens(), mask = block - 1;
   const int shift = pool.block_shift();
-  TORCH_CHECK(!ragged_, "a ragged KV cache keeps float32 keys and values on the host");
   if (pool.one_slab()) {
-    std::vector<int64_t> block_ids, rows;
+    std::vector<int64_t> block_ids, rows, sources;
     block_ids.reserve(static_cast<std::size_t>(kv_heads_ * t));
     rows.reserve(block_ids.capacity());
+    sources.reserve(block_ids.capacity());
     for (int64_t h = 0; h < kv_heads_; ++h) {
-      for (int64_t j = first; j < first + t; ++j) {
-        block_ids.push_back(blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(j >> shift)]);
-        rows.push_back(j & mask);
+      const int64_t vacant = vacant_[static_cast<std::size_t>(h)];
+      for (int64_t j = std::max(first, vacant); j < first + t; ++j) {
+        block_ids.push_back(blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>((j - vacant) >> shift)]);
+        rows.push_back((j - vacant) & mask);
+        sources.push_back(h * t + j - first);
       }
     }
     const auto index = [&](const std::vector<int64_t>& v) {
       return at::tensor(v, at::TensorOptions().dtype(at::kLong).device(at::kCPU)).to(pool.options().device());
     };
-    pool.Write(index(block_ids), index(rows), keys.reshape({kv_heads_ * t, head_dim_}),
-               values.reshape({kv_heads_ * t, head_dim_}));
+    at::Tensor k = keys.reshape({kv_heads_ * t, head_dim_}), v = values.reshape({kv_heads_ * t, head_dim_});
+    if (static_cast<int64_t>(sources.size()) < kv_heads_ * t) {
+      const at::Tensor held = index(sources);
+      k = k.index_select(0, held);
+      v = v.index_select(0, held);
+    }
+    pool.Write(index(block_ids), index(rows), k, v);
     return;
   }
   for (int64_t h = 0; h < kv_heads_; ++h) {
-    for (int64_t i = 0; i < t;) {
-      const int64_t j = first + i, rows = std::min(t - i, block - (j & mask));
-      const int32_t id = blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(j >> shift)];
-      pool.keys(id).narrow(0, j & mask, rows).copy_(keys[h].narrow(0, i, rows));
-      pool.values(id).narrow(0, j & mask, rows).copy_(values[h].narrow(0, i, rows));
+    const int64_t vacant = vacant_[static_cast<std::size_t>(h)];
+    for (int64_t i = std::max<int64_t>(0, vacant - first); i < t;) {
+      const int64_t r = first + i - vacant, rows = std::min(t - i, block - (r & mask));
+      const int32_t id = blocks_.ids[static_cast<std::size_t>(h)][static_cast<std::size_t>(r >> shift)];
+      pool.keys(id).narrow(0, r & mask, rows).copy_(keys[h].narrow(0, i, rows));
+      pool.values(id).narrow(0, r & mask, rows).copy_(values[h].narrow(0, i, rows));
       i += rows;
     }
   }
@@ -441,11 +450,13 @@ void LayerKVCache::GatherInBlocks(const int64_t* index, int64_t k, const std::ve
         }
       }
     }
-  } else {
+  } else {  // by tensor operations: the kept rows copied out, then written back from each head's first block
     const at::Tensor indices =
         at::from_blob(const_cast<int64_t*>(index), {kv_heads_, k}, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
-    const at::Tensor where = indices.to(options_.device()).unsqueeze(2).expand({kv_heads_, k, head_dim_});
-    WriteRows(FromBlocks(false).gather(1, where), FromBlocks(true).gather(1, where), 0);
+    const at::Tensor where = indices.clamp_min(0).to(options_.device()).unsqueeze(2).expand({kv_heads_, k, head_dim_});
+    const at::Tensor keys = FromBlocks(false).gather(1, where), values = FromBlocks(true).gather(1, where);
+    for (int64_t h = 0; h < kv_heads_; ++h) vacant_[static_cast<std::size_t>(h)] = k - kept[static_cast<std::size_t>(h)];
+    WriteRows(keys, values, 0);  // a -1's row (slot 0's copy) is vacant: not written
   }
   bool freed = false;
   for (int64_t h = 0; h < kv_heads_; ++h) {
@@ -544,10 +555,6 @@ Status LayerKVCache::GatherOnHost(const at::Tensor& indices) {
                                        std::to_string(vacant_[head]) + ".." + std::to_string(size_ - 1) + ")");
       }
     }
-  }
-  if (leaves_vacant && in_blocks() && head_dim_ > 0 && blocks_.key_rows.empty()) {
-    return Status::FailedPrecondition("a head can leave slots vacant only in a cache of float32 keys and values "
-                                      "on the host");
   }
   if (in_blocks() && head_dim_ > 0) GatherInBlocks(index, k, kept);
   std::vector<char> moved;

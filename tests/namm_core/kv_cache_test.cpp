@@ -354,5 +354,53 @@ TEST(LayerKVCache, ARaggedGatherLeavesVacantSlotsThatHoldNoStorageAndGetNoAttent
   EXPECT_EQ((*pool)->blocks_in_use(), 0);
 }
 
+// The same in bfloat16 blocks, read and written by tensor operations (as on a GPU): a pool of slabs, and one
+// slab (a limit), over two ragged gathers, an append and a clone.
+TEST(LayerKVCache, ARaggedCacheInBlocksOfTensorOperationsHoldsWhatARectangularOneHolds) {
+  for (const int64_t max_blocks : {int64_t{0}, int64_t{64}}) {
+    SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
+    const auto options = at::TensorOptions().dtype(at::kBFloat16);
+    auto pool = KvBlockPool::Create(4, 8, options, max_blocks, /*slab_blocks=*/5);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    EXPECT_EQ((*pool)->one_slab(), max_blocks > 0);
+    {
+      LayerKVCache rect(2, 8, options), blocks(2, 8, options, {}, *pool);
+      int64_t seen = 0;
+      const auto append = [&](int64_t t, uint64_t seed) {
+        const at::Tensor rows = testing::RandomNormal({t, 2, 8}, seed).to(at::kBFloat16);
+        for (LayerKVCache* cache : {&rect, &blocks}) {
+          ASSERT_TRUE(cache->Append(rows.transpose(0, 1), (rows * 2).transpose(0, 1), Positions(seen, t)).ok());
+        }
+        seen += t;
+      };
+      const auto same = [&](const char* when) {
+        SCOPED_TRACE(when);
+        EXPECT_TRUE(blocks.keys().equal(rect.keys()));
+        EXPECT_TRUE(blocks.values().equal(rect.values()));
+        EXPECT_TRUE(blocks.positions().equal(rect.positions()));
+        EXPECT_EQ(blocks.held_tokens(), rect.held_tokens());
+      };
+      append(16, 21);
+      ASSERT_TRUE(rect.Gather(Index({{0, 2, 3, 5, 6, 8, 9, 11, 13, 15}, {-1, -1, -1, -1, -1, -1, -1, 4, 12, 15}})).ok());
+      ASSERT_TRUE(blocks.Gather(Index({{0, 2, 3, 5, 6, 8, 9, 11, 13, 15}, {-1, -1, -1, -1, -1, -1, -1, 4, 12, 15}})).ok());
+      same("after a ragged gather");
+      EXPECT_EQ((*pool)->blocks_in_use(), 3 + 1);
+      append(3, 22);
+      same("after an append");
+      LayerKVCache copy = blocks.Clone();
+      EXPECT_TRUE(copy.keys().equal(rect.keys()));
+      // Head 0 now leaves 9 of its 13 slots, head 1 keeps its 6.
+      const at::Tensor keep = Index({{-1, -1, -1, -1, -1, -1, -1, -1, -1, 9, 10, 11, 12}, {-1, -1, -1, -1, -1, -1, -1, 7, 8, 9, 10, 11, 12}});
+      ASSERT_TRUE(rect.Gather(keep).ok());
+      ASSERT_TRUE(blocks.Gather(keep).ok());
+      same("after a second ragged gather");
+      EXPECT_EQ(blocks.vacant()[0], 9);
+      EXPECT_EQ(blocks.vacant()[1], 7);
+      EXPECT_EQ((*pool)->blocks_in_use(), 1 + 2 + 4 + 2);  // this cache's, and the copy's
+    }
+    EXPECT_EQ((*pool)->blocks_in_use(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace namm

@@ -215,8 +215,11 @@ TEST(BatchedGeneration, KvInBlocksGivesEveryRowTheSameBitsAsRectangularCaches) {
   auto half = LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), bf16);
   ASSERT_TRUE(half.ok()) << half.status().ToString();
   Stories h{std::move(*half), std::move(s.tokenizer)};
-  const std::vector<Row> few = {{"namm/1", 300, 8}, {"h2o:budget=100", 233, 6}, {"full", 140, 5}};
+  const std::vector<Row> few = {{"namm/1", 300, 8}, {"h2o:budget=100", 233, 6}, {"full", 140, 5},
+                                {"namm/1,heads=own", 300, 8}, {"fastgen:budget=40,recovery=0.5,heads=own", 300, 6}};
   const std::vector<Result<GenerationResult>> half_rectangular = GenerateRows(h, few);
+  ASSERT_TRUE(half_rectangular[0].ok() && half_rectangular[3].ok()) << half_rectangular[3].status().ToString();
+  EXPECT_LT(half_rectangular[3]->mean_kv_tokens, 0.95 * half_rectangular[0]->mean_kv_tokens);  // ragged in bf16 too
   auto one_slab = KvBlockPool::Create(16, h.model.config().head_dim, h.model.options(), 4096);
   ASSERT_TRUE(one_slab.ok());
   ASSERT_TRUE(h.model.set_kv_block_pool(*one_slab).ok());
