@@ -609,13 +609,13 @@ struct ApiServer::Impl {
                 false);
   }
 
-  // Whether a request may name `spec` (of `family`) besides the server's own (ApiServerOptions::allowed_policies).
   // Whether the operator's --allow-policies names the spec, its family or any.
   bool AllowedByOperator(const std::string& spec, const std::string& family) const {
     return std::any_of(options.allowed_policies.begin(), options.allowed_policies.end(),
                        [&](const std::string& a) { return a == "any" || a == family || a == spec; });
   }
 
+  // Whether a request may name `spec` (of `family`) besides the server's own (ApiServerOptions::allowed_policies).
   bool Allowed(const std::string& spec, const std::string& family) const {
     if (!options.allowed_policies.empty()) return AllowedByOperator(spec, family);
     const Result<std::string> own = worker::policy_family(options.default_policy);

@@ -120,11 +120,10 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
     profile.assign(chosen_cpu.data_ptr<int64_t>(), chosen_cpu.data_ptr<int64_t>() + kv_heads);
     for (int64_t& p : profile) ++p;
 
-    // A rectangular cache: every head keeps the layer's largest count, padding with its most-attended others.
     const int64_t k = keep.sum(1).max().item<int64_t>();
-    if (options_.own_head_counts) {  // or each head its own, the rest of its row -1 (vacant)
+    if (options_.own_head_counts) {  // each head its own, the rest of its row -1 (vacant)
       const at::Tensor mask = keep.to(at::kCPU).contiguous();
-      if (k == n && mask.all().item<bool>()) return std::optional<at::Tensor>();
+      if (mask.all().item<bool>()) return std::optional<at::Tensor>();
       at::Tensor rows = at::full({kv_heads, k}, -1, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
       const bool* kept = mask.data_ptr<bool>();
       int64_t* row = rows.data_ptr<int64_t>();
@@ -137,6 +136,7 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
       }
       return std::optional<at::Tensor>(rows);
     }
+    // A rectangular cache: every head keeps the layer's largest count, padding with its most-attended others.
     if (k == n) return std::optional<at::Tensor>();
     const at::Tensor ranking = accumulated.masked_fill(keep, std::numeric_limits<float>::max());
     return std::optional<at::Tensor>(keep_top_k_per_head(ranking, k));

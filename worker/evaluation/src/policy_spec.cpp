@@ -46,6 +46,21 @@ Result<std::unique_ptr<MemoryPolicy>> MakeOracle(const nlohmann::json* row) {
   return Upcast(OraclePolicy::Create(std::move(spans)));
 }
 
+// A NAMM's or FastGen's heads= (own | equal): whether each KV head keeps its own count (a ragged cache).
+Result<bool> ParseHeads(const std::string& value) {
+  if (value != "own" && value != "equal") {
+    return Status::InvalidArgument("heads= takes own (each KV head keeps its own count of tokens) or equal (every "
+                                   "head of a layer keeps the largest count, the default), got '" + value + "'");
+  }
+  return value == "own";
+}
+
+// Ragged caches gather on the host.
+Status OwnHeadsOn(at::Device device, bool own) {
+  if (!own || device.is_cpu()) return Status::Ok();
+  return Status::InvalidArgument("heads=own (a ragged KV cache) runs on the CPU, not " + device.str());
+}
+
 }  // namespace
 
 Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const PolicyContext& context) {
@@ -67,10 +82,7 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
       NAMM_RETURN_IF_ERROR(namm->set_selection_knob(namm_spec.knob).WithContext("policy '" + text + "'"));
     }
     namm->set_keep_prompt(namm_spec.keep_prompt);
-    if (namm_spec.own_head_counts && !device_.is_cpu()) {
-      return Status::InvalidArgument("policy '" + text + "': heads=own (a ragged KV cache) runs on the CPU, not " +
-                                     device_.str());
-    }
+    NAMM_RETURN_IF_ERROR(OwnHeadsOn(device_, namm_spec.own_head_counts).WithContext("policy '" + text + "'"));
     namm->set_own_head_counts(namm_spec.own_head_counts);
     return std::unique_ptr<MemoryPolicy>(std::move(namm));
   }
@@ -118,14 +130,10 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
   if (tokenizer_ == nullptr) return Status::InvalidArgument("fastgen needs the tokenizer (token classes)");
   FastGenOptions options;
   if (const auto heads = spec.options.find("heads"); heads != spec.options.end()) {
-    if (heads->second != "own" && heads->second != "equal") {
-      return where(Status::InvalidArgument("heads= takes own (each KV head keeps what its profile keeps) or equal "
-                                           "(padded to the layer's largest, the default), got '" + heads->second + "'"));
-    }
-    options.own_head_counts = heads->second == "own";
-    if (options.own_head_counts && !device_.is_cpu()) {
-      return where(Status::InvalidArgument("heads=own (a ragged KV cache) runs on the CPU, not " + device_.str()));
-    }
+    const Result<bool> own = ParseHeads(heads->second);
+    if (!own.ok()) return where(own.status());
+    options.own_head_counts = *own;
+    NAMM_RETURN_IF_ERROR(where(OwnHeadsOn(device_, options.own_head_counts)));
   }
   NAMM_ASSIGN_OR_RETURN(options.recovery, spec.GetDouble("recovery", options.recovery));
   NAMM_ASSIGN_OR_RETURN(options.window, spec.GetInt("window", options.window));
@@ -163,12 +171,9 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
   OptionSpec& options = *parsed;
   NAMM_RETURN_IF_ERROR(where(options.CheckKeys({"budget", "ratio", "threshold", "prompt", "heads"})));
   if (const auto heads = options.options.find("heads"); heads != options.options.end()) {
-    if (heads->second != "own" && heads->second != "equal") {
-      return where(Status::InvalidArgument("heads= takes own (each KV head keeps its own count of tokens) or equal "
-                                           "(every head of a layer keeps the largest count, the default), got '" +
-                                           heads->second + "'"));
-    }
-    out.own_head_counts = heads->second == "own";
+    const Result<bool> own = ParseHeads(heads->second);
+    if (!own.ok()) return where(own.status());
+    out.own_head_counts = *own;
     options.options.erase(heads);
   }
   if (const auto prompt = options.options.find("prompt"); prompt != options.options.end()) {
