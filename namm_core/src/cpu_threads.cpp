@@ -7,6 +7,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <utility>
 
 #include "cpu_kernels/task_pool.h"
 #include "namm/blas_threads.h"
@@ -46,6 +47,25 @@ void parallel_items(int64_t count, const std::function<void(int64_t item)>& fn) 
     });
   }
   if (failure) std::rethrow_exception(failure);
+}
+
+std::vector<std::vector<std::size_t>> balanced_groups(const std::vector<int64_t>& work, std::size_t groups) {
+  std::vector<std::size_t> order(work.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work[a] > work[b]; });
+  std::vector<std::vector<std::size_t>> result(std::min(groups, work.size()));
+  std::vector<int64_t> load(result.size(), 0);
+  for (std::size_t i : order) {
+    // The group with the least work, of those the fewest items (items without work open a group each too).
+    std::size_t least = 0;
+    for (std::size_t g = 1; g < result.size(); ++g) {
+      if (std::make_pair(load[g], result[g].size()) < std::make_pair(load[least], result[least].size())) least = g;
+    }
+    result[least].push_back(i);
+    load[least] += work[i];
+  }
+  for (std::vector<std::size_t>& group : result) std::sort(group.begin(), group.end());
+  return result;
 }
 
 }  // namespace namm

@@ -87,5 +87,16 @@ TEST(CpuThreads, ItemsRunInTheCallersInferenceMode) {
   }
 }
 
+// Largest first, each to the least loaded group: equal loads where they can be, every item once, in order.
+TEST(CpuThreads, BalancedGroupsGiveEachGroupAboutTheSameWork) {
+  using Groups = std::vector<std::vector<std::size_t>>;
+  EXPECT_EQ(balanced_groups({5, 1, 1, 1, 1, 1}, 2), (Groups{{0}, {1, 2, 3, 4, 5}}));
+  EXPECT_EQ(balanced_groups({3, 3, 2, 2, 2}, 2), (Groups{{0, 2, 4}, {1, 3}}));  // 7 and 5: LPT, not the best 6/6
+  EXPECT_EQ(balanced_groups({1, 32, 1, 32, 1, 1, 1, 1}, 2), (Groups{{0, 1, 4, 6}, {2, 3, 5, 7}}));
+  EXPECT_EQ(balanced_groups({4, 9}, 3), (Groups{{1}, {0}}));  // no empty group
+  EXPECT_EQ(balanced_groups({0, 0, 0}, 2), (Groups{{0, 2}, {1}}));
+  EXPECT_TRUE(balanced_groups({}, 2).empty());
+}
+
 }  // namespace
 }  // namespace namm

@@ -4,10 +4,15 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "namm/cpu_threads.h"
 #include "namm/kv_block_pool.h"
 #include "namm/policies/memory_policy.h"
 #include "namm/policies/namm_policy.h"
@@ -274,6 +279,70 @@ TEST(BatchedGeneration, CandidatesOnOnePromptAndMixedBatchesGiveEachRowWhatItGet
   EXPECT_EQ(mixed[4]->shared_prefix_tokens, 128);
   ExpectBatchEqualsAlone(s, {{"namm/3", 500, 10}});
   ExpectBatchEqualsAlone(s, {{"namm/5", 420, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 390, 3, true}});
+}
+
+// The full cache, noting the threads that ask whether it needs attention: each sequence's forward pass asks,
+// on the thread it runs on (the observation, which runs apart on the budget in any case, is not asked for).
+class ThreadNotingPolicy : public MemoryPolicy {
+ public:
+  ThreadNotingPolicy(std::set<std::thread::id>* threads, std::mutex* mutex) : threads_(threads), mutex_(mutex) {}
+  std::string name() const override { return "thread-noting"; }
+  bool needs_attention() const override {
+    std::lock_guard<std::mutex> lock(*mutex_);
+    threads_->insert(std::this_thread::get_id());
+    return false;
+  }
+  bool may_evict() const override { return false; }
+  Result<at::Tensor> Select(int, LayerKVCache& cache) override { return all_token_indices(cache); }
+
+ private:
+  std::set<std::thread::id>* threads_;
+  std::mutex* mutex_;
+};
+
+// A small model's batch runs in groups on the thread budget (LlamaModel::GroupsApart): on two threads every row
+// gets what it gets alone, and what it gets on one thread, and the rows' passes run on both threads.
+TEST(BatchedGeneration, ASmallModelsBatchInGroupsOnTwoThreadsGivesEachRowWhatItGetsAlone) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const Stories s = LoadStories();
+  struct Budget {
+    explicit Budget(int threads) { set_cpu_threads(threads); }
+    ~Budget() { set_cpu_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))); }
+  };
+  const std::vector<Row> rows = {{"namm/1", 300, 20}, {"h2o:budget=100", 250, 5}, {"namm/2", 350, 12, true},
+                                 {"full", 233, 12},   {"namm/3", 300, 1},        {"snapkv:budget=64", 311, 25}};
+  std::vector<Result<GenerationResult>> two_threads;
+  {
+    const Budget budget(2);
+    two_threads = ExpectBatchEqualsAlone(s, rows);
+  }
+  std::vector<Result<GenerationResult>> one_thread;
+  {
+    const Budget budget(1);
+    one_thread = GenerateRows(s, rows);
+  }
+  ASSERT_EQ(two_threads.size(), rows.size());
+  ASSERT_EQ(one_thread.size(), rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    ASSERT_TRUE(two_threads[i].ok() && one_thread[i].ok());
+    ExpectSame(*two_threads[i], *one_thread[i]);
+  }
+
+  // Eight prompts' prefill on a budget of two: both threads run rows' passes.
+  const Budget budget(2);
+  std::set<std::thread::id> threads;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<MemoryPolicy>> policies;
+  std::vector<Generator::Request> requests;
+  for (int r = 0; r < 8; ++r) {
+    policies.push_back(std::make_unique<ThreadNotingPolicy>(&threads, &mutex));
+    requests.push_back(RowRequest(s, {"full", 400, 4}, policies.back().get()));
+  }
+  for (const Result<GenerationResult>& result : Generator(s.model, *s.tokenizer).GenerateBatch(requests)) {
+    EXPECT_TRUE(result.ok()) << result.status().ToString();
+  }
+  EXPECT_EQ(threads.size(), 2u);
 }
 
 // Continuous batching (GenerationBatch, namm-api's scheduler): sequences join a running batch at different

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace namm {
 
@@ -24,5 +25,9 @@ int cpu_threads();
 // item is still run or failed). The caller's inference mode holds for every item, whichever thread runs it;
 // kernels called inside an item run on that item's thread.
 void parallel_items(int64_t count, const std::function<void(int64_t item)>& fn);
+
+// Items [0, work.size()) in min(groups, items) groups of about equal total work (any unit, >= 0): the largest
+// first, each to the group with the least so far. Each group's items in increasing order, none empty.
+std::vector<std::vector<std::size_t>> balanced_groups(const std::vector<int64_t>& work, std::size_t groups);
 
 }  // namespace namm

@@ -422,6 +422,39 @@ Status failure_status(const std::exception& e) {
 }
 
 std::vector<Result<at::Tensor>> LlamaModel::ForwardBatch(const std::vector<Step>& steps, bool contain_exceptions) const {
+  const std::vector<std::vector<std::size_t>> groups = GroupsApart(steps);
+  if (groups.size() <= 1) return ForwardPacked(steps, contain_exceptions);
+  std::vector<Result<at::Tensor>> results(steps.size(), Result<at::Tensor>(Status::Internal("not run")));
+  parallel_items(static_cast<int64_t>(groups.size()), [&](int64_t g) {
+    const std::vector<std::size_t>& group = groups[static_cast<std::size_t>(g)];
+    std::vector<Step> part;
+    part.reserve(group.size());
+    for (std::size_t s : group) part.push_back(steps[s]);
+    std::vector<Result<at::Tensor>> out = ForwardPacked(part, contain_exceptions);
+    for (std::size_t i = 0; i < group.size(); ++i) results[group[i]] = std::move(out[i]);
+  });
+  return results;
+}
+
+std::vector<std::vector<std::size_t>> LlamaModel::GroupsApart(const std::vector<Step>& steps) const {
+  const int threads = cpu_threads();
+  const LlamaConfig& c = config_;
+  const int64_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
+  const int64_t layer_weights = c.dim * (2 * q_width + 2 * kv_width) + 3 * c.dim * c.hidden_dim;
+  const int64_t layer_bytes = layer_weights * static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
+  if (threads <= 1 || steps.size() < 2 || !options_.device().is_cpu() || layer_bytes > kApartLayerBytes) return {};
+  // A step's work, roughly: its rows' products and their attention over the cache (multiply-adds).
+  std::vector<int64_t> work;
+  work.reserve(steps.size());
+  for (const Step& step : steps) {
+    const int64_t t = step.tokens.dim() == 1 ? step.tokens.size(0) : 1;
+    const int64_t cached = step.caches != nullptr && !step.caches->empty() ? step.caches->front().size() : 0;
+    work.push_back(t * (layer_weights + 2 * q_width * (cached + t)));
+  }
+  return balanced_groups(work, static_cast<std::size_t>(threads));
+}
+
+std::vector<Result<at::Tensor>> LlamaModel::ForwardPacked(const std::vector<Step>& steps, bool contain_exceptions) const {
   // Sequence s is rows [offset[s], offset[s] + length[s]) of the packed hidden states; a failed one keeps its
   // rows (nothing reads them) and its error.
   const auto count = steps.size();

@@ -81,7 +81,8 @@ class LlamaModel {
   // others go on. With contain_exceptions, so is an exception thrown by one sequence's part (its cache growing
   // out of memory, its policy): its result is the error (failure_status); without, exceptions propagate, so that
   // a caller can retry with less (NammExecutor splits its batch on out of memory). An exception in the shared
-  // products propagates either way.
+  // products propagates either way. A small model's batch on the CPU runs in groups on the thread budget
+  // (GroupsApart): the same results.
   std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps, bool contain_exceptions = false) const;
 
  private:
@@ -116,6 +117,17 @@ class LlamaModel {
   void AttendBatch(int layer, const std::vector<Step>& steps, const Packing& packing, const at::Tensor& q,
                    const at::Tensor& k, const at::Tensor& v, const at::Tensor& heads_out,
                    std::vector<Status>& errors, bool contain_exceptions) const;
+  // ForwardBatch on one packed batch: every dense product over all of its rows at once.
+  std::vector<Result<at::Tensor>> ForwardPacked(const std::vector<Step>& steps, bool contain_exceptions) const;
+  // A CPU batch of a small model in groups of about equal work, one per thread of the budget, each a packed batch
+  // of its own (ForwardBatch runs them apart); none (one packed batch) otherwise. A small model's step is each
+  // row's own arithmetic in products too small for the kernels' pool to split (a fork and join costs more), so
+  // one packed batch ran on one core whatever the budget: groups apart gave namm-api 1.4x the tokens/s at 8
+  // clients on 2 cores (docs/performance.md). Each thread then reads every weight, which costs nothing while a
+  // layer's weights stay in its cache, and much on a large model whose products the pool does split (measured
+  // on 2 cores, 8 clients: layers of 2.8 MB 1.18x, 11 MB 1.0x, 60 MB 0.81x): up to kApartLayerBytes.
+  std::vector<std::vector<std::size_t>> GroupsApart(const std::vector<Step>& steps) const;
+  static constexpr int64_t kApartLayerBytes = int64_t{4} << 20;
   // A layer's products, prepared once (batch_invariant.h: InvariantLinear).
   struct Projections {
     InvariantLinear q, k, v, o, gate, up, down;
