@@ -53,7 +53,7 @@ std::vector<std::vector<std::size_t>> balanced_groups(const std::vector<int64_t>
   std::vector<std::size_t> order(work.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work[a] > work[b]; });
-  std::vector<std::vector<std::size_t>> result(std::min(groups, work.size()));
+  std::vector<std::vector<std::size_t>> result(std::min(std::max<std::size_t>(groups, 1), work.size()));
   std::vector<int64_t> load(result.size(), 0);
   for (std::size_t i : order) {
     // The group with the least work, of those the fewest items (items without work open a group each too).

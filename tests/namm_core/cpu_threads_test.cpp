@@ -96,6 +96,7 @@ TEST(CpuThreads, BalancedGroupsGiveEachGroupAboutTheSameWork) {
   EXPECT_EQ(balanced_groups({4, 9}, 3), (Groups{{1}, {0}}));  // no empty group
   EXPECT_EQ(balanced_groups({0, 0, 0}, 2), (Groups{{0, 2}, {1}}));
   EXPECT_TRUE(balanced_groups({}, 2).empty());
+  EXPECT_EQ(balanced_groups({1, 2}, 0), (Groups{{0, 1}}));  // at least one group
 }
 
 }  // namespace

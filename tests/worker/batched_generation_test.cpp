@@ -281,6 +281,12 @@ TEST(BatchedGeneration, CandidatesOnOnePromptAndMixedBatchesGiveEachRowWhatItGet
   ExpectBatchEqualsAlone(s, {{"namm/5", 420, 10}, {"h2o:budget=100", 300, 40}, {"snapkv:budget=64", 390, 3, true}});
 }
 
+// Sets the CPU thread budget for a scope, then one thread per core again (the process default).
+struct ThreadBudget {
+  explicit ThreadBudget(int threads) { set_cpu_threads(threads); }
+  ~ThreadBudget() { set_cpu_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))); }
+};
+
 // The full cache, noting the threads that ask whether it needs attention: each sequence's forward pass asks,
 // on the thread it runs on (the observation, which runs apart on the budget in any case, is not asked for).
 class ThreadNotingPolicy : public MemoryPolicy {
@@ -305,20 +311,16 @@ class ThreadNotingPolicy : public MemoryPolicy {
 TEST(BatchedGeneration, ASmallModelsBatchInGroupsOnTwoThreadsGivesEachRowWhatItGetsAlone) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const Stories s = LoadStories();
-  struct Budget {
-    explicit Budget(int threads) { set_cpu_threads(threads); }
-    ~Budget() { set_cpu_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))); }
-  };
   const std::vector<Row> rows = {{"namm/1", 300, 20}, {"h2o:budget=100", 250, 5}, {"namm/2", 350, 12, true},
                                  {"full", 233, 12},   {"namm/3", 300, 1},        {"snapkv:budget=64", 311, 25}};
   std::vector<Result<GenerationResult>> two_threads;
   {
-    const Budget budget(2);
+    const ThreadBudget budget(2);
     two_threads = ExpectBatchEqualsAlone(s, rows);
   }
   std::vector<Result<GenerationResult>> one_thread;
   {
-    const Budget budget(1);
+    const ThreadBudget budget(1);
     one_thread = GenerateRows(s, rows);
   }
   ASSERT_EQ(two_threads.size(), rows.size());
@@ -329,15 +331,16 @@ TEST(BatchedGeneration, ASmallModelsBatchInGroupsOnTwoThreadsGivesEachRowWhatItG
     ExpectSame(*two_threads[i], *one_thread[i]);
   }
 
-  // Eight prompts' prefill on a budget of two: both threads run rows' passes.
-  const Budget budget(2);
+  // Eight prompts and a few tokens each on a budget of two: both threads run rows' passes.
+  const ThreadBudget budget(2);
   std::set<std::thread::id> threads;
   std::mutex mutex;
   std::vector<std::unique_ptr<MemoryPolicy>> policies;
   std::vector<Generator::Request> requests;
   for (int r = 0; r < 8; ++r) {
     policies.push_back(std::make_unique<ThreadNotingPolicy>(&threads, &mutex));
-    requests.push_back(RowRequest(s, {"full", 400, 4}, policies.back().get()));
+    requests.push_back(RowRequest(s, {"", 400, 4}, policies.back().get()));
+    requests.back().options.max_new_tokens = 4;
   }
   for (const Result<GenerationResult>& result : Generator(s.model, *s.tokenizer).GenerateBatch(requests)) {
     EXPECT_TRUE(result.ok()) << result.status().ToString();
@@ -516,6 +519,7 @@ class ThrowingPolicy final : public MemoryPolicy {
 TEST(BatchedGeneration, ARowThatThrowsMidBatchFailsAlone) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const Stories s = LoadStories();
+  const ThreadBudget budget(2);  // rows in groups on two threads (LlamaModel::GroupsApart), whatever the machine
   const std::vector<Row> rows = {{"namm/2", 300, 12}, {"throwing", 200, 12}, {"full", 150, 12}};
   std::vector<std::unique_ptr<MemoryPolicy>> policies;
   std::vector<Generator::Request> requests;

@@ -26,8 +26,8 @@ int cpu_threads();
 // kernels called inside an item run on that item's thread.
 void parallel_items(int64_t count, const std::function<void(int64_t item)>& fn);
 
-// Items [0, work.size()) in min(groups, items) groups of about equal total work (any unit, >= 0): the largest
-// first, each to the group with the least so far. Each group's items in increasing order, none empty.
+// Items [0, work.size()) in min(max(groups, 1), items) groups of about equal total work (any unit, >= 0): the
+// largest first, each to the group with the least so far. Each group's items in increasing order, none empty.
 std::vector<std::vector<std::size_t>> balanced_groups(const std::vector<int64_t>& work, std::size_t groups);
 
 }  // namespace namm

@@ -442,7 +442,12 @@ std::vector<std::vector<std::size_t>> LlamaModel::GroupsApart(const std::vector<
   const int64_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
   const int64_t layer_weights = c.dim * (2 * q_width + 2 * kv_width) + 3 * c.dim * c.hidden_dim;
   const int64_t layer_bytes = layer_weights * static_cast<int64_t>(c10::elementSize(options_.dtype().toScalarType()));
-  if (threads <= 1 || steps.size() < 2 || !options_.device().is_cpu() || layer_bytes > kApartLayerBytes) return {};
+  // At least a sequence per thread: a group's products run on its thread alone, where with fewer groups than
+  // threads the pool would have split the larger ones (a prefill chunk's) over all of them.
+  if (threads <= 1 || steps.size() < static_cast<std::size_t>(threads) || !options_.device().is_cpu() ||
+      options_.dtype() != at::kFloat || layer_bytes > kApartLayerBytes) {
+    return {};
+  }
   // A step's work, roughly: its rows' products and their attention over the cache (multiply-adds).
   std::vector<int64_t> work;
   work.reserve(steps.size());

@@ -81,8 +81,9 @@ class LlamaModel {
   // others go on. With contain_exceptions, so is an exception thrown by one sequence's part (its cache growing
   // out of memory, its policy): its result is the error (failure_status); without, exceptions propagate, so that
   // a caller can retry with less (NammExecutor splits its batch on out of memory). An exception in the shared
-  // products propagates either way. A small model's batch on the CPU runs in groups on the thread budget
-  // (GroupsApart): the same results.
+  // products propagates either way. A small model's batch on the CPU in float32 runs in groups on the thread
+  // budget (GroupsApart), with the same results; then which rows find a KV block pool dry first depends on
+  // timing, and so does which of several exceptions propagates (each group finishes before it does).
   std::vector<Result<at::Tensor>> ForwardBatch(const std::vector<Step>& steps, bool contain_exceptions = false) const;
 
  private:
@@ -119,8 +120,10 @@ class LlamaModel {
                    std::vector<Status>& errors, bool contain_exceptions) const;
   // ForwardBatch on one packed batch: every dense product over all of its rows at once.
   std::vector<Result<at::Tensor>> ForwardPacked(const std::vector<Step>& steps, bool contain_exceptions) const;
-  // A CPU batch of a small model in groups of about equal work, one per thread of the budget, each a packed batch
-  // of its own (ForwardBatch runs them apart); none (one packed batch) otherwise. A small model's step is each
+  // A CPU float32 batch of a small model with at least a sequence per thread, in groups of about equal work, one
+  // per thread of the budget, each a packed batch of its own (ForwardBatch runs them apart); none (one packed
+  // batch) otherwise. Float32 only: there a row's numbers do not depend on its batch (batch_invariant.h), so
+  // grouping by the thread budget changes none. A small model's step is each
   // row's own arithmetic in products too small for the kernels' pool to split (a fork and join costs more), so
   // one packed batch ran on one core whatever the budget: groups apart gave namm-api 1.4x the tokens/s at 8
   // clients on 2 cores (docs/performance.md). Each thread then reads every weight, which costs nothing while a
