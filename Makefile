@@ -6,7 +6,8 @@
 #   make bench      build + every benchmark
 #   make sanitize   ASan/UBSan build of everything in build-asan/, then the default test suite (fuzz replays included)
 #   make tsan       ThreadSanitizer build in build-tsan/: the coordinator, worker client and distribution tests,
-#                   default and long labels (not in CI: see docs/coordinator.md, "Sanitizers")
+#                   default and long labels, and the CPU thread pool, batched engine and namm-api scheduler tests
+#                   (not in CI: see docs/coordinator.md, "Sanitizers")
 #   make fuzz       libFuzzer targets (clang, ASan/UBSan) in build-fuzz/, each run FUZZ_RUNS (1,000,000) times
 #   make clean      remove build directories
 
@@ -74,12 +75,16 @@ sanitize: deps
 	cd $(ASAN_DIR) && $(SANITIZER_ENV) ctest --output-on-failure -LE long -j $(JOBS) --timeout 1800
 
 # The threads' code: the coordinator (service, scheduler, store, trainer), the worker client and the distribution
-# tests that drive them, default and long labels.
+# tests that drive them, default and long labels; the kernels' pool, a batch's groups and memory updates on it, and
+# namm-api's scheduler.
 tsan: deps
 	cmake -S . -B $(TSAN_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNAMM_SANITIZE=thread \
 	  -DNAMM_BUILD_BENCH=OFF $(LAUNCHER) $(CMAKE_FLAGS)
-	cmake --build $(TSAN_DIR) -j $(JOBS) --target coordinator_tests distribution_tests
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target coordinator_tests distribution_tests namm_core_tests worker_tests \
+	  server_tests
 	cd $(TSAN_DIR) && $(SANITIZER_ENV) ctest --output-on-failure -L 'coordinator|distribution|long' --timeout 7200
+	cd $(TSAN_DIR) && $(SANITIZER_ENV) ctest --output-on-failure --timeout 1800 \
+	  -R '^(CpuThreads|TaskPool|NammPolicy|BatchedGeneration|CompletionScheduler)\.'
 
 fuzz:
 	@scripts/install-deps.sh --fuzz

@@ -433,7 +433,6 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     std::vector<float> scores;            // [heads][n]
     std::vector<float> budget_shift;      // added to every token's features (budget_input.h); empty: none
                                           // (own head counts: computed per head)
-    bool host = true;                     // else (ScoreOnHost declined) the tensor path
   };
   std::vector<Result<at::Tensor>> kept(updates.size(), Result<at::Tensor>(Status::Internal("not selected")));
   std::vector<Item> items;
@@ -474,6 +473,9 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
   std::vector<int64_t> first_task(items.size() + 1, 0);
   for (std::size_t i = 0; i < items.size(); ++i) first_task[i + 1] = first_task[i] + items[i].heads;
   std::vector<std::string> failures(static_cast<std::size_t>(first_task.back()));  // a task's exception, if any
+  // Whether a task's scorer declined (then its item takes the tensor path): one flag per task, as the heads of an
+  // item run on different threads.
+  std::vector<char> declined(static_cast<std::size_t>(first_task.back()), 0);
   cpu::parallel_tasks(first_task.back(), [&](int64_t begin, int64_t end) {
     std::vector<float> features, workspace;
     for (int64_t task = begin; task < end; ++task) {
@@ -500,7 +502,8 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
         float* scores = item.scores.data() + h * item.n;
         std::fill(scores, scores + first, -std::numeric_limits<float>::infinity());  // vacant: never kept
         // Declining is a property of the policy (its parameters' device), the same for all of its heads.
-        item.host = item.policy->scorer_->ScoreOnHost(features.data(), kFeatureDim, n, scores + first, workspace);
+        declined[static_cast<std::size_t>(task)] =
+            item.policy->scorer_->ScoreOnHost(features.data(), kFeatureDim, n, scores + first, workspace) ? 0 : 1;
       } catch (const std::exception& e) {
         failures[static_cast<std::size_t>(task)] = e.what();
       }
@@ -515,7 +518,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
       kept[where[i]] = Status::Internal("NAMM select: " + *failed);
       continue;
     }
-    if (!item.host) {
+    if (declined[static_cast<std::size_t>(first_task[i])] != 0) {
       kept[where[i]] = item.policy->SelectWithTensors(item.layer, *item.cache);
       continue;
     }
