@@ -3,6 +3,8 @@
 #include <cstring>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "namm/file_util.h"
 #include "namm/worker/hf_tokenizer.h"
 #include "namm/worker/llama2c_tokenizer.h"
@@ -90,6 +92,42 @@ TEST(Gpt2Tokenizer, TransformersCleansUpSpacesWhenTheConfigSaysSo) {
   NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
   auto tokenizer = Load(testing::kGpt2Tokenizer);  // tokenizer_config.json: clean_up_tokenization_spaces true
   EXPECT_EQ(tokenizer->Decode(tokenizer->Encode("Hello , world ! It 's done .").value()), "Hello, world! It's done.");
+}
+
+// A decoder of one ByteLevel step decodes from each token's bytes worked out at load; the same decoder followed by
+// a Replace step that never matches takes the general path. Both give the same text for random ids (single byte
+// tokens that make invalid UTF-8, the special token, out-of-range ids), with and without special tokens, and with
+// transformers' clean-up of spaces.
+TEST(Gpt2Tokenizer, TheByteLevelFastPathDecodesAsTheGeneralPipeline) {
+  NAMM_REQUIRE_SHARED(testing::kGpt2Tokenizer);
+  auto json = read_file(SharedPath(testing::kGpt2Tokenizer));
+  ASSERT_TRUE(json.ok());
+  nlohmann::json file = nlohmann::json::parse(*json);
+  ASSERT_EQ(file["decoder"]["type"], "ByteLevel");
+  file["decoder"] = nlohmann::json::parse(R"({"type": "Sequence", "decoders": [{"type": "ByteLevel"},
+      {"type": "Replace", "pattern": {"String": "\u0001\u0002\u0003"}, "content": "x"}]})");
+  const std::string general = file.dump();
+  for (const std::string config : {"", R"({"clean_up_tokenization_spaces": true})"}) {
+    auto fast = HfTokenizer::FromJson(*json, config, "gpt2");
+    auto slow = HfTokenizer::FromJson(general, config, "gpt2-general");
+    ASSERT_TRUE(fast.ok() && slow.ok());
+    std::mt19937_64 gen(7);
+    std::uniform_int_distribution<int64_t> any(-2, 50258), byte_token(0, 255);
+    for (int trial = 0; trial < 500; ++trial) {
+      Ids ids;
+      for (int i = 0; i < 60; ++i) ids.push_back(trial % 3 == 0 ? byte_token(gen) : any(gen));  // 0-255: single bytes
+      if (trial % 5 == 0) ids.push_back(50256);
+      for (const bool skip : {true, false}) {
+        const std::string text = (*fast)->Decode(ids, skip);
+        EXPECT_EQ(text, (*slow)->Decode(ids, skip)) << "trial " << trial << " skip " << skip;
+        if (trial % 3 == 0) {
+          EXPECT_NE(text.find("\xEF\xBF\xBD"), std::string::npos) << "trial " << trial;  // invalid bytes met
+        }
+      }
+    }
+    EXPECT_EQ((*fast)->Decode((*fast)->Encode("Hello , world !").value()),
+              config.empty() ? "Hello , world !" : "Hello, world!");
+  }
 }
 
 TEST(Utf8, InvalidBytesBecomeOneReplacementPerMaximalSubpart) {

@@ -244,6 +244,9 @@ struct HfTokenizer::Impl {
   std::string source;
   std::unordered_map<std::string, int64_t> vocab;
   std::vector<std::string> id_to_token;
+  // With a decoder of one ByteLevel step (GPT-2's, Llama 3's): each token's bytes as that step decodes it, worked
+  // out once at load, so that Decode joins them (a streamed answer is decoded whole at every step). Empty otherwise.
+  std::vector<std::string> id_to_bytes;
   std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> merges;  // (left, right) -> (rank, merged id)
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
   int64_t unk_id = -1;
@@ -608,26 +611,26 @@ struct HfTokenizer::Impl {
     out->insert(out->end(), ids.begin(), ids.end());
   }
 
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const {
+  // ByteLevel's decoding of one token: its characters mapped back to bytes, or the token as it is if one of them
+  // is not in the byte map (an added token).
+  static std::string ByteLevelBytes(const std::string& token) {
     const ByteMap& bytes = GetByteMap();
+    std::string decoded;
+    for (const std::string& c : utf8::Characters(token)) {
+      auto it = bytes.to_byte.find(c);
+      if (it == bytes.to_byte.end()) return token;
+      decoded += static_cast<char>(it->second);
+    }
+    return decoded;
+  }
+
+  std::vector<std::string> Decode(std::vector<std::string> tokens) const {
     for (const auto& step : decoder) {
       std::vector<std::string> next;
       switch (step.kind) {
         case DecoderStep::Kind::kByteLevel: {
           std::string raw;
-          for (const auto& token : tokens) {
-            std::string decoded;
-            bool all_mapped = true;
-            for (const std::string& c : utf8::Characters(token)) {
-              auto it = bytes.to_byte.find(c);
-              if (it == bytes.to_byte.end()) {
-                all_mapped = false;
-                break;
-              }
-              decoded += static_cast<char>(it->second);
-            }
-            raw += all_mapped ? decoded : token;
-          }
+          for (const auto& token : tokens) raw += ByteLevelBytes(token);
           next.push_back(sanitize_utf8(raw));
           break;
         }
@@ -776,6 +779,10 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& token
   for (const auto& [token, id] : impl->vocab) max_id = std::max(max_id, id);
   impl->id_to_token.assign(static_cast<std::size_t>(max_id + 1), "");
   for (const auto& [token, id] : impl->vocab) impl->id_to_token[static_cast<std::size_t>(id)] = token;
+  if (impl->decoder.size() == 1 && impl->decoder[0].kind == DecoderStep::Kind::kByteLevel) {
+    impl->id_to_bytes.reserve(impl->id_to_token.size());
+    for (const std::string& token : impl->id_to_token) impl->id_to_bytes.push_back(Impl::ByteLevelBytes(token));
+  }
 
   if (!config_json.empty()) {
     NAMM_ASSIGN_OR_RETURN(const Json c, parse_json_bounded(config_json, source + ": tokenizer_config.json"));
@@ -833,11 +840,21 @@ Result<std::vector<int64_t>> HfTokenizer::EncodeForModel(const std::string& text
 }
 
 std::string HfTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  const auto kept = [&](int64_t id) {
+    return id >= 0 && id < static_cast<int64_t>(impl_->id_to_token.size()) &&
+           !(skip_special_tokens && impl_->special_ids.count(id));
+  };
+  if (!impl_->id_to_bytes.empty()) {  // the ByteLevel step's pieces, joined: the general path's text, bit for bit
+    std::string raw;
+    for (int64_t id : ids) {
+      if (kept(id)) raw += impl_->id_to_bytes[static_cast<std::size_t>(id)];
+    }
+    std::string text = sanitize_utf8(raw);  // valid UTF-8 after one pass: the general path's second is a no-op
+    return impl_->clean_up_spaces ? CleanUpTokenizationSpaces(std::move(text)) : text;
+  }
   std::vector<std::string> tokens;
   for (int64_t id : ids) {
-    if (id < 0 || id >= static_cast<int64_t>(impl_->id_to_token.size())) continue;
-    if (skip_special_tokens && impl_->special_ids.count(id)) continue;
-    tokens.push_back(impl_->id_to_token[static_cast<std::size_t>(id)]);
+    if (kept(id)) tokens.push_back(impl_->id_to_token[static_cast<std::size_t>(id)]);
   }
   std::string text;
   if (impl_->decoder.empty()) {  // tokenizers joins undecoded tokens with spaces
