@@ -713,6 +713,7 @@ struct ApiServer::Impl {
     job.temperature = r.temperature;
     job.seed = r.seed;
     job.stop = r.stop;
+    job.stream = r.stream;
     return job;
   }
 

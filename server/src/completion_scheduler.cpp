@@ -489,6 +489,9 @@ struct CompletionScheduler::Impl {
         }
         row.tokens_seen = tokens.size();
         row.last_token = now;
+      }
+      // A streaming row's new text: its whole answer decoded again (a tokenizer may rewrite what it decoded before).
+      if (made > 0 && row.request.job.stream) {
         std::string text = tokenizer.Decode(tokens);
         // A whole stop string ends the answer where it begins (the sequence finishes at this step): it and what
         // follows it are never sent.
@@ -514,7 +517,8 @@ struct CompletionScheduler::Impl {
                                          : ServerError(500, result.status().message()));
       } else {
         // The rest of the answer, cut at its stop string (a decoding that rewrote what was sent cannot be taken back).
-        if (result->text.size() > sent.size() && result->text.compare(0, sent.size(), sent) == 0) {
+        if (row.request.job.stream && result->text.size() > sent.size() &&
+            result->text.compare(0, sent.size(), sent) == 0) {
           row.request.handle->Publish(result->text.substr(sent.size()));
         }
         CompletionOutcome outcome;

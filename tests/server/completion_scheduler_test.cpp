@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <random>
@@ -74,6 +75,7 @@ class CleanUpTokenizer final : public worker::Tokenizer {
   Result<std::vector<int64_t>> Encode(const std::string&) const override { return std::vector<int64_t>{}; }
   Result<std::vector<int64_t>> EncodeForModel(const std::string&) const override { return std::vector<int64_t>{1}; }
   std::string Decode(const std::vector<int64_t>& ids, bool) const override {
+    ++decodes;
     std::string text;
     for (int64_t id : ids) text += id % 3 == 0 ? " " : id % 3 == 1 ? "." : "w";
     for (std::size_t at; (at = text.find(" .")) != std::string::npos;) text.erase(at, 1);
@@ -81,6 +83,7 @@ class CleanUpTokenizer final : public worker::Tokenizer {
   }
   int64_t vocab_size() const override { return 512; }
   std::vector<int64_t> eos_ids() const override { return {}; }
+  mutable std::atomic<int64_t> decodes{0};
 };
 
 TEST(CompletionScheduler, EveryStreamAddsUpToTheWholeAnswerForEveryTokenizer) {
@@ -119,6 +122,46 @@ TEST(CompletionScheduler, EveryStreamAddsUpToTheWholeAnswerForEveryTokenizer) {
     EXPECT_GT(punctuated, 4);
     (*scheduler)->Stop();
   }
+}
+
+// A request that does not stream (CompletionJob::stream false) gets no text until it finishes, and then the answer
+// the same request streamed gets; its answer is decoded once, not at every step.
+TEST(CompletionScheduler, ARequestThatDoesNotStreamIsAnsweredWholeAndDecodedOnce) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  auto model = worker::LlamaModel::Load(testing::SharedPath(testing::kStoriesModel), worker::LoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  CleanUpTokenizer tokenizer;
+  SchedulerOptions options;
+  options.chunk_size = 32;
+  options.update_interval = 64;
+  auto scheduler = CompletionScheduler::Start(*model, tokenizer, "full", options, nullptr);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status().ToString();
+  const std::vector<int64_t> prompt = {1, 300, 301, 302};
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    const auto submit = [&](bool stream) {
+      CompletionJob job;
+      job.prompt_ids = prompt;
+      job.policy = job.policy_label = "full";
+      job.max_tokens = 60;
+      job.temperature = 1.0;
+      job.seed = seed;
+      job.stream = stream;
+      std::shared_ptr<CompletionHandle> handle = (*scheduler)->Submit(std::move(job));
+      EXPECT_NE(handle, nullptr);
+      return StreamedAndWhole(*handle);
+    };
+    const int64_t before = tokenizer.decodes.load();
+    const auto [streamed, answer] = submit(true);
+    const int64_t streaming_decodes = tokenizer.decodes.load() - before;
+    const auto [nothing, whole] = submit(false);
+    const int64_t whole_decodes = tokenizer.decodes.load() - before - streaming_decodes;
+    EXPECT_EQ(nothing, "") << "seed " << seed;
+    EXPECT_EQ(whole, answer) << "seed " << seed;
+    EXPECT_EQ(streamed, answer) << "seed " << seed;
+    EXPECT_GE(streaming_decodes, 50) << "seed " << seed;  // a decode per step
+    EXPECT_EQ(whole_decodes, 1) << "seed " << seed;        // the generator's, at the end
+  }
+  (*scheduler)->Stop();
 }
 
 // stories260K (float32, CPU) and its tokenizer.

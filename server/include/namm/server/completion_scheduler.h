@@ -56,6 +56,9 @@ struct CompletionJob {
   double temperature = 0;  // 0: greedy
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  // Text sent as it is generated (CompletionHandle::Wait); false: only the whole answer when it finishes, and the
+  // answer is decoded once instead of at every step.
+  bool stream = true;
 };
 
 // What a waiting HTTP thread learns at a time.
