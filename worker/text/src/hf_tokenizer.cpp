@@ -844,23 +844,21 @@ std::string HfTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_speci
     return id >= 0 && id < static_cast<int64_t>(impl_->id_to_token.size()) &&
            !(skip_special_tokens && impl_->special_ids.count(id));
   };
-  if (!impl_->id_to_bytes.empty()) {  // the ByteLevel step's pieces, joined: the general path's text, bit for bit
-    std::string raw;
-    for (int64_t id : ids) {
-      if (kept(id)) raw += impl_->id_to_bytes[static_cast<std::size_t>(id)];
-    }
-    std::string text = sanitize_utf8(raw);  // valid UTF-8 after one pass: the general path's second is a no-op
-    return impl_->clean_up_spaces ? CleanUpTokenizationSpaces(std::move(text)) : text;
-  }
-  std::vector<std::string> tokens;
-  for (int64_t id : ids) {
-    if (kept(id)) tokens.push_back(impl_->id_to_token[static_cast<std::size_t>(id)]);
-  }
   std::string text;
-  if (impl_->decoder.empty()) {  // tokenizers joins undecoded tokens with spaces
-    for (std::size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
+  if (!impl_->id_to_bytes.empty()) {  // a ByteLevel step alone: its pieces, worked out at load, joined
+    for (int64_t id : ids) {
+      if (kept(id)) text += impl_->id_to_bytes[static_cast<std::size_t>(id)];
+    }
   } else {
-    for (const auto& piece : impl_->Decode(std::move(tokens))) text += piece;
+    std::vector<std::string> tokens;
+    for (int64_t id : ids) {
+      if (kept(id)) tokens.push_back(impl_->id_to_token[static_cast<std::size_t>(id)]);
+    }
+    if (impl_->decoder.empty()) {  // tokenizers joins undecoded tokens with spaces
+      for (std::size_t i = 0; i < tokens.size(); ++i) text += (i ? " " : "") + tokens[i];
+    } else {
+      for (const auto& piece : impl_->Decode(std::move(tokens))) text += piece;
+    }
   }
   text = sanitize_utf8(text);
   return impl_->clean_up_spaces ? CleanUpTokenizationSpaces(std::move(text)) : text;

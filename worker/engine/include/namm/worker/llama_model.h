@@ -123,12 +123,12 @@ class LlamaModel {
   // A CPU float32 batch of a small model with at least a sequence per thread, in groups of about equal work, one
   // per thread of the budget, each a packed batch of its own (ForwardBatch runs them apart); none (one packed
   // batch) otherwise. Float32 only: there a row's numbers do not depend on its batch (batch_invariant.h), so
-  // grouping by the thread budget changes none. A small model's step is each
-  // row's own arithmetic in products too small for the kernels' pool to split (a fork and join costs more), so
-  // one packed batch ran on one core whatever the budget: groups apart gave namm-api 1.4x the tokens/s at 8
-  // clients on 2 cores (docs/performance.md). Each thread then reads every weight, which costs nothing while a
-  // layer's weights stay in its cache, and much on a large model whose products the pool does split (measured
-  // on 2 cores, 8 clients: layers of 2.8 MB 1.18x, 11 MB 1.0x, 60 MB 0.81x): up to kApartLayerBytes.
+  // grouping by the thread budget changes none. A small model's step is each row's own arithmetic in products
+  // too small for the kernels' pool to split (a fork and join costs more), so one packed batch ran on one core
+  // whatever the budget: groups apart gave namm-api 1.4x the tokens/s at 8 clients on 2 cores
+  // (docs/performance.md). Each thread then reads every weight, which costs nothing while a layer's weights stay
+  // in its cache, and much on a large model whose products the pool does split (measured on 2 cores, 8 clients:
+  // layers of 2.8 MB 1.18x, 11 MB 1.0x, 60 MB 0.81x): up to kApartLayerBytes.
   std::vector<std::vector<std::size_t>> GroupsApart(const std::vector<Step>& steps) const;
   static constexpr int64_t kApartLayerBytes = int64_t{4} << 20;
   // A layer's products, prepared once (batch_invariant.h: InvariantLinear).
