@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include "aten.h"
+#include "fused_attention.h"
 #include "namm/batch_invariant.h"
 #include "namm/cpu_threads.h"
 #include "namm/query_history.h"
@@ -177,6 +178,11 @@ Status LlamaModel::Attend(int layer, const at::Tensor& q_rows, const at::Tensor&
   const int64_t block = std::clamp<int64_t>(attention_block_elements_ / (heads * n), 1, t);
   const int64_t window = config_.window_of(layer);
   const bool windowed = window > 0 && cache.tokens_seen() > window;
+  // A policy that observes nothing on a GPU: libtorch's fused attention, where it has one.
+  if (!policy.needs_attention() && policy.query_history() == 0 && !windowed && cache.vacant() == nullptr &&
+      fused_causal_attention(q_heads, cache.keys(), cache.values(), scale, out)) {
+    return Status::Ok();
+  }
   // On our kernel where it reads the cache (each block the same bits as one call for every row), else with
   // libtorch's operations (any device and dtype).
   const bool kernel = KernelReads(q_rows, cache);
