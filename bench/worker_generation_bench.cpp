@@ -7,6 +7,7 @@
 // so totals are wall-clock times of finished work. Options: kUsage below (--help).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <ATen/record_function.h>
 
 #include "namm/cpu_threads.h"
 #include "namm/bam_scorer.h"
@@ -54,8 +57,30 @@ void WaitFor(const at::Tensor& t) {
   if (t.defined() && !t.device().is_cpu()) (void)t.reshape({-1}).narrow(0, 0, 1).to(at::kCPU);
 }
 
+// ATen operators dispatched since the process began counting (OperatorCount): each costs the host microseconds
+// and, on a GPU, usually a kernel launch.
+std::atomic<int64_t> operators_dispatched{0};
+std::unique_ptr<at::ObserverContext> CountOperator(const at::RecordFunction&) {
+  operators_dispatched.fetch_add(1, std::memory_order_relaxed);
+  return nullptr;
+}
+
+// Counts the operators dispatched while it lives.
+class OperatorCount {
+ public:
+  OperatorCount()
+      : handle_(at::addGlobalCallback(at::RecordFunctionCallback(CountOperator).scopes({at::RecordScope::FUNCTION}))) {}
+  ~OperatorCount() { at::removeCallback(handle_); }
+  OperatorCount(const OperatorCount&) = delete;
+  OperatorCount& operator=(const OperatorCount&) = delete;
+
+ private:
+  at::CallbackHandle handle_;
+};
+
 // A policy that times the calls of the one it wraps: the device's queued work is waited for before each call
-// (so that the engine's work is not counted) and after it.
+// (so that the engine's work is not counted) and after it. It also counts the calls and the operators they
+// dispatch.
 class TimedPolicy final : public MemoryPolicy {
  public:
   explicit TimedPolicy(std::unique_ptr<MemoryPolicy> inner) : inner_(std::move(inner)) {}
@@ -68,7 +93,10 @@ class TimedPolicy final : public MemoryPolicy {
   Status Observe(int layer, const at::Tensor& attention, int64_t first_query, LayerKVCache& cache) override {
     WaitFor(attention);
     const auto start = Clock::now();
+    const int64_t operators = operators_dispatched.load();
     Status status = inner_->Observe(layer, attention, first_query, cache);
+    observe_operators += operators_dispatched.load() - operators;
+    ++observe_calls;
     WaitFor(cache.positions());
     observe_seconds += Since(start);
     return status;
@@ -76,15 +104,39 @@ class TimedPolicy final : public MemoryPolicy {
   Result<at::Tensor> Select(int layer, LayerKVCache& cache) override {
     WaitFor(cache.positions());
     const auto start = Clock::now();
+    const int64_t operators = operators_dispatched.load();
     Result<at::Tensor> keep = inner_->Select(layer, cache);
+    select_operators += operators_dispatched.load() - operators;
+    ++select_calls;
     if (keep.ok()) WaitFor(*keep);
     select_seconds += Since(start);
     return keep;
+  }
+  // The inner policy's own SelectTogether (it may select a sequence's layers together), timed as a whole; with
+  // other policies among the updates (not in this bench), each one's Select().
+  std::vector<Result<at::Tensor>> SelectTogether(const std::vector<MemoryUpdate>& updates) override {
+    std::vector<MemoryUpdate> inner = updates;
+    for (MemoryUpdate& u : inner) {
+      if (u.policy != this) return MemoryPolicy::SelectTogether(updates);
+      u.policy = inner_.get();
+      WaitFor(u.cache->positions());
+    }
+    const auto start = Clock::now();
+    const int64_t operators = operators_dispatched.load();
+    std::vector<Result<at::Tensor>> kept = inner_->SelectTogether(inner);
+    select_operators += operators_dispatched.load() - operators;
+    select_calls += static_cast<int64_t>(updates.size());
+    for (const Result<at::Tensor>& keep : kept) {
+      if (keep.ok()) WaitFor(*keep);
+    }
+    select_seconds += Since(start);
+    return kept;
   }
   Result<std::optional<at::Tensor>> EndPrefill(int layer, LayerKVCache& cache) override {
     return inner_->EndPrefill(layer, cache);
   }
   double observe_seconds = 0, select_seconds = 0;
+  int64_t observe_calls = 0, select_calls = 0, observe_operators = 0, select_operators = 0;
 
  private:
   std::unique_ptr<MemoryPolicy> inner_;
@@ -353,16 +405,26 @@ int Run(const Options& o) {
   }
   if (!o.profile) return 0;
   std::printf("\nWhere the time goes (one generation per row, the device waited for around each policy call)\n\n");
-  std::printf("%-34s %9s %11s %10s %9s\n", "policy", "total s", "Observe s", "Select s", "rest s");
+  std::printf("%-34s %9s %11s %10s %9s %17s %17s %11s\n", "policy", "total s", "Observe s", "Select s", "rest s",
+              "Observe calls/ops", "Select calls/ops", "all ops");
   for (const auto& row : rows) {
     TimedPolicy timed(row.make());
+    const OperatorCount counting;
+    const int64_t operators = operators_dispatched.load();
     const auto start = Clock::now();
     auto result = generator.Generate(prompt, timed, options);
     const double total = Since(start);
     if (!result.ok()) return 1;
-    // The gathers after Select() count with the rest (the engine applies them).
-    std::printf("%-34s %9.3f %11.3f %10.3f %9.3f\n", row.name.c_str(), total, timed.observe_seconds,
-                timed.select_seconds, total - timed.observe_seconds - timed.select_seconds);
+    // The gathers after Select() count with the rest (the engine applies them). Operators per call: ATen
+    // operators dispatched (nested ones too) per Observe or Select call; all ops: the whole generation's.
+    const auto per_call = [](int64_t ops, int64_t calls) {
+      return std::to_string(calls) + " / " + std::to_string(calls > 0 ? ops / calls : 0);
+    };
+    std::printf("%-34s %9.3f %11.3f %10.3f %9.3f %17s %17s %11lld\n", row.name.c_str(), total, timed.observe_seconds,
+                timed.select_seconds, total - timed.observe_seconds - timed.select_seconds,
+                per_call(timed.observe_operators, timed.observe_calls).c_str(),
+                per_call(timed.select_operators, timed.select_calls).c_str(),
+                static_cast<long long>(operators_dispatched.load() - operators));
   }
   return 0;
 }

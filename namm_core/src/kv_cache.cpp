@@ -483,14 +483,15 @@ Status LayerKVCache::Gather(const at::Tensor& indices) {
   if (on_host() && indices.device().is_cpu()) return GatherOnHost(indices.contiguous());
   if (ragged_) return Status::FailedPrecondition("a ragged KV cache gathers with indices on the host");
   if (k > 0) {
-    const int64_t lo = indices.min().item<int64_t>(), hi = indices.max().item<int64_t>();
-    if (lo < 0 || hi >= size_) {
+    // The checks' three numbers in one transfer: each read waits for the device's queued work.
+    const at::Tensor unordered = k > 1 ? indices.diff(1, 1).le(0).sum() : at::zeros({}, indices.options());
+    const at::Tensor checks = at::stack({indices.min(), indices.max(), unordered}).to(at::kCPU);
+    const int64_t* c = checks.data_ptr<int64_t>();
+    if (c[0] < 0 || c[1] >= size_) {
       return Status::InvalidArgument("retained index out of range [0, " + std::to_string(size_) +
                                      ") (vacant slots, -1, need a cache on the host)");
     }
-    if (k > 1 && !indices.diff(1, 1).gt(0).all().item<bool>()) {
-      return Status::InvalidArgument("retained indices must be strictly ascending per head");
-    }
+    if (c[2] > 0) return Status::InvalidArgument("retained indices must be strictly ascending per head");
   }
   if (k == size_) return Status::Ok();  // k ascending indices below size: all of them, in order
   if (in_blocks() && head_dim_ > 0) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "aten.h"
+#include "per_device.h"
 
 namespace namm {
 
@@ -82,10 +83,13 @@ at::Tensor recency_embedding(const at::Tensor& positions) {
     return out;
   }
   // On a device, element by element (a table there would be one more transfer per update).
-  at::Tensor frequencies = at::empty({kHalf}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
-  for (int64_t i = 0; i < kHalf; ++i) frequencies.data_ptr<double>()[i] = Frequency(i);
+  static internal::PerDevice frequencies([] {
+    at::Tensor f = at::empty({kHalf}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
+    for (int64_t i = 0; i < kHalf; ++i) f.data_ptr<double>()[i] = Frequency(i);
+    return f;
+  });
   at::Tensor recency = (positions.narrow(1, n - 1, 1) - positions).to(at::kDouble);
-  at::Tensor phase = recency.unsqueeze(-1) * frequencies.to(positions.device());
+  at::Tensor phase = recency.unsqueeze(-1) * frequencies.On(positions.device());
   return at::cat({phase.sin(), phase.cos()}, -1).to(at::kFloat);
 }
 

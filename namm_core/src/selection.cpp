@@ -153,22 +153,54 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
     std::copy(keep.begin(), keep.end(), out.data_ptr<int64_t>());
     return out;
   }
-  const at::Tensor forced = force_keep_newest(scores);
-  int64_t k = n;
-  switch (config.kind) {
-    case SelectionKind::kBinary:
-      k = max_count_not_below(forced, static_cast<double>(config.threshold));
-      break;
-    case SelectionKind::kTopK:
-      TORCH_CHECK(config.budget > 0, "top-k selection needs a budget > 0");
-      k = std::min(n, config.budget);
-      break;
-    case SelectionKind::kDynamic:
-      k = std::max<int64_t>(1, max_count_not_below(forced, std::exp(log_threshold)));  // the newest, even at inf
-      if (config.budget > 0) k = std::min(k, config.budget);
-      break;
+  return select_tokens_padded(scores.unsqueeze(0), {n}, config, selection_params).front();
+}
+
+std::vector<at::Tensor> select_tokens_padded(const at::Tensor& scores, const std::vector<int64_t>& n,
+                                             const SelectionConfig& config, const at::Tensor& selection_params) {
+  TORCH_CHECK(scores.dim() == 3 && scores.size(0) == static_cast<int64_t>(n.size()) && scores.size(2) >= 1,
+              "padded scores must be [", n.size(), " sets, kv_heads, n >= 1], got ", scores.sizes());
+  const bool dynamic = config.kind == SelectionKind::kDynamic;
+  TORCH_CHECK(!dynamic || (selection_params.defined() && selection_params.numel() == 1),
+              "dynamic selection needs its log-threshold parameter");
+  TORCH_CHECK(config.kind != SelectionKind::kTopK || config.budget > 0, "top-k selection needs a budget > 0");
+  const auto count = static_cast<int64_t>(n.size());
+  const int64_t n_max = scores.size(2);
+  // The padding is below every threshold and first in the ascending order, so never kept; each set's newest
+  // slot is raised as force_keep_newest raises it.
+  at::Tensor forced = scores.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t size = n[static_cast<std::size_t>(c)];
+    TORCH_CHECK(size >= 1 && size <= n_max, "set ", c, " has ", size, " scores of ", n_max, " columns");
+    if (size < n_max) forced[c].narrow(1, 0, n_max - size).fill_(-std::numeric_limits<float>::infinity());
   }
-  return keep_top_k_per_head(forced, k);
+  forced.select(2, n_max - 1).fill_(std::numeric_limits<float>::max());
+  std::vector<int64_t> k(n);
+  if (config.kind != SelectionKind::kTopK) {
+    const double threshold =
+        dynamic ? std::exp(selection_params.item<double>()) : static_cast<double>(config.threshold);
+    // Per set, the max over heads of the tokens not below the threshold (max_count_not_below): n_max less the
+    // fewest below, the padding counting as below.
+    const at::Tensor fewest_below = forced.lt(threshold).sum(2).amin(1).to(at::kCPU);
+    for (int64_t c = 0; c < count; ++c) {
+      int64_t& kept = k[static_cast<std::size_t>(c)];
+      kept = std::min(kept, n_max - fewest_below[c].item<int64_t>());
+      if (dynamic) kept = std::max<int64_t>(1, kept);  // the newest, even at an infinite threshold
+    }
+  }
+  if (config.kind != SelectionKind::kBinary && config.budget > 0) {
+    for (int64_t& kept : k) kept = std::min(kept, config.budget);
+  }
+  // keep_top_k_per_head over every set: a stable ascending sort keeps equal scores in chronological order.
+  const at::Tensor order = std::get<1>(forced.sort(/*stable=*/true, /*dim=*/2, /*descending=*/false));
+  std::vector<at::Tensor> retained;
+  retained.reserve(n.size());
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t kept = k[static_cast<std::size_t>(c)], padding = n_max - n[static_cast<std::size_t>(c)];
+    at::Tensor keep = std::get<0>(order[c].narrow(1, n_max - kept, kept).sort(1));
+    retained.push_back(padding > 0 ? keep.sub_(padding) : keep);
+  }
+  return retained;
 }
 
 }  // namespace namm

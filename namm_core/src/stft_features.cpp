@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "aten.h"
@@ -12,6 +11,7 @@
 #ifdef NAMM_CUDA_KERNELS
 #include "cuda_kernels/tensor_kernels.h"
 #endif
+#include "per_device.h"
 #include "stft_basis.h"
 
 namespace namm {
@@ -36,23 +36,11 @@ at::Tensor WindowedDftBasis(const at::TensorOptions& options) {
 
 at::Tensor RoundToBf16(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
 
-// The windowed DFT basis on `device`, its rows rotated by 16 when `rotated`; built once per device (a copy per
-// hop would be a pageable host-to-device transfer on a GPU).
+// The windowed DFT basis on `device`, its rows rotated by 16 when `rotated`.
 at::Tensor WindowedDftBasisOn(at::Device device, bool rotated) {
-  struct Bases {
-    at::Device device;
-    at::Tensor rotation[2];
-  };
-  static std::mutex mutex;
-  static std::vector<Bases> per_device;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = std::find_if(per_device.begin(), per_device.end(), [&](const Bases& b) { return b.device == device; });
-  if (it == per_device.end()) {
-    const at::Tensor built = WindowedDftBasis(at::TensorOptions()).to(device).contiguous();
-    per_device.push_back({device, {built, built.roll(kStftHop, 0)}});
-    it = per_device.end() - 1;
-  }
-  return it->rotation[rotated ? 1 : 0];
+  static internal::PerDevice basis([] { return WindowedDftBasis(at::TensorOptions()); });
+  static internal::PerDevice rotated_basis([] { return WindowedDftBasis(at::TensorOptions()).roll(kStftHop, 0); });
+  return (rotated ? rotated_basis : basis).On(device);
 }
 
 // Windowed DFT [..., 34] (17 real parts, then 17 imaginary parts) of the frames held in `samples` [..., 32] in

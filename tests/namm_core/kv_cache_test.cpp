@@ -254,6 +254,22 @@ TEST(LayerKVCache, RejectsBadIndicesAndShapes) {
   EXPECT_THROW(cache.state("nope"), c10::Error);
 }
 
+// On a GPU the gather checks its indices on the device (one transfer for all checks): the same errors.
+TEST(LayerKVCache, OnCudaRejectsBadIndicesAsTheHostDoes) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build or machine";
+  const at::Device cuda(at::kCUDA, 0);
+  LayerKVCache cache(2, 4, at::TensorOptions().dtype(at::kFloat).device(cuda));
+  const at::Tensor keys = at::arange(24, at::TensorOptions().dtype(at::kFloat)).view({2, 3, 4}).to(cuda);
+  ASSERT_TRUE(cache.Append(keys, keys, Positions(0, 3)).ok());
+  EXPECT_FALSE(cache.Gather(Index({{0, 3}, {0, 1}}).to(cuda)).ok());   // out of range
+  EXPECT_FALSE(cache.Gather(Index({{-1, 2}, {0, 1}}).to(cuda)).ok());  // vacant slots need the host
+  EXPECT_FALSE(cache.Gather(Index({{1, 1}, {0, 1}}).to(cuda)).ok());   // not strictly ascending
+  EXPECT_EQ(cache.size(), 3);                                          // nothing changed
+  ASSERT_TRUE(cache.Gather(Index({{0, 2}, {1, 2}}).to(cuda)).ok());
+  EXPECT_EQ(cache.size(), 2);
+  EXPECT_EQ(cache.keys()[1][0][0].item<float>(), 16.0f);  // head 1 kept its token 1
+}
+
 // A ragged cache (kv_cache.h): a gather whose rows start with -1 leaves that head's oldest slots vacant. In
 // blocks the vacant slots take no storage (their blocks go back to the pool), a rectangular cache holds the same
 // tensors (zero keys, values and state, position -1 there), appends and clones go on from there, and the

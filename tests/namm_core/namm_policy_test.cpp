@@ -200,6 +200,66 @@ TEST(NammPolicy, CudaMatchesCpu) {
   }
 }
 
+// On a GPU a sequence's layers are scored and selected together (SelectOnDevice: their tokens left-padded to the
+// longest layer's): each layer keeps what the CPU's NAMM keeps for it alone. Layers of different sizes, frozen
+// statistics (the path's condition), binary and dynamic selection, BAM and MLP scorers.
+TEST(NammPolicy, OnCudaALayersUpdatesTogetherKeepWhatTheCpuKeepsForEach) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build or machine";
+  NammModel bam = BamModel(0.15, 81);
+  NammModel mlp = bam;
+  mlp.architecture.scorer = default_scorer_config(ScorerKind::kMlp);
+  mlp.params.assign(static_cast<std::size_t>(scorer_param_count(mlp.architecture.scorer)), 0.0f);
+  at::Tensor p = testing::RandomNormal({static_cast<int64_t>(mlp.params.size())}, 96, 0.3);
+  std::copy(p.data_ptr<float>(), p.data_ptr<float>() + p.numel(), mlp.params.begin());
+  NammModel dynamic = BamModel(0.15, 82);
+  dynamic.architecture.selection = SelectionConfig{SelectionKind::kDynamic, 0, -2.0};
+  dynamic.params.push_back(-2.0f);
+  constexpr int kLayers = 4;
+  for (NammModel model : {bam, mlp, dynamic}) {
+    model.norm_state = NormState::kFrozen;
+    model.norm_stats.count = 100;
+    model.norm_stats.mean.fill(0.003);
+    model.norm_stats.var.fill(2e-6);
+    auto cpu = NammPolicy::Create(model);
+    auto gpu = NammPolicy::Create(model, at::Device(at::kCUDA, 0));
+    ASSERT_TRUE(cpu.ok() && gpu.ok());
+    const auto options = at::TensorOptions().dtype(at::kFloat);
+    std::vector<LayerKVCache> cpu_caches, gpu_caches;
+    for (int l = 0; l < kLayers; ++l) {
+      cpu_caches.emplace_back(kKvHeads, 0, options, (*cpu)->token_state());
+      gpu_caches.emplace_back(kKvHeads, 0, options.device(at::kCUDA, 0), (*gpu)->token_state());
+    }
+    int64_t evicted = 0;
+    for (int64_t u = 0; u < 2; ++u) {
+      std::vector<MemoryUpdate> updates;
+      for (int l = 0; l < kLayers; ++l) {
+        const int64_t n_new = kNew - 96 * l;  // layers of different sizes
+        LayerKVCache& on_cpu = cpu_caches[static_cast<std::size_t>(l)];
+        LayerKVCache& on_gpu = gpu_caches[static_cast<std::size_t>(l)];
+        const int64_t first = on_cpu.tokens_seen();
+        at::Tensor attention = testing::RandomCausalAttention(kQHeads, n_new, on_cpu.size(), 300 + l + 10 * u);
+        at::Tensor positions = at::arange(first, first + n_new, at::TensorOptions().dtype(at::kLong));
+        ASSERT_TRUE(on_cpu.Append(at::Tensor(), at::Tensor(), positions).ok());
+        ASSERT_TRUE(on_gpu.Append(at::Tensor(), at::Tensor(), positions.cuda()).ok());
+        ASSERT_TRUE(observe_newest(**cpu, l, attention, on_cpu).ok());
+        ASSERT_TRUE(observe_newest(**gpu, l, attention.cuda(), on_gpu).ok());
+        updates.push_back(MemoryUpdate{gpu->get(), l, &on_gpu});
+      }
+      const std::vector<Status> statuses = apply_memory_updates(updates);
+      for (int l = 0; l < kLayers; ++l) {
+        SCOPED_TRACE("layer " + std::to_string(l) + ", update " + std::to_string(u));
+        ASSERT_TRUE(statuses[static_cast<std::size_t>(l)].ok()) << statuses[static_cast<std::size_t>(l)].ToString();
+        LayerKVCache& on_cpu = cpu_caches[static_cast<std::size_t>(l)];
+        const int64_t before = on_cpu.size();
+        ASSERT_TRUE(apply_memory_update(**cpu, l, on_cpu).ok());
+        evicted += before - on_cpu.size();
+        EXPECT_TRUE(gpu_caches[static_cast<std::size_t>(l)].positions().cpu().equal(on_cpu.positions()));
+      }
+    }
+    EXPECT_GT(evicted, 50);  // the comparison means something only if tokens were dropped
+  }
+}
+
 // A batch's memory update (apply_memory_updates: every NAMM's features, scorer and selection in one pass of our
 // kernels, no tensor operation) keeps, for each sequence, exactly what the traced tensor pipeline keeps alone:
 // BAM and MLP scorers, binary and dynamic selection, collecting and frozen statistics, caches of different sizes.

@@ -1,8 +1,11 @@
 #include "namm/selection.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+
+#include <limits>
 
 #include "test_util.h"
 
@@ -107,6 +110,40 @@ TEST(DynamicSelection, ThresholdIsExpOfTheLearnedParameterAndCapApplies) {
   EXPECT_EQ(Rows(select_tokens(s, dynamic, theta)), (Keep{{0, 2, 4}}));
   dynamic.budget = 2;  // cap
   EXPECT_EQ(Rows(select_tokens(s, dynamic, theta)), (Keep{{0, 4}}));
+}
+
+// Several score sets left-padded to one length (a sequence's layers selected together on a device) keep what each
+// set keeps alone: every rule, ties (equal scores at every other token), a NaN, sets from 1 to 40 tokens, garbage
+// in the padding (including scores that would win).
+TEST(PaddedSelection, EverySetKeepsWhatItKeepsAlone) {
+  const std::vector<int64_t> sizes = {40, 1, 17, 40, 29};
+  const int64_t n_max = 40, heads = 3, count = static_cast<int64_t>(sizes.size());
+  at::Tensor padded = testing::RandomNormal({count, heads, n_max}, 7, 2.0);
+  std::vector<at::Tensor> alone;
+  for (int64_t c = 0; c < count; ++c) {
+    at::Tensor own = padded[c].narrow(1, n_max - sizes[static_cast<std::size_t>(c)], sizes[static_cast<std::size_t>(c)]);
+    for (int64_t i = 0; i < own.size(1); i += 2) own.select(1, i).fill_(0.25f);  // ties
+    if (c == 3) own[1][5] = std::numeric_limits<float>::quiet_NaN();
+    padded[c].narrow(1, 0, n_max - own.size(1)).fill_(1e9f);  // what the padding holds is ignored
+    alone.push_back(own.clone());
+  }
+  at::Tensor theta = at::full({1}, -0.5);
+  SelectionConfig moved;  // binary at a threshold of 0.5
+  moved.threshold = 0.5f;
+  for (const SelectionConfig& config :
+       {SelectionConfig{}, moved, SelectionConfig{SelectionKind::kTopK, 12}, SelectionConfig{SelectionKind::kDynamic, 0},
+        SelectionConfig{SelectionKind::kDynamic, 9}}) {
+    SCOPED_TRACE(static_cast<int>(config.kind));
+    const std::vector<at::Tensor> together = select_tokens_padded(padded, sizes, config, theta);
+    ASSERT_EQ(together.size(), sizes.size());
+    int64_t dropped = 0;
+    for (int64_t c = 0; c < count; ++c) {
+      const at::Tensor expected = select_tokens(alone[static_cast<std::size_t>(c)], config, theta);  // host path
+      EXPECT_EQ(Rows(together[static_cast<std::size_t>(c)]), Rows(expected)) << "set " << c;
+      dropped += sizes[static_cast<std::size_t>(c)] - expected.size(1);
+    }
+    EXPECT_GT(dropped, 0);  // the rule dropped something somewhere
+  }
 }
 
 }  // namespace

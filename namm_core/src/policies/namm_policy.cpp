@@ -436,7 +436,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
   };
   std::vector<Result<at::Tensor>> kept(updates.size(), Result<at::Tensor>(Status::Internal("not selected")));
   std::vector<Item> items;
-  std::vector<std::size_t> where;
+  std::vector<std::size_t> where, on_device;
   for (std::size_t u = 0; u < updates.size(); ++u) {
     auto* policy = static_cast<NammPolicy*>(updates[u].policy);  // apply_memory_updates groups by class
     LayerKVCache& cache = *updates[u].cache;
@@ -450,7 +450,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
     }
     const bool host = cache.positions().device().is_cpu() && !policy->tracing_ && !policy->constant_score_;
     if (!host) {
-      kept[u] = policy->SelectWithTensors(updates[u].layer, cache);
+      on_device.push_back(u);
       continue;
     }
     Item item;
@@ -529,6 +529,84 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectTogether(const std::vector<Mem
       std::copy(keep.begin(), keep.end(), out.data_ptr<int64_t>());
       return out;
     });
+  }
+  // On a device, each policy's updates together.
+  std::vector<bool> done(updates.size(), false);
+  for (std::size_t i : on_device) {
+    if (done[i]) continue;
+    std::vector<MemoryUpdate> own;
+    std::vector<std::size_t> at;
+    for (std::size_t j : on_device) {
+      if (!done[j] && updates[j].policy == updates[i].policy) {
+        done[j] = true;
+        own.push_back(updates[j]);
+        at.push_back(j);
+      }
+    }
+    std::vector<Result<at::Tensor>> selected = static_cast<NammPolicy*>(updates[i].policy)->SelectOnDevice(own);
+    for (std::size_t g = 0; g < at.size(); ++g) kept[at[g]] = std::move(selected[g]);
+  }
+  return kept;
+}
+
+// A sequence's layers reach their memory updates together; on a device, scoring and selecting each alone is some
+// fifty small operations (each a kernel launch) and a wait for the device per layer. Here every layer's tokens
+// are scored in one pass, each layer's rows left-padded to the longest: a token's score depends on its own
+// features and on newer tokens' alone (scorer.h), so the padding, older than every token, changes no real score
+// (up to the device's rounding, as libtorch's kernels choose by shape), and select_tokens_padded never keeps it.
+std::vector<Result<at::Tensor>> NammPolicy::SelectOnDevice(const std::vector<MemoryUpdate>& updates) {
+  std::vector<Result<at::Tensor>> kept;
+  kept.reserve(updates.size());
+  const LayerKVCache& first = *updates.front().cache;
+  bool together = updates.size() > 1 && !tracing_ && !constant_score_ && !own_head_counts_ &&
+                  normalizer_.state() != NormState::kCollecting;  // statistics gathered per layer, as they come
+  int64_t n_max = 0;
+  for (const MemoryUpdate& u : updates) {
+    const LayerKVCache& cache = *u.cache;
+    together = together && cache.vacant() == nullptr && cache.kv_heads() == first.kv_heads() &&
+               cache.device() == first.device() && cache.size() >= 1;
+    n_max = std::max(n_max, cache.size());
+  }
+  if (!together) {
+    for (const MemoryUpdate& u : updates) kept.push_back(SelectWithTensors(u.layer, *u.cache));
+    return kept;
+  }
+  const auto count = static_cast<int64_t>(updates.size());
+  const int64_t heads = first.kv_heads();
+  std::vector<int64_t> sizes;
+  Result<std::vector<at::Tensor>> selected = internal::catch_torch_errors(
+      "NAMM select", [&]() -> Result<std::vector<at::Tensor>> {
+        // Padding: EMA zero and position zero (finite features), before each layer's tokens.
+        at::Tensor ema = at::zeros({count, heads, n_max, kStftBins}, first.state(kEmaState).options());
+        at::Tensor positions = at::zeros({count, heads, n_max}, first.positions().options());
+        std::vector<float> shifts;
+        for (int64_t c = 0; c < count; ++c) {
+          const LayerKVCache& cache = *updates[static_cast<std::size_t>(c)].cache;
+          const int64_t n = cache.size();
+          sizes.push_back(n);
+          ema[c].narrow(1, n_max - n, n).copy_(cache.state(kEmaState));
+          positions[c].narrow(1, n_max - n, n).copy_(cache.positions());
+          const std::vector<float> shift = BudgetShift(n);
+          if (!shift.empty()) {
+            shifts.resize(static_cast<std::size_t>(count * kFeatureDim), 0.0f);
+            std::copy(shift.begin(), shift.end(), shifts.begin() + c * kFeatureDim);
+          }
+        }
+        at::Tensor features = at::cat({recency_embedding(positions.view({count * heads, n_max})),
+                                       normalizer_.Normalize(ema.view({count * heads, n_max, kStftBins}))},
+                                      2);
+        if (!shifts.empty()) {  // each layer's own budget shift (for its n), in one transfer
+          const at::Tensor shift = at::from_blob(shifts.data(), {count, 1, kFeatureDim},
+                                                 at::TensorOptions().dtype(at::kFloat).device(at::kCPU));
+          features.view({count, heads * n_max, kFeatureDim}).add_(shift.to(features.device()));
+        }
+        const at::Tensor scores = scorer_->Score(features).reshape({count, heads, n_max});
+        return select_tokens_padded(scores, sizes, architecture_.selection, selection_params_);
+      });
+  for (std::size_t c = 0; c < updates.size(); ++c) {
+    // The carried rows follow the cache (rows are only carried on the host).
+    GatherCarriedRows(updates[c].layer, *updates[c].cache, nullptr, 0);
+    kept.push_back(selected.ok() ? Result<at::Tensor>(std::move((*selected)[c])) : Result<at::Tensor>(selected.status()));
   }
   return kept;
 }

@@ -226,11 +226,16 @@ Status LlamaModel::Attend(int layer, const at::Tensor& q_rows, const at::Tensor&
       // Scores of every query head against its KV head's cache: [kv_heads, group, rows, n]. The group's queries
       // are stacked as rows of one batched product per KV head (a broadcast matmul would copy the cache group times).
       const at::Tensor q_grouped = q_heads.narrow(1, b0, rows).reshape({kv_heads, group * rows, hd});
-      at::Tensor scores = at::bmm(q_grouped, cache.keys().transpose(1, 2)).view({kv_heads, group, rows, n});
-      scores.mul_(scale);
+      // Scaled in the product (one rounding, no pass over the scores).
+      at::Tensor scores = at::empty({kv_heads, group * rows, n}, q_grouped.options());
+      scores.baddbmm_(q_grouped, cache.keys().transpose(1, 2), /*beta=*/0, /*alpha=*/scale);
+      scores = scores.view({kv_heads, group, rows, n});
       // Causal among the chunk's own tokens (row r is chunk token b0 + r); every older cached token is visible.
-      const at::Tensor future = at::ones({rows, t}, options_.dtype(at::kBool)).triu(b0 + 1);
-      scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
+      // The chunk's last token (a decode step's only one) hides nothing.
+      if (b0 + 1 < t) {
+        const at::Tensor future = at::ones({rows, t}, options_.dtype(at::kBool)).triu(b0 + 1);
+        scores.narrow(3, n_old, t).masked_fill_(future, -std::numeric_limits<float>::infinity());
+      }
       // A sliding window hides keys window or more positions behind the query (by position: eviction leaves gaps).
       if (windowed) {
         const at::Tensor query_positions = cache.positions().select(0, 0).narrow(0, n_old + b0, rows);

@@ -125,6 +125,9 @@ class NammPolicy final : public MemoryPolicy {
   }
   // Select() by tensor operations: any device, tracing, the constant-score shortcut.
   Result<at::Tensor> SelectWithTensors(int layer, LayerKVCache& cache);
+  // This policy's updates on a device (its sequence's layers), by tensor operations over all of them at once
+  // where it can (SelectOnDevice in the source), else each by SelectWithTensors.
+  std::vector<Result<at::Tensor>> SelectOnDevice(const std::vector<MemoryUpdate>& updates);
   // The selection of host scores [kv_heads][n] (the newest raised in place): the architecture's rule, or with own
   // head counts each head's own over the slots it holds.
   int64_t SelectOnHost(float* scores, const LayerKVCache& cache, std::vector<int64_t>& keep,
