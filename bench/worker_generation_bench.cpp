@@ -454,7 +454,8 @@ resident memory above the start, for the full cache and for a NAMM (which observ
 
 --profile 1 adds, for every row, one more generation with the policy's calls timed (the device waited for
 before and after each, so the waits cost some time of their own): seconds in Observe(), in Select() (memory
-updates), and everything else (the model, the cache's gathers). --parts N1,N2,... instead times the NAMM's
+updates), and everything else (the model, the cache's gathers); the calls, the ATen operators each dispatches
+on average (nested ones counted), and the generation's operators in all. --parts N1,N2,... instead times the NAMM's
 parts alone on the device at those cache sizes: one 128-row chunk's GQA mean and frame fold, the BAM
 scorer's backward-masked attention, and a whole memory update's Select().
 )";

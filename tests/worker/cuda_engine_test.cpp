@@ -125,6 +125,26 @@ TEST(EngineOnCuda, GeneratesWhatTheCpuGenerates) {
   }
 }
 
+// Prefill chunks of 512 rows with a policy that observes nothing take libtorch's fused attention on the GPU
+// (LlamaModel::Attend): the same greedy tokens as the CPU's blocks, logits as close as the blocks' are.
+TEST(EngineOnCuda, TheFusedAttentionGeneratesWhatTheCpuGenerates) {
+  NAMM_REQUIRE_CUDA();
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const LlamaModel cpu = LoadStories(at::kCPU, at::kFloat), gpu = LoadStories(kCuda, at::kFloat);
+  const std::unique_ptr<Tokenizer> tokenizer = StoriesTokenizer();
+  const std::vector<int64_t> prompt = LongPrompt(*tokenizer, 1100);  // chunks of 512, 512 and 76 rows
+  GenerationOptions options = GreedyWithLogits();
+  options.chunk_size = 512;
+  FullCachePolicy on_cpu_policy, on_gpu_policy;
+  auto on_cpu = Generator(cpu, *tokenizer).Generate(prompt, on_cpu_policy, options);
+  auto on_gpu = Generator(gpu, *tokenizer).Generate(prompt, on_gpu_policy, options);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status().ToString();
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
+  EXPECT_EQ(on_gpu->token_ids, on_cpu->token_ids);
+  EXPECT_LT(MaxAbsDifference(on_gpu->prompt_logits, on_cpu->prompt_logits), 2e-3f);
+  EXPECT_LT(MaxAbsDifference(on_gpu->generated_logits, on_cpu->generated_logits), 2e-3f);
+}
+
 // KV in blocks on the GPU (namm-api's and serve's default): a pool of one slab, read and written by one tensor
 // operation per layer and step. The same tokens, cache sizes and logits as the rectangular caches on the GPU.
 TEST(EngineOnCuda, KvInBlocksGivesWhatRectangularCachesGive) {

@@ -21,7 +21,9 @@ namespace namm {
 class Scorer {
  public:
   virtual ~Scorer() = default;
-  // features [kv_heads, n, 25] float32 -> scores [kv_heads, n] float32, on the parameters' device.
+  // features [kv_heads, n, 25] float32 -> scores [kv_heads, n] float32, on the parameters' device. A token's score
+  // depends on its own features and those of newer tokens (later rows) alone, so rows put before a head's
+  // tokens change none of theirs (NammPolicy scores a sequence's layers together so, left-padded).
   virtual at::Tensor Score(const at::Tensor& features) const = 0;
   // One KV head's scores[i], i < n, from features x [n][25] (rows x_stride floats apart) in host memory, with
   // our CPU kernels and no tensor operation: the computation Score() runs per head on the CPU, so the two give
