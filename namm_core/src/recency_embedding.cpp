@@ -82,7 +82,7 @@ at::Tensor recency_embedding(const at::Tensor& positions) {
     }
     return out;
   }
-  // On a device, element by element (a table there would be one more transfer per update).
+  // On a device, element by element from the frequencies kept there (the host's table grows as caches do).
   static internal::PerDevice frequencies([] {
     at::Tensor f = at::empty({kHalf}, at::TensorOptions().dtype(at::kDouble).device(at::kCPU));
     for (int64_t i = 0; i < kHalf; ++i) f.data_ptr<double>()[i] = Frequency(i);

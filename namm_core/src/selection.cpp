@@ -143,9 +143,9 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
   const bool dynamic = config.kind == SelectionKind::kDynamic;
   TORCH_CHECK(!dynamic || (selection_params.defined() && selection_params.numel() == 1),
               "dynamic selection needs its log-threshold parameter");
-  const double log_threshold = dynamic ? selection_params.item<double>() : 0.0;
   const int64_t heads = scores.size(0), n = scores.size(1);
   if (OnHost(scores)) {
+    const double log_threshold = dynamic ? selection_params.item<double>() : 0.0;
     at::Tensor forced = scores.clone(at::MemoryFormat::Contiguous);
     std::vector<int64_t> keep, order;
     const int64_t k = select_tokens_on_host(forced.data_ptr<float>(), heads, n, config, log_threshold, keep, order);

@@ -202,8 +202,8 @@ TEST(NammPolicy, CudaMatchesCpu) {
 
 // On a GPU a sequence's layers are scored and selected together (SelectOnDevice: their tokens left-padded to the
 // longest layer's): each layer keeps what the CPU's NAMM keeps for it alone. Layers of different sizes, frozen
-// statistics (the path's condition), binary and dynamic selection, BAM and MLP scorers.
-TEST(NammPolicy, OnCudaALayersUpdatesTogetherKeepWhatTheCpuKeepsForEach) {
+// statistics (the path's condition), binary, dynamic and top-k selection, BAM and MLP scorers.
+TEST(NammPolicy, OnCudaASequencesLayersSelectedTogetherKeepWhatTheCpuKeepsForEach) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build or machine";
   NammModel bam = BamModel(0.15, 81);
   NammModel mlp = bam;
@@ -214,8 +214,10 @@ TEST(NammPolicy, OnCudaALayersUpdatesTogetherKeepWhatTheCpuKeepsForEach) {
   NammModel dynamic = BamModel(0.15, 82);
   dynamic.architecture.selection = SelectionConfig{SelectionKind::kDynamic, 0, -2.0};
   dynamic.params.push_back(-2.0f);
+  NammModel top_k = BamModel(0.15, 83);
+  top_k.architecture.selection = SelectionConfig{SelectionKind::kTopK, 300};
   constexpr int kLayers = 4;
-  for (NammModel model : {bam, mlp, dynamic}) {
+  for (NammModel model : {bam, mlp, dynamic, top_k}) {
     model.norm_state = NormState::kFrozen;
     model.norm_stats.count = 100;
     model.norm_stats.mean.fill(0.003);

@@ -124,15 +124,17 @@ TEST(PaddedSelection, EverySetKeepsWhatItKeepsAlone) {
     at::Tensor own = padded[c].narrow(1, n_max - sizes[static_cast<std::size_t>(c)], sizes[static_cast<std::size_t>(c)]);
     for (int64_t i = 0; i < own.size(1); i += 2) own.select(1, i).fill_(0.25f);  // ties
     if (c == 3) own[1][5] = std::numeric_limits<float>::quiet_NaN();
+    if (c == 4) own[2][3] = -std::numeric_limits<float>::infinity();  // ties with the padding's
     padded[c].narrow(1, 0, n_max - own.size(1)).fill_(1e9f);  // what the padding holds is ignored
     alone.push_back(own.clone());
   }
   at::Tensor theta = at::full({1}, -0.5);
-  SelectionConfig moved;  // binary at a threshold of 0.5
+  SelectionConfig moved, everything;  // binary at thresholds of 0.5 and -inf (every token kept)
   moved.threshold = 0.5f;
+  everything.threshold = -std::numeric_limits<float>::infinity();
   for (const SelectionConfig& config :
-       {SelectionConfig{}, moved, SelectionConfig{SelectionKind::kTopK, 12}, SelectionConfig{SelectionKind::kDynamic, 0},
-        SelectionConfig{SelectionKind::kDynamic, 9}}) {
+       {SelectionConfig{}, moved, everything, SelectionConfig{SelectionKind::kTopK, 12},
+        SelectionConfig{SelectionKind::kDynamic, 0}, SelectionConfig{SelectionKind::kDynamic, 9}}) {
     SCOPED_TRACE(static_cast<int>(config.kind));
     const std::vector<at::Tensor> together = select_tokens_padded(padded, sizes, config, theta);
     ASSERT_EQ(together.size(), sizes.size());
@@ -142,7 +144,7 @@ TEST(PaddedSelection, EverySetKeepsWhatItKeepsAlone) {
       EXPECT_EQ(Rows(together[static_cast<std::size_t>(c)]), Rows(expected)) << "set " << c;
       dropped += sizes[static_cast<std::size_t>(c)] - expected.size(1);
     }
-    EXPECT_GT(dropped, 0);  // the rule dropped something somewhere
+    EXPECT_EQ(dropped > 0, config.threshold != everything.threshold);  // the rule dropped something somewhere
   }
 }
 

@@ -27,7 +27,7 @@ at::Tensor select_tokens(const at::Tensor& scores, const SelectionConfig& config
 // select_tokens of several score sets at once (a sequence's layers at one memory update, on a device): scores
 // [count, kv_heads, n_max], set c's scores in its last n[c] columns (1 <= n[c] <= n_max; what the columns
 // before hold is ignored). Returns each set's retained indices [kv_heads, k_c] into its own n[c] tokens, what
-// select_tokens returns for that set alone, with one device-to-host transfer for every set's count.
+// select_tokens returns for that set alone, with at most one device-to-host transfer (every set's count).
 std::vector<at::Tensor> select_tokens_padded(const at::Tensor& scores, const std::vector<int64_t>& n,
                                              const SelectionConfig& config,
                                              const at::Tensor& selection_params = at::Tensor());

@@ -90,7 +90,9 @@ class MemoryPolicy {
   // Select() of several updates at once, in order: this policy's and those of other policies of the same class
   // (other sequences of a batch, or other layers). The default calls each one's Select(); a policy that can share
   // the work overrides it (a batch of NAMMs scores every sequence's tokens in one pass of our kernels). Each
-  // result equals what that update's Select() alone returns.
+  // result equals what that update's Select() alone returns; on a device, up to the rounding of scores computed
+  // at another shape (NammPolicy scores a sequence's layers together there, and an error in that pass is each of
+  // its updates').
   virtual std::vector<Result<at::Tensor>> SelectTogether(const std::vector<MemoryUpdate>& updates);
 
   // Prefix sharing. Sequences with the same prompt may run their first tokens, up to the first memory update, once
@@ -109,7 +111,8 @@ class MemoryPolicy {
 // Select() then LayerKVCache::Gather(): one memory update of one layer.
 Status apply_memory_update(MemoryPolicy& policy, int layer, LayerKVCache& cache);
 // apply_memory_update of many updates (each with its own cache): policies of one class select together
-// (SelectTogether), then each cache keeps its tokens. Statuses in order; a failure is its update's alone.
+// (SelectTogether), then each cache keeps its tokens. Statuses in order; a failure is its update's alone, but
+// for a selection that failed for all of the updates it served together.
 std::vector<Status> apply_memory_updates(const std::vector<MemoryUpdate>& updates);
 // EndPrefill() then, if it chose tokens, LayerKVCache::Gather(). Returns whether the cache was compressed.
 Result<bool> apply_end_of_prefill(MemoryPolicy& policy, int layer, LayerKVCache& cache);
