@@ -22,7 +22,7 @@ bool fused_causal_attention(const at::Tensor& q_heads, const at::Tensor& keys, c
   // Blocks of the chunk's rows whose masks hold at most max_block_elements (a chunk of 32k rows over 32k keys
   // would otherwise mask 4G of them, and the memory-efficient kernel indexes its mask in 32 bits).
   const int64_t block = std::clamp<int64_t>(max_block_elements / std::max<int64_t>(1, group * n), 1, t);
-  const at::TensorOptions index = keys.options().dtype(at::kLong);
+  const at::TensorOptions index_options = keys.options().dtype(at::kLong);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), seen = n - t + r0 + rows;  // keys the block's last row sees
     // A KV head's query heads stacked as its rows ([1, kv_heads, group * rows, hd]: head h = kv * group + g), so
@@ -32,8 +32,8 @@ bool fused_causal_attention(const at::Tensor& q_heads, const at::Tensor& keys, c
     // (a decode step) sees every key: no mask, which lets the flash kernel take it.
     std::optional<at::Tensor> visible;
     if (rows > 1) {
-      const at::Tensor last_seen = at::arange(seen - rows, seen, index).repeat({group});
-      visible = at::arange(seen, index).unsqueeze(0).le(last_seen.unsqueeze(1));  // [group * rows, seen]
+      const at::Tensor last_seen = at::arange(seen - rows, seen, index_options).repeat({group});
+      visible = at::arange(seen, index_options).unsqueeze(0).le(last_seen.unsqueeze(1));  // [group * rows, seen]
     }
     // Scaled by 1 / sqrt(head_dim), the model's scale and the fused kernel's default.
     const at::Tensor o = at::scaled_dot_product_attention(q, keys.narrow(1, 0, seen).unsqueeze(0),
