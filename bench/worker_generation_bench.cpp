@@ -168,6 +168,20 @@ NammModel Bam(double scale, float output_bias, const NormStats& stats) {
   return model;
 }
 
+// The full cache with the attention computed as for a policy that observes it (probabilities in blocks; the
+// observation ignored): on a GPU, the fused attention's counterpart in the same process.
+class FullCacheInBlocks final : public MemoryPolicy {
+ public:
+  std::string name() const override { return "full, attention in blocks"; }
+  bool needs_attention() const override { return true; }
+  bool may_evict() const override { return false; }
+  Status Observe(int, const at::Tensor&, int64_t, LayerKVCache&) override { return Status::Ok(); }
+  Result<at::Tensor> Select(int layer, LayerKVCache& cache) override { return full_.Select(layer, cache); }
+
+ private:
+  FullCachePolicy full_;
+};
+
 struct Row {
   std::string name;
   std::function<std::unique_ptr<MemoryPolicy>()> make;
@@ -340,6 +354,10 @@ int Run(const Options& o) {
       {"H2O budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(H2OPolicy::Create(CacheBudget::Tokens(512).value(), 256)).value()); }, {}, {}, {}, {}},
       {"L2 budget 512", [] { return std::unique_ptr<MemoryPolicy>(std::move(L2Policy::Create(CacheBudget::Tokens(512).value())).value()); }, {}, {}, {}, {}},
   };
+  if (!o.device.is_cpu()) {  // where the full cache's attention may take libtorch's fused kernel
+    rows.push_back({"full cache, attention in blocks", [] { return std::unique_ptr<MemoryPolicy>(new FullCacheInBlocks()); },
+                    {}, {}, {}, {}});
+  }
   if (!o.only.empty()) {
     rows.erase(std::remove_if(rows.begin() + 1, rows.end(),
                               [&](const Row& row) {
@@ -436,7 +454,9 @@ constexpr const char* kUsage = R"(Usage: worker_generation_bench [--model M] [--
        [--repeats R] [--dtype fp32|bf16|fp16] [--device cpu|cuda:N] [--only TEXT] [--profile 1] [--parts N1,N2,...]
        [--chunk 128] [--threads N]
 --only keeps the full cache (the ratios' base) and the rows whose name contains TEXT (e.g. to profile one;
-"A|B": rows containing A or B).
+"A|B": rows containing A or B). On a GPU a last row, "full cache, attention in blocks", computes the full
+cache's attention as an observing policy's is (probabilities in blocks), where the full cache itself may take
+libtorch's fused kernel: the two in one process.
 --chunk sets the prefill chunk of every row (the reference's 128; a divisor of the 512-token memory update
 interval, so the NAMM's updates and what they see are the same, and fewer, larger chunks cost fewer launches).
 --threads N: the CPU thread budget (BLAS and our kernels' pool; default: one per core).

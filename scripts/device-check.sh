@@ -177,12 +177,21 @@ export TAIL_LINES=24
 llama3_8b_full=layers=32,dim=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256
 for n in 12099 32641; do
   step "bench_llama3_8b_32_layers_$n" timeout 400 "$bench" --device cuda:0 --dtype bf16 --random-model "$llama3_8b_full" \
-    --prompt-tokens "$n" --new-tokens 32 --repeats 1 --chunk 512 --only "NAMM, full|NAMM, evicting"
+    --prompt-tokens "$n" --new-tokens 32 --repeats 1 --chunk 512 --only "NAMM, full|NAMM, evicting|blocks"
+done
+# The full cache's attention fused against in blocks, in one process, where the engine chooses between them
+# (LlamaModel::Attend: fused for chunks of 512 rows or more, decode steps over 8k keys or more).
+for chunk in 128 512; do
+  step "bench_8b_bf16_16k_fused_vs_blocks_chunk$chunk" timeout 300 "$bench" --device cuda:0 --dtype bf16 \
+    --random-model "$shape" --prompt-tokens 16384 --new-tokens 32 --repeats 3 --chunk "$chunk" --only blocks
 done
 # Where the no-eviction NAMM's time goes at 12k (the policy's calls timed).
 step bench_llama3_8b_32_layers_12099_profile timeout 300 "$bench" --device cuda:0 --dtype bf16 \
   --random-model "$llama3_8b_full" --prompt-tokens 12099 --new-tokens 32 --repeats 1 --chunk 512 --only "NAMM, full" \
   --profile 1
+step bench_llama3_8b_32_layers_32641_profile timeout 300 "$bench" --device cuda:0 --dtype bf16 \
+  --random-model "$llama3_8b_full" --prompt-tokens 32641 --new-tokens 32 --repeats 1 --chunk 512 \
+  --only "NAMM, evicting" --profile 1
 # A short training run with the worker daemon on the GPU: the coordinator (packed from a Debian machine) and
 # namm-worker (built here) over gRPC on loopback, the demo's run spec on stories260K.
 if [ -x "$bin/namm-worker" ] && [ -f "$dir/coordinator.tar.xz" ]; then
