@@ -114,14 +114,6 @@ at::Tensor force_keep_newest(const at::Tensor& scores) {
   return forced;
 }
 
-int64_t max_count_not_below(const at::Tensor& scores, double threshold) {
-  if (OnHost(scores)) {
-    const at::Tensor s = scores.contiguous();
-    return count_not_below_on_host(s.data_ptr<float>(), s.size(0), s.size(1), static_cast<float>(threshold));
-  }
-  return scores.size(1) - scores.lt(threshold).sum(1).min().item<int64_t>();
-}
-
 at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k) {
   const int64_t n = scores.size(1);
   TORCH_CHECK(k >= 0 && k <= n, "cannot keep ", k, " of ", n, " tokens");
@@ -179,7 +171,7 @@ std::vector<at::Tensor> select_tokens_padded(const at::Tensor& scores, const std
   if (config.kind != SelectionKind::kTopK) {
     const double threshold =
         dynamic ? std::exp(selection_params.item<double>()) : static_cast<double>(config.threshold);
-    // Per set, the max over heads of the tokens not below the threshold (max_count_not_below): n_max less the
+    // Per set, the max over heads of the tokens not below the threshold (count_not_below_on_host): n_max less the
     // fewest below, the padding counting as below.
     const at::Tensor fewest_below = forced.lt(threshold).sum(2).amin(1).to(at::kCPU);
     for (int64_t c = 0; c < count; ++c) {

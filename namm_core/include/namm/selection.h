@@ -35,9 +35,6 @@ std::vector<at::Tensor> select_tokens_padded(const at::Tensor& scores, const std
 // The building blocks, exposed for baseline policies and tests.
 // `scores` with the newest slot raised to +float max.
 at::Tensor force_keep_newest(const at::Tensor& scores);
-// Max over heads of the number of tokens not below threshold (the reference counts those below and keeps the
-// rest, so a NaN score, which the ranking puts first, also counts as kept).
-int64_t max_count_not_below(const at::Tensor& scores, double threshold);
 // Each head's k best tokens (ties to the more recent), as ascending indices [kv_heads, k].
 at::Tensor keep_top_k_per_head(const at::Tensor& scores, int64_t k);
 
@@ -55,7 +52,9 @@ int64_t select_tokens_on_host(float* scores, int64_t heads, int64_t n, const Sel
 int64_t select_own_counts_on_host(float* scores, int64_t heads, int64_t n, const int64_t* vacant,
                                   const SelectionConfig& config, double log_threshold, std::vector<int64_t>& keep,
                                   std::vector<int64_t>& order);
-// max_count_not_below and keep_top_k_per_head on host scores [heads][n] (keep: [heads][k]).
+// The max over heads of the tokens not below threshold (the reference counts those below and keeps the rest, so a
+// NaN score, which the ranking puts first, also counts as kept), and keep_top_k_per_head, on host scores [heads][n]
+// (keep: [heads][k]).
 int64_t count_not_below_on_host(const float* scores, int64_t heads, int64_t n, float threshold);
 void keep_top_k_on_host(const float* scores, int64_t heads, int64_t n, int64_t k, int64_t* keep,
                         std::vector<int64_t>& order);
