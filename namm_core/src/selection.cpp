@@ -173,10 +173,11 @@ std::vector<at::Tensor> select_tokens_padded(const at::Tensor& scores, const std
         dynamic ? std::exp(selection_params.item<double>()) : static_cast<double>(config.threshold);
     // Per set, the max over heads of the tokens not below the threshold (count_not_below_on_host): n_max less the
     // fewest below, the padding counting as below.
-    const at::Tensor fewest_below = forced.lt(threshold).sum(2).amin(1).to(at::kCPU);
+    const at::Tensor fewest_below = forced.lt(threshold).sum(2).amin(1).to(at::kCPU).contiguous();
+    const int64_t* below = fewest_below.data_ptr<int64_t>();
     for (int64_t c = 0; c < count; ++c) {
       int64_t& kept = k[static_cast<std::size_t>(c)];
-      kept = std::min(kept, n_max - fewest_below[c].item<int64_t>());
+      kept = std::min(kept, n_max - below[c]);
       if (dynamic) kept = std::max<int64_t>(1, kept);  // the newest, even at an infinite threshold
     }
   }

@@ -560,20 +560,19 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectOnDevice(const std::vector<Mem
   const LayerKVCache& first = *updates.front().cache;
   bool together = updates.size() > 1 && !tracing_ && !constant_score_ && !own_head_counts_ &&
                   normalizer_.state() != NormState::kCollecting;  // statistics gathered per layer, as they come
-  int64_t n_max = 0;
+  std::vector<int64_t> sizes;
   for (const MemoryUpdate& u : updates) {
     const LayerKVCache& cache = *u.cache;
     together = together && cache.vacant() == nullptr && cache.kv_heads() == first.kv_heads() &&
                cache.device() == first.device() && cache.size() >= 1;
-    n_max = std::max(n_max, cache.size());
+    sizes.push_back(cache.size());
   }
   if (!together) {
     for (const MemoryUpdate& u : updates) kept.push_back(SelectWithTensors(u.layer, *u.cache));
     return kept;
   }
   const auto count = static_cast<int64_t>(updates.size());
-  const int64_t heads = first.kv_heads();
-  std::vector<int64_t> sizes;
+  const int64_t heads = first.kv_heads(), n_max = *std::max_element(sizes.begin(), sizes.end());
   Result<std::vector<at::Tensor>> selected = internal::catch_torch_errors(
       "NAMM select", [&]() -> Result<std::vector<at::Tensor>> {
         // Padding: EMA zero and position zero (finite features), before each layer's tokens.
@@ -582,8 +581,7 @@ std::vector<Result<at::Tensor>> NammPolicy::SelectOnDevice(const std::vector<Mem
         std::vector<float> shifts;
         for (int64_t c = 0; c < count; ++c) {
           const LayerKVCache& cache = *updates[static_cast<std::size_t>(c)].cache;
-          const int64_t n = cache.size();
-          sizes.push_back(n);
+          const int64_t n = sizes[static_cast<std::size_t>(c)];
           ema[c].narrow(1, n_max - n, n).copy_(cache.state(kEmaState));
           positions[c].narrow(1, n_max - n, n).copy_(cache.positions());
           const std::vector<float> shift = BudgetShift(n);
