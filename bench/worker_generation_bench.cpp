@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -60,16 +61,26 @@ void WaitFor(const at::Tensor& t) {
 // ATen operators dispatched since the process began counting (OperatorCount): each costs the host microseconds
 // and, on a GPU, usually a kernel launch.
 std::atomic<int64_t> operators_dispatched{0};
-std::unique_ptr<at::ObserverContext> CountOperator(const at::RecordFunction&) {
+// Top-level operators (those our code calls, not those they call in turn) by name, while a profile runs.
+thread_local int operator_depth = 0;
+std::mutex top_level_mutex;
+std::map<std::string, int64_t> top_level_operators;
+std::unique_ptr<at::ObserverContext> CountOperator(const at::RecordFunction& fn) {
   operators_dispatched.fetch_add(1, std::memory_order_relaxed);
+  if (operator_depth++ == 0) {
+    std::lock_guard<std::mutex> lock(top_level_mutex);
+    ++top_level_operators[fn.name()];
+  }
   return nullptr;
 }
+void EndOperator(const at::RecordFunction&, at::ObserverContext*) { --operator_depth; }
 
 // Counts the operators dispatched while it lives.
 class OperatorCount {
  public:
   OperatorCount()
-      : handle_(at::addGlobalCallback(at::RecordFunctionCallback(CountOperator).scopes({at::RecordScope::FUNCTION}))) {}
+      : handle_(at::addGlobalCallback(
+            at::RecordFunctionCallback(CountOperator, EndOperator).scopes({at::RecordScope::FUNCTION}))) {}
   ~OperatorCount() { at::removeCallback(handle_); }
   OperatorCount(const OperatorCount&) = delete;
   OperatorCount& operator=(const OperatorCount&) = delete;
@@ -425,8 +436,13 @@ int Run(const Options& o) {
   std::printf("\nWhere the time goes (one generation per row, the device waited for around each policy call)\n\n");
   std::printf("%-34s %9s %11s %10s %9s %17s %17s %11s\n", "policy", "total s", "Observe s", "Select s", "rest s",
               "Observe calls/ops", "Select calls/ops", "all ops");
+  std::vector<std::map<std::string, int64_t>> top_level_by_row;
   for (const auto& row : rows) {
     TimedPolicy timed(row.make());
+    {
+      std::lock_guard<std::mutex> lock(top_level_mutex);
+      top_level_operators.clear();
+    }
     const OperatorCount counting;
     const int64_t operators = operators_dispatched.load();
     const auto start = Clock::now();
@@ -443,6 +459,25 @@ int Run(const Options& o) {
                 per_call(timed.observe_operators, timed.observe_calls).c_str(),
                 per_call(timed.select_operators, timed.select_calls).c_str(),
                 static_cast<long long>(operators_dispatched.load() - operators));
+    std::lock_guard<std::mutex> lock(top_level_mutex);
+    top_level_by_row.push_back(top_level_operators);
+  }
+  // What each row's code dispatches itself (nested operators left out), most frequent first: on a GPU most are
+  // launches, so these say which calls a decode step's host time goes to.
+  std::printf("\nTop-level operators per generation, the most frequent (name: count)\n");
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    std::vector<std::pair<int64_t, std::string>> sorted;
+    int64_t total = 0;
+    for (const auto& [name, count] : top_level_by_row[r]) {
+      sorted.emplace_back(count, name);
+      total += count;
+    }
+    std::sort(sorted.rbegin(), sorted.rend());
+    std::printf("%s (%lld top-level):", rows[r].name.c_str(), static_cast<long long>(total));
+    for (std::size_t i = 0; i < std::min<std::size_t>(sorted.size(), 16); ++i) {
+      std::printf(" %s %lld%s", sorted[i].second.c_str(), static_cast<long long>(sorted[i].first),
+                  i + 1 < std::min<std::size_t>(sorted.size(), 16) ? "," : "\n");
+    }
   }
   return 0;
 }
@@ -475,9 +510,10 @@ resident memory above the start, for the full cache and for a NAMM (which observ
 --profile 1 adds, for every row, one more generation with the policy's calls timed (the device waited for
 before and after each, so the waits cost some time of their own): seconds in Observe(), in Select() (memory
 updates), and everything else (the model, the cache's gathers); the calls, the ATen operators each dispatches
-on average (nested ones counted), and the generation's operators in all. --parts N1,N2,... instead times the NAMM's
-parts alone on the device at those cache sizes: one 128-row chunk's GQA mean and frame fold, the BAM
-scorer's backward-masked attention, and a whole memory update's Select().
+on average (nested ones counted), and the generation's operators in all; then each row's most frequent
+top-level operators (those our code dispatches itself: on a GPU, where a decode step's host time goes).
+--parts N1,N2,... instead times the NAMM's parts alone on the device at those cache sizes: one 128-row chunk's
+GQA mean and frame fold, the BAM scorer's backward-masked attention, and a whole memory update's Select().
 )";
 
 int main(int argc, char** argv) {

@@ -313,13 +313,14 @@ cpu::AttentionOutput ReferenceAttention(const cpu::AttentionInput& in, int64_t h
   return ref;
 }
 
-// Chunks of 1, 7 and 32 queries over caches of 1 to 300 keys, head sizes 8 (stories260K's) and 64, GQA groups
-// of 2, with and without a window (20 positions: it hides part of most caches): outputs, probabilities and
-// log-sum-exp within float32 rounding of the float64 tensor operations.
+// Chunks of 1, 7 and 32 queries over caches of 1 to 300 keys, head sizes 8 (stories260K's), 12 (the keys' tile
+// transposed 8 components by shuffles, the rest one by one) and 64, GQA groups of 2, with and without a window
+// (20 positions: it hides part of most caches): outputs, probabilities and log-sum-exp within float32 rounding of
+// the float64 tensor operations.
 TEST(CpuKernels, BatchedAttentionMatchesTensorOperations) {
   const int64_t kv_heads = 2, group = 2, heads = kv_heads * group;
   for (const cpu::Kernels* kernels : cpu::runnable_kernels()) {
-    for (int64_t d : {8, 64}) {
+    for (int64_t d : {8, 12, 64}) {
       for (int64_t window : {0, 20}) {
         std::vector<cpu::AttentionInput> batch;
         for (int64_t t : {1, 7, 32}) {
