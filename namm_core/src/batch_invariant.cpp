@@ -25,25 +25,33 @@ InvariantLinear::InvariantLinear(at::Tensor w, at::Tensor b) : w_(std::move(w)),
   }
 }
 
-at::Tensor InvariantLinear::operator()(const at::Tensor& x) const {
-  if (!in_out_ || !row_invariant(x) || x.dim() != 2 || x.stride(1) != 1) return invariant_linear(x, w_, b_);
+at::Tensor InvariantLinear::operator()(const at::Tensor& x, const at::Tensor& out) const {
+  if (!in_out_ || !row_invariant(x) || x.dim() != 2 || x.stride(1) != 1) {
+    if (row_invariant(x) && x.dim() == 2 && x.stride(1) == 1 && w_.stride(1) == 1) {
+      return cpu::linear(x, w_, b_, cpu::kernels(), out);
+    }
+    return invariant_linear(x, w_, b_);
+  }
   TORCH_CHECK(x.size(1) == in_out_->in, "linear: x has ", x.size(1), " features, the weight ", in_out_->in);
-  const at::Tensor y = at::empty({x.size(0), in_out_->out}, x.options());
-  cpu::linear_in_out(x.data_ptr<float>(), x.stride(0), x.size(0), *in_out_, y.data_ptr<float>(), in_out_->out,
+  const at::Tensor y = out.defined() ? out : at::empty({x.size(0), in_out_->out}, x.options());
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == in_out_->out && row_invariant(y) &&
+                  y.stride(1) == 1,
+              "linear: the output must be [", x.size(0), ", ", in_out_->out, "] float32 host rows, got ", y.sizes());
+  cpu::linear_in_out(x.data_ptr<float>(), x.stride(0), x.size(0), *in_out_, y.data_ptr<float>(), y.stride(0),
                      cpu::kernels());
   return y;
 }
 
-at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out) {
   if (row_invariant(gate) && gate.is_contiguous() && up.is_contiguous()) {
-    return cpu::silu_mul(gate, up, cpu::kernels());
+    return cpu::silu_mul(gate, up, cpu::kernels(), out);
   }
   return at::silu(gate) * up;
 }
 
-at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& out) {
   if (row_invariant(x) && x.dim() == 2 && x.stride(1) == 1 && weight.is_contiguous()) {
-    return cpu::rms_norm(x, weight, eps, cpu::kernels());
+    return cpu::rms_norm(x, weight, eps, cpu::kernels(), out);
   }
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor normalized = x32 * at::rsqrt(x32.square().mean(-1, /*keepdim=*/true) + eps);

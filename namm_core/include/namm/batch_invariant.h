@@ -40,20 +40,23 @@ class InvariantLinear {
   static constexpr int64_t kInOutMaxFeatures = 256;
   InvariantLinear() = default;
   InvariantLinear(at::Tensor w, at::Tensor b);  // w [out, in], b [out] or undefined
-  // x [m, in] -> [m, out].
-  at::Tensor operator()(const at::Tensor& x) const;
+  // x [m, in] -> [m, out]. Where the row-invariant kernels take it, written into `out` when that is defined
+  // ([m, out] float32 host rows, innermost stride 1: a buffer reused across steps), else a new tensor.
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& out = at::Tensor()) const;
 
  private:
   at::Tensor w_, b_;
   std::shared_ptr<const cpu::InOutWeight> in_out_;  // null unless prepared for the output-major kernel
 };
 
-// silu(gate) * up, element by element (the SwiGLU of a feed-forward block).
-at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up);
+// silu(gate) * up, element by element (the SwiGLU of a feed-forward block); into `out` as InvariantLinear does
+// (out may be gate or up).
+at::Tensor invariant_silu_mul(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& out = at::Tensor());
 
 // Each row of x [m, dim] divided by its root mean square (computed in float32, as Hugging Face's LlamaRMSNorm
-// does, whatever x's dtype) and scaled by weight [dim].
-at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// does, whatever x's dtype) and scaled by weight [dim]; into `out` as InvariantLinear does.
+at::Tensor invariant_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                              const at::Tensor& out = at::Tensor());
 
 // Rotary embedding in place (float32 CPU, row_invariant): rows [first, first + cos.size(0)) of x [rows, heads *
 // head_dim] (rows contiguous), row first + i rotated by cos and sin row i ([count, head_dim] float32, contiguous):

@@ -9,6 +9,17 @@
 
 namespace namm::cpu {
 
+namespace {
+// `out` where the caller gave one (checked against the result's shape), else a new tensor like `like`.
+at::Tensor OutputOrNew(const at::Tensor& out, at::IntArrayRef sizes, const at::Tensor& like) {
+  if (!out.defined()) return at::empty(sizes, like.options());
+  TORCH_CHECK(out.sizes() == sizes && out.scalar_type() == at::kFloat && out.device().is_cpu() &&
+                  out.stride(-1) == 1,
+              "an output of ", sizes, " float32 host rows was expected, got ", out.sizes());
+  return out;
+}
+}  // namespace
+
 // The kernel's layout: queries scaled, keys transposed and padded to whole vectors, values padded to whole
 // vectors.
 at::Tensor backward_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -113,9 +124,10 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
   });
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels,
+                  const at::Tensor& out) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  const at::Tensor y = at::empty({m, n}, x.options());
+  const at::Tensor y = OutputOrNew(out, {m, n}, x);
   const Linear product{x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), w.stride(0),
                        b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), y.stride(0), m, n, k};
   // Tasks are pairs of columns (the kernel's tile), so that a share's edge never splits one.
@@ -153,8 +165,9 @@ void linear_in_out(const float* x, int64_t x_stride, int64_t m, const InOutWeigh
       [&](int64_t begin, int64_t end) { kernels.linear_in_out_rows(op, 4 * begin, std::min(m, 4 * end)); });
 }
 
-at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels) {
-  const at::Tensor out = at::empty_like(gate);
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels, const at::Tensor& into) {
+  const at::Tensor out = OutputOrNew(into, gate.sizes(), gate);
+  TORCH_CHECK(out.is_contiguous(), "silu_mul: the output must be contiguous");
   const SiluMul op{gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>()};
   // Every lane runs the same operations, so where a share starts changes nothing; 64-element tasks.
   const int64_t count = gate.numel(), blocks = (count + 63) / 64;
@@ -164,9 +177,10 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels&
   return out;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels,
+                    const at::Tensor& into) {
   const int64_t m = x.size(0), dim = x.size(1);
-  const at::Tensor out = at::empty({m, dim}, x.options());
+  const at::Tensor out = OutputOrNew(into, {m, dim}, x);
   const RmsNormRows op{x.data_ptr<float>(), x.stride(0), weight.data_ptr<float>(), out.data_ptr<float>(),
                        out.stride(0), dim, static_cast<float>(eps)};
   parallel_work(m, 4 * m * dim, [&](int64_t begin, int64_t end) { kernels.rms_norm_rows(op, begin, end); });

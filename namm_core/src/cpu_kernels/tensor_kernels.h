@@ -34,12 +34,17 @@ void fold_frames(const at::Tensor& samples, const at::Tensor& ema, const at::Ten
 // The row-invariant products (cpu_kernels.h: Linear, SiluMul, RmsNormRows) for float32 CPU tensors whose
 // innermost stride is 1: a row's result is the same whatever else is in x, so a batch of sequences computes
 // each one's numbers exactly as it alone would.
+// Each writes into `out` when it is defined (of the result's shape, float32, rows contiguous), else into a new
+// tensor, and returns it.
 // x [m, k] times w [n, k] transposed, plus b [n] when defined: [m, n].
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels);
-// silu(gate) * up, both contiguous of one shape.
-at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const Kernels& kernels,
+                  const at::Tensor& out = at::Tensor());
+// silu(gate) * up, both contiguous of one shape (out may be gate or up).
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, const Kernels& kernels,
+                    const at::Tensor& out = at::Tensor());
 // x [m, dim] normalized by its root mean square and scaled by weight [dim].
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const Kernels& kernels,
+                    const at::Tensor& out = at::Tensor());
 
 // A weight as LinearInOut reads it (cpu_kernels.h): [in][out rounded up to kLinearInOutPad], zeros beyond out,
 // and its bias likewise (empty without one).

@@ -36,6 +36,58 @@ struct LlamaModel::RopeCache {
   int64_t bytes = 0;
 };
 
+// Every layer's products of a packed batch (float32, host) in buffers of the batch's rows, the same for every
+// layer: a small model's decode step otherwise allocated ten tensors per layer (`--profile 1`: 52 of a step's
+// 115 top-level operators in stories260K were at::empty), a fifth of a single sequence's decoding time in
+// malloc and tensor bookkeeping. Buffers grow to the most rows seen and are views of that (a pass's rows are
+// their front); a pass holds its workspace alone, and returns it to the model's pool at its end.
+struct LlamaModel::Workspace {
+  int64_t capacity = 0;
+  at::Tensor normed_buffer, q_buffer, k_buffer, v_buffer, heads_buffer, projected_buffer, gate_buffer, up_buffer;
+  at::Tensor normed, q, k, v, heads_out, projected, gate, up;  // [rows, width] views for the current pass
+
+  void Fit(int64_t rows, const LlamaConfig& c, const at::TensorOptions& options) {
+    const int64_t q_width = c.n_heads * c.head_dim, kv_width = c.n_kv_heads * c.head_dim;
+    if (rows > capacity) {
+      capacity = rows;
+      const auto make = [&](int64_t width) { return at::empty({capacity, width}, options); };
+      normed_buffer = make(c.dim);
+      q_buffer = make(q_width);
+      k_buffer = make(kv_width);
+      v_buffer = make(kv_width);
+      heads_buffer = make(q_width);
+      projected_buffer = make(c.dim);
+      gate_buffer = make(c.hidden_dim);
+      up_buffer = make(c.hidden_dim);
+    }
+    const auto front = [&](const at::Tensor& buffer) { return narrow_view(buffer, 0, 0, rows); };
+    normed = front(normed_buffer);
+    q = front(q_buffer);
+    k = front(k_buffer);
+    v = front(v_buffer);
+    heads_out = front(heads_buffer);
+    projected = front(projected_buffer);
+    gate = front(gate_buffer);
+    up = front(up_buffer);
+  }
+};
+
+struct LlamaModel::WorkspacePool {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Workspace>> idle;
+
+  std::unique_ptr<Workspace> Take() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (idle.empty()) return std::make_unique<Workspace>();
+    std::unique_ptr<Workspace> ws = std::move(idle.back());
+    idle.pop_back();
+    return ws;
+  }
+  void Give(std::unique_ptr<Workspace> ws) {
+    std::lock_guard<std::mutex> lock(mutex);
+    idle.push_back(std::move(ws));
+  }
+};
 
 Result<LlamaModel> LlamaModel::Load(const std::string& path, const LoadOptions& options) {
   NAMM_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(path, options));
@@ -48,7 +100,8 @@ LlamaModel::LlamaModel(LoadedModel loaded, at::TensorOptions options)
       options_(options),
       inv_freq_(rope_inverse_frequencies(config_, options.device())),
       attention_block_elements_(options.device().is_cpu() ? kAttentionBlockElements : kDeviceAttentionBlockElements),
-      rope_cache_(std::make_shared<RopeCache>()) {
+      rope_cache_(std::make_shared<RopeCache>()),
+      workspaces_(std::make_shared<WorkspacePool>()) {
   for (const LlamaLayerWeights& w : weights_.layers) {
     projections_.push_back(Projections{{w.wq, w.bq}, {w.wk, w.bk}, {w.wv, w.bv}, {w.wo, w.bo},
                                        {w.w_gate, w.b_gate}, {w.w_up, w.b_up}, {w.w_down, w.b_down}});
@@ -288,8 +341,10 @@ Status LlamaModel::Attend(int layer, const at::Tensor& q_rows, const at::Tensor&
   return Status::Ok();
 }
 
-at::Tensor LlamaModel::FeedForward(const Projections& p, const at::Tensor& x) const {
-  return p.down(invariant_silu_mul(p.gate(x), p.up(x)));
+at::Tensor LlamaModel::FeedForward(const Projections& p, const at::Tensor& x, Workspace* ws) const {
+  if (ws == nullptr) return p.down(invariant_silu_mul(p.gate(x), p.up(x)));
+  const at::Tensor gate = p.gate(x, ws->gate);
+  return p.down(invariant_silu_mul(gate, p.up(x, ws->up), gate), ws->projected);  // SwiGLU in place of gate
 }
 
 Status LlamaModel::CheckStep(const Step& step) const {
@@ -521,18 +576,28 @@ std::vector<Result<at::Tensor>> LlamaModel::ForwardPacked(const std::vector<Step
     packing.per_row = packing.PerRow(options_.dtype().toScalarType());
   }
   at::Tensor x = weights_.token_embedding.index_select(0, ids.size() == 1 ? ids.front() : at::cat(ids, 0));  // [total, dim]
+  // On the host in float32 the layers' products go into one workspace's buffers; elsewhere into new tensors.
+  std::unique_ptr<Workspace> workspace;
+  if (options_.device().is_cpu() && options_.dtype() == at::kFloat) {
+    workspace = workspaces_->Take();
+    workspace->Fit(total, config_, x.options());
+  }
+  Workspace* ws = workspace.get();
+  const auto buffer = [&](at::Tensor Workspace::*member) { return ws != nullptr ? ws->*member : at::Tensor(); };
   for (int layer = 0; layer < static_cast<int>(config_.n_layers); ++layer) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
     const Projections& p = projections_[static_cast<std::size_t>(layer)];
-    const at::Tensor normed = invariant_rms_norm(x, w.attention_norm, config_.norm_eps);
-    const auto [q, k] = RotateQueriesAndKeys(layer, p.q(normed), p.k(normed), packing);
-    const at::Tensor v = p.v(normed);
+    const at::Tensor normed = invariant_rms_norm(x, w.attention_norm, config_.norm_eps, buffer(&Workspace::normed));
+    const auto [q, k] = RotateQueriesAndKeys(layer, p.q(normed, buffer(&Workspace::q)),
+                                             p.k(normed, buffer(&Workspace::k)), packing);
+    const at::Tensor v = p.v(normed, buffer(&Workspace::v));
     // Every live sequence's rows are written by its attention; a failed one's are never read.
-    const at::Tensor heads_out = at::empty({total, q_width}, x.options());
+    const at::Tensor heads_out = ws != nullptr ? ws->heads_out : at::empty({total, q_width}, x.options());
     AttendBatch(layer, steps, packing, q, k, v, heads_out, errors, contain_exceptions);
-    x.add_(p.o(heads_out));  // x is this pass's own (the embedding rows' copy): added in place
-    x.add_(FeedForward(p, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps)));
+    x.add_(p.o(heads_out, buffer(&Workspace::projected)));  // x is this pass's own (the embedding rows' copy)
+    x.add_(FeedForward(p, invariant_rms_norm(x, w.ffn_norm, config_.norm_eps, buffer(&Workspace::normed)), ws));
   }
+  if (workspace) workspaces_->Give(std::move(workspace));
   // The rows whose logits are wanted, through the final norm and the head together.
   std::vector<at::Tensor> wanted;
   for (std::size_t s = 0; s < count; ++s) {

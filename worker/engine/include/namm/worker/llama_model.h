@@ -135,7 +135,12 @@ class LlamaModel {
   struct Projections {
     InvariantLinear q, k, v, o, gate, up, down;
   };
-  at::Tensor FeedForward(const Projections& p, const at::Tensor& x) const;
+  // Float32 host buffers a packed batch's layers write their products into, reused by every layer of a pass and
+  // taken from a pool by the next pass (ForwardPacked).
+  struct Workspace;
+  struct WorkspacePool;
+  // p.down(silu(p.gate(x)) * p.up(x)), into ws's buffers when given.
+  at::Tensor FeedForward(const Projections& p, const at::Tensor& x, Workspace* ws = nullptr) const;
   Status CheckStep(const Step& step) const;
 
   LlamaConfig config_;
@@ -148,6 +153,7 @@ class LlamaModel {
   InvariantLinear head_;
   struct RopeCache;
   std::shared_ptr<RopeCache> rope_cache_;  // shared by copies of the model (its config and weights are too)
+  std::shared_ptr<WorkspacePool> workspaces_;  // likewise
 };
 
 }  // namespace namm::worker
