@@ -40,9 +40,11 @@ struct LlamaModel::RopeCache {
 // layer: a small model's decode step otherwise allocated ten tensors per layer (`--profile 1`: 52 of a step's
 // 115 top-level operators in stories260K were at::empty), a fifth of a single sequence's decoding time in
 // malloc and tensor bookkeeping. Buffers grow to the most rows seen and are views of that (a pass's rows are
-// their front); a pass holds its workspace alone, and returns it to the model's pool at its end.
+// their front); a pass holds its workspace alone, and returns it to the model's pool at its end unless its
+// buffers passed kKeptBytes (a large model's long prefill: those are freed as before, not held).
 struct LlamaModel::Workspace {
-  int64_t capacity = 0;
+  static constexpr int64_t kKeptBytes = int64_t{64} << 20;
+  int64_t capacity = 0, bytes = 0;
   at::Tensor normed_buffer, q_buffer, k_buffer, v_buffer, heads_buffer, projected_buffer, gate_buffer, up_buffer;
   at::Tensor normed, q, k, v, heads_out, projected, gate, up;  // [rows, width] views for the current pass
 
@@ -59,6 +61,7 @@ struct LlamaModel::Workspace {
       projected_buffer = make(c.dim);
       gate_buffer = make(c.hidden_dim);
       up_buffer = make(c.hidden_dim);
+      bytes = capacity * (2 * c.dim + 2 * q_width + 2 * kv_width + 2 * c.hidden_dim) * 4;
     }
     const auto front = [&](const at::Tensor& buffer) { return narrow_view(buffer, 0, 0, rows); };
     normed = front(normed_buffer);
@@ -84,6 +87,7 @@ struct LlamaModel::WorkspacePool {
     return ws;
   }
   void Give(std::unique_ptr<Workspace> ws) {
+    if (ws->bytes > Workspace::kKeptBytes) return;
     std::lock_guard<std::mutex> lock(mutex);
     idle.push_back(std::move(ws));
   }
