@@ -9,8 +9,8 @@ namespace namm {
 
 bool row_invariant(const at::Tensor& x) { return x.device().is_cpu() && x.scalar_type() == at::kFloat; }
 
-at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (row_invariant(x) && x.stride(1) == 1 && w.stride(1) == 1) return cpu::linear(x, w, b, cpu::kernels());
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& out) {
+  if (row_invariant(x) && x.stride(1) == 1 && w.stride(1) == 1) return cpu::linear(x, w, b, cpu::kernels(), out);
   if (x.size(0) != 1 || !x.device().is_cpu()) return at::linear(x, w, b);
   // One row on the CPU in half precision: at::linear (and at::matmul on a 1-D input) runs a one-row GEMM whose
   // packing copies the whole weight matrix on every call; at::mv is the GEMV.
@@ -26,12 +26,7 @@ InvariantLinear::InvariantLinear(at::Tensor w, at::Tensor b) : w_(std::move(w)),
 }
 
 at::Tensor InvariantLinear::operator()(const at::Tensor& x, const at::Tensor& out) const {
-  if (!in_out_ || !row_invariant(x) || x.dim() != 2 || x.stride(1) != 1) {
-    if (row_invariant(x) && x.dim() == 2 && x.stride(1) == 1 && w_.stride(1) == 1) {
-      return cpu::linear(x, w_, b_, cpu::kernels(), out);
-    }
-    return invariant_linear(x, w_, b_);
-  }
+  if (!in_out_ || !row_invariant(x) || x.dim() != 2 || x.stride(1) != 1) return invariant_linear(x, w_, b_, out);
   TORCH_CHECK(x.size(1) == in_out_->in, "linear: x has ", x.size(1), " features, the weight ", in_out_->in);
   const at::Tensor y = out.defined() ? out : at::empty({x.size(0), in_out_->out}, x.options());
   TORCH_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == in_out_->out && row_invariant(y) &&

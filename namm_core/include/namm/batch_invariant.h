@@ -26,8 +26,10 @@ struct InOutWeight;  // cpu_kernels/tensor_kernels.h
 // True where the operations below are bit-for-bit row-invariant: float32 tensors on the CPU.
 bool row_invariant(const at::Tensor& x);
 
-// x [m, in] times w [out, in] transposed, plus b [out] when defined: [m, out].
-at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = at::Tensor());
+// x [m, in] times w [out, in] transposed, plus b [out] when defined: [m, out]; on the row-invariant kernels into
+// `out` when that is defined (as InvariantLinear below).
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = at::Tensor(),
+                            const at::Tensor& out = at::Tensor());
 
 // A linear layer prepared once for the row-invariant product, for the products a model runs at every step. With
 // few input features (in <= kInOutMaxFeatures: the small models' widths, stories260K's 64 and 172) and float32
