@@ -624,6 +624,15 @@ Result<std::unique_ptr<Store>> Store::Connect(const std::string& path, OpenMode 
     const int flags = mode == OpenMode::kReadOnly ? SQLite::OPEN_READONLY
                                                   : SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE;
     auto db = std::make_unique<SQLite::Database>(path, flags);
+    // SQLite opens the file read-only, without an error, when opening it for writing fails for any reason but a
+    // directory (EMFILE included); such a connection fails every write and every checkpoint (EBADF) for as long
+    // as it lives. A connection meant to write is one that can: a file it cannot open for writing now is a file
+    // that cannot be opened now, waited for as such (a background connection met this under EMFILE and retried
+    // its checkpoint on the read-only descriptor until its patience ran out).
+    if (mode != OpenMode::kReadOnly && sqlite3_db_readonly(db->getHandle(), "main") == 1) {
+      throw SQLite::Exception("unable to open the database file for writing (its permissions, or the process out of "
+                              "file descriptors): SQLite opened it read-only", SQLITE_CANTOPEN);
+    }
     // Waiting for another connection's write lock (a snapshot part being written in the background): retry every
     // 0.5 ms for up to 10 s. SQLite's own busy timeout backs off to sleeps of 25-100 ms, which a generation's
     // commit waiting behind a 4 MB part then paid in full.
