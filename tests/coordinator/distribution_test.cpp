@@ -606,19 +606,20 @@ int64_t CountLines(const std::string& text, const std::string& containing) {
 // Errors that pass are no stop: bursts of EIO on the database's and the progress log's writes and syncs (the
 // first 70 ms of every 700, for the whole run), and of EMFILE on opening the database's files (the first 300 ms
 // of every 700: background connections), each kind's first call failing too, are retried and the run finishes
-// with every result and the trajectory of an undisturbed run. So does a single EMFILE, on the first open after
-// the coordinator serves (a background connection's).
+// with every result and the trajectory of an undisturbed run. So does a single EMFILE on the first open after
+// the coordinator serves (a background connection's), of the database file or of its write-ahead log.
 // Earlier, the first failed progress-log append stopped the run at its next tick, and SQLITE_IOERR or
 // SQLITE_CANTOPEN on any connection stopped it at once. Later, one EMFILE outside a burst left a background
-// connection read-only (SQLite's fallback when opening for writing fails) and its checkpoint failed with EBADF
-// until the coordinator's patience ran out.
+// connection read-only (SQLite's fallback when opening for writing fails): on the database file its checkpoint
+// failed with EBADF until the coordinator's patience ran out; on the log the run stopped with SQLITE_READONLY.
 TEST(Distribution, IoErrorBurstsOnTheStoreAndTheProgressLogLeaveTheRunWhole) {
   struct Case {
-    std::string name, error, calls, down_ms;
+    std::string name, error, calls, down_ms, match;
   };
-  for (const Case& c : std::vector<Case>{{"EIO", "EIO", "write,sync", "70"},
-                                         {"EMFILE", "EMFILE", "open", "300"},
-                                         {"EMFILE_once", "EMFILE", "open", "0"}}) {
+  for (const Case& c : std::vector<Case>{{"EIO", "EIO", "write,sync", "70", "/run.db"},
+                                         {"EMFILE", "EMFILE", "open", "300", "/run.db"},
+                                         {"EMFILE_once", "EMFILE", "open", "0", "/run.db"},
+                                         {"EMFILE_once_wal", "EMFILE", "open", "0", "/run.db-wal"}}) {
     SCOPED_TRACE(c.name);
     SimRun r("dist_io_" + c.name, 3, 2);
     const std::string trigger = r.dir + "/faulty";
@@ -626,7 +627,7 @@ TEST(Distribution, IoErrorBurstsOnTheStoreAndTheProgressLogLeaveTheRunWhole) {
     // connections, and bursts alone missed them all once (under AddressSanitizer, a loaded machine).
     r.coordinator_prefix = IoFaults(r, trigger, c.error, c.calls,
                                     {"NAMM_IO_FAULT_PERIOD_MS=700", "NAMM_IO_FAULT_DOWN_MS=" + c.down_ms,
-                                     "NAMM_IO_FAULT_FIRST=1"});
+                                     "NAMM_IO_FAULT_FIRST=1", "NAMM_IO_FAULT_MATCH=" + c.match});
     Child coordinator = r.Serve({"--io-error-patience", "60"});  // a stuck wait fails the test in a minute
     WriteText(trigger, "");  // once it serves: the first connection's open fails at once by design
     Child a = r.SimWorker("sim-a"), b = r.SimWorker("sim-b");

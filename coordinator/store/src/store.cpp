@@ -265,6 +265,31 @@ std::string Described(const SQLite::Exception& e) {
   return name == kNames.end() ? std::string(e.what()) : std::string(e.what()) + " (" + name->second + ")";
 }
 
+// SQLite opens a file read-only, without an error, when opening it for writing fails for any reason but a
+// directory (EMFILE included): the database file (sqlite3_db_readonly() tells) or, at its first read, the
+// write-ahead log or its shared memory (only a write tells). Such a connection fails every write and checkpoint
+// (SQLITE_READONLY, or EBADF on the file) for as long as it lives, so a connection meant to write is one that
+// can: one that cannot is a file that cannot be opened now, waited for as such. (A background connection met
+// each under EMFILE: one retried its checkpoint on the read-only descriptor until its patience ran out, the
+// other stopped the run at once with SQLITE_READONLY.)
+[[noreturn]] void ThrowOpenedReadOnly() {
+  throw SQLite::Exception("unable to open the database file, its write-ahead log or shared memory for writing (their "
+                          "permissions, or the process out of file descriptors): SQLite opened it read-only",
+                          SQLITE_CANTOPEN);
+}
+
+// Whether a write transaction can begin (and at once roll back) on `db`; false on SQLITE_READONLY.
+bool CanWrite(SQLite::Database& db) {
+  try {
+    db.exec("BEGIN IMMEDIATE");
+  } catch (const SQLite::Exception& e) {
+    if ((e.getErrorCode() & 0xff) == SQLITE_READONLY) return false;
+    throw;
+  }
+  db.exec("ROLLBACK");
+  return true;
+}
+
 // One call's wait for the database: from its first transient error until it goes through. Tells
 // StoreOptions::on_wait after each failed attempt and when it ends.
 class Wait {
@@ -567,6 +592,10 @@ Store::~Store() {
 
 template <typename F>
 auto Store::Guard(const std::string& what, F&& body) const -> decltype(body()) {
+  // Inside a transaction (a revision reading the run it revises), an error rolls that whole transaction back:
+  // retrying only this part would go on in autocommit, each later write committed alone. The transaction's own
+  // guard runs it again from its start.
+  if (sqlite3_get_autocommit(db_->getHandle()) == 0) return body();
   return GuardCall(path_, options_, options_.io_error_patience, what, std::forward<F>(body));
 }
 
@@ -624,15 +653,7 @@ Result<std::unique_ptr<Store>> Store::Connect(const std::string& path, OpenMode 
     const int flags = mode == OpenMode::kReadOnly ? SQLite::OPEN_READONLY
                                                   : SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE;
     auto db = std::make_unique<SQLite::Database>(path, flags);
-    // SQLite opens the file read-only, without an error, when opening it for writing fails for any reason but a
-    // directory (EMFILE included); such a connection fails every write and every checkpoint (EBADF) for as long
-    // as it lives. A connection meant to write is one that can: a file it cannot open for writing now is a file
-    // that cannot be opened now, waited for as such (a background connection met this under EMFILE and retried
-    // its checkpoint on the read-only descriptor until its patience ran out).
-    if (mode != OpenMode::kReadOnly && sqlite3_db_readonly(db->getHandle(), "main") == 1) {
-      throw SQLite::Exception("unable to open the database file for writing (its permissions, or the process out of "
-                              "file descriptors): SQLite opened it read-only", SQLITE_CANTOPEN);
-    }
+    if (mode != OpenMode::kReadOnly && sqlite3_db_readonly(db->getHandle(), "main") == 1) ThrowOpenedReadOnly();
     // Waiting for another connection's write lock (a snapshot part being written in the background): retry every
     // 0.5 ms for up to 10 s. SQLite's own busy timeout backs off to sleeps of 25-100 ms, which a generation's
     // commit waiting behind a 4 MB part then paid in full.
@@ -648,6 +669,7 @@ Result<std::unique_ptr<Store>> Store::Connect(const std::string& path, OpenMode 
       // this file's own data.
       db->exec("PRAGMA secure_delete = OFF");
       if (options.checkpoint_elsewhere) db->exec("PRAGMA wal_autocheckpoint = 0");
+      if (!CanWrite(*db)) ThrowOpenedReadOnly();
       int version = db->execAndGet("PRAGMA user_version").getInt();
       for (; version < options.target_schema_version; ++version) {
         SQLite::Transaction tx(*db, SQLite::TransactionBehavior::IMMEDIATE);

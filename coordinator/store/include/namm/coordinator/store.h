@@ -188,7 +188,8 @@ class Store final : public TrainingStore {
   Store(std::string path, std::unique_ptr<SQLite::Database> db, StoreOptions options);
   // One run, or every run in id order.
   Result<std::vector<RunRecord>> ReadRuns(std::optional<int64_t> run_id) const;
-  // Runs `body` (one transaction, or reads) again after each transient error until it goes through (store.cpp).
+  // Runs `body` (one transaction, or reads) again after each transient error until it goes through (store.cpp);
+  // called inside another call's transaction, once: that call's guard retries the whole transaction.
   template <typename F>
   auto Guard(const std::string& what, F&& body) const -> decltype(body());
   // The rows of `sql` (its parameters: `ids`, in order), each made by `row(statement)` (a T or a Result<T>), read
