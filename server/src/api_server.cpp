@@ -701,8 +701,9 @@ struct ApiServer::Impl {
                                   : r.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, std::max<int64_t>(room, 0))
                                                                          : std::min(room, max_tokens);
     if (job.max_tokens > room || room <= 0) {
+      const uint64_t requested = static_cast<uint64_t>(prompt) + static_cast<uint64_t>(job.max_tokens);  // 2^63 - 1 fits
       return Error(400, "This model's maximum context length is " + std::to_string(context) + " tokens. However, you requested " +
-                            std::to_string(prompt + job.max_tokens) + " tokens (" + std::to_string(prompt) + " in the " +
+                            std::to_string(requested) + " tokens (" + std::to_string(prompt) + " in the " +
                             param + ", " + std::to_string(job.max_tokens) + " in the completion). Please reduce the length.",
                    param, "context_length_exceeded");
     }

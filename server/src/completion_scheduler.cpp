@@ -254,7 +254,8 @@ struct CompletionScheduler::Impl {
     const int64_t prompt = static_cast<int64_t>(job.prompt_ids.size());
     int64_t tokens = prompt + job.max_tokens;
     const Result<std::optional<int64_t>> bound = worker::policy_token_bound(job.policy, prompt);
-    if (bound.ok() && bound->has_value()) {
+    // A bound past the allowance (budget=2^63-1 is a request's to give) holds the allowance: the sum would overflow.
+    if (bound.ok() && bound->has_value() && **bound < tokens) {
       tokens = std::min(tokens, **bound + std::max(options.chunk_size, options.update_interval));
     }
     return StoredTokens(tokens) * kv_bytes_per_token;

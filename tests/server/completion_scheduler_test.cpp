@@ -229,6 +229,11 @@ TEST(CompletionScheduler, AdmitsRequestsAsTheirKvCachesFitAndRefusesOnesThatNeve
       // A budget bounds the cache (16 tokens + the 64-token update interval): the same length is taken.
       const CompletionUpdate bounded = Final(*(*scheduler)->Submit(job("streaming:budget=16", 1000, 99)));
       EXPECT_FALSE(bounded.error.has_value()) << bounded.error->message;
+      // A budget past the allowance bounds nothing (2^63 - 1 plus the interval overflowed into ~500 tokens).
+      const CompletionUpdate unbounded =
+          Final(*(*scheduler)->Submit(job("h2o:budget=9223372036854775807", 1000, 98)));
+      ASSERT_TRUE(unbounded.error.has_value());
+      EXPECT_EQ(unbounded.error->http_status, 400) << unbounded.error->message;
     } else {
       EXPECT_GT(most_running, 2u);
     }

@@ -89,6 +89,11 @@ code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Cont
   --data-binary @"$work/latin1.json")
 [ "$code" = 400 ] && grep -q 'not valid UTF-8 (an ill-formed byte at offset 41)' "$work/body" ||
   fail "invalid UTF-8 gave $code $(cat "$work/body")"
+# The largest max_tokens: the message adds it to the prompt's tokens without overflowing into a negative count.
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 9223372036854775807}')
+[ "$code" = 400 ] && grep -q 'However, you requested 92233720368547758[0-9][0-9] tokens' "$work/body" ||
+  fail "max_tokens 2^63-1 gave $code $(cat "$work/body")"
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/health" -H "X-Big: $(head -c 20000 /dev/zero | tr '\0' a)")
 [ "$code" = 431 ] || fail "20 KB of headers gave $code"
 # HTTP/1.0 has no chunked encoding: a stream's events come unframed and the connection's end ends the body.

@@ -493,6 +493,52 @@ TEST(Stories260K, SnapKvCompressesThePromptOnceAndKeepsEveryDecodedToken) {
   EXPECT_DOUBLE_EQ(run->peak_kv_tokens, static_cast<double>(prompt.size()));
 }
 
+// A temperature so small that the logits over it overflow chooses as temperature 0 does (before: softmax of
+// infinities, NaN, and token 0 at every step).
+TEST(Stories260K, ATemperatureTooSmallToDivideByChoosesTheArgmax) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{});
+  const std::vector<int64_t> prompt = s.tokenizer->EncodeForModel("Once upon a time").value();
+  std::vector<std::vector<int64_t>> answers;
+  for (const double temperature : {0.0, 1e-310}) {
+    GenerationOptions options;
+    options.max_new_tokens = 12;
+    options.temperature = temperature;
+    options.seed = 7;
+    auto policy = make_policy("full", PolicyContext{});
+    ASSERT_TRUE(policy.ok());
+    auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    answers.push_back(run->token_ids);
+  }
+  EXPECT_EQ(answers[1], answers[0]);
+  EXPECT_NE(answers[0], std::vector<int64_t>(answers[0].size(), 0));
+}
+
+// A pooling kernel wider than the prompt pools its whole maximum, as one just spanning it does, and takes no
+// longer: libtorch walks a kernel's whole width, and a namm-api request's kernel=2^62-1 held the scheduler.
+TEST(Stories260K, SnapKvPoolingWiderThanThePromptPoolsWhatOneSpanningItPools) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{RopeScaling::Kind::kNtk, 4.0, 2.0});
+  const std::vector<int64_t> prompt = LongPrompt(*s.tokenizer, 300);
+  GenerationOptions options;
+  options.max_new_tokens = 8;
+  options.chunk_size = 32;
+  options.memory_update_interval = 64;
+  options.record_logits = true;
+  std::vector<GenerationResult> runs;
+  for (const std::string kernel : {"601", "4611686018427387903"}) {  // 2 * 300 + 1, 2^62 - 1
+    auto policy = make_policy("snapkv:budget=64,kernel=" + kernel, PolicyContext{});
+    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+    auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    runs.push_back(std::move(*run));
+  }
+  EXPECT_EQ(runs[0].token_ids, runs[1].token_ids);
+  EXPECT_TRUE(runs[0].generated_logits.equal(runs[1].generated_logits));
+  EXPECT_EQ(runs[1].final_cache_sizes, std::vector<int64_t>(5, 64 + 7));
+}
+
 // namm:FILE,prompt=keep: the prompt's updates keep every token, the NAMM evicts once at its end (at a length no
 // multiple of the hop), then at the decoding's updates.
 TEST(Stories260K, ANammKeepingThePromptEvictsFromItsEndOn) {

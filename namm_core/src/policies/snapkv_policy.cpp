@@ -62,8 +62,11 @@ Result<std::optional<at::Tensor>> SnapKvPolicy::EndPrefill(int /*layer*/, LayerK
     at::Tensor ranking = cache.state(kVotesState).clone();  // [kv_heads, n]
     // Pool the votes of the tokens before the window; the window itself ranks above everything.
     const int64_t earlier = n - window;
+    // A kernel of 2 * earlier - 1 already spans every earlier token from each one: a wider one pools the same
+    // maximum, and libtorch's pooling walks its whole width (a request's kernel=10^15 held namm-api's scheduler).
+    const int64_t kernel = std::min(kernel_, 2 * earlier - 1);
     const at::Tensor pooled =
-        at::max_pool1d(ranking.narrow(1, 0, earlier).unsqueeze(1), {kernel_}, {1}, {kernel_ / 2}).squeeze(1);
+        at::max_pool1d(ranking.narrow(1, 0, earlier).unsqueeze(1), {kernel}, {1}, {kernel / 2}).squeeze(1);
     ranking.narrow(1, 0, earlier).copy_(pooled);
     ranking.narrow(1, earlier, window).fill_(std::numeric_limits<float>::max());
     return std::optional<at::Tensor>(keep_top_k_per_head(ranking, budget));

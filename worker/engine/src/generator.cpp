@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -33,7 +34,11 @@ int64_t ChooseToken(const at::Tensor& logits, const GenerationOptions& options, 
     if (banned >= 0 && banned < scores.size(0)) scores[banned] = -std::numeric_limits<double>::infinity();
   }
   if (options.temperature <= 0) return scores.argmax().item<int64_t>();
-  const at::Tensor probs = (scores / options.temperature).softmax(0);
+  const at::Tensor scaled = scores / options.temperature;
+  // A temperature so small that the logits over it overflow (1e-310) leaves softmax nothing but NaN, and the draw
+  // token 0 each time; such a distribution is its limit, the argmax.
+  if (!std::isfinite(scaled.max().item<double>())) return scores.argmax().item<int64_t>();
+  const at::Tensor probs = scaled.softmax(0);
   const double* p = probs.data_ptr<double>();
   const double u = UniformDraw(options.seed, step);
   double cumulative = 0;

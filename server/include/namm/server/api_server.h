@@ -12,7 +12,9 @@
 // max_prompt_tokens or max_tokens over its limit or the context (400 naming the limit), a full queue (429 with
 // Retry-After), connections over max_connections or max_connections_per_address (the oldest idle one under the
 // limit closed; 503 when all are busy), a request over the scheduler's time limit (408). A client that
-// disconnects, streaming or not, frees its row at the next step. Connections wait for requests on one thread
+// disconnects frees its row at the next step once that shows: a stream's at its next write, any request's once
+// its connection resets (a closed socket's FIN alone looks like a client that only stopped sending, which still
+// gets its answer: docs/serving.md). Connections wait for requests on one thread
 // (Asio's asynchronous reads: an idle connection holds no thread); each request being answered has a thread.
 #pragma once
 
