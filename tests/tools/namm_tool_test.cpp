@@ -126,6 +126,7 @@ TEST(NammTool, BadInputGetsAClearError) {
   ASSERT_TRUE(write_npy(dir + "/nan.npy", nan).ok());
   ASSERT_TRUE(write_npy(dir + "/short_params.npy", at::zeros({100})).ok());
   ASSERT_TRUE(write_npy(dir + "/one_row.npy", at::arange(512).view({1, 512})).ok());
+  ASSERT_TRUE(write_npy(dir + "/no_heads.npy", at::zeros({0, 512, 512})).ok());  // was 0 % 0: SIGFPE
 
   struct Case {
     std::string args, message;
@@ -139,6 +140,7 @@ TEST(NammTool, BadInputGetsAClearError) {
        "has positions for 1 updates, but 2 attention files"},
       {score + dir + "/a0.npy --kv-heads 3", "not a multiple of --kv-heads 3"},
       {score + dir + "/nan.npy", "non-finite"},
+      {score + dir + "/no_heads.npy", "no query heads"},
       {"init --arch bam --params " + dir + "/short_params.npy --out " + dir + "/x.safetensors", "float32 [4172]"},
       {"init --arch transformer --zero --out " + dir + "/x.safetensors", "unknown --arch 'transformer'"},
       {"init --arch bam --zero --out " + dir + "/z.safetensors", "already exists"},

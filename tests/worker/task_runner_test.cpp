@@ -135,6 +135,21 @@ TEST(TaskRunner, TeacherForcedScoresMatchADirectComputation) {
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   const at::Tensor first = (*logits)[static_cast<int64_t>(prompt_length - 1)];
   EXPECT_NEAR(one->score, std::exp(at::log_softmax(first.to(at::kDouble), 0)[continuation[0]].item<double>()), 1e-5);
+
+  // An id outside the vocabulary is the row's error, named; its last continuation id is never fed to the model
+  // (before: libtorch's "index 99999 is out of bounds" from the scoring's gather, naming nothing).
+  for (const auto& [field, given] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"continuation_ids", {continuation[0], 99999}}, {"continuation_ids", {-1}},
+           {"continuation_ids", {18446744073709551615ull}}, {"prompt_ids", {1, 512}}}) {
+    tasks::TaskRow bad = row;
+    bad.fields[field] = given;
+    auto refused = runner.Run(task, bad, full, {});
+    ASSERT_FALSE(refused.ok()) << given.dump();
+    EXPECT_NE(refused.status().message().find("task syn/test row 0: '" + field + "' holds token id " +
+                                              given.back().dump() + ", outside the model's vocabulary of 512"),
+              std::string::npos)
+        << refused.status().ToString();
+  }
 }
 
 TEST(TaskRunner, CleanContextBeatsDistractorsUnderPlainRope) {

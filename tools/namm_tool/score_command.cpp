@@ -65,6 +65,7 @@ Result<at::Tensor> ReadAttention(const std::string& path) {
   if (!at::isFloatingType(a.scalar_type())) {
     return Status::InvalidArgument(path + ": attention must be float32, got " + at::toString(a.scalar_type()));
   }
+  if (a.size(0) == 0) return Status::InvalidArgument(path + ": attention has no query heads (shape [0, ...])");
   a = a.to(at::kFloat);
   if (!a.isfinite().all().item<bool>()) return Status::InvalidArgument(path + ": attention has non-finite values");
   if (a.numel() > 0 && (a.min().item<float>() < 0.0f || a.max().item<float>() > 1.0f)) {

@@ -11,7 +11,10 @@ namespace namm::worker {
 
 namespace {
 
-Result<std::vector<int64_t>> IdField(const tasks::TaskSpec& task, const tasks::TaskRow& row, const char* field) {
+// The row's token ids in `field`, each in [0, vocab): a continuation's last id is never fed to the model, only
+// looked up in its logits, where one out of range failed a whole batch (CPU) or the device (CUDA) unnamed.
+Result<std::vector<int64_t>> IdField(const tasks::TaskSpec& task, const tasks::TaskRow& row, const char* field,
+                                     int64_t vocab) {
   const auto where = "task " + task.name + " row " + std::to_string(row.index);
   if (!row.fields.contains(field) || !row.fields[field].is_array()) {
     return Status::InvalidArgument(where + ": needs an integer array '" + field + "'");
@@ -19,6 +22,11 @@ Result<std::vector<int64_t>> IdField(const tasks::TaskSpec& task, const tasks::T
   std::vector<int64_t> ids;
   for (const auto& v : row.fields[field]) {
     if (!v.is_number_integer()) return Status::InvalidArgument(where + ": '" + field + "' holds a non-integer");
+    if (v.is_number_unsigned() ? v.get<uint64_t>() >= static_cast<uint64_t>(vocab)
+                               : v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+      return Status::InvalidArgument(where + ": '" + field + "' holds token id " + v.dump() +
+                                     ", outside the model's vocabulary of " + std::to_string(vocab));
+    }
     ids.push_back(v.get<int64_t>());
   }
   return ids;
@@ -124,9 +132,10 @@ std::vector<Result<PromptResult>> TaskRunner::RunBatch(const tasks::TaskSpec& ta
     generation.eos_ids = EosIds();
     generation.record_retention = options.explain_rows.count(row.index) > 0;
     if (task.prompt_source == tasks::PromptSource::kTokenIds) {
-      NAMM_ASSIGN_OR_RETURN(p.prompt, IdField(task, row, options.clean_context ? "clean_prompt_ids" : "prompt_ids"));
+      NAMM_ASSIGN_OR_RETURN(p.prompt, IdField(task, row, options.clean_context ? "clean_prompt_ids" : "prompt_ids",
+                                                   model_.config().vocab_size));
       if (task.scoring != tasks::Scoring::kGeneration) {
-        NAMM_ASSIGN_OR_RETURN(p.continuation, IdField(task, row, "continuation_ids"));
+        NAMM_ASSIGN_OR_RETURN(p.continuation, IdField(task, row, "continuation_ids", model_.config().vocab_size));
       }
     } else {
       NAMM_ASSIGN_OR_RETURN(std::string text, tasks::build_prompt(task, row));
