@@ -1273,6 +1273,19 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_cache_size_mean(std::numeric_limits<double>::infinity()); }),
                             response, prompt, "cache_size_mean"));
   EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_seconds(-1); }), response, prompt, "seconds"));
+  // Numbers past any real prompt's, whose sums made a fitness infinite (a stopped run, at every resume), the frozen
+  // statistics' count negative (a run that no longer opens) or a worker's speed infinite.
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_cache_size_mean(1e308); }), response, prompt,
+                            "cache_size_mean 1e+308 is not in [0, 501] (the prompt's tokens + 1)"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_cache_size_final(502); }), response, prompt,
+                            "cache_size_final 502 is not in [0, 501]"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_generated_tokens(int64_t{1} << 40); }), response, prompt,
+                            "token counts must be in [0, 2^31]"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.set_seconds(5e-324); }), response, prompt, "seconds 4.94066e-324"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.mutable_norm_stats()->set_count(INT64_MAX); }), response, prompt,
+                            "count 9223372036854775807 is not in [0, 2^40]"));
+  EXPECT_TRUE(PromptRefused(report([](auto& x) { x.mutable_norm_stats()->set_mean(2, 1e200); }), response, prompt,
+                            "bin 2 has a mean outside"));
   EXPECT_TRUE(PromptRefused(report([](auto& x) { x.clear_norm_stats(); }), response, prompt, "norm_stats are required"));
   EXPECT_TRUE(PromptRefused(report([](auto& x) { x.mutable_norm_stats()->mutable_mean()->RemoveLast(); }), response,
                             prompt, "17 values"));

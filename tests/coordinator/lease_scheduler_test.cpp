@@ -247,6 +247,33 @@ TEST(LeaseScheduler, FailedPromptsGoBackAndAreAbandonedAfterFailingOnEnoughWorke
   EXPECT_FALSE(s.Acquire("a", t0)) << "an abandoned prompt is not leased again";
 }
 
+// A failure reported for a lease whose worker has since gone (its stream ended; it registered again under a new
+// id) counts on that worker's name: one host cannot use up a prompt's attempts alone by reconnecting (the old
+// id, gone from the workers, counted as another worker, and the prompt was abandoned on one host).
+TEST(LeaseScheduler, AFailureUnderAGoneWorkersIdCountsOnItsName) {
+  SchedulerOptions o = Options(1);
+  o.max_attempts = 2;
+  LeaseScheduler s(o);
+  s.StartPhase(Units(1, 1));
+  const Clock::time_point t0;
+  s.AddWorker("w-1", 1, "host-a");
+  const auto first = s.Acquire("w-1", t0);
+  ASSERT_TRUE(first);
+  s.RemoveWorker("w-1");
+  s.Fail(first->id, first->prompts[0], "out of memory");
+  s.AddWorker("w-2", 1, "host-a");
+  const auto second = s.Acquire("w-2", t0);
+  ASSERT_TRUE(second);
+  s.Fail(second->id, second->prompts[0], "out of memory");
+  EXPECT_TRUE(s.abandoned().empty()) << "abandoned after failing on one host only";
+  s.AddWorker("b", 1, "host-b");
+  const auto third = s.Acquire("b", t0);
+  ASSERT_TRUE(third);
+  s.Fail(third->id, third->prompts[0], "out of memory");
+  ASSERT_EQ(s.abandoned().size(), 1u);
+  EXPECT_EQ(s.abandoned()[0].attempts, 2);
+}
+
 TEST(LeaseScheduler, LostLeasesAndDrainsUseNoAttempts) {
   SchedulerOptions o = Options(1, 100);
   o.max_attempts = 2;

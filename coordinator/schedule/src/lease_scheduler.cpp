@@ -569,10 +569,9 @@ void LeaseScheduler::EndLease(uint64_t lease, bool cancel) {
   if (stand_in_done) workers_.erase(stand_in);
 }
 
-bool LeaseScheduler::CountFailure(int64_t u, const std::string& worker, const std::string& error) {
+bool LeaseScheduler::CountFailure(int64_t u, const std::string& worker_name, const std::string& error) {
   Unit& unit = units_[u];
-  const auto w = workers_.find(worker);
-  unit.failed_on.insert(w != workers_.end() ? w->second.name : worker);
+  unit.failed_on.insert(worker_name);
   if (!error.empty()) unit.last_error = error;
   if (static_cast<int>(unit.failed_on.size()) < options_.max_attempts) return true;
   unit.abandoned = true;
@@ -584,7 +583,10 @@ void LeaseScheduler::Fail(uint64_t lease, int64_t prompt, const std::string& err
   const int64_t u = UnitOf(lease, prompt);
   ++counters_.prompts_failed;
   const auto a = active_.find(lease);
-  const std::string worker = a != active_.end() ? a->second.worker : retired_.at(lease).worker;
+  const Active& held = a != active_.end() ? a->second : retired_.at(lease);
+  // By name: a worker that reconnected reports its old lease's failure under its old id, gone from workers_
+  // (counting that id made the host a second worker, so it could fail the prompt alone past max_attempts).
+  const std::string worker = held.worker, name = held.name;
   if (const auto w = workers_.find(worker); w != workers_.end() && ++w->second.failures_in_a_row >= options_.quarantine_after) {
     w->second.quarantined = true;
     StopLeasing(w->second);
@@ -592,7 +594,7 @@ void LeaseScheduler::Fail(uint64_t lease, int64_t prompt, const std::string& err
   if (units_[u].done || units_[u].abandoned) return;
   if (a == active_.end()) {
     // The lease already expired and its units went back to the queue: only the failure counts.
-    CountFailure(u, worker, error);
+    CountFailure(u, name, error);
     return;
   }
   // The prompt leaves the lease; a lease with nothing left ends.
@@ -600,7 +602,7 @@ void LeaseScheduler::Fail(uint64_t lease, int64_t prompt, const std::string& err
   units.erase(std::find(units.begin(), units.end(), u));
   units_[u].holders.erase(lease);
   if (std::all_of(units.begin(), units.end(), [&](int64_t i) { return units_[i].done; })) EndLease(lease, false);
-  if (CountFailure(u, worker, error) && units_[u].holders.empty()) {
+  if (CountFailure(u, name, error) && units_[u].holders.empty()) {
     PushFront(Pending{{u}, units_[u].scheduled.cost});
   }
 }

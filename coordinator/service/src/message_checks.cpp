@@ -25,14 +25,16 @@ bool IsDevice(const std::string& s) {
 }
 
 std::string CheckNormStats(const v1::NormStats& stats) {
-  if (stats.count() < 0) return "count is negative";
+  if (stats.count() < 0 || stats.count() > kMaxNormCount) {
+    return "count " + std::to_string(stats.count()) + " is not in [0, 2^40]";
+  }
   if (stats.mean_size() != static_cast<int>(kStftBins) || stats.var_size() != static_cast<int>(kStftBins)) {
     return "mean and var need " + std::to_string(kStftBins) + " values each, got " +
            std::to_string(stats.mean_size()) + " and " + std::to_string(stats.var_size());
   }
   for (int i = 0; i < stats.mean_size(); ++i) {
-    if (!std::isfinite(stats.mean(i)) || !std::isfinite(stats.var(i)) || stats.var(i) < 0) {
-      return "bin " + std::to_string(i) + " has a non-finite mean or a negative or non-finite variance";
+    if (!(std::abs(stats.mean(i)) <= kMaxNormMean) || !(stats.var(i) >= 0 && stats.var(i) <= kMaxNormVar)) {
+      return "bin " + std::to_string(i) + " has a mean outside [-1e12, 1e12] or a variance outside [0, 1e24]";
     }
   }
   return "";
@@ -46,10 +48,26 @@ std::string CheckResult(const v1::PromptResult& r) {
     text << "score " << r.score() << " is not a finite number in [0, 1]";
     return text.str();
   }
-  if (!std::isfinite(r.cache_size_mean()) || r.cache_size_mean() < 0) return "cache_size_mean is negative or not finite";
-  if (r.cache_size_final() < 0) return "cache_size_final is negative";
-  if (r.prompt_tokens() < 0 || r.generated_tokens() < 0) return "token counts must not be negative";
-  if (!std::isfinite(r.seconds()) || r.seconds() < 0) return "seconds is negative or not finite";
+  if (r.prompt_tokens() < 0 || r.generated_tokens() < 0 || r.prompt_tokens() > kMaxResultTokens ||
+      r.generated_tokens() > kMaxResultTokens) {
+    return "token counts must be in [0, 2^31]";
+  }
+  const int64_t tokens = r.prompt_tokens() + r.generated_tokens();  // a cache holds at most the tokens seen
+  if (!(r.cache_size_mean() >= 0 && r.cache_size_mean() <= static_cast<double>(tokens + 1))) {
+    std::ostringstream text;
+    text << "cache_size_mean " << r.cache_size_mean() << " is not in [0, " << tokens + 1
+         << "] (the prompt's tokens + 1)";
+    return text.str();
+  }
+  if (r.cache_size_final() < 0 || r.cache_size_final() > tokens + 1) {
+    return "cache_size_final " + std::to_string(r.cache_size_final()) + " is not in [0, " +
+           std::to_string(tokens + 1) + "] (the prompt's tokens + 1)";
+  }
+  if (!(r.seconds() == 0 || (r.seconds() >= kMinSeconds && r.seconds() <= kMaxSeconds))) {
+    std::ostringstream text;
+    text << "seconds " << r.seconds() << " is neither 0 nor in [1e-9, 1e9]";
+    return text.str();
+  }
   if (r.has_norm_stats()) {
     const std::string bad = CheckNormStats(r.norm_stats());
     if (!bad.empty()) return "norm_stats: " + bad;

@@ -277,8 +277,8 @@ class LeaseScheduler {
   // Ends an active lease whose worker is not coming back for it: its orphaned units go back to the queue.
   // `lost`: the lease expired or its worker vanished (counted, but no attempt is used).
   void Requeue(uint64_t lease, bool lost);
-  // Counts a failure of unit `u` on `worker`; false when the unit is now abandoned.
-  bool CountFailure(int64_t u, const std::string& worker, const std::string& error);
+  // Counts a failure of unit `u` on the worker named `worker_name`; false when the unit is now abandoned.
+  bool CountFailure(int64_t u, const std::string& worker_name, const std::string& error);
   // The index of `prompt` among the units of an active or retired lease.
   int64_t UnitOf(uint64_t lease, int64_t prompt) const;
   // The worker takes no more leases (drained or quarantined).
