@@ -613,6 +613,13 @@ TEST(Generator, RefusesPromptsThatDoNotFit) {
   auto result = Generator(s.model, *s.tokenizer).Generate(std::vector<int64_t>(500, 1), full, options);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("exceeds the context of 512"), std::string::npos);
+  options.max_new_tokens = std::numeric_limits<int64_t>::max();  // its sum with the prompt's length overflowed
+  result = Generator(s.model, *s.tokenizer).Generate({1, 2}, full, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("plus 9223372036854775807 new tokens exceeds the context of 512"),
+            std::string::npos)
+      << result.status().ToString();
+  options.max_new_tokens = 100;
   options.chunk_size = 100;  // does not divide 512
   EXPECT_FALSE(Generator(s.model, *s.tokenizer).Generate({1, 2}, full, options).ok());
 }

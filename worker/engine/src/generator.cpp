@@ -223,9 +223,11 @@ Status CheckRequest(const Generator::Request& request, const LlamaConfig& config
     return Status::InvalidArgument("teacher-forced tokens and generated tokens cannot be combined");
   }
   const int64_t context = options.max_context > 0 ? options.max_context : config.context_length();
-  if (length + forced + options.max_new_tokens > context) {
+  // Compared without a sum that max_new_tokens = 2^63 - 1 (a task file's, a flag's) would overflow.
+  if (options.max_new_tokens > context - length - forced) {
+    const uint64_t more = static_cast<uint64_t>(options.max_new_tokens) + static_cast<uint64_t>(forced);
     return Status::InvalidArgument("the prompt (" + std::to_string(length) + " tokens) plus " +
-                                   std::to_string(options.max_new_tokens + forced) + " new tokens exceeds the context of " +
+                                   std::to_string(more) + " new tokens exceeds the context of " +
                                    std::to_string(context) + " tokens (" + config.rope_scaling.ToString() +
                                    "); shorten or truncate the prompt");
   }
