@@ -122,6 +122,13 @@ Stories LoadStories(std::optional<RopeScaling> scaling = std::nullopt) {
   return {std::move(model).value(), std::move(tokenizer).value()};
 }
 
+// `prompt` generated on `s` with the policy `spec` names (made without a tokenizer).
+Result<GenerationResult> GenerateWith(Stories& s, const std::vector<int64_t>& prompt, const std::string& spec,
+                                      const GenerationOptions& options) {
+  NAMM_ASSIGN_OR_RETURN(std::unique_ptr<MemoryPolicy> policy, make_policy(spec, PolicyContext{}));
+  return Generator(s.model, *s.tokenizer).Generate(prompt, *policy, options);
+}
+
 TEST(Stories260K, GreedyContinuationIsTheKnownStory) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   Stories s = LoadStories();
@@ -477,9 +484,7 @@ TEST(Stories260K, SnapKvCompressesThePromptOnceAndKeepsEveryDecodedToken) {
   options.max_new_tokens = 30;
   options.chunk_size = 32;
   options.memory_update_interval = 64;
-  auto policy = make_policy("snapkv:budget=64", PolicyContext{});
-  ASSERT_TRUE(policy.ok());
-  auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+  auto run = GenerateWith(s, prompt, "snapkv:budget=64", options);
   ASSERT_TRUE(run.ok()) << run.status().ToString();
   std::vector<MemoryUpdateRecord> compressions;
   for (const auto& u : run->updates) {
@@ -505,9 +510,8 @@ TEST(Stories260K, ATemperatureTooSmallToDivideByChoosesTheArgmax) {
     options.max_new_tokens = 12;
     options.temperature = temperature;
     options.seed = 7;
-    auto policy = make_policy("full", PolicyContext{});
-    ASSERT_TRUE(policy.ok());
-    auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+    FullCachePolicy full;
+    auto run = Generator(s.model, *s.tokenizer).Generate(prompt, full, options);
     ASSERT_TRUE(run.ok()) << run.status().ToString();
     answers.push_back(run->token_ids);
   }
@@ -528,9 +532,7 @@ TEST(Stories260K, SnapKvPoolingWiderThanThePromptPoolsWhatOneSpanningItPools) {
   options.record_logits = true;
   std::vector<GenerationResult> runs;
   for (const std::string kernel : {"601", "4611686018427387903"}) {  // 2 * 300 + 1, 2^62 - 1
-    auto policy = make_policy("snapkv:budget=64,kernel=" + kernel, PolicyContext{});
-    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-    auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+    auto run = GenerateWith(s, prompt, "snapkv:budget=64,kernel=" + kernel, options);
     ASSERT_TRUE(run.ok()) << run.status().ToString();
     runs.push_back(std::move(*run));
   }
