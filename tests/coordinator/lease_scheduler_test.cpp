@@ -401,6 +401,39 @@ TEST(LeaseScheduler, AWorkerWhoseConnectionBrokeReadoptsWhatNobodyTookAndRelease
   EXPECT_EQ(s.counters().units_lost, 4) << "the broken stream; the release is not a loss";
 }
 
+// A worker that registers again while its lease is still active keeps that lease's prompts, and no others:
+// naming queued prompts (of its candidate or another's) in the claim must not move them into its lease.
+TEST(LeaseScheduler, ATakenOverLeaseKeepsOnlyItsOwnPromptsWhateverTheClaimNames) {
+  LeaseScheduler s(Options(2, 1000));
+  s.StartPhase(Units(2, 4));  // candidates 0, 1 x prompts 0..3
+  const Clock::time_point t0;
+  s.AddWorker("w-1", 1, "host-a");
+  auto g = s.Acquire("w-1", t0);
+  ASSERT_TRUE(g);
+  ASSERT_EQ(g->prompts.size(), 2u);
+  std::vector<int64_t> claim = g->prompts;
+  for (int64_t p = 0; p < 4; ++p) {
+    if (std::find(claim.begin(), claim.end(), p) == claim.end()) claim.push_back(p);
+  }
+  const int64_t queued = s.units_queued();
+  s.AddWorker("w-2", 1, "host-a");  // the same host again, its first stream not yet gone
+  const auto kept = s.Reattach("w-2", {HeldLease{g->id, UnitKind::kCandidate, g->candidate, "t", claim}}, t0);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].prompts, g->prompts);
+  EXPECT_EQ(s.units_queued(), queued) << "the queue keeps the prompts the claim named beyond the lease";
+  // A claim of the same lease id naming another candidate's prompts keeps nothing of them.
+  s.AddWorker("w-3", 1, "host-a");
+  EXPECT_TRUE(s.Reattach("w-3", {HeldLease{g->id, UnitKind::kCandidate, 1 - g->candidate, "t", {0, 1, 2, 3}}}, t0).empty());
+  // Every unit is still leased once and completed.
+  int64_t leased = 0;
+  while (auto l = s.Acquire("w-3", t0)) {
+    leased += static_cast<int64_t>(l->prompts.size());
+    CompleteAll(s, "w-3", *l);
+  }
+  EXPECT_EQ(leased, 8);
+  EXPECT_TRUE(s.Done());
+}
+
 // A registration naming a lease id this coordinator never issued (or another worker's) must not activate it:
 // the next lease issued would take the same id, and the units of the forged one would stay held forever.
 TEST(LeaseScheduler, AForgedOrForeignHeldLeaseIsNotKeptAndNeverStrandsTheGeneration) {

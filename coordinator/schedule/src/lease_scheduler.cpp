@@ -413,8 +413,13 @@ std::vector<int64_t> LeaseScheduler::TakeOver(const HeldLease& h, const std::str
   const auto a = active_.find(h.id);
   if (a == active_.end() || a->second.name != name) return {};  // another's
   const std::string owner = a->second.worker;
-  // The named units it still has stay; units of the lease it no longer has go back to the queue.
-  std::vector<int64_t> units = OpenUnits(h, h.id);
+  // The named units it still has stay; units of the lease it no longer has go back to the queue. Only the
+  // lease's own: a claim naming other queued prompts must not pull them into it ahead of the queue.
+  const std::vector<int64_t>& own = a->second.units;
+  std::vector<int64_t> units;
+  for (int64_t u : OpenUnits(h, h.id)) {
+    if (std::find(own.begin(), own.end(), u) != own.end()) units.push_back(u);
+  }
   if (units.empty()) {
     Requeue(h.id, /*lost=*/false);
     return {};

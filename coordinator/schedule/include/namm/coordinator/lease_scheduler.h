@@ -267,9 +267,10 @@ class LeaseScheduler {
   // The units `lease` names that are still open and held by no lease (with `holder`: or held by that lease only).
   std::vector<int64_t> OpenUnits(const HeldLease& lease, std::optional<uint64_t> holder = std::nullopt) const;
   // Reattach() of one lease to the worker named `name`. TakeOver: an active lease of that name (reserved for it
-  // after a restart, or held by its previous session) leaves its holder, keeping the named units that are still
-  // open (the others go back to the queue). Readopt: a lease of that name that ended since its connection broke
-  // takes back those of its units that are open and unheld. Either returns the units the new session keeps.
+  // after a restart, or held by its previous session) leaves its holder, keeping those of its units that the
+  // claim names and that are still open (its others go back to the queue; other prompts the claim names stay
+  // queued). Readopt: a lease of that name that ended since its connection broke takes back those of its units
+  // that are open and unheld. Either returns the units the new session keeps.
   std::vector<int64_t> TakeOver(const HeldLease& h, const std::string& name);
   std::vector<int64_t> Readopt(const HeldLease& h, const std::string& name) const;
   // Ends an active lease; results on it are still taken (as late results or duplicates).
