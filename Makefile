@@ -90,7 +90,7 @@ fuzz:
 	@scripts/install-deps.sh --fuzz
 	cmake -S . -B $(FUZZ_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
 	  -DCMAKE_CXX_COMPILER=clang++ -DNAMM_FUZZ=ON -DNAMM_BUILD_TESTS=OFF -DNAMM_BUILD_BENCH=OFF $(LAUNCHER) $(CMAKE_FLAGS)
-	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_run_spec fuzz_namm_file fuzz_tokenizer_json fuzz_chat_template \
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_run_spec fuzz_namm_file fuzz_tokenizer_json fuzz_llama2c_tokenizer fuzz_chat_template \
 	  fuzz_rpc_messages fuzz_torch_archive fuzz_openai_request
 	scripts/fuzz.sh $(FUZZ_DIR) $(FUZZ_RUNS)
 

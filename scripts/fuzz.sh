@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build-fuzz}
 RUNS=${2:-1000000}
-TARGETS=${3:-run_spec namm_file tokenizer_json chat_template rpc_messages torch_archive openai_request}
+TARGETS=${3:-run_spec namm_file tokenizer_json llama2c_tokenizer chat_template rpc_messages torch_archive openai_request}
 failed=()
 for target in $TARGETS; do
   scratch=$(mktemp -d)
