@@ -620,8 +620,10 @@ struct ApiServer::Impl {
     if (!options.allowed_policies.empty()) return AllowedByOperator(spec, family);
     const Result<std::string> own = worker::policy_family(options.default_policy);
     if (family == "full") return own.ok() && *own == "full";
-    // A token budget or a share of the prompt bounds what the cache holds.
-    return spec.find("budget=") != std::string::npos || spec.find("ratio=") != std::string::npos;
+    // A token budget or a share of the prompt bounds what the cache holds; FastGen's does not (a head whose
+    // attention needs it keeps every token).
+    return family != "fastgen" &&
+           (spec.find("budget=") != std::string::npos || spec.find("ratio=") != std::string::npos);
   }
 
   // The job of a parsed request, or the error to answer.

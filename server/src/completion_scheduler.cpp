@@ -252,13 +252,9 @@ struct CompletionScheduler::Impl {
   // The most keys and values `job` may hold at once (SchedulerOptions::max_kv_bytes), all layers.
   int64_t KvBytesAtMost(const CompletionJob& job) const {
     const int64_t prompt = static_cast<int64_t>(job.prompt_ids.size());
-    int64_t tokens = prompt + job.max_tokens;
-    const Result<std::optional<int64_t>> bound = worker::policy_token_bound(job.policy, prompt);
-    // A bound past the allowance (budget=2^63-1 is a request's to give) holds the allowance: the sum would overflow.
-    if (bound.ok() && bound->has_value() && **bound < tokens) {
-      tokens = std::min(tokens, **bound + std::max(options.chunk_size, options.update_interval));
-    }
-    return StoredTokens(tokens) * kv_bytes_per_token;
+    const Result<int64_t> peak = worker::policy_peak_tokens(job.policy, prompt, job.max_tokens,
+                                                            std::max(options.chunk_size, options.update_interval));
+    return StoredTokens(peak.ok() ? *peak : prompt + job.max_tokens) * kv_bytes_per_token;
   }
 
   // The KV storage a running row holds and may add at the next step (GenerationBatch::growth_bytes).

@@ -378,5 +378,56 @@ TEST(CompletionScheduler, ANammWhoseHeadsKeepTheirOwnCountsAnswersOnASmallBudget
   EXPECT_GE(most_running, 4u);
 }
 
+// SnapKV and FastGen compress the prompt only at its end, so until then their caches hold the whole prompt,
+// whatever their budget (as a NAMM's prompt=keep does). On a pool of blocks the size of the budget, a prompt
+// that alone passes it is refused (it could never run), and prompts that fit one or two at a time all finish
+// with their unlimited answers.
+TEST(CompletionScheduler, PromptCompressingPoliciesAreCountedAtTheirWholePrompt) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  NAMM_REQUIRE_SHARED(testing::kStoriesTokenizer);
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::Tokenizer> tokenizer;
+  ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
+  const auto job = [](const std::string& policy, int64_t prompt_tokens, uint64_t seed) {
+    CompletionJob j;
+    j.prompt_ids = {1};
+    for (int64_t t = 1; t < prompt_tokens; ++t) j.prompt_ids.push_back(3 + (t * 37 + static_cast<int64_t>(seed)) % 500);
+    j.policy = j.policy_label = policy;
+    j.max_tokens = 24;
+    j.temperature = 1.0;
+    j.seed = seed;
+    return j;
+  };
+  const int64_t limit = 320 * kBytesPerToken;
+  for (const std::string policy : {"snapkv:budget=16", "fastgen:budget=16"}) {
+    SCOPED_TRACE(policy);
+    const auto answers = [&](int64_t bytes) {
+      EXPECT_TRUE(worker::use_kv_blocks(*model, bytes > 0 ? 16 : 0, bytes).ok());
+      SchedulerOptions options;
+      options.chunk_size = 32;
+      options.update_interval = 64;
+      options.max_kv_bytes = bytes;
+      options.max_running = 8;
+      auto scheduler = CompletionScheduler::Start(*model, *tokenizer, "full", options, nullptr);
+      EXPECT_TRUE(scheduler.ok()) << scheduler.status().ToString();
+      std::vector<std::string> texts;
+      if (bytes > 0) {
+        const CompletionUpdate never = Final(*(*scheduler)->Submit(job(policy, 400, 1)));
+        EXPECT_TRUE(never.error.has_value() && never.error->http_status == 400)
+            << (never.error ? never.error->message : "answered: " + never.outcome.text);
+      }
+      std::vector<std::shared_ptr<CompletionHandle>> handles;
+      for (uint64_t i = 0; i < 6; ++i) handles.push_back((*scheduler)->Submit(job(policy, 200, i + 2)));
+      std::size_t most_running = 0;
+      for (const auto& [streamed, end] : FinishAll(**scheduler, handles, &most_running)) texts.push_back(end.outcome.text);
+      (*scheduler)->Stop();
+      EXPECT_TRUE(worker::use_kv_blocks(*model, 0, 0).ok());
+      return texts;
+    };
+    const std::vector<std::string> unlimited = answers(0);
+    EXPECT_EQ(answers(limit), unlimited);
+  }
+}
+
 }  // namespace
 }  // namespace namm::server

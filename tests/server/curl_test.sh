@@ -112,6 +112,10 @@ code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Cont
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "namm_policy": "h2o:budget=32"}')
 [ "$code" = 200 ] || fail "a bounded baseline was refused: $code"
+# FastGen's budget sizes its heads' parts, but a head whose attention needs it keeps every token.
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "namm_policy": "fastgen:budget=8"}')
+[ "$code" = 400 ] && grep -q -- "--allow-policies" "$work/body" || fail "fastgen:budget=8 on a bounded server: $code $(cat "$work/body")"
 kill "$PID"; wait "$PID" 2>/dev/null || true
 start --policy streaming:budget=64 --allow-policies full,tova
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$full_policy")

@@ -90,8 +90,28 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_NE(twice.status().message().find("'namm:f.safetensors,prompt=keep,prompt=evict'"), std::string::npos)
       << "the error names the whole policy: " << twice.status().ToString();
   EXPECT_EQ(*with_cache_setting("namm:f.safetensors,prompt=keep", "budget=4"), "namm:f.safetensors,budget=4,prompt=keep");
-  EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4,prompt=keep", 300), 300) << "it holds the prompt";
-  EXPECT_EQ(**policy_token_bound("namm:f.safetensors,budget=4", 300), 4);
+  // What a cache holds at most over 300 prompt tokens and 50 new ones, adding up to 64 between evictions.
+  const auto peak = [](const std::string& policy, int64_t prompt = 300, int64_t new_tokens = 50) {
+    const Result<int64_t> tokens = policy_peak_tokens(policy, prompt, new_tokens, 64);
+    EXPECT_TRUE(tokens.ok()) << policy << ": " << tokens.status().ToString();
+    return tokens.ok() ? *tokens : -1;
+  };
+  EXPECT_EQ(peak("namm:f.safetensors,budget=4,prompt=keep", 300, 100), 300 + 64) << "it holds the prompt, then evicts";
+  EXPECT_EQ(peak("namm:f.safetensors,budget=4"), 4 + 64);
+  EXPECT_EQ(peak("namm:f.safetensors"), 350) << "nothing bounds a NAMM without a knob";
+  EXPECT_EQ(peak("full"), 350);
+  EXPECT_EQ(peak("h2o:budget=16"), 16 + 64);
+  EXPECT_EQ(peak("streaming:ratio=0.5"), 150 + 64);
+  EXPECT_EQ(peak("h2o:budget=9223372036854775807"), 350) << "a budget past the allowance holds the allowance";
+  EXPECT_EQ(peak("h2o:budget=290"), 350) << "the budget and a step pass the allowance";
+  // SnapKV holds the prompt until its end, then its budget and every new token; FastGen's heads may keep all.
+  EXPECT_EQ(peak("snapkv:budget=16"), 300);
+  EXPECT_EQ(peak("snapkv:budget=16", 40, 200), 16 + 200);
+  EXPECT_EQ(peak("snapkv:budget=64", 40, 200), 240);
+  EXPECT_EQ(peak("fastgen:budget=16"), 350);
+  EXPECT_TRUE(policy_keeps_prompt("snapkv:budget=16") && policy_keeps_prompt("fastgen:ratio=0.1"));
+  EXPECT_FALSE(policy_keeps_prompt("h2o:budget=16") || policy_keeps_prompt("namm:f.safetensors,budget=4"));
+  EXPECT_FALSE(policy_peak_tokens("h2o:budget=-3", 300, 50, 64).ok());
   EXPECT_EQ(output_directory_name("namm:runs/a b.safetensors"), "namm_runs_a_b.safetensors");
   // heads=own (each KV head keeps its own count: a ragged cache) likewise.
   EXPECT_EQ(*split_policy_list({"namm:f.safetensors,heads=own,tova"}),

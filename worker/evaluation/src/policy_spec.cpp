@@ -204,7 +204,10 @@ Result<NammSpec> parse_namm_spec(const std::string& text) {
 }
 
 bool policy_keeps_prompt(const std::string& spec) {
-  if (spec.rfind("namm:", 0) != 0) return false;
+  if (spec.rfind("namm:", 0) != 0) {
+    const Result<std::string> family = policy_family(spec);
+    return family.ok() && (*family == "snapkv" || *family == "fastgen");
+  }
   const Result<NammSpec> namm = parse_namm_spec(spec);
   return namm.ok() && namm->keep_prompt;
 }
@@ -217,21 +220,31 @@ std::string NammSpec::ToString() const {
   return text;
 }
 
-Result<std::optional<int64_t>> policy_token_bound(const std::string& text, int64_t prompt_tokens) {
+Result<int64_t> policy_peak_tokens(const std::string& text, int64_t prompt_tokens, int64_t new_tokens, int64_t step) {
+  const int64_t whole = prompt_tokens + new_tokens;
+  std::optional<CacheBudget> budget;
   if (text.rfind("namm:", 0) == 0) {
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
-    if (!namm.knob.budget && !namm.knob.ratio) return std::optional<int64_t>();
-    NAMM_ASSIGN_OR_RETURN(const CacheBudget budget, namm.knob.budget ? CacheBudget::Tokens(*namm.knob.budget)
-                                                                     : CacheBudget::Ratio(*namm.knob.ratio));
-    // prompt=keep holds the whole prompt until its end.
-    const int64_t bound = budget.Resolve(prompt_tokens);
-    return std::optional<int64_t>(namm.keep_prompt ? std::max(bound, prompt_tokens) : bound);
+    if (namm.knob.budget || namm.knob.ratio) {
+      NAMM_ASSIGN_OR_RETURN(budget, namm.knob.budget ? CacheBudget::Tokens(*namm.knob.budget)
+                                                     : CacheBudget::Ratio(*namm.knob.ratio));
+    }
+  } else {
+    NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
+    if (is_budgeted_family(family) && family != "fastgen") {
+      NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
+      NAMM_ASSIGN_OR_RETURN(budget, CacheBudget::FromSpec(spec));
+    }
   }
-  NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
-  if (!is_budgeted_family(family)) return std::optional<int64_t>();
-  NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
-  NAMM_ASSIGN_OR_RETURN(CacheBudget budget, CacheBudget::FromSpec(spec));
-  return std::optional<int64_t>(budget.Resolve(prompt_tokens));
+  if (!budget) return whole;
+  // Compared before any sum: budget=2^63-1 is a request's to give.
+  const int64_t tokens = budget->Resolve(prompt_tokens);
+  const bool keeps_prompt = policy_keeps_prompt(text);
+  if (tokens >= whole) return whole;
+  // SnapKV: the prompt until its end, then its budget and every new token.
+  if (text.rfind("snapkv:", 0) == 0) return std::min(whole, std::max(prompt_tokens, tokens + new_tokens));
+  const int64_t held = keeps_prompt ? std::max(tokens, prompt_tokens) : tokens;
+  return step >= whole - held ? whole : held + step;
 }
 
 bool is_budgeted_family(const std::string& family) {

@@ -41,10 +41,11 @@ struct SchedulerOptions {
   int64_t max_context = 0;  // longest sequence (prompt + new tokens); 0: the model's context
   double request_timeout_seconds = 600;  // from arrival to the last token
   uint64_t seed = 0;  // requests without a seed sample with one drawn from (seed, their arrival number)
-  // Admission: the keys and values the running rows may hold together at most (0: no limit). A request is
-  // counted at its worst case, (prompt + max_tokens) tokens, or for a policy with a budget= or ratio= that bound
-  // plus the memory-update interval; it joins the batch only when that fits beside the running rows' (in arrival
-  // order: a large request is not passed by smaller ones), and one that could never fit is refused with 400.
+  // Admission: the keys and values the running rows may hold together at most (0: no limit). A request's worst
+  // case is worker::policy_peak_tokens (prompt + max_tokens, or a budget= or ratio= plus the memory-update
+  // interval, at least the prompt for policies that keep it); it joins the batch only when what it is counted
+  // at fits beside the running rows' (in arrival order: a large request is not passed by smaller ones), and one
+  // whose worst case could never fit is refused with 400.
   int64_t max_kv_bytes = 0;
 };
 

@@ -75,7 +75,8 @@ struct NammSpec {
   std::string ToString() const;
 };
 Result<NammSpec> parse_namm_spec(const std::string& spec);
-// Whether `spec` is a NAMM with prompt=keep (false for anything else, or a spec that does not parse).
+// Whether the policy's caches hold the whole prompt until its end: a NAMM with prompt=keep, SnapKV and FastGen
+// (they compress the prompt once, at its end). False for anything else, or a spec that does not parse.
 bool policy_keeps_prompt(const std::string& spec);
 
 // One policy, without a factory's caching.
@@ -85,11 +86,13 @@ Result<std::unique_ptr<MemoryPolicy>> make_policy(const std::string& spec, const
 Result<std::string> policy_family(const std::string& spec);
 // Whether the family takes budget=/ratio= (the fixed-budget baselines).
 bool is_budgeted_family(const std::string& family);
-// Tokens per KV head the policy's cache holds at most after an eviction, for a prompt of `prompt_tokens`: its
-// budget= or ratio= resolved (a baseline's or a NAMM's); nullopt when nothing bounds it (full, oracle, a NAMM
-// without one). Between evictions a cache
-// holds up to a memory-update interval or prefill chunk more (namm-api's admission adds it).
-Result<std::optional<int64_t>> policy_token_bound(const std::string& spec, int64_t prompt_tokens);
+// The most tokens per KV head the policy's cache holds at once over a prompt of `prompt_tokens` and up to
+// `new_tokens` generated ones, when it adds up to `step` tokens (a prefill chunk, a memory-update interval)
+// between evictions; never more than prompt + new tokens, which is what nothing bounds (full, oracle, a NAMM
+// without a knob, FastGen: a head whose attention needs it keeps every token). A budget= or ratio= holds its
+// tokens plus a step; a policy that keeps the prompt (policy_keeps_prompt) holds at least the prompt; SnapKV
+// keeps every token after it. What namm-api admits a request at.
+Result<int64_t> policy_peak_tokens(const std::string& spec, int64_t prompt_tokens, int64_t new_tokens, int64_t step);
 // The spec with its budget replaced, e.g. ("h2o:recent=8", "ratio=0.5") -> "h2o:ratio=0.5,recent=8",
 // ("namm:f.safetensors", "budget=32") -> "namm:f.safetensors,budget=32". A NAMM's prompt= and heads= are added
 // to its flags, and a setting of those alone keeps its budget ("namm:f,budget=8" + "heads=own").
