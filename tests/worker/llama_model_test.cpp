@@ -5,8 +5,11 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <random>
 
 #include "../namm_core/test_util.h"
+#include "../temp_path.h"
+#include "namm/namm_file.h"
 #include "namm/batch_invariant.h"
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/h2o_policy.h"
@@ -624,6 +627,56 @@ TEST(Generator, RefusesPromptsThatDoNotFit) {
   options.max_new_tokens = 100;
   options.chunk_size = 100;  // does not divide 512
   EXPECT_FALSE(Generator(s.model, *s.tokenizer).Generate({1, 2}, full, options).ok());
+}
+
+// policy_peak_tokens is what namm-api admits a request at, so no cache may hold more than it says: every family,
+// budgets and ratios drawn around the prompt's length, prompts and answers of drawn lengths, chunks of 32 and
+// memory updates every 64 (the largest size a cache holds, averaged over layers, against the bound). With SnapKV
+// and FastGen counted at their budget plus an interval, a 300-token prompt held 300 where the bound said 80.
+TEST(Stories260K, NoPolicysCacheHoldsMoreThanItsPeakBoundSays) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  Stories s = LoadStories(RopeScaling{});
+  NammModel namm;
+  namm.params = initial_params(namm.architecture);
+  std::mt19937_64 random(11);
+  std::normal_distribution<float> normal(0.0f, 0.15f);
+  for (float& p : namm.params) p = normal(random);
+  const std::string file = testing::TempPath("peak-bound.safetensors");
+  ASSERT_TRUE(write_namm_file(file, namm).ok());
+  const auto draw = [&](int64_t low, int64_t high) {
+    return std::uniform_int_distribution<int64_t>(low, high)(random);
+  };
+  const std::vector<std::string> families = {"full", "h2o", "l2", "streaming", "tova", "snapkv", "fastgen", "namm"};
+  PolicyContext context;
+  context.tokenizer = s.tokenizer.get();
+  int64_t runs = 0;
+  for (int round = 0; round < 4; ++round) {
+    for (const std::string& family : families) {
+      const int64_t prompt_tokens = draw(20, 320), new_tokens = draw(1, 120);
+      const std::string amount = draw(0, 1) == 0 ? "budget=" + std::to_string(draw(1, prompt_tokens + 40))
+                                                 : "ratio=" + std::to_string(draw(5, 95) / 100.0);
+      std::string spec = family == "full" ? "full" : family == "namm" ? "namm:" + file : family + ":" + amount;
+      if (family == "namm" && draw(0, 3) > 0) spec += "," + amount;
+      if (family == "namm" && draw(0, 1) == 0) spec += ",prompt=keep";
+      if ((family == "namm" || family == "fastgen") && draw(0, 1) == 0) spec += ",heads=own";
+      SCOPED_TRACE(spec + ", " + std::to_string(prompt_tokens) + " + " + std::to_string(new_tokens) + " tokens");
+      std::vector<int64_t> prompt = {1};
+      while (static_cast<int64_t>(prompt.size()) < prompt_tokens) prompt.push_back(draw(3, 511));
+      GenerationOptions options;
+      options.max_new_tokens = new_tokens;
+      options.chunk_size = 32;
+      options.memory_update_interval = 64;
+      const Result<int64_t> bound = policy_peak_tokens(spec, prompt_tokens, new_tokens, 64);
+      ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+      auto policy = make_policy(spec, context);
+      ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+      const auto run = Generator(s.model, *s.tokenizer).Generate(prompt, **policy, options);
+      ASSERT_TRUE(run.ok()) << run.status().ToString();
+      EXPECT_LE(run->peak_kv_tokens, static_cast<double>(*bound));
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 32);
 }
 
 }  // namespace
