@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--allow-policies", s.allowed_policies,
                  "Policy families a request's namm_policy may name besides the server's own (e.g. full,h2o), or 'any' "
-                 "(default: those with a token budget or a share of the prompt; the full cache only if it is the "
-                 "server's)")
+                 "(default: those with a token budget or a share of the prompt, except FastGen, whose heads may keep "
+                 "every token; the full cache and FastGen only if they are the server's)")
       ->delimiter(',');
   app.add_option("--seed", s.scheduler.seed, "Seed of the sampling seeds drawn for requests that give none (default 0)");
   app.add_option("--log-level", o.log_level, "trace, debug, info (default), warn, error or off");
