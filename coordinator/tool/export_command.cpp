@@ -81,10 +81,14 @@ Result<CmaesState> CompleteState(const Store& store, const OpenedRun& r, const P
     }
     latest = "stage " + std::to_string(s.stage) + " generation " + std::to_string(s.generation);
   }
+  const std::string advice =
+      r.run.status == "finished"
+          ? "a finished run keeps the snapshot of its final state only: export --latest"
+          : "a full-covariance run snapshots every few generations (and its final state when it finishes): export "
+            "again once it has written one here, or pick the checkpoint that has it";
   return Status::NotFound("the run keeps no covariance snapshot of stage " + std::to_string(p.stage) +
                           " generation " + std::to_string(p.generation) + " (its latest: " + latest +
-                          "); the reference's format needs C. A full-covariance run snapshots every few generations: "
-                          "export again once it has written one here, or pick the checkpoint that has it");
+                          "); the reference's format needs C. " + advice);
 }
 
 int WriteReference(const Store& store, const ExportOptions& o, const OpenedRun& r, const Picked& p) {
@@ -159,7 +163,8 @@ void AddExportCommand(CLI::App& app, Action& run) {
   cmd->add_option("--db", options->db, "Run database")->required();
   cmd->add_option("--run", options->run, "Run id (default: the newest run)");
   auto* generation = cmd->add_option("--generation", options->generation,
-                                     "A completed generation: its mean (as sampled around) or its best candidate");
+                                     "A completed generation: its mean (as sampled around) or its best candidate")
+                        ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));
   auto* best = cmd->add_flag("--best", options->best,
                              "The best checkpoint (best evaluation of the mean) of the latest stage that has one");
   auto* latest = cmd->add_flag("--latest", options->latest, "The latest checkpoint (the default)");

@@ -9,6 +9,7 @@
 #include "../process_util.h"
 #include "../temp_path.h"
 #include "namm/file_util.h"
+#include "namm/coordinator/reference_checkpoint.h"
 #include "namm/namm_file.h"
 
 namespace namm::coordinator {
@@ -143,6 +144,31 @@ TEST_F(CoordinatorCli, ExportsANammFileWithStatisticsAndProvenance) {
   }
 }
 
+// A finished run keeps its final complete state, so the reference's ckpt.pt of its latest checkpoint can be
+// written (before, a finished run kept no covariance snapshot and the export always failed).
+TEST_F(CoordinatorCli, ExportsAFinishedRunsLatestCheckpointInTheReferencesFormat) {
+  const std::string ckpt = namm::testing::TempPath("finished_ckpt.pt");
+  const auto r = RunProcess(kCoordinator + " export --db " + *db_ + " --latest --format reference --force --out " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto read = read_reference_checkpoint(ckpt);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  const std::string mean = namm::testing::TempPath("finished_mean.safetensors");
+  ASSERT_EQ(RunProcess(kCoordinator + " export --db " + *db_ + " --latest --force --out " + mean).exit_code, 0);
+  const auto model = read_namm_file(mean);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ASSERT_EQ(read->mean.size(), model->params.size());
+  for (std::size_t i = 0; i < read->mean.size(); ++i) {
+    EXPECT_FLOAT_EQ(static_cast<float>(read->mean[i]), model->params[i]) << i;
+  }
+  EXPECT_EQ(read->iter_num, 5) << "the latest checkpoint starts generation 5";
+  // The stage best's state is not kept: the error says what can be exported.
+  const auto best = RunProcess(kCoordinator + " export --db " + *db_ + " --best --format reference --force --out " + ckpt);
+  EXPECT_EQ(best.exit_code, 1);
+  EXPECT_NE(best.output.find("a finished run keeps the snapshot of its final state only: export --latest"),
+            std::string::npos)
+      << best.output;
+}
+
 TEST_F(CoordinatorCli, BadRequestsGetClearErrorsAndChangeNothing) {
   const std::string before = *read_file(*db_);
   const std::string out = namm::testing::TempPath("never.safetensors");
@@ -153,6 +179,10 @@ TEST_F(CoordinatorCli, BadRequestsGetClearErrorsAndChangeNothing) {
   EXPECT_NE(r.output.find("--params must be mean or best"), std::string::npos) << r.output;
   r = RunProcess(kCoordinator + " export --db " + *db_ + " --run 7 --out " + out);
   EXPECT_NE(r.output.find("no run 7"), std::string::npos) << r.output;
+  // A negative generation is an error, not the latest checkpoint (-1 meant "not given").
+  r = RunProcess(kCoordinator + " export --db " + *db_ + " --generation -5 --out " + out);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--generation: Value -5 not in range 0 to"), std::string::npos) << r.output;
   r = RunProcess(kCoordinator + " status --db " + namm::testing::TempPath("absent.db"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("no database at"), std::string::npos) << r.output;

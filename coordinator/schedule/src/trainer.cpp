@@ -985,8 +985,12 @@ Result<AdvanceSummary> Trainer::CommitTold(Scored& scored, const std::vector<Eva
   // A snapshot of the state after tell(), when a decomposition was requested (see SnapshotDue). A delayed
   // request keeps C aside (pending_covariance): that snapshot is written in the background while the next
   // generation runs, and a rebuild that misses it (a crash meanwhile) writes it again. Others go with the commit.
-  const bool snapshot_due = !c.finished && SnapshotDue(pending_before, eigen_before, state_);
-  const bool background = snapshot_due && LazyFull(params_) && state_.pending_generation == state_.generation;
+  // The last generation's always does, with what rebuilding it needs: a finished run keeps its final complete
+  // state (`export --latest --format reference` needs its C), nothing else.
+  if (c.finished) SettleCovariance();  // C back from the covariance work, every deferred update applied
+  const bool snapshot_due = c.finished || SnapshotDue(pending_before, eigen_before, state_);
+  const bool background =
+      !c.finished && snapshot_due && LazyFull(params_) && state_.pending_generation == state_.generation;
   const bool snapshot = snapshot_due && !background;
   if (snapshot) {
     NewSnapshot n;
@@ -1034,7 +1038,7 @@ Result<AdvanceSummary> Trainer::CommitTold(Scored& scored, const std::vector<Eva
     std::vector<std::pair<int64_t, int64_t>> positions;
     const bool has_best = stage.best_eval_fitness || c.new_stage_best;
     const int64_t best_generation = c.new_stage_best ? generation_ : stage.best_eval_generation.value_or(-1);
-    if (!hand_over && !c.finished) positions.emplace_back(g.stage, generation_ + 1);
+    if (!hand_over) positions.emplace_back(g.stage, generation_ + 1);
     if (has_best && !c.finished && (hand_over || !c.stage_ends)) positions.emplace_back(g.stage, best_generation);
     NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> keep, SnapshotsNeeded(positions));
     c.keep_snapshots = std::move(keep);
