@@ -1208,6 +1208,9 @@ TEST(Distribution, BadWorkersAndResultsAreRefusedAndTheRunIsUntouched) {
   v1::RegisterResponse reg;
   ASSERT_TRUE(WaitUntil([&] { return client.Register("w", kSimFingerprint, "cpu", 1, &reg).ok(); },
                         std::chrono::seconds(30)));
+  // `namm-worker --device cuda` (and `namm-coordinator run --device cuda`'s workers) send the plain device name
+  // (before, refused as not cuda:N after the model had loaded).
+  ASSERT_TRUE(client.Register("w", kSimFingerprint, "cuda", 1, &reg).ok());
   const std::string before = StoredState(r.db);
 
   // Registration.

@@ -15,9 +15,9 @@ bool Printable(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
 }
 
-// "cpu" or "cuda:N" (N: 1 to 3 digits).
+// "cpu", "cuda" (the current CUDA device: what `namm-worker --device cuda` sends) or "cuda:N" (N: 1 to 3 digits).
 bool IsDevice(const std::string& s) {
-  if (s == "cpu") return true;
+  if (s == "cpu" || s == "cuda") return true;
   const std::string prefix = "cuda:";
   if (s.rfind(prefix, 0) != 0 || s.size() == prefix.size() || s.size() > prefix.size() + 3) return false;
   return std::all_of(s.begin() + static_cast<std::ptrdiff_t>(prefix.size()), s.end(),
@@ -91,7 +91,7 @@ std::string CheckRegister(const v1::RegisterRequest& request) {
   const std::string& name = request.worker_name();
   if (name.empty() || name.size() > 128 || !Printable(name)) return "worker_name must be 1 to 128 printable ASCII characters";
   const v1::Capabilities& caps = request.capabilities();
-  if (!IsDevice(caps.device())) return "capabilities.device must be cpu or cuda:N, got '" + caps.device() + "'";
+  if (!IsDevice(caps.device())) return "capabilities.device must be cpu, cuda or cuda:N, got '" + caps.device() + "'";
   if (caps.memory_bytes() < 0) return "capabilities.memory_bytes is negative";
   if (caps.max_concurrent_leases() < 1 || caps.max_concurrent_leases() > kMaxSlots) {
     return "capabilities.max_concurrent_leases must be 1 to " + std::to_string(kMaxSlots) + ", got " +
