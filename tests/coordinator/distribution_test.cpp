@@ -1083,28 +1083,35 @@ TEST(Distribution, PromptsFailingEverywhereBeyondTheDroppedShareStopTheRunWithTh
   }
 }
 
+// The same for a prompt every worker scores NaN (as a model whose logits overflow would): the worker reports it as
+// its failure, so it uses attempts and is dropped (before, the coordinator refused the score, the worker forgot the
+// prompt, and its lease expired and went back to the queue for ever, using no attempt).
 TEST(Distribution, APromptFailingEverywhereIsDroppedForEveryCandidateAndTheRunGoesOn) {
-  SimRun r("dist_dropped_prompt");
-  const std::vector<std::string> fail = {"--fail", "syn/story_recall:3"};
-  Child coordinator = r.Serve({"--max-attempts", "2", "--max-dropped-share", "0.5", "--quarantine-after", "1000000"});
-  Child a = r.SimWorker("sim-a", fail), b = r.SimWorker("sim-b", fail);
-  EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
-  EXPECT_EQ(Wait(a), 0);
-  EXPECT_EQ(Wait(b), 0);
-  EXPECT_NE(ReadText(r.log("coordinator")).find("dropped from generation"), std::string::npos);
-  // Dropped wherever a generation planned it, and nowhere else: the in-process run dropping it everywhere ends
-  // in the same state with the same evaluations.
-  const InProcessRun expected(r.yaml, testing::DropEverywhere("syn/story_recall", 3));
-  const auto got = Store::Open(r.db, OpenMode::kReadOnly).value()->GetDroppedPrompts(1).value();
-  const auto want = expected.store->GetDroppedPrompts(1).value();
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_FALSE(got.empty());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(std::tie(got[i].generation, got[i].task, got[i].prompt),
-              std::tie(want[i].generation, want[i].task, want[i].prompt));
-    EXPECT_NE(got[i].error.find("simulated failure"), std::string::npos) << got[i].error;
+  for (const auto& [option, error] : {std::make_pair("--fail", "simulated failure"),
+                                      std::make_pair("--nan-score", "scored nan, not a number in [0, 1]")}) {
+    SCOPED_TRACE(option);
+    SimRun r(std::string("dist_dropped_prompt") + (option[2] == 'f' ? "" : "_nan"));
+    const std::vector<std::string> fail = {option, "syn/story_recall:3"};
+    Child coordinator = r.Serve({"--max-attempts", "2", "--max-dropped-share", "0.5", "--quarantine-after", "1000000"});
+    Child a = r.SimWorker("sim-a", fail), b = r.SimWorker("sim-b", fail);
+    EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
+    EXPECT_EQ(Wait(a), 0);
+    EXPECT_EQ(Wait(b), 0);
+    EXPECT_NE(ReadText(r.log("coordinator")).find("dropped from generation"), std::string::npos);
+    // Dropped wherever a generation planned it, and nowhere else: the in-process run dropping it everywhere ends
+    // in the same state with the same evaluations.
+    const InProcessRun expected(r.yaml, testing::DropEverywhere("syn/story_recall", 3));
+    const auto got = Store::Open(r.db, OpenMode::kReadOnly).value()->GetDroppedPrompts(1).value();
+    const auto want = expected.store->GetDroppedPrompts(1).value();
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_FALSE(got.empty());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(std::tie(got[i].generation, got[i].task, got[i].prompt),
+                std::tie(want[i].generation, want[i].task, want[i].prompt));
+      EXPECT_NE(got[i].error.find(error), std::string::npos) << got[i].error;
+    }
+    ExpectSameAsInProcess(r.db, expected);
   }
-  ExpectSameAsInProcess(r.db, expected);
 }
 
 // A raw client of the protocol, to send what no namm worker would.

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <thread>
+#include <tuple>
 
 #include "namm/file_util.h"
 #include "namm/tasks/task_path_options.h"
@@ -19,7 +20,7 @@ namespace {
 
 struct Flags {
   std::string coordinator, token_file, fingerprint, name = "sim", tasks, log_level = "warn", metrics_listen;
-  std::vector<std::string> fail;
+  std::vector<std::string> fail, nan_score;
   namm::tasks::TaskPathFlags paths;
   namm::sim::SimOptions sim;
   int workers = 1;
@@ -46,10 +47,15 @@ namm::Status Run(const Flags& f) {
     std::fclose(record);
   }
   namm::sim::SimOptions sim = f.sim;
-  for (const std::string& spec : f.fail) {
-    const auto colon = spec.rfind(':');
-    if (colon == std::string::npos) return namm::Status::InvalidArgument("--fail expects TASK:PROMPT, got '" + spec + "'");
-    sim.fail.insert({spec.substr(0, colon), std::atoll(spec.c_str() + colon + 1)});
+  for (auto [specs, option, into] : {std::make_tuple(&f.fail, "--fail", &sim.fail),
+                                     std::make_tuple(&f.nan_score, "--nan-score", &sim.nan_score)}) {
+    for (const std::string& spec : *specs) {
+      const auto colon = spec.rfind(':');
+      if (colon == std::string::npos) {
+        return namm::Status::InvalidArgument(std::string(option) + " expects TASK:PROMPT, got '" + spec + "'");
+      }
+      into->insert({spec.substr(0, colon), std::atoll(spec.c_str() + colon + 1)});
+    }
   }
 
   std::unique_ptr<namm::worker::WorkerMetrics> metrics;  // shared by the simulated workers of this process
@@ -124,6 +130,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   app.add_option("--name", f.name, "Name prefix (default sim)");
   app.add_option("--fail", f.fail, "TASK:PROMPT these workers fail to run (repeatable; fault tests)");
+  app.add_option("--nan-score", f.nan_score, "TASK:PROMPT these workers score NaN (repeatable; fault tests)");
   app.add_option("--record", f.sim.record, "Append a line per prompt run to this file (tests count reruns)");
   app.add_option("--log-level", f.log_level, "spdlog level (default warn)");
   app.add_option("--metrics-listen", f.metrics_listen, "HOST:PORT to serve Prometheus metrics on (default: none)");

@@ -110,7 +110,8 @@ Result<worker::PromptOutcome> SimExecutor::RunPrompt(const worker::LeaseWork& le
     factor = it->second;
   }
   worker::PromptOutcome out;
-  out.score = sim_reference_score(lease.task, prompt) * factor;
+  out.score = options_.nan_score.count({lease.task, prompt}) > 0 ? std::nan("")
+                                                                  : sim_reference_score(lease.task, prompt) * factor;
   out.prompt_tokens = static_cast<int64_t>(cost);
   out.cache_size_mean = lease.reference ? cost : cost * out.score;
   out.cache_size_final = static_cast<int64_t>(out.cache_size_mean);

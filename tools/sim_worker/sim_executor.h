@@ -24,6 +24,7 @@ struct SimOptions {
   double seconds_per_cost = 0;  // delay of a prompt = its cost (prompt tokens) x this / speed, +-20% per prompt
   double speed = 1;             // relative speed of this worker
   std::set<std::pair<std::string, int64_t>> fail;  // (task, prompt) pairs this worker fails, for fault tests
+  std::set<std::pair<std::string, int64_t>> nan_score;  // (task, prompt) pairs it scores NaN (a broken model)
   // Appends a line per prompt run to this file (tests count what ran twice): "GENERATION CANDIDATE TASK PROMPT
   // KIND", KIND one of candidate, statistics (a lease collecting statistics) and reference.
   std::string record;

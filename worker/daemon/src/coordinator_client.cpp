@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "namm/file_util.h"
@@ -494,7 +495,14 @@ void WorkerClient::Impl::ExecutorLoop(int slot) {
           stopped.insert(lease.id);
           continue;
         }
-        const Result<PromptOutcome>& r = outcomes[j];
+        // A score the coordinator would refuse (NaN from a model's overflowing logits) is this worker's failure:
+        // refused, its prompt would be forgotten here and leased again for ever, never using an attempt.
+        Result<PromptOutcome> r = outcomes[j];
+        if (r.ok() && !(r->score >= 0 && r->score <= 1)) {
+          std::ostringstream what;
+          what << lease.task << " prompt " << prompt << " scored " << r->score << ", not a number in [0, 1]";
+          r = Status::Internal(what.str());
+        }
         v1::ReportRequest& unsent = outbox[lease.id];
         if (!r.ok()) {
           // Reported as failed: the prompt runs elsewhere, and one that fails everywhere is dropped.
