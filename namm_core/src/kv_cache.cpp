@@ -152,7 +152,7 @@ at::Tensor LayerKVCache::state(const std::string& name) const {
   TORCH_CHECK(false, "the KV cache has no per-token state '", name, "'");
 }
 
-LayerKVCache LayerKVCache::Clone() const {
+Result<LayerKVCache> LayerKVCache::Clone() const {
   LayerKVCache copy(kv_heads_, head_dim_, options_);
   copy.size_ = size_;
   copy.tokens_seen_ = tokens_seen_;
@@ -162,14 +162,26 @@ LayerKVCache LayerKVCache::Clone() const {
   copy.ragged_ = ragged_;
   copy.names_ = names_;
   copy.buffers_.clear();
-  for (const at::Tensor& buffer : buffers_) copy.buffers_.push_back(buffer.clone());
+  // Token slots run along dimension 1 of every buffer: the held ones are copied, the room after them is not
+  // touched (a full cache reserves its whole allowance up front: cloning it made all of it resident).
+  for (const at::Tensor& buffer : buffers_) {
+    at::Tensor room = at::empty_like(buffer);
+    const int64_t held = buffer.dim() > 1 ? std::min(size_, buffer.size(1)) : 0;  // pooled keys: no slots
+    if (held > 0) {
+      narrow_view(room, 1, 0, held).copy_(narrow_view(buffer, 1, 0, held));
+    } else if (buffer.dim() <= 1) {
+      room.copy_(buffer);
+    }
+    copy.buffers_.push_back(std::move(room));
+  }
   copy.query_history_ = query_history_.Clone();
   if (in_blocks()) {
     copy.blocks_.pool = blocks_.pool;
     copy.blocks_.ids.resize(static_cast<std::size_t>(kv_heads_));
     copy.size_ = 0;
-    const Status appended = copy.AppendToBlocks(keys(), values(), size_);
-    TORCH_CHECK(appended.ok(), "cannot copy a KV cache: ", appended.message());
+    if (Status appended = copy.AppendToBlocks(keys(), values(), size_); !appended.ok()) {
+      return appended.WithContext("copying a KV cache");
+    }
     copy.size_ = size_;
   }
   copy.RefreshViews();

@@ -210,6 +210,19 @@ TEST(BatchedGeneration, KvInBlocksGivesEveryRowTheSameBitsAsRectangularCaches) {
   ASSERT_TRUE(starved[1].ok()) << starved[1].status().ToString();
   EXPECT_EQ(starved[1]->token_ids, GenerateRows(s, {{"full", 60, 4}})[0]->token_ids);
   EXPECT_EQ((*small)->blocks_in_use(), 0);
+  // Two rows of one prompt on room for one: the follower's copy of the shared prefix finds the pool dry and fails
+  // alone, as an append does, with the pool's status (the executor then runs it with fewer beside it); before, the
+  // copy threw and failed the whole batch, the leader's answer with it.
+  auto one_prompt = KvBlockPool::Create(16, s.model.config().head_dim, s.model.options(), 3 * per_chunk / 2);
+  ASSERT_TRUE(one_prompt.ok());
+  ASSERT_TRUE(s.model.set_kv_block_pool(*one_prompt).ok());
+  const std::vector<Result<GenerationResult>> forked = GenerateRows(s, {{"full", 60, 4}, {"full", 60, 4}});
+  ASSERT_EQ(forked.size(), 2u);
+  ASSERT_TRUE(forked[0].ok()) << forked[0].status().ToString();
+  EXPECT_EQ(forked[0]->token_ids, starved[1]->token_ids);
+  ASSERT_FALSE(forked[1].ok());
+  EXPECT_TRUE(KvBlockPool::IsExhausted(forked[1].status())) << forked[1].status().ToString();
+  EXPECT_EQ((*one_prompt)->blocks_in_use(), 0);
   ASSERT_TRUE(s.model.set_kv_block_pool(nullptr).ok());
 
   // In bfloat16 (libtorch's attention over keys and values gathered from the blocks, as on a GPU; the pool one

@@ -118,9 +118,11 @@ class LayerKVCache {
   int64_t reserved_kv_bytes() const;
   int64_t reserved_kv_bytes_after(int64_t more) const;
 
-  // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences); in
-  // blocks, of the same pool (throws when the pool has too few blocks left). Vacant slots stay vacant.
-  LayerKVCache Clone() const;
+  // A copy that shares no storage with this cache (a prefix computed once, handed to several sequences), of the
+  // same capacity, only the tokens held written (the rest of the room stays unwritten, so not resident); in
+  // blocks, of the same pool: when the pool has too few blocks left, its exhausted status
+  // (KvBlockPool::IsExhausted). Vacant slots stay vacant.
+  Result<LayerKVCache> Clone() const;
 
   // The layer's latest queries, recorded by the engine for a policy that asks for them
   // (MemoryPolicy::query_history()); empty otherwise.

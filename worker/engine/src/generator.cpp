@@ -287,8 +287,11 @@ class Sequence {
     return std::min(options_.memory_update_interval, static_cast<int64_t>(request_.prompt_ids.size()));
   }
   // Becomes `leader` as it stands after the pass that reached fork_at(): caches, accounts and the step's logits.
-  void ForkFrom(const Sequence& leader) {
-    for (std::size_t layer = 0; layer < caches_.size(); ++layer) caches_[layer] = leader.caches_[layer].Clone();
+  // A pool too dry for the copy is this sequence's failure alone (KvBlockPool::IsExhausted), as an append's is.
+  Status ForkFrom(const Sequence& leader) {
+    for (std::size_t layer = 0; layer < caches_.size(); ++layer) {
+      NAMM_ASSIGN_OR_RETURN(caches_[layer], leader.caches_[layer].Clone());
+    }
     request_.policy->AdoptPrefix(*leader.request_.policy);
     tracker_->CopyAccountsFrom(*leader.tracker_);
     result_.mean_kv_tokens = leader.result_.mean_kv_tokens;
@@ -302,6 +305,7 @@ class Sequence {
     step_length_ = leader.step_length_;
     pieces_ = leader.pieces_;
     logits_ = leader.logits_;
+    return Status::Ok();
   }
   const std::vector<int64_t>& tokens() const { return result_.token_ids; }
   int64_t kv_bytes() const {
@@ -636,7 +640,9 @@ bool GenerationBatch::Step(int64_t step_tokens) {
     if (sequence.done()) continue;  // failed: each follower runs its own prefix from the next step
     for (Entry* follower : followers) {
       Sequence& copy = *follower->sequence;
-      guarded(copy, [&] { copy.ForkFrom(sequence); });
+      guarded(copy, [&] {
+        if (Status forked = copy.ForkFrom(sequence); !forked.ok()) copy.Fail(std::move(forked));
+      });
       active.push_back(follower);
       prefilling.push_back(true);
       first_update.push_back(-1);
