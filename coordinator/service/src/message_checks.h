@@ -8,13 +8,14 @@
 #include <string>
 
 #include "namm/v1/coordinator.pb.h"
+#include "namm/v1/protocol.h"
 
 namespace namm::coordinator {
 
 constexpr int kMaxSlots = 64;                     // leases a worker runs at once
 constexpr std::size_t kMaxResultsPerReport = 1024;
 constexpr std::size_t kMaxErrorBytes = 2048;
-constexpr std::size_t kMaxIdsPerCall = 4096;      // leases (and held prompts) named in one call
+using v1::kMaxIdsPerCall;                         // leases (and held prompts) named in one call
 // Bounds on a result's numbers far past any real prompt's, so that the sums and products the trainer makes of
 // them stay finite and exact (a count of 2^63 - 1 wrapped the frozen statistics negative; a cache of 1e308
 // made a fitness infinite; a denormal time an infinite speed).

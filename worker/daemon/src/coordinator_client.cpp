@@ -267,7 +267,16 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
   request.set_protocol_version(v1::kProtocolVersion);
   {
     std::lock_guard<std::mutex> lock(mu);
+    // At most what the coordinator takes in one registration (it refuses more, which would end this worker);
+    // a lease left out is dropped below, its prompts run again wherever the coordinator leases them.
+    std::size_t named_prompts = 0, left_out = 0;
     for (const auto& [id, h] : held) {
+      if (static_cast<std::size_t>(request.held_leases_size()) == v1::kMaxIdsPerCall ||
+          named_prompts + h.open.size() > v1::kMaxIdsPerCall) {
+        ++left_out;
+        continue;
+      }
+      named_prompts += h.open.size();
       v1::HeldLease* l = request.add_held_leases();
       l->set_lease_id(id);
       l->set_kind(h.work->reference ? v1::Lease::KIND_REFERENCE : v1::Lease::KIND_CANDIDATE);
@@ -275,6 +284,10 @@ WorkerClient::Impl::SessionEnd WorkerClient::Impl::Session() {
       l->set_candidate(h.work->candidate);
       l->set_task(h.work->task);
       for (int64_t p : h.open) l->add_prompts(p);
+    }
+    if (left_out > 0) {
+      spdlog::warn("{} of the {} leases it holds are not named again: a registration names at most {} prompts",
+                   left_out, held.size(), v1::kMaxIdsPerCall);
     }
   }
   v1::RegisterResponse response;
