@@ -42,6 +42,14 @@ Result<Picked> Pick(const Store& store, const OpenedRun& r, const ExportOptions&
     p.source = mean ? "generation mean" : "generation best candidate";
     return p;
   }
+  if (!mean && r.spec.rank_fitness) {
+    // tell() keeps the candidate of the highest fitness seen, and ranks in one generation do not compare with
+    // another's: the first generation's top candidate (rank 1) would stay "best" for the whole run.
+    return Status::InvalidArgument(
+        "run " + std::to_string(r.run.id) + " ranks its candidates within each generation (fitness: mean_rank), so no "
+        "candidate is best across generations: export a generation's best with --generation G --params best, or "
+        "the mean");
+  }
   CheckpointRecord c;
   if (o.best) {
     // The best checkpoint of the latest stage that has one: what that stage handed (or will hand) over.

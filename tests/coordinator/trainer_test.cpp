@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <set>
 
+#include "../process_util.h"
 #include "../temp_path.h"
 #include "namm/coordinator/prompt_costs.h"
 #include "namm/coordinator/prompt_sampler.h"
@@ -406,7 +407,8 @@ TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
   std::map<std::string, int64_t> rows = SyntheticTaskRows();
   rows["t/a@budget=8"] = rows.at("t/a");
   rows["t/b@budget=8"] = rows.at("t/b");
-  auto store = Store::Open(FreshDatabasePath("rank_fitness.db"), OpenMode::kCreate).value();
+  const std::string db = FreshDatabasePath("rank_fitness.db");
+  auto store = Store::Open(db, OpenMode::kCreate).value();
   ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
                                            "test", false).ok());
   auto t = Trainer::Create(*store, spec, rows).value();
@@ -432,6 +434,13 @@ TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
   }
   // Reversed orders: every candidate's ranks sum to one, whatever the budget's spread.
   for (const CandidateRecord& c : candidates) EXPECT_NEAR(c.fitness, 0.5, 1e-12);
+  // Ranks do not compare across generations, so export names no best candidate of the run (it exported the first
+  // generation's rank-1 candidate as the run's best); a generation's best it does.
+  const std::string out = namm::testing::TempPath("rank_best.safetensors");
+  const auto best = namm::testing::RunProcess(std::string(NAMM_COORDINATOR_PATH) + " export --db " + db +
+                                              " --latest --params best --force --out " + out);
+  EXPECT_EQ(best.exit_code, 1) << best.output;
+  EXPECT_NE(best.output.find("no candidate is best across generations"), std::string::npos) << best.output;
 }
 
 // A stage's weights: the candidates' fitness and the evaluation of the mean are the weighted means of the tasks'
