@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "namm/file_util.h"
 #include "namm/json_util.h"
@@ -73,6 +74,7 @@ Status ParseTaskFile(const std::string& path, std::vector<TaskSpec>* out) {
         return Status::Corruption(where + ": unknown metric '" + spec.metric + "'");
       }
       spec.first_line = node["first_line"].as<bool>(false);
+      spec.chat = node["chat"].as<bool>(true);
       spec.answers_field = node["answers_field"].as<std::string>(root["answers_field"].as<std::string>("answers"));
       spec.classes_field = node["classes_field"].as<std::string>(root["classes_field"].as<std::string>("all_classes"));
       spec.rope_scaling = node["rope_scaling"].as<std::string>("");
@@ -247,11 +249,44 @@ std::string scored_text(const TaskSpec& task, const std::string& generated) {
   return text.substr(0, text.find('\n'));
 }
 
+namespace {
+
+// InfiniteBench scores code_debug and longbook_choice_eng against [answer, its option's letter], as its
+// get_answer() builds them from the row's `answer` (a string or a one-element list) and `options`: the released
+// rows hold the answer's text alone, so scoring the raw field scored every code_debug row 0.
+Result<Json> InfiniteBenchLabel(const TaskSpec& task, const TaskRow& row) {
+  const Json& answer = row.fields[task.answers_field];
+  const auto bad = [&](const std::string& what) {
+    return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + ": " + what);
+  };
+  const auto letter = [](const Json& j) {
+    return j.is_string() && j.get<std::string>().size() == 1 &&
+           std::string("ABCD").find(j.get<std::string>()) != std::string::npos;
+  };
+  if (answer.is_array() && answer.size() == 2 && letter(answer[1])) return answer;  // already [text, letter]
+  const Json text = answer.is_array() && answer.size() == 1 ? answer[0] : answer;
+  if (!text.is_string()) return bad("'" + task.answers_field + "' is not a string or a one-element list");
+  if (!row.fields.contains("options") || !row.fields["options"].is_array()) return bad("has no 'options' list");
+  const Json& options = row.fields["options"];
+  for (std::size_t i = 0; i < options.size() && i < 4; ++i) {
+    if (options[i] == text) return Json::array({text, std::string(1, "ABCD"[i])});
+  }
+  return bad("its answer is not among the first four of its 'options'");
+}
+
+}  // namespace
+
 Result<double> score_generation(const TaskSpec& task, const TaskRow& row, const std::string& generated,
                                 const MetricOptions& options) {
   if (!row.fields.contains(task.answers_field)) {
     return Status::InvalidArgument("task " + task.name + " row " + std::to_string(row.index) + " has no '" +
                                    task.answers_field + "' field");
+  }
+  if (task.metric == "ib_code_debug" || task.metric == "ib_choice") {
+    NAMM_ASSIGN_OR_RETURN(const Json label, InfiniteBenchLabel(task, row));
+    auto score = score_prompt(task.metric, scored_text(task, generated), label, {}, options);
+    if (!score.ok()) return score.status().WithContext("task " + task.name + " row " + std::to_string(row.index));
+    return score;
   }
   std::vector<std::string> classes;
   if (row.fields.contains(task.classes_field) && row.fields[task.classes_field].is_array()) {
@@ -262,19 +297,34 @@ Result<double> score_generation(const TaskSpec& task, const TaskRow& row, const 
   return score;
 }
 
+std::string task_definition_text(const TaskSpec& t) {
+  std::ostringstream out;
+  out << "benchmark " << t.benchmark << "\ndataset " << t.dataset << "\nprompt_source "
+      << static_cast<int>(t.prompt_source) << "\ntemplate " << t.prompt_template.size() << ":" << t.prompt_template
+      << "\nmax_new_tokens " << t.max_new_tokens << "\nmetric " << t.metric << "\nscoring "
+      << static_cast<int>(t.scoring) << "\nstop_strings";
+  for (const std::string& stop : t.stop_strings) out << " " << stop.size() << ":" << stop;
+  out << "\nfirst_line " << t.first_line << "\nchat " << t.chat << "\nanswers_field " << t.answers_field
+      << "\nclasses_field " << t.classes_field << "\nrope_scaling " << t.rope_scaling << "\nmax_context "
+      << t.max_context << "\nchunk_size " << t.chunk_size << "\nupdate_interval " << t.update_interval << "\n";
+  return out.str();
+}
+
 Result<std::vector<int64_t>> parse_row_range(const std::string& spec, int64_t count) {
   auto bad = [&] { return Status::InvalidArgument("row range '" + spec + "': expected N, A:B, A: or :B"); };
   int64_t begin = 0, end = count;
-  try {
-    const auto colon = spec.find(':');
-    if (colon == std::string::npos) {
-      begin = std::stoll(spec);
-      end = begin + 1;
-    } else {
-      if (colon > 0) begin = std::stoll(spec.substr(0, colon));
-      if (colon + 1 < spec.size()) end = std::stoll(spec.substr(colon + 1));
-    }
-  } catch (const std::exception&) {
+  // Whole numbers only: "0-3" or "1,4" read as their first number ran one row without a word.
+  const auto whole = [](const std::string& text, int64_t* out) {
+    if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || text.size() > 18) return false;
+    *out = std::stoll(text);
+    return true;
+  };
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) {
+    if (!whole(spec, &begin)) return bad();
+    end = begin + 1;
+  } else if ((colon > 0 && !whole(spec.substr(0, colon), &begin)) ||
+             (colon + 1 < spec.size() && !whole(spec.substr(colon + 1), &end))) {
     return bad();
   }
   if (begin < 0 || end > count || begin >= end) {

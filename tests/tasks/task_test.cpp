@@ -60,6 +60,45 @@ TEST(TaskRegistry, AllFiveSharedSubsetsLoadAndFormat) {
   }
 }
 
+// InfiniteBench's code_debug and longbook_choice_eng rows hold the answer's text; its scorer reads
+// [text, letter], which get_answer() builds from the options (scoring the raw field gave code_debug 0 everywhere).
+TEST(TaskRegistry, InfiniteBenchChoicesAreScoredAgainstTheirOptionsLetter) {
+  for (const char* name : {"ib/code_debug", "ib/longbook_choice_eng"}) {
+    SCOPED_TRACE(name);
+    TaskSpec task;
+    task.name = name;
+    task.metric = std::string(name) == "ib/code_debug" ? "ib_code_debug" : "ib_choice";
+    task.answers_field = "answer";
+    TaskRow row;
+    row.fields = {{"answer", {"option two"}}, {"options", {"option one", "option two", "option three", "option four"}}};
+    EXPECT_EQ(*score_generation(task, row, "B. because"), 1.0);
+    EXPECT_EQ(*score_generation(task, row, "C. because"), 0.0);
+    row.fields["answer"] = "option two";  // a plain string, as older releases store it
+    EXPECT_EQ(*score_generation(task, row, "B. because"), 1.0);
+    row.fields["answer"] = {"option two", "B"};  // already with its letter
+    EXPECT_EQ(*score_generation(task, row, "B. because"), 1.0);
+    row.fields["answer"] = {"nowhere"};
+    const Result<double> unknown = score_generation(task, row, "B");
+    ASSERT_FALSE(unknown.ok());
+    EXPECT_NE(unknown.status().message().find("not among the first four of its 'options'"), std::string::npos)
+        << unknown.status().ToString();
+  }
+}
+
+// Under --chat, LongBench's pred.py (and the reference) leave its few-shot and code tasks plain.
+TEST(TaskRegistry, LongBenchsFewShotAndCodeTasksStayOutOfTheChatTemplate) {
+  const auto tasks = list_tasks(default_task_paths());
+  ASSERT_TRUE(tasks.ok()) << tasks.status().ToString();
+  const std::set<std::string> plain = {"lb/trec", "lb/triviaqa", "lb/samsum", "lb/lsht", "lb/lcc", "lb/repobench-p"};
+  int64_t longbench = 0;
+  for (const TaskSpec& task : *tasks) {
+    if (task.benchmark != "longbench") continue;
+    ++longbench;
+    EXPECT_EQ(task.chat, plain.count(task.name) == 0) << task.name;
+  }
+  EXPECT_EQ(longbench, 21);
+}
+
 TEST(TaskRegistry, MissingFilesAreClearErrors) {
   TaskPaths paths = default_task_paths();
   paths.data_dirs["longbench"] = "/nonexistent/longbench";
@@ -107,8 +146,15 @@ TEST(TaskRegistry, FirstLineRuleAndRowRanges) {
   EXPECT_EQ(*parse_row_range("0:3", 10), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(*parse_row_range("8:", 10), (std::vector<int64_t>{8, 9}));
   EXPECT_EQ(*parse_row_range("4", 10), (std::vector<int64_t>{4}));
+  EXPECT_EQ(*parse_row_range(":2", 10), (std::vector<int64_t>{0, 1}));
   EXPECT_FALSE(parse_row_range("5:20", 10).ok());
   EXPECT_FALSE(parse_row_range("x", 10).ok());
+  // Anything but whole numbers is refused, not read up to its first other character (each ran fewer rows).
+  for (const char* bad : {"0-3", "1,4", "1:3:5", "2.9", "1:4abc", "-1", "+2", " 3", "", "99999999999999999999"}) {
+    const Result<std::vector<int64_t>> rows = parse_row_range(bad, 10);
+    ASSERT_FALSE(rows.ok()) << "'" << bad << "'";
+    EXPECT_NE(rows.status().message().find("expected N, A:B, A: or :B"), std::string::npos) << rows.status().ToString();
+  }
 }
 
 TEST(ReferenceScores, ImportsTheReferenceFilesAndRoundTrips) {

@@ -56,6 +56,10 @@ TEST(ChatTokenizer, FormatsAUserTurnAndWritesBosOnce) {
   EXPECT_EQ(chat->Encode("Where").value(), plain->Encode("Where").value());
   EXPECT_EQ(chat->Decode(ids, true), plain->Decode(ids, true));
   EXPECT_EQ(chat->eos_ids(), plain->eos_ids());
+  // Without the template (a LongBench few-shot or code task under --chat): the base tokenizer's prompt.
+  EXPECT_EQ(chat->without_chat().EncodeForModel("Where is the key?").value(),
+            plain->EncodeForModel("Where is the key?").value());
+  EXPECT_EQ(&plain->without_chat(), plain.get());
 }
 
 TEST(ChatTokenizer, TruncationCutsTheRawPromptAndKeepsTheTurnWhole) {

@@ -212,6 +212,54 @@ TEST(EvalPolicies, PairedComparisonPairsRowsAtTheSameSetting) {
   EXPECT_EQ(paired[1].rows, 3);
 }
 
+// The answer-time relative cache pairs rows: a row where a policy answered nothing (EOS first, no answer query)
+// counts for neither side (before: the policy's mean over its rows against the full cache's over all, 6 / 20).
+TEST(EvalResults, TheAnswerTimeRelativeCacheComparesTheSameRows) {
+  const std::string dir = namm::testing::TempPath("answer_cache");
+  std::filesystem::remove_all(dir);
+  EvalConfig config;
+  config.tasks = {"t/x"};
+  config.task_rows["t/x"] = "0:2";
+  config.policies = {"full", "h2o:budget=8"};
+  const auto write = [&](const std::string& policy, double row0, double row1) {
+    const std::string path = predictions_path(dir, "t/x", policy);
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    Result<PredictionWriter> w = PredictionWriter::Open(path);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (const auto& [row, answer] : {std::make_pair(0, row0), std::make_pair(1, row1)}) {
+      PredictionRecord r;
+      r.row = row;
+      r.score = 0.5;
+      r.mean_kv_tokens = 10;
+      r.answer_kv_tokens = answer;
+      ASSERT_TRUE(w->Append(r).ok());
+    }
+  };
+  write("full", 10, 30);
+  write("h2o:budget=8", 0, 6);
+  const Result<std::vector<PolicyResult>> results = compute_results(config, dir);
+  ASSERT_TRUE(results.ok()) << results.status().ToString();
+  ASSERT_EQ(results->size(), 2u);
+  EXPECT_DOUBLE_EQ((*results)[1].answer_relative_cache, 6.0 / 30.0);
+  EXPECT_DOUBLE_EQ((*results)[1].answer_kv_tokens, 6.0) << "its own mean: over the rows it answered";
+  EXPECT_DOUBLE_EQ((*results)[0].answer_relative_cache, 1.0);
+
+  // A task where the full cache scored 0 has no normalized score, and the mean over tasks leaves it out (it made
+  // every policy's mean blank).
+  PolicyResult h2o = (*results)[1];
+  h2o.relative_cache = 0.5;
+  PolicyResult zero = h2o;
+  zero.task = "t/zero";
+  zero.normalized_score = std::nan("");
+  EvalConfig both = config;
+  both.tasks = {"t/x", "t/zero"};
+  const std::string table = results_table(both, {(*results)[0], h2o, zero});
+  const std::size_t at = table.find("h2o:budget=8");
+  ASSERT_NE(at, std::string::npos) << table;
+  const std::string line = table.substr(at, table.find('\n', at) - at);
+  EXPECT_NE(line.find("1.000"), std::string::npos) << "its normalized 0.5 / 0.5 on t/x alone: " << table;
+}
+
 TEST(EvalPredictions, ATornLastLineIsCutAndACompleteOneKept) {
   const std::string path = namm::testing::TempPath("predictions.jsonl");
   PredictionRecord a, b;
@@ -416,6 +464,15 @@ TEST_F(Eval, ExplainRowsWritesAPagePerRowAndPolicyLinkedFromTheResults) {
   EXPECT_EQ(spans, predictions[1]["prompt_tokens"].get<std::size_t>() + predictions[1]["generated_tokens"].get<std::size_t>() - 1)
       << predictions[1].dump();
   EXPECT_GT(evicted, 0u) << "a 24-token window evicts part of a ~100-token row";
+
+  // --overwrite with no explain pages removes the old ones: the new results page linked them (rows of another
+  // evaluation).
+  const auto again = RunEval(out, "streaming:budget=24", "--overwrite --rows 4:6");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  for (const std::string policy : {"full", "streaming:budget=24"}) {
+    EXPECT_FALSE(std::filesystem::exists(explain_path(out, "syn/interruption_heldout", policy, 0))) << policy;
+  }
+  EXPECT_EQ(ReadText(out + "/results.html").find("What the policies keep"), std::string::npos);
 }
 
 TEST_F(Eval, ResumesAfterACrashWithoutRecomputingFinishedRows) {
@@ -471,6 +528,23 @@ TEST_F(Eval, RefusesToMixFilesItCannotVouchFor) {
   EXPECT_NE(resumed.exit_code, 0);
   EXPECT_NE(resumed.output.find("holds another evaluation (fingerprints:"), std::string::npos)
       << resumed.output;
+
+  // Another task definition behind the same --tasks-dir (its scoring changed): the finished rows were scored
+  // under the first one (before, the resumed rows were scored by token accuracy beside likelihoods).
+  const std::string tasks = *dir_ + "/tasks", changed = *dir_ + "/changed-task";
+  std::filesystem::remove_all(tasks);
+  std::filesystem::remove_all(changed);
+  std::filesystem::copy(std::string(NAMM_SOURCE_DIR) + "/tasks", tasks, std::filesystem::copy_options::recursive);
+  ASSERT_EQ(RunEval(changed, "h2o:budget=16", "--tasks-dir " + tasks + " --rows 0:3").exit_code, 0);
+  std::string yaml = ReadText(tasks + "/synthetic.yaml");
+  const std::size_t at = yaml.find("scoring: likelihood", yaml.find("name: syn/interruption_heldout"));
+  ASSERT_NE(at, std::string::npos);
+  yaml.replace(at, std::string("scoring: likelihood").size(), "scoring: token_accuracy");
+  namm::testing::WriteText(tasks + "/synthetic.yaml", yaml);
+  const auto rescored = RunEval(changed, "h2o:budget=16", "--tasks-dir " + tasks + " --rows 0:3");
+  EXPECT_NE(rescored.exit_code, 0);
+  EXPECT_NE(rescored.output.find("holds another evaluation (fingerprints:"), std::string::npos)
+      << rescored.output;
 
   // --overwrite removes only an evaluation's own files: not a configuration it cannot read...
   const std::string foreign = *dir_ + "/foreign";

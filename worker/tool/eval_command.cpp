@@ -109,9 +109,9 @@ class DirectoryLock {
   int fd_;
 };
 
-// Removes what an earlier evaluation wrote to `dir` (the files its configuration names: predictions, results,
-// plots, the configuration), nothing else. Refuses a configuration it cannot read: it cannot know what is
-// ours.
+// Removes what an earlier evaluation wrote to `dir` (the files its configuration names: predictions, explain
+// pages, results, plots, the configuration), nothing else. Refuses a configuration it cannot read: it cannot
+// know what is ours.
 Status RemoveEvaluation(const std::string& dir) {
   const std::string config_path = dir + "/config.yaml";
   if (!path_exists(config_path)) return Status::Ok();
@@ -127,8 +127,14 @@ Status RemoveEvaluation(const std::string& dir) {
     for (const auto& policy : old->policies) {
       const std::string file = predictions_path(dir, task, policy);
       NAMM_RETURN_IF_ERROR(remove_path(file));
-      // The policy's and the task's directories go only if that left them empty (rmdir refuses otherwise).
       const std::string policy_dir = parent_directory(file);
+      // Its explain pages too: the next results page links whatever pages the directory holds.
+      if (Result<std::vector<std::string>> names = list_directory(policy_dir); names.ok()) {
+        for (const std::string& name : *names) {
+          if (explain_page_row(name)) NAMM_RETURN_IF_ERROR(remove_path(policy_dir + "/" + name));
+        }
+      }
+      // The policy's and the task's directories go only if that left them empty (rmdir refuses otherwise).
       if (remove_path(policy_dir).ok()) (void)remove_path(parent_directory(policy_dir));
     }
   }
@@ -268,6 +274,9 @@ Status RunEval(const EvalOptions& o) {
                                      " does not divide the update interval " + std::to_string(interval));
     }
     NAMM_ASSIGN_OR_RETURN(config.fingerprints["data:" + name], file_fingerprint(task.data_path));
+    // And its definition as loaded (its YAML, the benchmark's templates and answer lengths): paths alone let a
+    // resumed evaluation score its new rows under another metric or template.
+    NAMM_ASSIGN_OR_RETURN(config.fingerprints["task:" + name], text_fingerprint(tasks::task_definition_text(task)));
     specs_by_task[name] = std::move(task);
     rows_by_task[name] = std::move(rows);
   }

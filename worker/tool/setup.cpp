@@ -54,8 +54,8 @@ void AddModelOptions(CLI::App* cmd, ModelOptions& o, bool required) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_flag("--chat", o.chat,
                 "Format every prompt as a user turn of the model's chat template (chat_template.jinja or "
-                "tokenizer_config.json beside the tokenizer), as LongBench does for chat models; the reference "
-                "does not");
+                "tokenizer_config.json beside the tokenizer), as LongBench does for chat models (not its few-shot "
+                "and code tasks: chat: false in their definitions); the reference does not");
 }
 
 Result<LoadedModelAndTokenizer> LoadModelAndTokenizer(const ModelOptions& o, const std::string& default_rope) {

@@ -34,6 +34,7 @@ class ChatTokenizer final : public Tokenizer {
   }
   int64_t vocab_size() const override { return base_->vocab_size(); }
   std::vector<int64_t> eos_ids() const override { return base_->eos_ids(); }
+  const Tokenizer& without_chat() const override { return base_->without_chat(); }
 
  private:
   std::unique_ptr<Tokenizer> base_;

@@ -316,6 +316,17 @@ std::string explain_path(const std::string& dir, const std::string& task, const 
          std::to_string(row) + ".html";
 }
 
+std::optional<int64_t> explain_page_row(const std::string& name) {
+  const std::string prefix = "explain-row-", suffix = ".html";
+  if (name.size() <= prefix.size() + suffix.size() || name.size() > prefix.size() + suffix.size() + 18 ||
+      name.rfind(prefix, 0) != 0 || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return std::nullopt;
+  }
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoll(digits);
+}
+
 OrderedJson PredictionRecord::ToJson() const {
   OrderedJson j;
   j["row"] = row;
@@ -471,9 +482,18 @@ Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, cons
       }
       return n > 0 ? sum / static_cast<double>(n) : std::nan("");
     };
+    // Against the full cache's over the same rows: a row where either answered nothing (EOS first) counts for
+    // neither, else the ratio compared means over different rows.
+    const auto answer_relative_to_full = [&](const std::string& policy) {
+      double mine = 0, full = 0;
+      for (int64_t row : rows) {
+        const double a = by_policy[policy][row].answer_kv_tokens, f = by_policy["full"][row].answer_kv_tokens;
+        if (a > 0 && f > 0) mine += a, full += f;
+      }
+      return full > 0 ? mine / full : std::nan("");
+    };
     const double full_score = mean_of("full", &PredictionRecord::score);
     const double full_cache = mean_of("full", &PredictionRecord::mean_kv_tokens);
-    const double full_answer_cache = answer_mean_of("full");
     for (const auto& policy : config.policies) {
       PolicyResult r;
       r.task = task;
@@ -487,7 +507,7 @@ Result<std::vector<PolicyResult>> compute_results(const EvalConfig& config, cons
       r.peak_kv_tokens = mean_of(policy, &PredictionRecord::peak_kv_tokens);
       r.relative_cache = full_cache > 0 ? r.mean_kv_tokens / full_cache : std::nan("");
       r.answer_kv_tokens = answer_mean_of(policy);
-      r.answer_relative_cache = full_answer_cache > 0 ? r.answer_kv_tokens / full_answer_cache : std::nan("");
+      r.answer_relative_cache = answer_relative_to_full(policy);
       double tokens = 0;
       for (int64_t row : rows) {
         const PredictionRecord& p = by_policy[policy][row];
@@ -590,17 +610,18 @@ std::vector<std::vector<std::string>> TableRows(const EvalConfig& config,
   for (const auto& policy : config.policies) {
     std::vector<std::string> row = {policy};
     double normalized = 0, relative = 0;
-    int64_t n = 0;
+    int64_t n = 0, normalized_n = 0;
     for (const auto& task : config.tasks) {
       for (const auto& r : results) {
         if (r.task != task || r.policy != policy) continue;
         row.push_back(format_number(r.score, 4));
-        normalized += r.normalized_score;
+        // A task whose full cache scored 0 has no normalized score: left out of the mean, not making it NaN.
+        if (std::isfinite(r.normalized_score)) normalized += r.normalized_score, ++normalized_n;
         relative += r.relative_cache;
         ++n;
       }
     }
-    row.push_back(format_number(n ? normalized / static_cast<double>(n) : std::nan(""), 3));
+    row.push_back(format_number(normalized_n ? normalized / static_cast<double>(normalized_n) : std::nan(""), 3));
     row.push_back(format_number(n ? relative / static_cast<double>(n) : std::nan(""), 3));
     rows.push_back(row);
   }
@@ -649,12 +670,7 @@ std::string ExplainLinks(const std::vector<PolicyResult>& results, const std::st
     if (!names.ok()) continue;
     std::vector<int64_t> explained;
     for (const std::string& name : *names) {
-      const std::string prefix = "explain-row-", suffix = ".html";
-      if (name.size() > prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-        if (digits.find_first_not_of("0123456789") == std::string::npos) explained.push_back(std::stoll(digits));
-      }
+      if (const std::optional<int64_t> row = explain_page_row(name)) explained.push_back(*row);
     }
     if (explained.empty()) continue;
     std::sort(explained.begin(), explained.end());

@@ -37,6 +37,16 @@ Result<std::vector<std::string>> ModelFiles(const std::string& model_path) {
   return files;
 }
 
+std::string Printed(const unsigned char* digest, unsigned int length) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned int i = 0; i < length; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
+
 // "sha256:<hex>" over `files`, each as its name, size and bytes, in the given order.
 Result<std::string> Digest(const std::vector<std::string>& files) {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
@@ -57,13 +67,7 @@ Result<std::string> Digest(const std::vector<std::string>& files) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_DigestFinal_ex(ctx.get(), digest, &length);
-  static const char* hex = "0123456789abcdef";
-  std::string out = "sha256:";
-  for (unsigned int i = 0; i < length; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
+  return Printed(digest, length);
 }
 
 }  // namespace
@@ -77,6 +81,15 @@ Result<std::string> model_fingerprint(const std::string& model_path, const std::
     files.emplace_back(tokenizer_path);
   }
   return Digest(files);
+}
+
+Result<std::string> text_fingerprint(const std::string& text) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(text.data(), text.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+    return Status::Internal("SHA-256 unavailable");
+  }
+  return Printed(digest, length);
 }
 
 Result<std::string> file_fingerprint(const std::string& path) {

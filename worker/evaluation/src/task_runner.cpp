@@ -139,7 +139,8 @@ std::vector<Result<PromptResult>> TaskRunner::RunBatch(const tasks::TaskSpec& ta
       }
     } else {
       NAMM_ASSIGN_OR_RETURN(std::string text, tasks::build_prompt(task, row));
-      auto fitted = truncate_to_context(tokenizer_, text, context, task.max_new_tokens);
+      auto fitted = truncate_to_context(task.chat ? tokenizer_ : tokenizer_.without_chat(), text, context,
+                                        task.max_new_tokens);
       if (!fitted.ok()) return fitted.status().WithContext("task " + task.name);
       p.prompt = std::move(fitted->ids);
       generation.max_context = fitted->context;

@@ -45,6 +45,9 @@ struct TaskSpec {
   Scoring scoring = Scoring::kGeneration;
   std::vector<std::string> stop_strings;  // cut the generated text at the first one
   bool first_line = false;      // score pred.lstrip("\n").split("\n")[0] (trec, triviaqa, samsum, lsht)
+  // With `--chat`, whether the prompt goes into a user turn: LongBench (and the reference) leave its few-shot and
+  // code tasks plain (trec, triviaqa, samsum, lsht, lcc, repobench-p: `chat: false`).
+  bool chat = true;
   std::string answers_field = "answers";
   std::string classes_field = "all_classes";
   std::string rope_scaling;     // the RoPE setting the task is meant for ("" = the model's own)
@@ -55,6 +58,10 @@ struct TaskSpec {
   int64_t update_interval = 0;
   std::string data_path;        // resolved JSONL path
 };
+
+// What decides a task's prompts and scores once loaded (its YAML with the benchmark's dataset2prompt and
+// dataset2maxlen resolved), one setting per line: an evaluation resumed under another definition would mix scores.
+std::string task_definition_text(const TaskSpec& task);
 
 // Where task files live. Data and config directories are per benchmark; a config directory defaults to
 // "<data directory>/config".

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,8 @@ std::string predictions_path(const std::string& dir, const std::string& task, co
 // Where `eval --explain-rows` writes the explain page of one row, beside the predictions: DIR/TASK/POLICY/
 // explain-row-R.html. results.html links every one that exists.
 std::string explain_path(const std::string& dir, const std::string& task, const std::string& policy, int64_t row);
+// The row of an explain page's file name ("explain-row-12.html": 12), or nullopt for any other name.
+std::optional<int64_t> explain_page_row(const std::string& file_name);
 
 struct PolicyResult {
   std::string task, policy;
@@ -136,7 +139,7 @@ Status write_results(const EvalConfig& config, const std::vector<PolicyResult>& 
                      const std::string& dir);
 
 // The paper's Table 1 layout: a row per policy; a column per task (mean score), the mean normalized score
-// over tasks and the mean relative cache.
+// over tasks (those where the full cache scored above 0: no other has one) and the mean relative cache.
 std::string results_table(const EvalConfig& config, const std::vector<PolicyResult>& results);
 
 // A policy without a cache setting (a NAMM, the oracle) against a fixed-budget family at the same relative

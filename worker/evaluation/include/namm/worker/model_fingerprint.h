@@ -15,5 +15,7 @@ Result<std::string> model_fingerprint(const std::string& model_path, const std::
 
 // "sha256:<64 hex>" over one file, as its name, size and bytes (e.g. a NAMM file or a task's rows).
 Result<std::string> file_fingerprint(const std::string& path);
+// "sha256:<64 hex>" over `text` (e.g. a task's resolved definition, tasks::task_definition_text).
+Result<std::string> text_fingerprint(const std::string& text);
 
 }  // namespace namm::worker

@@ -28,6 +28,8 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   // End-of-sequence ids (generation stops at any of them); may be empty.
   virtual std::vector<int64_t> eos_ids() const = 0;
+  // The tokenizer without a chat template around its prompts (with_chat_template's base; itself otherwise).
+  virtual const Tokenizer& without_chat() const { return *this; }
 };
 
 // Loads a tokenizer: a tokenizer.json file, a directory containing one (its tokenizer_config.json is read too),
