@@ -99,6 +99,21 @@ TEST(L2Policy, NormsEqualButForRoundingAreTiesKeptNewestFirst) {
   }
 }
 
+// Keys of norm 0 (log2 = -inf, scored +inf before) still lose to the newest token, which is always kept.
+TEST(L2Policy, ZeroKeysDoNotOutrankTheNewestToken) {
+  auto policy = L2Policy::Create(CacheBudget::Tokens(2).value());
+  ASSERT_TRUE(policy.ok());
+  LayerKVCache cache(1, 1, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor keys = at::zeros({1, 4, 1});
+  keys[0][3][0] = 5.0f;  // only the newest is not zero
+  ASSERT_TRUE(cache.Append(keys, keys, Positions(4)).ok());
+  auto keep = (*policy)->Select(0, cache);
+  ASSERT_TRUE(keep.ok());
+  const std::vector<int64_t> kept = Row(*keep, 0);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept.back(), 3) << "the newest token";
+}
+
 // A cache of `n` tokens at positions 0..n-1 (keys and values zero), carrying `policy`'s state.
 LayerKVCache CacheOf(const MemoryPolicy& policy, int64_t kv_heads, int64_t n) {
   LayerKVCache cache(kv_heads, 2, at::TensorOptions().dtype(at::kFloat), policy.token_state());

@@ -1,5 +1,7 @@
 #include "namm/policies/l2_policy.h"
 
+#include <limits>
+
 #include "aten.h"
 #include "namm/selection.h"
 #include "torch_status.h"
@@ -23,7 +25,16 @@ Result<at::Tensor> L2Policy::Select(int /*layer*/, LayerKVCache& cache) {
     // repeated text's keys tie up to the last bits, and which of them survived depended on the device's
     // rounding (a GPU and the CPU kept different tokens). On the grid such near-ties are ties, which the
     // stable top-k breaks the same way everywhere: the newer is kept.
-    const at::Tensor low_norm_first = cache.keys().to(at::kFloat).norm(2, {2}).log2_().mul_(1024.0).round_().neg_();
+    // A zero key's norm is taken as the smallest normal float: log2(0) = -inf would score +inf, above the newest
+    // token's forced maximum, which a budget smaller than the zero keys then evicted.
+    const at::Tensor low_norm_first = cache.keys()
+                                          .to(at::kFloat)
+                                          .norm(2, {2})
+                                          .clamp_min_(std::numeric_limits<float>::min())
+                                          .log2_()
+                                          .mul_(1024.0)
+                                          .round_()
+                                          .neg_();
     return keep_top_k_per_head(force_keep_newest(low_norm_first), budget);
   });
 }
