@@ -29,7 +29,9 @@ int64_t count_not_below_on_host(const float* scores, int64_t heads, int64_t n, f
   int64_t most = 0;
   for (int64_t h = 0; h < heads; ++h) {
     int64_t kept = 0;
-    for (int64_t i = 0; i < n; ++i) kept += scores[h * n + i] < threshold ? 0 : 1;
+    // Counted as the reference counts (scores >= threshold): a NaN is not counted, though its sort then keeps it
+    // (NaN orders highest), one finite token fewer.
+    for (int64_t i = 0; i < n; ++i) kept += scores[h * n + i] >= threshold ? 1 : 0;
     most = std::max(most, kept);
   }
   return most;
@@ -173,7 +175,7 @@ std::vector<at::Tensor> select_tokens_padded(const at::Tensor& scores, const std
         dynamic ? std::exp(selection_params.item<double>()) : static_cast<double>(config.threshold);
     // Per set, the max over heads of the tokens not below the threshold (count_not_below_on_host): n_max less the
     // fewest below, the padding counting as below.
-    const at::Tensor fewest_below = forced.lt(threshold).sum(2).amin(1).to(at::kCPU).contiguous();
+    const at::Tensor fewest_below = forced.ge(threshold).logical_not_().sum(2).amin(1).to(at::kCPU).contiguous();
     const int64_t* below = fewest_below.data_ptr<int64_t>();
     for (int64_t c = 0; c < count; ++c) {
       int64_t& kept = k[static_cast<std::size_t>(c)];

@@ -89,10 +89,12 @@ TEST(BinarySelection, AgreesWithTheReferenceSortFormulation) {
   EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), testing::RefBinarySelect(rows));
 }
 
-TEST(BinarySelection, NanScoresCountAsKeptLikeTheReference) {
-  // The reference counts tokens below zero and keeps the rest; its sort puts NaN last (highest).
+TEST(BinarySelection, NanScoresAreCountedAsTheReferenceCountsThem) {
+  // The reference (threshold_score_idxs) discards as many tokens as fail `score >= 0`, NaN among them, and keeps
+  // the rest of its ascending sort, where NaN is last (highest): the NaN stays and one finite token fewer does
+  // (we counted NaN as kept: {1, 2, 3, 5}).
   at::Tensor s = Scores({{-1, std::nanf(""), 0.5f, 0.2f, -3, 1}});
-  EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), (Keep{{1, 2, 3, 5}}));
+  EXPECT_EQ(Rows(select_tokens(s, SelectionConfig{})), (Keep{{1, 2, 5}}));
 }
 
 TEST(TopKSelection, KeepsTheBudgetOnceExceededIncludingTheNewest) {

@@ -52,9 +52,9 @@ int64_t select_tokens_on_host(float* scores, int64_t heads, int64_t n, const Sel
 int64_t select_own_counts_on_host(float* scores, int64_t heads, int64_t n, const int64_t* vacant,
                                   const SelectionConfig& config, double log_threshold, std::vector<int64_t>& keep,
                                   std::vector<int64_t>& order);
-// The max over heads of the tokens not below threshold (the reference counts those below and keeps the rest, so a
-// NaN score, which the ranking puts first, also counts as kept), and keep_top_k_per_head, on host scores [heads][n]
-// (keep: [heads][k]).
+// The max over heads of the tokens at or above threshold (as the reference counts them: a NaN score is not
+// counted, though the ranking, which puts it first, then keeps it in place of a finite one), and
+// keep_top_k_per_head, on host scores [heads][n] (keep: [heads][k]).
 int64_t count_not_below_on_host(const float* scores, int64_t heads, int64_t n, float threshold);
 void keep_top_k_on_host(const float* scores, int64_t heads, int64_t n, int64_t k, int64_t* keep,
                         std::vector<int64_t>& order);
