@@ -305,6 +305,48 @@ TEST(Distribution, CoordinatorKilledMidGenerationResumesBitIdentical) {
   ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
 }
 
+// A worker holding more unreported prompts than one registration may name (v1::kMaxIdsPerCall, 4,096) names what
+// fits when its coordinator restarts, drops the rest and goes on (before, the registration was refused as invalid,
+// which is fatal: the worker exited and every result it held was lost). 32 candidates of 1,100 prompts and leases of
+// up to 1,024 prompts to one worker of 64 slots, whose prompts take about a second each.
+TEST(DistributionLong, AWorkerHoldingMorePromptsThanARegistrationNamesGoesOnAfterARestart) {
+  SimRun r("dist_many_held");
+  {
+    std::ofstream rows(r.dir + "/story_recall.jsonl", std::ios::trunc);
+    for (int64_t row = 0; row < 1200; ++row) {
+      nlohmann::json ids = nlohmann::json::array();
+      for (int64_t i = 0; i < 100; ++i) ids.push_back((row + i) % 500);
+      rows << nlohmann::json{{"prompt_ids", ids}, {"continuation_ids", {1, 2}}}.dump() << "\n";
+    }
+  }
+  WriteText(r.spec, "name: dist_many_held\n"
+                    "model: {path: /sim, fingerprint: " + kSimFingerprint + "}\n"
+                    "namm: {scorer: mlp, selection: binary}\n"
+                    "cmaes: {population: 32, sigma0: 0.065, seed: 11}\n"
+                    "prompts_per_task: 1100\n"
+                    "eval_interval: 1000\n"
+                    "eval_prompts: 4\n"
+                    "stages:\n"
+                    "  - {tasks: [syn/story_recall], generations: 2}\n");
+  r.seconds_per_token = "0.01";
+  const std::vector<std::string> leases = {"--prompts-per-lease", "1024"};
+  Child coordinator = r.Serve(leases);
+  Child worker = r.SimWorker("sim-w", {"--units-concurrency", "8", "--max-batch", "8", "--log-level", "info"});
+  ASSERT_TRUE(WaitUntil([&] { return r.Progress().second >= 8; }, std::chrono::seconds(120)))
+      << ReadText(r.log("coordinator"));
+  KillAndReap(coordinator);
+  coordinator = r.Serve(leases);
+  const bool reattached =
+      WaitUntil([&] { return ReadText(r.log("sim-w")).find("re-attached") != std::string::npos; }, std::chrono::seconds(60));
+  const std::string log = ReadText(r.log("sim-w"));
+  EXPECT_TRUE(reattached) << log;
+  EXPECT_NE(log.find("are not named again: a registration names at most 4096 prompts"), std::string::npos) << log;
+  EXPECT_EQ(log.find("refused this worker"), std::string::npos) << log;
+  EXPECT_EQ(::waitpid(worker.pid, nullptr, WNOHANG), 0) << "the worker goes on";
+  KillAndReap(worker);
+  KillAndReap(coordinator);
+}
+
 // Workers keep running their leases while the coordinator is down and keep what they finish; a restarted
 // coordinator keeps its predecessor's leases for them and takes those results: nothing is run twice.
 TEST(DistributionLong, CoordinatorKilledWithWorkersMidPromptRecomputesNothing) {
