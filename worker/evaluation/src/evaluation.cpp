@@ -612,6 +612,7 @@ std::vector<std::vector<std::string>> TableRows(const EvalConfig& config,
     double normalized = 0, relative = 0;
     int64_t n = 0, normalized_n = 0;
     for (const auto& task : config.tasks) {
+      const std::size_t cells = row.size();
       for (const auto& r : results) {
         if (r.task != task || r.policy != policy) continue;
         row.push_back(format_number(r.score, 4));
@@ -620,6 +621,7 @@ std::vector<std::vector<std::string>> TableRows(const EvalConfig& config,
         relative += r.relative_cache;
         ++n;
       }
+      if (row.size() == cells) row.emplace_back();  // no result for it: an empty cell keeps the columns
     }
     row.push_back(format_number(normalized_n ? normalized / static_cast<double>(normalized_n) : std::nan(""), 3));
     row.push_back(format_number(n ? relative / static_cast<double>(n) : std::nan(""), 3));
