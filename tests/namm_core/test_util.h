@@ -14,9 +14,23 @@
 #include <string>
 #include <vector>
 
+#include "namm/namm_file.h"
 #include "reference_namm.h"
 
 namespace namm::testing {
+
+// A NAMM of the default architecture whose parameters are N(0, 0.15) draws of std::mt19937(seed) (it evicts
+// some tokens of a story), written to TempPath(name); its path.
+inline std::string WriteRandomNammFile(const std::string& name, uint32_t seed) {
+  NammModel namm;
+  namm.params = initial_params(namm.architecture);
+  std::mt19937 random(seed);
+  std::normal_distribution<float> normal(0.0f, 0.15f);
+  for (float& p : namm.params) p = normal(random);
+  const std::string file = TempPath(name);
+  EXPECT_TRUE(write_namm_file(file, namm).ok()) << file;
+  return file;
+}
 
 inline Array ToArray(const at::Tensor& t) {
   at::Tensor d = t.to(at::kCPU, at::kDouble).contiguous();

@@ -8,15 +8,14 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../../server/src/api_metrics.h"
+#include "../namm_core/test_util.h"
 #include "../temp_path.h"
 #include "../worker/shared_data.h"
-#include "namm/namm_file.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/tokenizer.h"
 
@@ -361,14 +360,7 @@ TEST(CompletionScheduler, ANammWhoseHeadsKeepTheirOwnCountsAnswersOnASmallBudget
   std::unique_ptr<worker::LlamaModel> model;
   std::unique_ptr<worker::Tokenizer> tokenizer;
   ASSERT_NO_FATAL_FAILURE(LoadStories(&model, &tokenizer));
-  NammModel namm;
-  namm.params = initial_params(namm.architecture);
-  std::mt19937 random(7);
-  std::normal_distribution<float> normal(0.0f, 0.15f);
-  for (float& p : namm.params) p = normal(random);
-  const std::string file = testing::TempPath("own-heads.safetensors");
-  ASSERT_TRUE(write_namm_file(file, namm).ok());
-  const std::string policy = "namm:" + file + ",heads=own";
+  const std::string policy = "namm:" + testing::WriteRandomNammFile("own-heads.safetensors", 7) + ",heads=own";
   std::size_t unlimited_running = 0, most_running = 0;
   const std::vector<std::string> unlimited = FloodAnswers(*model, *tokenizer, policy, 0, nullptr, &unlimited_running);
   ApiMetrics metrics("stories260K", "full");

@@ -9,7 +9,6 @@
 
 #include "../namm_core/test_util.h"
 #include "../temp_path.h"
-#include "namm/namm_file.h"
 #include "namm/batch_invariant.h"
 #include "namm/policies/full_cache_policy.h"
 #include "namm/policies/h2o_policy.h"
@@ -636,13 +635,8 @@ TEST(Generator, RefusesPromptsThatDoNotFit) {
 TEST(Stories260K, NoPolicysCacheHoldsMoreThanItsPeakBoundSays) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   Stories s = LoadStories(RopeScaling{});
-  NammModel namm;
-  namm.params = initial_params(namm.architecture);
+  const std::string file = testing::WriteRandomNammFile("peak-bound.safetensors", 11);
   std::mt19937_64 random(11);
-  std::normal_distribution<float> normal(0.0f, 0.15f);
-  for (float& p : namm.params) p = normal(random);
-  const std::string file = testing::TempPath("peak-bound.safetensors");
-  ASSERT_TRUE(write_namm_file(file, namm).ok());
   const auto draw = [&](int64_t low, int64_t high) {
     return std::uniform_int_distribution<int64_t>(low, high)(random);
   };

@@ -223,14 +223,17 @@ std::string NammSpec::ToString() const {
 Result<int64_t> policy_peak_tokens(const std::string& text, int64_t prompt_tokens, int64_t new_tokens, int64_t step) {
   const int64_t whole = prompt_tokens + new_tokens;
   std::optional<CacheBudget> budget;
+  bool keeps_prompt = false, snapkv = false;  // (FastGen, which keeps the prompt too, has no bound: whole)
   if (text.rfind("namm:", 0) == 0) {
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
+    keeps_prompt = namm.keep_prompt;
     if (namm.knob.budget || namm.knob.ratio) {
       NAMM_ASSIGN_OR_RETURN(budget, namm.knob.budget ? CacheBudget::Tokens(*namm.knob.budget)
                                                      : CacheBudget::Ratio(*namm.knob.ratio));
     }
   } else {
     NAMM_ASSIGN_OR_RETURN(const std::string family, policy_family(text));
+    snapkv = family == "snapkv";
     if (is_budgeted_family(family) && family != "fastgen") {
       NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
       NAMM_ASSIGN_OR_RETURN(budget, CacheBudget::FromSpec(spec));
@@ -239,10 +242,9 @@ Result<int64_t> policy_peak_tokens(const std::string& text, int64_t prompt_token
   if (!budget) return whole;
   // Compared before any sum: budget=2^63-1 is a request's to give.
   const int64_t tokens = budget->Resolve(prompt_tokens);
-  const bool keeps_prompt = policy_keeps_prompt(text);
   if (tokens >= whole) return whole;
   // SnapKV: the prompt until its end, then its budget and every new token.
-  if (text.rfind("snapkv:", 0) == 0) return std::min(whole, std::max(prompt_tokens, tokens + new_tokens));
+  if (snapkv) return std::min(whole, std::max(prompt_tokens, tokens + new_tokens));
   const int64_t held = keeps_prompt ? std::max(tokens, prompt_tokens) : tokens;
   return step >= whole - held ? whole : held + step;
 }
