@@ -692,6 +692,33 @@ TEST(Distribution, IoErrorBurstsOnTheStoreAndTheProgressLogLeaveTheRunWhole) {
   }
 }
 
+// A resumed run whose progress log cannot start over (its first write after opening fails: the rewrite in
+// Recover(), after the log was emptied) goes on, the log rewritten by the next append, and ends as an
+// uninterrupted run. Before, that write's error stopped the coordinator just after it said it served: CI's burst
+// test above hit it when the trigger came between the two.
+TEST(Distribution, AResumeWhoseProgressLogCannotStartOverGoesOn) {
+  SimRun r("dist_resume_log_eio", 3, 1);
+  Child coordinator = r.Serve();
+  Child worker = r.SimWorker("sim-a");
+  ASSERT_TRUE(r.WaitMidGeneration(1)) << ReadText(r.log("coordinator"));
+  KillAndReap(coordinator);
+  const std::string trigger = r.dir + "/faulty";
+  WriteText(trigger, "");
+  // Opening the log writes this process's name in its header (passes); the next write is the rewrite (fails).
+  r.coordinator_prefix = IoFaults(r, trigger, "EIO", "write",
+                                  {"NAMM_IO_FAULT_MATCH=.progress", "NAMM_IO_FAULT_SKIP=1", "NAMM_IO_FAULT_FIRST=1",
+                                   "NAMM_IO_FAULT_PERIOD_MS=1000000", "NAMM_IO_FAULT_DOWN_MS=0"});
+  coordinator = r.Serve();
+  const int exit_code = Wait(coordinator, std::chrono::seconds(300));
+  EXPECT_EQ(exit_code, 0) << ReadText(r.log("coordinator"));
+  if (exit_code != 0) KillAndReap(worker);  // it would wait for a coordinator for ever
+  EXPECT_EQ(Wait(worker), 0) << ReadText(r.log("sim-a"));
+  EXPECT_EQ(CountLines(ReadText(r.dir + "/faults"), ".progress"), 1) << ReadText(r.dir + "/faults");
+  EXPECT_NE(ReadText(r.log("coordinator")).find("Input/output error (the run goes on; appends retry it)"),
+            std::string::npos) << ReadText(r.log("coordinator"));
+  ExpectSameAsInProcess(r.db, InProcessRun(r.yaml));
+}
+
 // A full disk under the database (ENOSPC on every write of its write-ahead log) pauses the run while it lasts and
 // stops it only after --io-error-patience, naming the error and saying that the same command resumes it; that
 // command, once serving, its disk full again for 3 s and then freed, finishes the run as an uninterrupted one.

@@ -15,6 +15,8 @@
 //                            calls can starve one caller whose retries fall on the failing ones every time.
 //   NAMM_IO_FAULT_FIRST      the first this many matching calls fail whatever the time (bursts alone can miss
 //                            a run's few calls of a kind: a test that needs one to fail sets 1)
+//   NAMM_IO_FAULT_SKIP       the first this many matching calls go through; FIRST counts from the next (a test
+//                            that needs one particular call to fail)
 //   NAMM_IO_FAULT_LOG        a file that gets a line per failed call (time, call, path)
 // A write that fails writes nothing.
 #define _GNU_SOURCE
@@ -89,7 +91,9 @@ static int Fails(const char* kind, const char* path) {
   if (trigger != NULL && access(trigger, F_OK) != 0) return 0;
   const double now = Now();
   static long matching_calls = 0;  // since the trigger appeared
-  const int first = __atomic_add_fetch(&matching_calls, 1, __ATOMIC_RELAXED) <= EnvLong("NAMM_IO_FAULT_FIRST", 0);
+  const long call = __atomic_add_fetch(&matching_calls, 1, __ATOMIC_RELAXED) - EnvLong("NAMM_IO_FAULT_SKIP", 0);
+  if (call <= 0) return 0;
+  const int first = call <= EnvLong("NAMM_IO_FAULT_FIRST", 0);
   const long period = EnvLong("NAMM_IO_FAULT_PERIOD_MS", 0), down = EnvLong("NAMM_IO_FAULT_DOWN_MS", 0);
   if (!first && period > 0 && (long long)(now * 1000) % period >= down) return 0;
   const char* log = getenv("NAMM_IO_FAULT_LOG");

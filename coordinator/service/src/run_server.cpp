@@ -425,7 +425,13 @@ Status RunServer::Impl::Recover() {
   if (stored > 0 || !recovered_leases.empty()) {
     spdlog::info("{}: {} results stored, {} leases still open", progress_log.path(), stored, recovered_leases.size());
   }
-  return progress_log.Reset(recovered_leases);
+  // Its results are stored: a log that cannot start over now is no stop, as after a generation (Tick). Either
+  // its records stay (a restart stores them again, which keeps what is stored) or it is empty and the next append
+  // writes its header; only the open leases' records are then lost, and a restart would lease those prompts again.
+  if (Status s = progress_log.Reset(recovered_leases); !s.ok()) {
+    spdlog::warn("progress log: {} (the run goes on; appends retry it)", s.ToString());
+  }
+  return Status::Ok();
 }
 
 void RunServer::Impl::Tick() {
