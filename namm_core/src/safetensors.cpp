@@ -218,7 +218,9 @@ Status write_safetensors(const std::string& path, const std::vector<SafetensorWr
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string header_text = header.dump();
+  // JSON is UTF-8: a metadata value that is not (a database path in another encoding) gets U+FFFD for its bad
+  // bytes rather than failing the write with the JSON library's exception.
+  std::string header_text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   std::string length = Le64(header_text.size());

@@ -116,8 +116,9 @@ TorchValue& TorchValue::Set(const std::string& key, TorchValue value) {
 
 const TorchValue* TorchValue::Find(const std::string& key) const {
   if (kind != Kind::kDict) return nullptr;
-  for (const auto& [k, v] : dict) {
-    if (k.kind == Kind::kString && k.text == key) return &v;
+  // The last of a key set twice, as Python's unpickler keeps it (torch.save never does; a hand-made pickle may).
+  for (auto it = dict.rbegin(); it != dict.rend(); ++it) {
+    if (it->first.kind == Kind::kString && it->first.text == key) return &it->second;
   }
   return nullptr;
 }
@@ -879,6 +880,14 @@ Result<TorchValue> parse_torch_archive(const std::string& bytes, const std::stri
   const std::size_t slash = zip.first_name().find('/');
   if (slash == std::string::npos) return Status::Corruption(path + ": its entries lie in no archive folder");
   const std::string prefix = zip.first_name().substr(0, slash + 1);
+  // torch.load swaps bytes for a big-endian writer's archive; we read storages as little-endian only, so such an
+  // archive is refused rather than read as other numbers (an archive without the entry predates it: little).
+  if (const Result<std::string_view> order = zip.Get(prefix + "byteorder"); order.ok() && *order != "little") {
+    return Status::InvalidArgument(path + ": its storages are in byte order '" +
+                                   std::string(order->substr(0, 16)) +
+                                   "' (archive/byteorder); namm reads little-endian archives only: torch.load it "
+                                   "and torch.save it again on a little-endian machine");
+  }
   NAMM_ASSIGN_OR_RETURN(std::string_view pickle, zip.Get(prefix + "data.pkl"));
   return Unpickler(pickle, zip, prefix, path, UnpickleLimits::For(bytes.size())).Run();
 }

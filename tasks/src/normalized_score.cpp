@@ -24,12 +24,15 @@ Result<ReferenceScores> ReferenceScores::Load(const std::string& path) {
     for (auto row = task->begin(); row != task->end(); ++row) {
       int64_t index = -1;
       try {
-        std::size_t used = 0;
-        index = std::stoll(row.key(), &used);
-        if (used != row.key().size()) index = -1;
+        index = std::stoll(row.key());
       } catch (const std::exception&) {
       }
-      if (index < 0) return Status::Corruption(path + ": '" + task.key() + "' has a non-integer row '" + row.key() + "'");
+      // Written as the reference writes a row (and Save() does): " 5", "+5" and "05" would each be row 5, and
+      // which of their scores won depended on the keys' order.
+      if (index < 0 || std::to_string(index) != row.key()) {
+        return Status::Corruption(path + ": '" + task.key() + "' has a row '" + row.key() +
+                                  "', not a row index written as a plain decimal number");
+      }
       if (!row->is_number()) return Status::Corruption(path + ": " + task.key() + "[" + row.key() + "] is not a number");
       Status s = scores.Set(task.key(), index, row->get<double>());
       if (!s.ok()) return s.WithContext(path);

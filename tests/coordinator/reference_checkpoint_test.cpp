@@ -210,5 +210,37 @@ TEST(ReferenceCheckpoint, HalfPrecisionScalarsAndOutOfRangeCountsAreHandled) {
   EXPECT_NE(refused.status().message().find("not a whole number"), std::string::npos) << refused.status().ToString();
 }
 
+// What torch.load would read differently is refused or read its way: an archive written big-endian (its numbers
+// read as little-endian gave sigma -3.8e-05 and parameters of 1e-42, imported without a word), a step size that is
+// not positive, and a key a hand-made pickle sets twice (Python keeps the last; we took the first).
+TEST(ReferenceCheckpoint, BigEndianArchivesNonPositiveStepSizesAndKeysSetTwiceReadAsTorchWould) {
+  SKIP_WITHOUT_TORCH();
+  const auto [params, state] = EvolvedState();
+  const std::string good = TempPath("order_ckpt.pt"), big = TempPath("order_big.pt"), negative = TempPath("neg_sigma.pt");
+  ASSERT_TRUE(write_reference_checkpoint(good, params, state, std::nullopt, 3, 0.5).ok());
+  const auto made = RunProcess(
+      kPython + " -c \"import zipfile, torch; i = zipfile.ZipFile('" + good + "'); o = zipfile.ZipFile('" + big +
+      "', 'w', zipfile.ZIP_STORED)\nfor n in i.namelist(): o.writestr(n, b'big' if n.endswith('/byteorder') else "
+      "i.read(n))\no.close(); c = torch.load('" + good + "'); c['evolution_state']['sigma'] = torch.tensor(-0.5); "
+      "torch.save(c, '" + negative + "')\" 2>&1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ASSERT_TRUE(read_reference_checkpoint(good).ok());
+  const Status order = read_reference_checkpoint(big).status();
+  EXPECT_EQ(order.code(), Status::Code::kInvalidArgument) << order.ToString();
+  EXPECT_NE(order.message().find("byte order 'big'"), std::string::npos) << order.ToString();
+  const Status sigma = read_reference_checkpoint(negative).status();
+  EXPECT_EQ(sigma.code(), Status::Code::kCorruption) << sigma.ToString();
+  EXPECT_NE(sigma.message().find("evolution_state['sigma'] is -0.5"), std::string::npos) << sigma.ToString();
+
+  // {'a': 1, 'a': 2} by SETITEM twice: the second.
+  std::string pickle = "\x80\x02}";
+  for (const char value : {'\x01', '\x02'}) pickle += std::string("X\x01\0\0\0a", 6) + "K" + value + "s";
+  pickle += ".";
+  const auto twice = parse_torch_archive(ArchiveWith(pickle, "key_twice"), "twice.pt");
+  ASSERT_TRUE(twice.ok()) << twice.status().ToString();
+  ASSERT_NE(twice->Find("a"), nullptr);
+  EXPECT_EQ(twice->Find("a")->integer, 2);
+}
+
 }  // namespace
 }  // namespace namm::coordinator

@@ -55,6 +55,17 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   EXPECT_EQ(file->find("nope"), nullptr);
 }
 
+// A metadata value that is not UTF-8 (export's database path, from a file system in another encoding) is
+// written with U+FFFD for its bad bytes (the write failed with the JSON library's exception before).
+TEST(Safetensors, MetadataThatIsNotUtf8IsWrittenWithReplacementCharacters) {
+  const std::string path = testing::TempPath("latin1.safetensors");
+  const float a = 1;
+  ASSERT_TRUE(write_safetensors(path, {{"a", DType::kF32, {1}, &a}}, {{"database", "r\xff.db"}}).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->metadata().at("database"), "r\xef\xbf\xbd.db");
+}
+
 TEST(Safetensors, HeaderIsPaddedToEightBytes) {
   const std::string path = testing::TempPath("pad.safetensors");
   const float a = 1;

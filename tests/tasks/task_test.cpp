@@ -175,6 +175,15 @@ TEST(ReferenceScores, ImportsTheReferenceFilesAndRoundTrips) {
   auto back = ReferenceScores::Load(path);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->scores(), per_request->scores());
+
+  // Another spelling of a row would be the same row, its score chosen by the keys' order: refused, named.
+  for (const std::string key : {" 5", "+5", "05", "-0", "5.0", "x"}) {
+    const std::string odd = testing::TempPath("odd_refs.json");
+    ASSERT_TRUE(write_file_atomically(odd, {"{\"lb/x\": {\"5\": 0.9, \"" + key + "\": 0.1}}"}).ok());
+    const Status refused = ReferenceScores::Load(odd).status();
+    EXPECT_EQ(refused.code(), Status::Code::kCorruption) << key;
+    EXPECT_NE(refused.message().find("has a row '" + key + "'"), std::string::npos) << refused.ToString();
+  }
 }
 
 TEST(NormalizedFitness, RatioOfMeansAveragedOverTasks) {

@@ -175,6 +175,15 @@ TEST(NammTool, MetricSingleAndBatch) {
   ToolRun bad = Tool("metric retrieval --jsonl " + dir + "/bad.jsonl");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("bad.jsonl line 1"), std::string::npos) << bad.output;
+  // Nesting the metrics would recurse through (answers 20,000 arrays deep crashed the tool) is refused by name.
+  ASSERT_TRUE(write_file_atomically(dir + "/deep.jsonl", {"{\"prediction\": \"a\", \"answers\": " +
+                                                              std::string(20000, '[') + "\"a\"" +
+                                                              std::string(20000, ']') + "}\n"})
+                  .ok());
+  ToolRun deep = Tool("metric qa_f1 --jsonl " + dir + "/deep.jsonl");
+  EXPECT_EQ(deep.exit_code, 1) << deep.output;
+  EXPECT_NE(deep.output.find("deep.jsonl line 1"), std::string::npos) << deep.output;
+  EXPECT_NE(deep.output.find("64"), std::string::npos) << "the message names the limit: " << deep.output;
   ToolRun unknown = Tool("metric bleu --prediction a --answer b");
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_NE(unknown.output.find("unknown metric 'bleu'"), std::string::npos);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "namm/json_util.h"
 #include "namm/tasks/metrics.h"
 #include "namm/tasks/python_text.h"
 
@@ -40,8 +41,9 @@ Status RunMetric(const MetricOptions& o) {
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
     auto where = o.jsonl + " line " + std::to_string(lineno);
-    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_discarded() || !row.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
+    // Bounded: the metrics walk `answers` recursively (a line nesting 20,000 arrays overflowed the stack).
+    NAMM_ASSIGN_OR_RETURN(const nlohmann::json row, parse_json_bounded(line, where));
+    if (!row.is_object()) return Status::InvalidArgument(where + ": not a JSON object");
     if (!row.contains("prediction") || !row["prediction"].is_string() || !row.contains("answers")) {
       return Status::InvalidArgument(where + ": needs a string 'prediction' and 'answers'");
     }

@@ -159,6 +159,9 @@ Result<ReferenceCheckpoint> read_reference_checkpoint(const std::string& path) {
   NAMM_ASSIGN_OR_RETURN(std::vector<double> best_fitness, Floats(*state, "best_fitness", 1, path));
   NAMM_ASSIGN_OR_RETURN(std::vector<double> g, Floats(*state, "g", 1, path));
   out.sigma = sigma[0];
+  if (!(out.sigma > 0)) {
+    return Bad(path, "evolution_state['sigma'] is " + std::to_string(out.sigma) + ", not a positive step size");
+  }
   out.best_fitness = best_fitness[0];
   NAMM_ASSIGN_OR_RETURN(out.generation, Count(g[0], "evolution_state['g']", path));
   if (const TorchValue* num = state->Find(std::string(kStatsPrefix) + "output_num");

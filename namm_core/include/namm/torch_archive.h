@@ -60,7 +60,7 @@ struct TorchValue {
   static TorchValue Dict();
   // Appends key -> value to a dict.
   TorchValue& Set(const std::string& key, TorchValue value);
-  // The value of a string key in a dict, or nullptr.
+  // The value of a string key in a dict (the last, if a pickle set it twice, as Python reads it), or nullptr.
   const TorchValue* Find(const std::string& key) const;
   // "dict", "tensor", ...: for messages.
   const char* kind_name() const;
