@@ -246,7 +246,8 @@ struct ApiServer::Impl {
     beast::flat_buffer buffer;
     std::optional<http::request_parser<http::string_body>> parser;
     http::response<http::empty_body> go_on{http::status::continue_, 11};
-    enum class Read { kRequest, kBodyTooLarge, kHeadersTooLarge, kUnauthorized } read = Read::kRequest;
+    enum class Read { kRequest, kBodyTooLarge, kHeadersTooLarge, kUnauthorized, kMalformed } read = Read::kRequest;
+    std::string malformed;  // with kMalformed: what the HTTP parser said
     std::thread answer;     // while a request is answered
     bool counted = true;    // in the open counts (false once closed, or closed to make room)
     bool idle = false;      // waiting for a request: what a full server closes first, oldest first
@@ -388,10 +389,10 @@ struct ApiServer::Impl {
     SetIdle(*s, true);
     StartWait(s);
     auto on_header = [this, s](beast::error_code ec, std::size_t) {
-      SetIdle(*s, false);  // a request: not closed to make room until it is answered
       if (ec == http::error::body_limit) return Answer(s, Session::Read::kBodyTooLarge);
       if (ec == http::error::header_limit) return Answer(s, Session::Read::kHeadersTooLarge);
-      if (ec) return Close(*s);  // closed, idle too long, or not HTTP
+      if (Malformed(*s, ec)) return Answer(s, Session::Read::kMalformed);
+      if (ec) return Close(*s);  // closed, or idle too long
       // The key is checked on the headers: a client without one is answered before a 100 Continue or any of its
       // body is read (the connection then closes, the body unread).
       const Request& request = s->parser->get();
@@ -413,6 +414,7 @@ struct ApiServer::Impl {
     s->With([&](auto& stream, TimedSocket&) {
       http::async_read(stream, s->buffer, *s->parser, [this, s](beast::error_code ec, std::size_t) {
         if (ec == http::error::body_limit) return Answer(s, Session::Read::kBodyTooLarge);
+        if (Malformed(*s, ec)) return Answer(s, Session::Read::kMalformed);
         if (ec) return Close(*s);
         Answer(s, Session::Read::kRequest);
       });
@@ -420,7 +422,21 @@ struct ApiServer::Impl {
   }
 
   // Gives the request a thread for its answer; the connection comes back to the io thread after it.
+  // Whether `ec` is the HTTP parser refusing what was sent (not HTTP, a bad Content-Length, a bad chunk), which is
+  // answered with a 400 rather than a silent close; a connection that closed, mid-request or not, is not.
+  static bool Malformed(Session& s, const beast::error_code& ec) {
+    if (!ec || ec.category() != http::make_error_code(http::error::bad_version).category() ||
+        ec == http::error::end_of_stream || ec == http::error::partial_message) {
+      return false;
+    }
+    s.malformed = ec.message();
+    return true;
+  }
+
   void Answer(const std::shared_ptr<Session>& s, Session::Read read) {
+    // A request read whole: not closed to make room until it is answered. Until then (its headers in, its body
+    // still coming) it may be: four slow bodies kept every other client out for the idle timeout before.
+    SetIdle(*s, false);
     EndWait(*s);
     s->read = read;
     try {
@@ -460,6 +476,9 @@ struct ApiServer::Impl {
           return;
         case Session::Read::kUnauthorized:
           return RefuseKey(stream, request, s.peer);
+        case Session::Read::kMalformed:
+          (void)Reply(stream, request, "other", Error(400, "malformed HTTP request: " + s.malformed), false);
+          return;
         case Session::Read::kRequest:
           keep = Handle(stream, s.socket.native_handle(), request);
           return;
@@ -641,10 +660,18 @@ struct ApiServer::Impl {
       // keep more, and prompt=keep holds the whole prompt (a budget or not), so those only where the operator
       // allows NAMMs (--allow-policies namm).
       const std::string setting = r.policy.substr(std::string("default,").size());
-      Result<std::string> with = worker::with_cache_setting(options.default_policy, setting);
-      if (!with.ok()) return Error(400, "namm_policy: " + with.status().message(), "namm_policy");
-      const Result<std::string> family = worker::policy_family(*with);
-      if (!family.ok()) return Error(400, "namm_policy: " + family.status().message(), "namm_policy");
+      // The spec and its family; checked on the policy's label first, so that an error names the NAMM's file and
+      // not where it lies.
+      const auto compose = [&setting](const std::string& spec) -> Result<std::pair<std::string, std::string>> {
+        NAMM_ASSIGN_OR_RETURN(std::string with, worker::with_cache_setting(spec, setting));
+        NAMM_ASSIGN_OR_RETURN(std::string family, worker::policy_family(with));
+        return std::make_pair(std::move(with), std::move(family));
+      };
+      Result<std::pair<std::string, std::string>> composed = compose(PolicyLabel(options.default_policy));
+      if (composed.ok()) composed = compose(options.default_policy);
+      if (!composed.ok()) return Error(400, "namm_policy: " + composed.status().message(), "namm_policy");
+      const std::string* with = &composed->first;
+      const std::string* family = &composed->second;
       bool may_hold_more = false;
       if (*family == "namm") {
         const Result<worker::NammSpec> asked = worker::parse_namm_spec(*with);
@@ -699,9 +726,11 @@ struct ApiServer::Impl {
                             std::to_string(max_prompt_tokens) + " (--max-prompt-tokens)", param, "prompt_too_long");
     }
     const int64_t room = context - prompt;
+    // Unasked, OpenAI's defaults (16 for a completion, the room left for a chat) within the server's limit.
     job.max_tokens = r.max_tokens ? *r.max_tokens
-                                  : r.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, std::max<int64_t>(room, 0))
-                                                                         : std::min(room, max_tokens);
+                                  : std::min(max_tokens, r.endpoint == Endpoint::kCompletions
+                                                             ? std::min<int64_t>(16, std::max<int64_t>(room, 0))
+                                                             : room);
     if (job.max_tokens > room || room <= 0) {
       const uint64_t requested = static_cast<uint64_t>(prompt) + static_cast<uint64_t>(job.max_tokens);  // 2^63 - 1 fits
       return Error(400, "This model's maximum context length is " + std::to_string(context) + " tokens. However, you requested " +
@@ -783,6 +812,18 @@ struct ApiServer::Impl {
   template <class S>
   bool StreamEvents(S& stream, int fd, const Request& http_request, const CompletionRequest& request,
               const ResponseHeader& header, CompletionHandle& handle, const std::string& endpoint) {
+    // The head goes with the first text: a request refused once queued (its KV over --max-kv-bytes, a policy's
+    // options) is answered with its status, as without stream, and not with 200 and an error event.
+    CompletionUpdate first;
+    while (first.text.empty() && !first.finished) {
+      first = handle.Wait(kPollSlice);
+      if (first.text.empty() && !first.finished && (PeerGone(fd) || stopping.load())) {
+        handle.Cancel();
+        if (metrics) metrics->Request(endpoint, 499);
+        return false;
+      }
+    }
+    if (first.error) return Reply(stream, http_request, endpoint, *first.error, http_request.keep_alive());
     // HTTP/1.1 streams in chunks and may keep the connection; HTTP/1.0 has no chunks: the stream ends with the
     // connection.
     const bool chunked = http_request.version() >= 11;
@@ -806,8 +847,8 @@ struct ApiServer::Impl {
     bool ok = !ec;
     if (ok && request.endpoint == Endpoint::kChatCompletions) ok = event(stream_text_chunk(request, header, "", true));
     int status = 200;
-    while (ok) {
-      CompletionUpdate update = handle.Wait(kPollSlice);
+    for (bool first_update = true; ok; first_update = false) {
+      CompletionUpdate update = first_update ? std::move(first) : handle.Wait(kPollSlice);
       if (!update.text.empty()) ok = event(stream_text_chunk(request, header, update.text, false));
       if (ok && update.finished) {
         if (update.error) {
@@ -845,7 +886,12 @@ struct ApiServer::Impl {
     response.body() = std::move(body);
     response.prepare_payload();
     beast::error_code ec;
-    http::write(stream, response, ec);
+    if (request.method() == http::verb::head) {  // the head alone: a body would be read as the next response
+      http::response_serializer<http::string_body> serializer{response};
+      http::write_header(stream, serializer, ec);
+    } else {
+      http::write(stream, response, ec);
+    }
     if (metrics) metrics->Request(endpoint, status);
     return !ec && response.keep_alive();
   }

@@ -341,8 +341,16 @@ struct CompletionScheduler::Impl {
     {
       Result<std::unique_ptr<MemoryPolicy>> policy = factory.Make(next.job.policy);
       if (!policy.ok()) {
-        next.handle->Fail(ApiError{400, "namm_policy: " + policy.status().message(), "invalid_request_error",
-                                   "namm_policy", ""});
+        // Named as responses name it: the spec holds the server's own paths (its NAMM's folder).
+        std::string message = policy.status().message();
+        const std::string& spec = next.job.policy;
+        if (!next.job.policy_label.empty()) {
+          for (std::size_t at = 0; !spec.empty() && (at = message.find(spec, at)) != std::string::npos;) {
+            message.replace(at, spec.size(), next.job.policy_label);
+            at += next.job.policy_label.size();
+          }
+        }
+        next.handle->Fail(ApiError{400, "namm_policy: " + message, "invalid_request_error", "namm_policy", ""});
         return;
       }
       Row row;

@@ -251,8 +251,10 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(Endpoint endp
            {"top_p", 1}, {"presence_penalty", 0}, {"frequency_penalty", 0}, {"top_logprobs", 0}}) {
     if (auto error = Unsupported(body, field, neutral)) return *error;
   }
+  // Off is null (and false in chat, where it is a flag); a completion's logprobs: 0 still asks for the chosen
+  // token's log probability.
   if (const auto logprobs = body.find("logprobs");
-      logprobs != body.end() && !logprobs->is_null() && *logprobs != false && *logprobs != 0) {
+      logprobs != body.end() && !logprobs->is_null() && !(endpoint == Endpoint::kChatCompletions && *logprobs == false)) {
     return Invalid("logprobs is not supported by namm-api", "logprobs");
   }
   if (const auto user = body.find("user"); user != body.end() && !user->is_null() && !user->is_string()) {

@@ -82,6 +82,36 @@ code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Cont
 [ "$(json 'd["error"]["type"]' < "$work/body")" = invalid_request_error ] || fail "error object: $(cat "$work/body")"
 code=$(curl -sS -o /dev/null -w '%{http_code}' -X DELETE "$URL/v1/completions")
 [ "$code" = 405 ] || fail "DELETE gave $code"
+# HEAD gets the head alone, and the connection then answers its next request (a body sent after a HEAD's head was
+# read as the next response).
+head=$(python3 - "$URL" <<'PY'
+import socket, sys, urllib.parse
+url = urllib.parse.urlparse(sys.argv[1])
+s = socket.create_connection((url.hostname, url.port), timeout=10)
+s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+first, rest = data.split(b"\r\n\r\n", 1)
+print(first.split()[1].decode(), rest.split()[1].decode() if rest.startswith(b"HTTP/1.1 ") else repr(rest[:40]))
+PY
+)
+[ "$head" = "405 200" ] || fail "HEAD then GET on one connection: $head"
+# What is not HTTP gets a 400 naming the problem, not a silent close.
+for request in 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n' 'hello\r\n\r\n'; do
+  answer=$(python3 - "$URL" "$request" <<'PY'
+import socket, sys, urllib.parse
+url = urllib.parse.urlparse(sys.argv[1])
+s = socket.create_connection((url.hostname, url.port), timeout=10)
+s.sendall(sys.argv[2].encode().decode("unicode_escape").encode())
+data = b""
+while chunk := s.recv(65536):
+    data += chunk
+print(data.split(b"\r\n", 1)[0].decode(), b"malformed HTTP request" in data)
+PY
+)
+  [ "$answer" = "HTTP/1.1 400 Bad Request True" ] || fail "not HTTP ($request): $answer"
+done
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v2/nothing")
 [ "$code" = 404 ] || fail "unknown path gave $code"
 printf '{"model": "stories260K", "prompt": "Once \xff upon", "max_tokens": 4}' > "$work/latin1.json"
@@ -112,14 +142,25 @@ code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Cont
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "namm_policy": "h2o:budget=32"}')
 [ "$code" = 200 ] || fail "a bounded baseline was refused: $code"
+# Refused once queued (the policy's options are checked as it is made): the same 400 streamed or not (a stream got
+# 200 and an error event before).
+for stream in false true; do
+  code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "stream": '$stream', "namm_policy": "h2o:budget=4,recent=5"}')
+  [ "$code" = 400 ] && grep -q '"param":"namm_policy"\|recent' "$work/body" || fail "stream $stream, h2o recent > budget: $code $(cat "$work/body")"
+done
 # FastGen's budget sizes its heads' parts, but a head whose attention needs it keeps every token.
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "namm_policy": "fastgen:budget=8"}')
 [ "$code" = 400 ] && grep -q -- "--allow-policies" "$work/body" || fail "fastgen:budget=8 on a bounded server: $code $(cat "$work/body")"
 kill "$PID"; wait "$PID" 2>/dev/null || true
-start --policy streaming:budget=64 --allow-policies full,tova
+start --policy streaming:budget=64 --allow-policies full,tova --max-tokens 8
 code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$full_policy")
 [ "$code" = 200 ] || fail "an allowed policy was refused: $code"
+# A completion's default max_tokens (16) within the server's --max-tokens (it was refused as over the limit).
+out=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "temperature": 0}')
+[ "$(echo "$out" | json 'd["usage"]["completion_tokens"]')" -le 8 ] || fail "the default max_tokens under --max-tokens 8: $out"
 kill "$PID"; wait "$PID" 2>/dev/null || true
 
 echo "== a NAMM's budget knob per request ('default,budget=N'): a smaller budget holds fewer KV bytes"
@@ -151,6 +192,15 @@ for setting in heads=own,threshold=-5 budget=16,prompt=keep; do  # neither a fla
   code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,'"$setting"'"}')
   [ "$code" = 400 ] && grep -q -- "--allow-policies namm" "$work/body" || fail "default,$setting per request: $code $(cat "$work/body")"
+done
+# A key a NAMM does not take is refused before any file is opened (it read as part of the NAMM's file name, so a
+# client made the server open files of its choosing), and no error says where the server's NAMM lies.
+for setting in x=/../../etc/hostname budget=abc ratio=2 prompt=maybe; do
+  code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,'"$setting"'"}')
+  [ "$code" = 400 ] || fail "default,$setting per request: $code $(cat "$work/body")"
+  if grep -q -- "$work" "$work/body"; then fail "an error names the server's NAMM's folder: $(cat "$work/body")"; fi
+  case $setting in x=*) grep -q "unknown option 'x' for namm" "$work/body" || fail "unknown key: $(cat "$work/body")";; esac
 done
 base=$(cache default)
 own=$(cache default,heads=own)
@@ -277,6 +327,23 @@ echo "   $idle"
 metrics=$(curl -sS "$URL/metrics")
 grep -q '^namm_api_connections_closed_total{limit="per_address"} 7[12]' <<< "$metrics" ||
   fail "closed connections not counted: $(grep connections_closed <<< "$metrics")"
+# Nor can connections whose request's body never comes: they are idle until it has (they held the server's room
+# for the idle timeout, /health answered 503).
+slow=$(python3 - "$URL" <<'PY'
+import socket, sys, time, urllib.parse, urllib.request
+url = urllib.parse.urlparse(sys.argv[1])
+head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+held = [socket.create_connection((url.hostname, url.port)) for _ in range(30)]
+for s in held:
+    s.sendall(head)
+time.sleep(0.5)
+try:
+    print(urllib.request.urlopen(sys.argv[1] + "/health", timeout=10).status)
+except Exception as e:
+    print(e)
+PY
+)
+[ "$slow" = 200 ] || fail "/health with 30 slow request bodies from its address: $slow"
 kill -TERM "$PID"
 wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 

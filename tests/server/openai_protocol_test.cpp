@@ -83,6 +83,8 @@ TEST(OpenAIProtocol, RefusesWhatItCannotHonourNamingTheField) {
            {c, R"({"model": "m", "prompt": "x", "n": 2})", "n", "n is not supported"},
            {c, R"({"model": "m", "prompt": "x", "top_p": 0.9})", "top_p", "top_p is not supported"},
            {c, R"({"model": "m", "prompt": "x", "logprobs": 2})", "logprobs", "logprobs"},
+           {c, R"({"model": "m", "prompt": "x", "logprobs": 0})", "logprobs", "logprobs"},
+           {chat, R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs", "logprobs"},
            {c, R"({"model": "m", "prompt": "x", "max_tokens": -1})", "max_tokens", "at least 0"},
            {c, R"({"model": "m", "prompt": "x", "max_tokens": 1.5})", "max_tokens", "must be an integer"},
            {c, R"({"model": "m", "prompt": "x", "max_tokens": 18446744073709551615})", "max_tokens", "too large"},

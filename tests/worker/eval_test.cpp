@@ -90,6 +90,12 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_NE(twice.status().message().find("'namm:f.safetensors,prompt=keep,prompt=evict'"), std::string::npos)
       << "the error names the whole policy: " << twice.status().ToString();
   EXPECT_EQ(*with_cache_setting("namm:f.safetensors,prompt=keep", "budget=4"), "namm:f.safetensors,budget=4,prompt=keep");
+  // A key a NAMM does not take is refused, not read as part of the file's name (namm-api opened
+  // "<its NAMM>,x=/../../etc/hostname" for a client).
+  const Result<std::string> unknown = with_cache_setting("namm:/srv/f.safetensors", "x=/../../etc/hostname");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown option 'x' for namm"), std::string::npos)
+      << unknown.status().ToString();
   // What a cache holds at most over 300 prompt tokens and 50 new ones, adding up to 64 between evictions.
   const auto peak = [](const std::string& policy, int64_t prompt = 300, int64_t new_tokens = 50) {
     const Result<int64_t> tokens = policy_peak_tokens(policy, prompt, new_tokens, 64);

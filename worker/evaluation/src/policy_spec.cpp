@@ -256,6 +256,10 @@ bool is_budgeted_family(const std::string& family) {
 
 Result<std::string> with_cache_setting(const std::string& text, const std::string& setting) {
   if (text.rfind("namm:", 0) == 0) {
+    // The setting's keys first: an unknown one would otherwise read as part of the file's name (a client of
+    // namm-api made the server open "<its NAMM>,x=/../../etc/hostname").
+    NAMM_ASSIGN_OR_RETURN(const OptionSpec named, parse_option_spec("namm:" + setting));
+    NAMM_RETURN_IF_ERROR(named.CheckKeys({"budget", "ratio", "threshold", "prompt", "heads"}));
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
     NAMM_ASSIGN_OR_RETURN(NammSpec with, parse_namm_spec("namm:" + namm.path + "," + setting));
     if (with.setting.empty()) {  // only prompt= or heads=: the NAMM's own knob stays
@@ -263,7 +267,6 @@ Result<std::string> with_cache_setting(const std::string& text, const std::strin
       with.knob = namm.knob;
     }
     // A flag the setting does not name stays as the spec has it; one it names is the setting's (heads=equal too).
-    NAMM_ASSIGN_OR_RETURN(const OptionSpec named, parse_option_spec("x:" + setting));
     if (named.options.count("prompt") == 0) with.keep_prompt = namm.keep_prompt;
     if (named.options.count("heads") == 0) with.own_head_counts = namm.own_head_counts;
     return with.ToString();
