@@ -2,12 +2,23 @@
 # Makes the certificates the deployment files expect: a private CA, the coordinator's server certificate (for the
 # names workers connect to) and one client certificate that workers present (mutual TLS).
 #
-#   deploy/tls/make-certs.sh OUT_DIR [SERVER_NAME ...]     # default names: coordinator, localhost, 127.0.0.1
+#   deploy/tls/make-certs.sh [--key-owner UID] OUT_DIR [SERVER_NAME ...]   # default names: coordinator, localhost,
+#                                                                           # 127.0.0.1
 #
 # OUT_DIR gets ca.pem (give it to both sides), ca.key (keep offline), server.pem + server.key (the coordinator),
 # worker.pem + worker.key (the workers). Valid one year; run again to renew. Needs the openssl command.
+# The private keys are readable by their owner only: --key-owner gives server.key and worker.key to UID (as root),
+# for containers that bind-mount OUT_DIR and run as that user (Docker Compose: the images' user namm, uid 10001;
+# without it they cannot open their keys and restart over and over).
 set -euo pipefail
-out=${1:?usage: make-certs.sh OUT_DIR [SERVER_NAME ...]}
+usage="usage: make-certs.sh [--key-owner UID] OUT_DIR [SERVER_NAME ...]"
+owner=""
+if [ "${1:-}" = --key-owner ]; then
+  owner=${2:?$usage}
+  [[ $owner =~ ^[0-9]+$ ]] || { echo "make-certs.sh: --key-owner takes a numeric uid, not '$owner'" >&2; exit 2; }
+  shift 2
+fi
+out=${1:?$usage}
 shift
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(coordinator localhost 127.0.0.1)
@@ -29,4 +40,5 @@ for who in server worker; do
 done
 rm -f "$out/ca.srl"
 chmod 0644 "$out/ca.pem" "$out/server.pem" "$out/worker.pem"
-echo "wrote $out: ca.pem, server.pem + server.key (${names[*]}), worker.pem + worker.key"
+[ -z "$owner" ] || chown "$owner" "$out/server.key" "$out/worker.key"
+echo "wrote $out: ca.pem, server.pem + server.key (${names[*]}), worker.pem + worker.key${owner:+ (keys owned by uid $owner)}"

@@ -630,6 +630,38 @@ class Checker:
                             f"addresses {sorted(metrics_targets)}"):
                 self.r.ok(f"deploy/prometheus/prometheus.yml: targets match the compose services ({len(targets)})")
 
+    def check_compose_keys(self):
+        """The compose instructions give the TLS keys to the images' user: a bind mount keeps the host's owner and
+        make-certs.sh's mode 0600, so the containers (USER namm) could not open them and restarted over and over.
+        And make-certs.sh --key-owner does so (run when openssl is installed and we are root)."""
+        uids = set()
+        for f in self.files_under(os.path.join("deploy", "docker"), ("Dockerfile",)):
+            uids |= set(re.findall(r"useradd\b[^\n]*--uid (\d+)", open(f).read()))
+        if not self.r.check(len(uids) == 1, "deploy/docker/", f"the images' users have uids {sorted(uids)}, not one"):
+            return
+        uid = uids.pop()
+        for rel in (os.path.join("deploy", "docker", "compose.yaml"), os.path.join("deploy", "README.md")):
+            commands = [line for line in open(self.path(rel)) if "make-certs.sh" in line and "deploy/docker/tls" in line]
+            if self.r.check(commands, rel, "does not say how to make deploy/docker/tls (make-certs.sh)") and \
+                    self.r.check(all(f"--key-owner {uid} " in c for c in commands), rel,
+                                 f"make-certs.sh without --key-owner {uid} (the images' uid): {commands}"):
+                self.r.ok(f"{rel}: make-certs.sh gives the keys to uid {uid}")
+        script = self.path(os.path.join("deploy", "tls", "make-certs.sh"))
+        if os.geteuid() != 0 or not shutil.which("openssl"):
+            self.r.skip("make-certs.sh --key-owner: needs root and openssl")
+            return
+        with tempfile.TemporaryDirectory() as out:
+            made = subprocess.run([script, "--key-owner", uid, out, "coordinator"], capture_output=True, text=True)
+            if not self.r.check(made.returncode == 0, script, f"failed: {made.stderr}"):
+                return
+            modes = {name: (os.stat(os.path.join(out, name)).st_uid, oct(os.stat(os.path.join(out, name)).st_mode & 0o777))
+                     for name in ("server.key", "worker.key", "ca.pem", "server.pem", "worker.pem")}
+            wanted = {"server.key": (int(uid), "0o600"), "worker.key": (int(uid), "0o600")}
+            if self.r.check(all(modes[k] == v for k, v in wanted.items()) and
+                            all(modes[k][1] == "0o644" for k in ("ca.pem", "server.pem", "worker.pem")),
+                            script, f"--key-owner {uid}: owners and modes {modes}"):
+                self.r.ok(f"deploy/tls/make-certs.sh --key-owner {uid}: the keys are uid {uid}'s, mode 0600")
+
     # ---- run specs -----------------------------------------------------------------------------------------------
 
     def check_run_specs(self):
@@ -870,6 +902,7 @@ class Checker:
         self.check_systemd()
         self.check_dockerfiles()
         self.check_compose()
+        self.check_compose_keys()
         self.check_run_specs()
         self.check_k8s()
         return self.finish()

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "../chromium.h"
@@ -579,12 +580,12 @@ TEST_F(Eval, ShardsMergeIntoExactlyTheUnshardedResult) {
                     merged = *dir_ + "/merged";
   for (const auto& d : {whole, s0, s1, merged}) std::filesystem::remove_all(d);
   ASSERT_EQ(RunEval(whole, policies).exit_code, 0);
-  ASSERT_EQ(RunEval(s0, policies, "--shard 0/2").exit_code, 0);
+  ASSERT_EQ(RunEval(s0, policies, "--shard 0/2 --explain-rows 1").exit_code, 0);
   // A merge with a shard missing is refused.
   const auto partial = RunProcess(kWorker + " eval --merge " + s0 + " --out " + merged);
   EXPECT_NE(partial.exit_code, 0);
   EXPECT_NE(partial.output.find("shard 1/2 is missing"), std::string::npos) << partial.output;
-  ASSERT_EQ(RunEval(s1, policies, "--shard 1/2").exit_code, 0);
+  ASSERT_EQ(RunEval(s1, policies, "--shard 1/2 --explain-rows 1").exit_code, 0);
   EXPECT_EQ(Lines(ReadText(predictions_path(s1, "syn/interruption_heldout", "oracle"))).size(), 3u);
   const auto merge = RunProcess(kWorker + " eval --merge " + s1 + " " + s0 + " --out " + merged);
   ASSERT_EQ(merge.exit_code, 0) << merge.output;
@@ -602,6 +603,21 @@ TEST_F(Eval, ShardsMergeIntoExactlyTheUnshardedResult) {
   ASSERT_TRUE(merged_config.ok() && whole_config.ok());
   EXPECT_EQ(merged_config->DifferenceFrom(*whole_config), "");
   EXPECT_EQ(merged_config->shard_count, 1);
+  // The shards' explain pages come along, linked from the merged results page (they were left behind).
+  const auto pages = [](const std::string& dir) {
+    std::set<std::string> names;
+    const std::string folder =
+        std::filesystem::path(predictions_path(dir, "syn/interruption_heldout", "oracle")).parent_path();
+    for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+      if (explain_page_row(entry.path().filename())) names.insert(entry.path().filename());
+    }
+    return names;
+  };
+  std::set<std::string> shard_pages = pages(s0);
+  for (const std::string& name : pages(s1)) shard_pages.insert(name);
+  EXPECT_FALSE(shard_pages.empty());
+  EXPECT_EQ(pages(merged), shard_pages);
+  EXPECT_NE(ReadText(merged + "/results.html").find("What the policies keep"), std::string::npos);
 }
 
 TEST_F(Eval, RefusesBadInputWithAClearMessage) {

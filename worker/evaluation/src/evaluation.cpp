@@ -923,6 +923,7 @@ Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& s
   }
   // Every shard must be complete before anything is written.
   std::map<std::pair<std::string, std::string>, std::vector<PredictionRecord>> joined;
+  std::vector<std::pair<std::string, std::string>> explain_pages;  // (in a shard, in `out`) for the shard's rows
   for (std::size_t i = 0; i < configs.size(); ++i) {
     NAMM_RETURN_IF_ERROR(compute_results(configs[i], shard_dirs[i]).status());
     for (const auto& task : merged.tasks) {
@@ -937,6 +938,14 @@ Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& s
           // Only the shard's own rows, once each (compute_results above checked that all are there).
           if (own_rows.count(r.row) && taken.insert(r.row).second) all.push_back(std::move(r));
         }
+        // Its explain pages (eval --explain-rows), which the merged results page links.
+        const std::string folder = parent_directory(predictions_path(shard_dirs[i], task, policy));
+        const std::string merged_folder = parent_directory(predictions_path(out, task, policy));
+        const Result<std::vector<std::string>> names = list_directory(folder);
+        for (const std::string& name : names.ok() ? *names : std::vector<std::string>{}) {
+          const std::optional<int64_t> row = explain_page_row(name);
+          if (row && own_rows.count(*row)) explain_pages.emplace_back(folder + "/" + name, merged_folder + "/" + name);
+        }
       }
     }
   }
@@ -949,6 +958,10 @@ Result<std::vector<PolicyResult>> merge_shards(const std::vector<std::string>& s
     const std::string path = predictions_path(out, key.first, key.second);
     NAMM_RETURN_IF_ERROR(make_directories(parent_directory(path)));
     NAMM_RETURN_IF_ERROR(write_file_atomically(path, {text}));
+  }
+  for (const auto& [from, to] : explain_pages) {
+    NAMM_ASSIGN_OR_RETURN(const std::string page, read_file(from));
+    NAMM_RETURN_IF_ERROR(write_file_atomically(to, {page}));
   }
   NAMM_ASSIGN_OR_RETURN(std::vector<PolicyResult> results, compute_results(merged, out));
   NAMM_RETURN_IF_ERROR(write_results(merged, results, out));
