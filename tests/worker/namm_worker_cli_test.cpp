@@ -176,11 +176,19 @@ TEST(NammWorkerCli, BadInputGetsAClearError) {
       {StoriesArgs() + " --prompt hi --chunk-size 100", "must be positive and divide"},
       {StoriesArgs() + " --prompt hi --device cuda:0", "CUDA"},
       {"generate --model " + SharedPath(testing::kStoriesModel) + " --prompt hi", "--tokenizer is required"},
+      // An empty stop string ended every answer after one token; an empty --prompt was called missing.
+      {StoriesArgs() + " --prompt hi --stop ''", "an empty stop string would end every answer at once"},
+      {StoriesArgs() + " --prompt ''", "the prompt is empty"},
+      {StoriesArgs() + " --prompt hi --threads 100000", "--threads"},
+      // A cache no machine can reserve: one line (libtorch's message came with a 20-frame backtrace).
+      {StoriesArgs() + " --prompt hi --max-new-tokens 1000000000000000 --max-context 2000000000000000",
+       "allocate"},
   };
   for (const auto& c : cases) {
     auto run = Worker(c.args);
     EXPECT_NE(run.exit_code, 0) << c.args;
     EXPECT_NE(run.output.find(c.message), std::string::npos) << c.args << "\n" << run.output;
+    EXPECT_EQ(run.output.find("frame #"), std::string::npos) << "a backtrace: " << c.args << "\n" << run.output;
   }
   // With --truncate the long prompt is cut in the middle exactly as the reference cuts it, to 512 - 128 tokens
   // before BOS and re-encoding (which may add a few): no second cut.

@@ -71,7 +71,7 @@ Status RunGenerate(const GenerateOptions& o) {
     generation_context = fitted.context;
   } else {
     NAMM_ASSIGN_OR_RETURN(ids, tokenizer->EncodeForModel(prompt));
-    if (static_cast<int64_t>(ids.size()) + o.max_new_tokens > context) {
+    if (static_cast<int64_t>(ids.size()) > context - o.max_new_tokens) {  // (their sum may overflow)
       return Status::InvalidArgument("the prompt has " + std::to_string(ids.size()) + " tokens, which with " +
                                      std::to_string(o.max_new_tokens) + " new tokens exceed the context of " +
                                      std::to_string(context) + "; pass --truncate to cut its middle");
@@ -125,8 +125,14 @@ void AddGenerateCommand(CLI::App& app, Action& run) {
   cmd->add_option("--explain", o->explain,
                   "Also write FILE.html: every token shaded by how long it stayed in the cache, per layer, and the "
                   "cache size after every memory update");
-  cmd->callback([o, &run] {
-    if (o->prompt_file.empty() && o->prompt.empty()) throw CLI::RequiredError("--prompt or --prompt-file");
+  cmd->callback([o, prompt, &run] {
+    if (o->prompt_file.empty() && o->prompt.empty()) {
+      if (prompt->count() > 0) throw CLI::ValidationError("--prompt", "the prompt is empty");
+      throw CLI::RequiredError("--prompt or --prompt-file");
+    }
+    for (const std::string& stop : o->stop) {  // (namm-api drops them, as OpenAI does; here one was asked for)
+      if (stop.empty()) throw CLI::ValidationError("--stop", "an empty stop string would end every answer at once");
+    }
     run = [o] {
       Status s = RunGenerate(*o);
       return s.ok() ? 0 : Fail(s.message());

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "namm/worker/llama_model.h"
 
 namespace namm::worker::cli {
 int Fail(const std::string& message) {
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   try {
     return run();
   } catch (const std::exception& e) {
-    return namm::worker::cli::Fail(e.what());
+    // One line, said to be out of memory when it is (libtorch's own message ends in a backtrace of its frames).
+    return namm::worker::cli::Fail(namm::worker::failure_status(e).message());
   }
 }

@@ -104,7 +104,7 @@ void AddInferenceOptions(CLI::App* cmd, InferenceOptions& o) {
                   "values run beyond the trained length)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o.threads, "CPU threads: BLAS's and our kernels' alike (default: one per core)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));  // (100,000 failed in thread creation: "Resource temporarily unavailable")
 }
 
 void ApplyThreads(const InferenceOptions& o) {
