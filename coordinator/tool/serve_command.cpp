@@ -334,6 +334,13 @@ Status Serve(const ServeFlags& f) {
     spdlog::warn("serving in plaintext (--insecure-plaintext): the shared secret and every result cross the network "
                  "unencrypted");
   }
+  // Every worker connection is a descriptor, as are the database's: at a soft limit of 1,024 (systemd's), 60 idle
+  // connections under `ulimit -n 64` made the store's next open fail (SQLITE_CANTOPEN) and stopped the run.
+  if (const Result<int64_t> files = raise_open_file_limit(); !files.ok()) {
+    spdlog::warn("{}", files.status().ToString());
+  } else {
+    spdlog::debug("open files: at most {}", *files);
+  }
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(f.paths));
   NAMM_ASSIGN_OR_RETURN(PromptCosts costs, load_prompt_costs(spec.all_tasks(), paths));
   // Waits for the database (another process holding its lock, a slow disk) are retried for as long as they

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -86,6 +87,20 @@ Result<int64_t> file_size(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Status::IOError("cannot read the size of " + path + ": " + ErrnoText());
   return static_cast<int64_t>(st.st_size);
+}
+
+Result<int64_t> raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return Status::IOError(std::string("cannot read the open-file limit: ") + std::strerror(errno));
+  }
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      return Status::IOError(std::string("cannot raise the open-file limit: ") + std::strerror(errno));
+    }
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? int64_t{-1} : static_cast<int64_t>(limit.rlim_cur);
 }
 
 Result<std::string> read_file(const std::string& path) {

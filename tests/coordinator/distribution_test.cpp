@@ -840,8 +840,16 @@ TEST(Distribution, ServingWithoutTlsNeedsToBeAskedFor) {
   const auto worker = RunProcess(kWorker + " serve --coordinator " + r.address() + " --token-file " + r.token +
                                  " --model /nowhere/model.bin");
   EXPECT_NE(worker.output.find("serve needs TLS"), std::string::npos) << worker.output;
-  // Asked for: it serves, and says what that means.
+  // Asked for: it serves, and says what that means. Started at a soft limit of 64 open files, it serves at its
+  // hard limit (every connection is a descriptor: 60 idle ones stopped a run's store at 64).
+  r.coordinator_prefix = {"/usr/bin/prlimit", "--nofile=64:4096"};
   Child coordinator = r.Serve();
+  std::string open_files;
+  std::istringstream limits(ReadText("/proc/" + std::to_string(coordinator.pid) + "/limits"));
+  for (std::string line; std::getline(limits, line);) {
+    if (line.rfind("Max open files", 0) == 0) open_files = line;
+  }
+  EXPECT_NE(open_files.find("4096                 4096"), std::string::npos) << open_files;
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0);
   EXPECT_NE(ReadText(r.log("coordinator")).find("serving in plaintext (--insecure-plaintext)"), std::string::npos);

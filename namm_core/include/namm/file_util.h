@@ -33,6 +33,10 @@ Result<std::vector<std::string>> list_directory(const std::string& path);
 // The size in bytes of the file at `path`.
 Result<int64_t> file_size(const std::string& path);
 
+// Raises this process's soft limit on open files to its hard limit and returns the new soft limit (a server whose
+// every connection is a descriptor: systemd and shells start services at a soft 1,024).
+Result<int64_t> raise_open_file_limit();
+
 // Reads a whole file into memory.
 Result<std::string> read_file(const std::string& path);
 
