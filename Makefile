@@ -63,8 +63,9 @@ bench: build
 	@for b in $(BUILD_DIR)/bin/*_bench; do echo "== $$b"; $$b || exit 1; done
 
 # Every label but long, the programs the process tests start included; LeakSanitizer on (tests/sanitizers/ holds
-# the suppressions, each with its reason).
-SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+# the suppressions, each with its reason). An allocation too large for any machine fails as it does without the
+# sanitizer (allocator_may_return_null), for the error path a test checks, instead of aborting.
+SANITIZER_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp
 
