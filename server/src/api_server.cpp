@@ -421,7 +421,6 @@ struct ApiServer::Impl {
     });
   }
 
-  // Gives the request a thread for its answer; the connection comes back to the io thread after it.
   // Whether `ec` is the HTTP parser refusing what was sent (not HTTP, a bad Content-Length, a bad chunk), which is
   // answered with a 400 rather than a silent close; a connection that closed, mid-request or not, is not.
   static bool Malformed(Session& s, const beast::error_code& ec) {
@@ -433,6 +432,7 @@ struct ApiServer::Impl {
     return true;
   }
 
+  // Gives the request a thread for its answer; the connection comes back to the io thread after it.
   void Answer(const std::shared_ptr<Session>& s, Session::Read read) {
     // A request read whole: not closed to make room until it is answered. Until then (its headers in, its body
     // still coming) it may be: four slow bodies kept every other client out for the idle timeout before.
@@ -670,23 +670,23 @@ struct ApiServer::Impl {
       Result<std::pair<std::string, std::string>> composed = compose(PolicyLabel(options.default_policy));
       if (composed.ok()) composed = compose(options.default_policy);
       if (!composed.ok()) return Error(400, "namm_policy: " + composed.status().message(), "namm_policy");
-      const std::string* with = &composed->first;
-      const std::string* family = &composed->second;
+      const std::string& with = composed->first;
+      const std::string& family = composed->second;
       bool may_hold_more = false;
-      if (*family == "namm") {
-        const Result<worker::NammSpec> asked = worker::parse_namm_spec(*with);
+      if (family == "namm") {
+        const Result<worker::NammSpec> asked = worker::parse_namm_spec(with);
         const Result<worker::NammSpec> own = worker::parse_namm_spec(options.default_policy);
         may_hold_more = !asked.ok() || !own.ok() || (asked->knob.threshold && asked->setting != own->setting) ||
                         (asked->keep_prompt && !own->keep_prompt);
       }
-      if (may_hold_more && !AllowedByOperator(*with, *family)) {
+      if (may_hold_more && !AllowedByOperator(with, family)) {
         return Error(400, "namm_policy '" + r.policy + "' may hold more than this server's " +
                               PolicyLabel(options.default_policy) +
                               ": ask for 'default,budget=N' or 'default,ratio=R', or have the operator allow it "
                               "(--allow-policies namm)",
                      "namm_policy");
       }
-      job.policy = *with;
+      job.policy = with;
     } else {
       Result<std::string> family = worker::policy_family(r.policy);
       if (!family.ok()) return Error(400, "namm_policy: " + family.status().message(), "namm_policy");
@@ -788,23 +788,31 @@ struct ApiServer::Impl {
                           : Whole(stream, fd, http_request, request, header, *handle, endpoint);
   }
 
+  // The first update with news `wanted` takes, or nullopt once the client left or the server stops (the request
+  // then cancelled, counted as 499).
+  template <class Wanted>
+  std::optional<CompletionUpdate> WaitFor(CompletionHandle& handle, int fd, const std::string& endpoint, Wanted wanted) {
+    while (true) {
+      CompletionUpdate update = handle.Wait(kPollSlice);
+      if (wanted(update)) return update;
+      if (PeerGone(fd) || stopping.load()) {
+        handle.Cancel();
+        if (metrics) metrics->Request(endpoint, 499);
+        return std::nullopt;
+      }
+    }
+  }
+
   // Waits for the end (cancelling the request if its client leaves), then answers.
   template <class S>
   bool Whole(S& stream, int fd, const Request& http_request, const CompletionRequest& request,
              const ResponseHeader& header, CompletionHandle& handle, const std::string& endpoint) {
-    while (true) {
-      CompletionUpdate update = handle.Wait(kPollSlice);
-      if (update.finished) {
-        if (update.error) return Reply(stream, http_request, endpoint, *update.error, http_request.keep_alive());
-        return Send(stream, http_request, endpoint, 200, completion_response(request, header, update.outcome),
-                    "application/json", {}, http_request.keep_alive());
-      }
-      if (PeerGone(fd) || stopping.load()) {
-        handle.Cancel();
-        if (metrics) metrics->Request(endpoint, 499);
-        return false;
-      }
-    }
+    std::optional<CompletionUpdate> update =
+        WaitFor(handle, fd, endpoint, [](const CompletionUpdate& u) { return u.finished; });
+    if (!update) return false;
+    if (update->error) return Reply(stream, http_request, endpoint, *update->error, http_request.keep_alive());
+    return Send(stream, http_request, endpoint, 200, completion_response(request, header, update->outcome),
+                "application/json", {}, http_request.keep_alive());
   }
 
   // Server-sent events, one per piece of text, as it is generated; then the finish reason, the usage if asked,
@@ -814,16 +822,10 @@ struct ApiServer::Impl {
               const ResponseHeader& header, CompletionHandle& handle, const std::string& endpoint) {
     // The head goes with the first text: a request refused once queued (its KV over --max-kv-bytes, a policy's
     // options) is answered with its status, as without stream, and not with 200 and an error event.
-    CompletionUpdate first;
-    while (first.text.empty() && !first.finished) {
-      first = handle.Wait(kPollSlice);
-      if (first.text.empty() && !first.finished && (PeerGone(fd) || stopping.load())) {
-        handle.Cancel();
-        if (metrics) metrics->Request(endpoint, 499);
-        return false;
-      }
-    }
-    if (first.error) return Reply(stream, http_request, endpoint, *first.error, http_request.keep_alive());
+    std::optional<CompletionUpdate> first =
+        WaitFor(handle, fd, endpoint, [](const CompletionUpdate& u) { return !u.text.empty() || u.finished; });
+    if (!first) return false;
+    if (first->error) return Reply(stream, http_request, endpoint, *first->error, http_request.keep_alive());
     // HTTP/1.1 streams in chunks and may keep the connection; HTTP/1.0 has no chunks: the stream ends with the
     // connection.
     const bool chunked = http_request.version() >= 11;
@@ -848,7 +850,7 @@ struct ApiServer::Impl {
     if (ok && request.endpoint == Endpoint::kChatCompletions) ok = event(stream_text_chunk(request, header, "", true));
     int status = 200;
     for (bool first_update = true; ok; first_update = false) {
-      CompletionUpdate update = first_update ? std::move(first) : handle.Wait(kPollSlice);
+      CompletionUpdate update = first_update ? std::move(*first) : handle.Wait(kPollSlice);
       if (!update.text.empty()) ok = event(stream_text_chunk(request, header, update.text, false));
       if (ok && update.finished) {
         if (update.error) {
