@@ -169,6 +169,8 @@ Result<std::unique_ptr<RunServer>> RunServer::Start(Store& store, Trainer& train
 
   NAMM_RETURN_IF_ERROR(impl->StartMetrics());
   NAMM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(impl->options.tls));
+  // Over TLS the secret is checked before a call's body is read (the server goes before the service: ~Impl).
+  if (!impl->options.tls.cert.empty()) credentials->SetAuthMetadataProcessor(impl->service->SecretCheckBeforeBody());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(impl->options.listen, credentials, &impl->port);
   builder.SetMaxReceiveMessageSize(impl->options.max_message_bytes);

@@ -1,5 +1,6 @@
 #include "worker_service.h"
 
+#include <grpc/grpc_security_constants.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -110,14 +111,17 @@ grpc::Status WorkerService::Refuse(StatusCode code, const std::string& message) 
 grpc::Status WorkerService::Authenticate(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("x-namm-token");
+  return CheckSecret(it == metadata.end() ? nullptr : &it->second, PeerAddress(context));
+}
+
+grpc::Status WorkerService::CheckSecret(const grpc::string_ref* presented, const std::string& peer) {
   std::string failure;
-  if (it == metadata.end()) {
+  if (presented == nullptr) {
     failure = "no x-namm-token metadata: workers must present the run's shared secret";
-  } else if (!SameSecret(std::string(it->second.data(), it->second.size()), config_.token)) {
+  } else if (!SameSecret(std::string(presented->data(), presented->size()), config_.token)) {
     failure = "wrong shared secret (x-namm-token)";
   }
   if (failure.empty()) return grpc::Status::OK;  // whatever others at its address did
-  const std::string peer = PeerAddress(context);
   const AuthLockout::Verdict v = lockout_.Failed(peer, failure, Clock::now());
   if (!v.warning.empty()) spdlog::warn("{}", v.warning);
   const StatusCode code = v.locked_out ? StatusCode::RESOURCE_EXHAUSTED : StatusCode::UNAUTHENTICATED;
@@ -128,6 +132,36 @@ grpc::Status WorkerService::Authenticate(const grpc::ServerContextBase& context)
                   "for a minute (" + failure + ")"};
   }
   return {code, failure};
+}
+
+namespace {
+
+// The secret checked on a call's metadata, before gRPC reads its body: a peer without it then costs the
+// coordinator no message (up to --max-message-bytes) buffered and parsed. gRPC runs such processors on secure
+// connections only; in plaintext the handlers' check (the same verdict) is all there is.
+class SecretBeforeBody final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit SecretBeforeBody(WorkerService& service) : service_(service) {}
+  bool IsBlocking() const override { return false; }  // a comparison and a lock: no thread hop needed
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata*,
+                       OutputMetadata*) override {
+    const auto it = metadata.find("x-namm-token");
+    return service_.CheckSecret(it == metadata.end() ? nullptr : &it->second, Peer(*context));
+  }
+
+ private:
+  // The lockout's key: the peer's address as gRPC's TLS handshake recorded it, else one key for all of TLS.
+  static std::string Peer(const grpc::AuthContext& context) {
+    const std::vector<grpc::string_ref> ip = context.FindPropertyValues(GRPC_PEER_IP_PROPERTY_NAME);
+    return ip.empty() ? std::string("a TLS peer") : std::string(ip.front().data(), ip.front().size());
+  }
+  WorkerService& service_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::AuthMetadataProcessor> WorkerService::SecretCheckBeforeBody() {
+  return std::make_shared<SecretBeforeBody>(*this);
 }
 
 void WorkerService::ReleaseStream(const std::string& peer) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/auth_metadata_processor.h>
 
 #include <array>
 #include <atomic>
@@ -96,6 +97,12 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   // Every stream ends with `end`; from now on registrations and reports are refused (UNAVAILABLE).
   void End(v1::WorkBatch::End end);
   ServiceCounters counters() const;
+  // The secret (and the lockout) checked on each call's metadata before its body is read, for a TLS server's
+  // credentials (SetAuthMetadataProcessor); holds this service, which must outlive the server.
+  std::shared_ptr<grpc::AuthMetadataProcessor> SecretCheckBeforeBody();
+  // The verdict on a presented secret (nullptr: none) from `peer` (an address without its port): OK, or the
+  // refusal, counted and logged; a peer with too many recent failures is refused at once without it. Thread-safe.
+  grpc::Status CheckSecret(const grpc::string_ref* presented, const std::string& peer);
 
   // gRPC handlers.
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
@@ -119,7 +126,7 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
     LeaseStream* stream = nullptr;  // while streaming
   };
 
-  // The secret; a peer address with too many recent failures is refused at once without it (AuthLockout).
+  // CheckSecret on the call's "x-namm-token" metadata and address.
   grpc::Status Authenticate(const grpc::ServerContextBase& context);
   // What a report holds, prompt by prompt (mu_ held): accepted results (new ones, for the progress log), results
   // to record (new or duplicate: prompt and seconds), failures to record, results of a lease of an ended phase,
