@@ -11,9 +11,11 @@
 namespace namm::server {
 
 namespace {
-// Seconds, from a tenth of a millisecond (a token of stories260K) to minutes (a long prompt's prefill on a CPU).
+// Seconds, from a tenth of a millisecond (a token of stories260K) to ten minutes (--request-timeout's default: a
+// long prompt's prefill on a CPU).
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+          300, 600};
 }
 }  // namespace
 
@@ -71,6 +73,11 @@ struct ApiMetrics::Impl {
       .Name("namm_api_connections_closed_total")
       .Help("Idle connections closed to make room for a new one, by which limit was full")
       .Register(registry);
+  // Every series from the start: a series that appears at 1 loses its first increment to rate() and increase().
+  prometheus::Counter& dropped_timeout = dropped.Add({{"reason", "timeout"}});
+  prometheus::Counter& dropped_disconnected = dropped.Add({{"reason", "disconnected"}});
+  prometheus::Counter& closed_per_address = closed.Add({{"limit", "per_address"}});
+  prometheus::Counter& closed_total = closed.Add({{"limit", "total"}});
   prometheus::Family<prometheus::Gauge>& connections = prometheus::BuildGauge()
       .Name("namm_api_connections").Help("Open connections, waiting for a request (idle) or busy with one")
       .Register(registry);
@@ -119,11 +126,11 @@ void ApiMetrics::Finished(const CompletionOutcome& outcome, double seconds) {
 }
 
 void ApiMetrics::Dropped(bool timed_out) {
-  impl_->dropped.Add({{"reason", timed_out ? "timeout" : "disconnected"}}).Increment();
+  (timed_out ? impl_->dropped_timeout : impl_->dropped_disconnected).Increment();
 }
 
 void ApiMetrics::ConnectionClosedForRoom(bool per_address) {
-  impl_->closed.Add({{"limit", per_address ? "per_address" : "total"}}).Increment();
+  (per_address ? impl_->closed_per_address : impl_->closed_total).Increment();
 }
 
 void ApiMetrics::Connections(int64_t idle, int64_t busy) {

@@ -443,7 +443,7 @@ struct CompletionScheduler::Impl {
     const auto failure = [&](const CompletionHandle& handle) {
       return handle.cancelled() ? ServerError(499, "cancelled by the client")
                                 : ApiError{408, "the request took longer than the server's limit of " +
-                                                    std::to_string(static_cast<int64_t>(options.request_timeout_seconds)) + " s",
+                                                    fmt::format("{:g}", options.request_timeout_seconds) + " s",
                                            "timeout", "", "request_timeout"};
     };
     std::vector<Waiting> dropped;

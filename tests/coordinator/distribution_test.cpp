@@ -539,6 +539,11 @@ TEST(Distribution, AFinishedRunLingersWithItsMetricsUntilSigterm) {
                         std::chrono::seconds(30)))
       << again << ReadText(r.log("coordinator"));
   EXPECT_NE(again.find("namm_population_fitness_mean{run=\"dist_linger\"}"), std::string::npos) << again;
+  // Where the run ended (its second stage, generation 4 of 0-4), not a plan's defaults (stage 0, generation 0).
+  for (const std::string series : {"namm_run_stage{run=\"dist_linger\"} 1", "namm_run_generation{run=\"dist_linger\"} 4",
+                                    "namm_run_generations{run=\"dist_linger\"} 5", "namm_run_eta_seconds{run=\"dist_linger\"} 0"}) {
+    EXPECT_NE(again.find(series + "\n"), std::string::npos) << series << "\n" << again;
+  }
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
 }

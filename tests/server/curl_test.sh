@@ -76,6 +76,12 @@ curl -sS "$URL/metrics" > "$work/metrics"
 promtool check metrics < "$work/metrics" || fail "promtool refused the exposition"
 grep -q '^namm_api_requests_total{endpoint="completions",status="200"} 3' "$work/metrics" || fail "request counter: $(grep requests_total "$work/metrics")"
 grep -q '^namm_api_generated_tokens_total ' "$work/metrics" || fail "no token counter"
+# Counted from zero (a series that first appears at 1 loses that increment to rate()).
+for series in 'requests_dropped_total{reason="timeout"}' 'requests_dropped_total{reason="disconnected"}' \
+    'connections_closed_total{limit="per_address"}' 'connections_closed_total{limit="total"}'; do
+  grep -qF "namm_api_$series 0" "$work/metrics" || fail "no namm_api_$series at 0: $(grep -E 'dropped|closed' "$work/metrics")"
+done
+grep -q '^namm_api_request_duration_seconds_bucket{le="600"}' "$work/metrics" || fail "no bucket at the default timeout"
 grep -q '^namm_api_time_to_first_token_seconds_count 3' "$work/metrics" || fail "TTFT histogram"
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' -d '{"model":')
 [ "$code" = 400 ] || fail "malformed JSON gave $code"
@@ -244,11 +250,12 @@ wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 grep -q 'draining' "$work/out" || fail "no drain message"
 
 echo "== --request-timeout ends a running request (not only a queued one) with 408, and frees its row"
-start --max-context 4096 --request-timeout 1
+start --max-context 4096 --request-timeout 0.25
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0}')
 [ "$code" = 408 ] && [ "$(json 'd["error"]["code"]' < "$work/body")" = request_timeout ] ||
   fail "a running request past --request-timeout gave $code $(cat "$work/body")"
+grep -q "limit of 0.25 s" "$work/body" || fail "the 408 does not name the limit: $(cat "$work/body")"
 curl -sS "$URL/metrics" > "$work/metrics"
 grep -q '^namm_api_requests_dropped_total{reason="timeout"} 1' "$work/metrics" || fail "the timeout was not counted"
 grep -q '^namm_api_requests_running 0' "$work/metrics" || fail "its row was not freed: $(grep running "$work/metrics")"

@@ -53,9 +53,9 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry, const Run
       generation_(Gauge("namm_run_generation", "Generation in progress (run-global, 0-based)")),
       generations_(Gauge("namm_run_generations", "Generations in the whole schedule")),
       finished_(Gauge("namm_run_finished", "1 once the schedule is done")),
-      eta_(Gauge("namm_run_eta_seconds", "Time left at this process's pace so far")),
       last_result_(Gauge("namm_run_last_result_timestamp_seconds",
                          "Unix time of the last accepted result (or of start-up)")),
+      eta_(LazyGauge("namm_run_eta_seconds", "Time left at this process's pace so far")),
       generations_completed_(Counter("namm_generations_completed_total", "Generations committed by this process")),
       generation_seconds_(Histogram("namm_generation_duration_seconds",
                                     "Wall time of a generation's phase, first lease to last result",
@@ -161,7 +161,7 @@ void CoordinatorMetrics::SetPosition(int64_t stage, int64_t generation, bool fin
   stage_.Set(static_cast<double>(stage));
   generation_.Set(static_cast<double>(generation));
   finished_.Set(finished ? 1 : 0);
-  if (finished) eta_.Set(0);
+  if (finished) eta_.Add({}).Set(0);
 }
 
 void CoordinatorMetrics::PhaseStarted(int64_t units) {
@@ -210,7 +210,7 @@ void CoordinatorMetrics::GenerationCommitted(const AdvanceSummary& summary, doub
   generation_seconds_.Observe(std::max(0.0, phase_seconds));  // a resumed phase may be done before it starts
   tell_seconds_.Observe(summary.record.tell_seconds);
   db_write_seconds_.Add({{"operation", "generation"}}, kDbBuckets).Observe(summary.commit_seconds);
-  eta_.Set(eta_seconds);
+  eta_.Add({}).Set(eta_seconds);
 }
 
 void CoordinatorMetrics::ShowGeneration(const GenerationRecord& r, const std::map<std::string, double>& metrics) {

@@ -50,7 +50,8 @@ class CoordinatorMetrics {
   prometheus::Registry& registry_;
   const std::map<std::string, std::string> run_label_;
 
-  prometheus::Gauge &stage_, &generation_, &generations_, &finished_, &eta_, &last_result_;
+  prometheus::Gauge &stage_, &generation_, &generations_, &finished_, &last_result_;
+  prometheus::Family<prometheus::Gauge>& eta_;  // absent until a generation of this process gives a pace
   prometheus::Counter& generations_completed_;
   prometheus::Histogram& generation_seconds_;
   prometheus::Family<prometheus::Gauge>&fitness_best_, &fitness_mean_, &fitness_std_, &population_cache_;

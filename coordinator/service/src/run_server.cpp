@@ -208,8 +208,13 @@ Status RunServer::Impl::StartMetrics() {
   NAMM_ASSIGN_OR_RETURN(endpoint, MetricsEndpoint::Start(options.metrics_listen));
   metrics = std::make_unique<CoordinatorMetrics>(endpoint->registry(), trainer.spec());
   if (options.store_waits != nullptr) options.store_waits->Attach(endpoint->registry(), trainer.spec().name);
-  metrics->SetPosition(trainer.plan().schedule.stage, trainer.plan().generation, trainer.finished());
   NAMM_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.GetGenerations(trainer.run_id()));
+  // A finished run has no plan (the trainer resumes it without one): its position is its last generation's.
+  if (trainer.finished() && !generations.empty()) {
+    metrics->SetPosition(generations.back().stage, generations.back().generation, true);
+  } else {
+    metrics->SetPosition(trainer.plan().schedule.stage, trainer.plan().generation, trainer.finished());
+  }
   const auto show = [&](const GenerationRecord& g) -> Status {
     NAMM_ASSIGN_OR_RETURN(auto stored, store.GetMetrics(trainer.run_id(), g.generation));
     metrics->ShowGeneration(g, stored);
