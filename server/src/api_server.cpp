@@ -27,6 +27,7 @@
 #include "namm/auth_lockout.h"
 #include "namm/file_util.h"
 #include "namm/listen_address.h"
+#include "namm/worker/chat_encoding.h"
 #include "namm/worker/llama_model.h"
 #include "namm/worker/policy_spec.h"
 #include "namm/worker/tokenizer.h"
@@ -751,8 +752,8 @@ struct ApiServer::Impl {
 
   Result<std::vector<int64_t>> Encode(const CompletionRequest& r) const {
     if (r.endpoint == Endpoint::kCompletions) return tokenizer.EncodeForModel(r.prompt);
-    NAMM_ASSIGN_OR_RETURN(const std::string text, chat_template->Render(r.messages, true, chat_variables));
-    return template_writes_bos ? tokenizer.Encode(text) : tokenizer.EncodeForModel(text);
+    // Contents stay text: a message cannot write the template's control tokens (encode_chat).
+    return worker::encode_chat(tokenizer, *chat_template, r.messages, true, chat_variables, !template_writes_bos);
   }
 
   template <class Stream>

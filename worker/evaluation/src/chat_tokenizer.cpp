@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "namm/worker/chat_encoding.h"
+
 namespace namm::worker {
 
 namespace {
@@ -27,7 +29,13 @@ class ChatTokenizer final : public Tokenizer {
       spdlog::warn("chat template failed on a prompt, which is used without it: {}", prompt.status().message());
       return base_->EncodeForModel(text);
     }
-    return base_->Encode(*prompt);
+    // The prompt as text within the template's tokens (encode_chat); rendered again there.
+    return encode_chat(*base_, chat_.chat_template, {{"user", text}}, /*add_generation_prompt=*/true, chat_.variables,
+                       /*for_model=*/false);
+  }
+  Result<std::vector<int64_t>> EncodeControlled(const std::string& text, const Spans& control,
+                                                bool for_model) const override {
+    return base_->EncodeControlled(text, control, for_model);
   }
   std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override {
     return base_->Decode(ids, skip_special_tokens);

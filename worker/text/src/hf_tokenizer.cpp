@@ -689,17 +689,27 @@ struct HfTokenizer::Impl {
     return tokens;
   }
 
+  // `body` between the template's tokens (prefix: BOS, ...; suffix).
+  std::vector<int64_t> WithTemplate(std::vector<int64_t> body) const {
+    std::vector<int64_t> ids = prefix;
+    ids.insert(ids.end(), body.begin(), body.end());
+    ids.insert(ids.end(), suffix.begin(), suffix.end());
+    return ids;
+  }
+
   // Splits `text` at the added tokens whose `normalized` flag equals `normalized_tokens` (leftmost, longest
-  // first): on_text(begin, end) for the text between them, on_token(id) for each token.
-  template <typename OnText, typename OnToken>
+  // first): on_text(begin, end) for the text between them, on_token(id) for each token. A special token matches
+  // only where special_here(begin, end) says it may.
+  template <typename OnText, typename OnToken, typename SpecialHere>
   void SplitAtAddedTokens(const std::string& text, bool normalized_tokens, const OnText& on_text,
-                          const OnToken& on_token) const {
+                          const OnToken& on_token, const SpecialHere& special_here) const {
     std::size_t segment_start = 0;
     for (std::size_t pos = 0; pos < text.size(); ++pos) {
       if (!added_first_byte[static_cast<unsigned char>(text[pos])]) continue;
       const AddedToken* match = nullptr;
       for (const auto& token : added) {
         if (token.normalized != normalized_tokens || text.compare(pos, token.match.size(), token.match) != 0) continue;
+        if (token.special && !special_here(pos, pos + token.match.size())) continue;
         const std::size_t end = pos + token.match.size();
         if (token.single_word && ((pos > 0 && IsWordByte(text[pos - 1])) || (end < text.size() && IsWordByte(text[end])))) {
           continue;
@@ -804,12 +814,22 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(const std::string& token
 }
 
 Result<std::vector<int64_t>> HfTokenizer::Encode(const std::string& raw) const {
-  const std::string text = sanitize_utf8(raw);
+  return EncodeText(sanitize_utf8(raw), nullptr);
+}
+
+Result<std::vector<int64_t>> HfTokenizer::EncodeText(const std::string& text, const Spans* control) const {
   std::vector<int64_t> ids;
   Status failed;  // the first segment that could not be tokenized; the rest is skipped
   auto push_token = [&](int64_t id) { ids.push_back(id); };
+  const auto in_control = [&](std::size_t begin, std::size_t end) {
+    return control == nullptr || std::any_of(control->begin(), control->end(), [&](const auto& span) {
+             return span.first <= begin && end <= span.second;
+           });
+  };
   // As tokenizers does: split at raw (non-normalized) added tokens, normalize each piece, split that at the
-  // normalized added tokens, then pre-tokenize and run BPE.
+  // normalized added tokens, then pre-tokenize and run BPE. A normalized special token (GPT-2's <|endoftext|>)
+  // is matched in the normalized piece: where normalizing changed nothing (no normalizer) its offsets are the
+  // text's; elsewhere it counts if its whole piece may.
   impl_->SplitAtAddedTokens(text, /*normalized_tokens=*/false, [&](std::size_t begin, std::size_t end) {
     if (end <= begin || !failed.ok()) return;
     Result<std::string> normalized = impl_->Normalize(text.substr(begin, end - begin));
@@ -817,6 +837,8 @@ Result<std::vector<int64_t>> HfTokenizer::Encode(const std::string& raw) const {
       failed = normalized.status();
       return;
     }
+    const bool unchanged = normalized->size() == end - begin && text.compare(begin, end - begin, *normalized) == 0;
+    const bool piece_in_control = in_control(begin, end);
     impl_->SplitAtAddedTokens(*normalized, /*normalized_tokens=*/true, [&](std::size_t b, std::size_t e) {
       if (e <= b || !failed.ok()) return;
       Result<std::vector<std::string>> words = impl_->PreTokenize(normalized->substr(b, e - b), begin == 0 && b == 0);
@@ -825,18 +847,22 @@ Result<std::vector<int64_t>> HfTokenizer::Encode(const std::string& raw) const {
         return;
       }
       for (const std::string& word : *words) impl_->Bpe(word, &ids);
-    }, push_token);
-  }, push_token);
+    }, push_token, [&](std::size_t b, std::size_t e) { return unchanged ? in_control(begin + b, begin + e) : piece_in_control; });
+  }, push_token, in_control);
   if (!failed.ok()) return failed.WithContext("tokenizing a text of " + std::to_string(text.size()) + " bytes");
   return ids;
 }
 
 Result<std::vector<int64_t>> HfTokenizer::EncodeForModel(const std::string& text) const {
-  std::vector<int64_t> ids = impl_->prefix;
-  NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> body, Encode(text));
-  ids.insert(ids.end(), body.begin(), body.end());
-  ids.insert(ids.end(), impl_->suffix.begin(), impl_->suffix.end());
-  return ids;
+  NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> body, Encode(text));
+  return impl_->WithTemplate(std::move(body));
+}
+
+Result<std::vector<int64_t>> HfTokenizer::EncodeControlled(const std::string& text, const Spans& control,
+                                                           bool for_model) const {
+  if (sanitize_utf8(text) != text) return Status::InvalidArgument("a text encoded with control spans is not valid UTF-8");
+  NAMM_ASSIGN_OR_RETURN(std::vector<int64_t> body, EncodeText(text, &control));
+  return for_model ? impl_->WithTemplate(std::move(body)) : body;
 }
 
 std::string HfTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {

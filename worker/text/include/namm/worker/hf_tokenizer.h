@@ -38,6 +38,8 @@ class HfTokenizer final : public Tokenizer {
 
   Result<std::vector<int64_t>> Encode(const std::string& text) const override;
   Result<std::vector<int64_t>> EncodeForModel(const std::string& text) const override;
+  Result<std::vector<int64_t>> EncodeControlled(const std::string& text, const Spans& control,
+                                                bool for_model) const override;
   std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const override;
   int64_t vocab_size() const override;
   std::vector<int64_t> eos_ids() const override;
@@ -47,6 +49,8 @@ class HfTokenizer final : public Tokenizer {
   explicit HfTokenizer(std::unique_ptr<Impl> impl);
   static Result<std::unique_ptr<HfTokenizer>> Parse(const std::string& tokenizer_json, const std::string& config_json,
                                                     const std::string& source);
+  // Encode; with `control`, special tokens match only inside those spans.
+  Result<std::vector<int64_t>> EncodeText(const std::string& text, const Spans* control) const;
   std::unique_ptr<Impl> impl_;
 };
 

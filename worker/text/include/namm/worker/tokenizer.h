@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "namm/status.h"
@@ -22,6 +24,18 @@ class Tokenizer {
   virtual Result<std::vector<int64_t>> Encode(const std::string& text) const = 0;
   // Ids with the tokenizer's template applied (e.g. BOS prepended): Hugging Face's add_special_tokens=True.
   virtual Result<std::vector<int64_t>> EncodeForModel(const std::string& text) const = 0;
+  // Byte ranges [first, second) of a text.
+  using Spans = std::vector<std::pair<std::size_t, std::size_t>>;
+  // Encode (EncodeForModel when `for_model`), except that a special token written in `text` is that token only
+  // where it lies wholly inside one of `control`, and elsewhere the text it spells: a chat template's own
+  // control tokens stay tokens while a user's message writing "<|eot_id|>" stays text (encode_chat). Special
+  // only: other added tokens match everywhere, as tokenizers' split_special_tokens has it. `text` must be valid
+  // UTF-8 (the spans are its offsets). Tokenizers without special tokens in text (llama2.c's) encode as usual.
+  virtual Result<std::vector<int64_t>> EncodeControlled(const std::string& text, const Spans& control,
+                                                        bool for_model) const {
+    (void)control;
+    return for_model ? EncodeForModel(text) : Encode(text);
+  }
   // Text of `ids`; special tokens are dropped when skip_special_tokens. Invalid UTF-8 becomes U+FFFD.
   virtual std::string Decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const = 0;
 
