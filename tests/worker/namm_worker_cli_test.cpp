@@ -156,6 +156,30 @@ TEST(NammWorkerCli, GeneratesInBfloat16OnTheCpuWithANamm) {
       << half.output;
 }
 
+// The worker daemon drains on SIGTERM whichever thread the kernel hands the signal to: OpenBLAS starts its pool
+// as the library loads, before main, and a waiter that blocked the signals in the threads started later left
+// those with the default action, which killed the worker (exit by signal, no drain, its leases expired).
+TEST(NammWorkerCli, ServeDrainsOnSigtermWhicheverThreadTakesIt) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const std::string dir = testing::TempPath("worker_sigterm");
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(write_file_atomically(dir + "/token", {"sim-run-shared-secret-0123456789\n"}).ok());
+  const std::string log = dir + "/worker.log";
+  std::filesystem::remove(log);
+  // No coordinator listens there: the worker serves, retrying the connection, until the signal.
+  testing::Child worker = testing::Spawn(
+      {NAMM_WORKER_PATH, "serve", "--coordinator", "127.0.0.1:" + std::to_string(testing::FreePort()), "--token-file",
+       dir + "/token", "--insecure-plaintext", "--model", SharedPath(testing::kStoriesModel), "--tokenizer",
+       SharedPath(testing::kStoriesTokenizer)},
+      log);
+  ASSERT_TRUE(testing::WaitUntil([&] { return testing::ReadText(log).find(" serving ") != std::string::npos; },
+                                 std::chrono::seconds(60)))
+      << testing::ReadText(log);
+  ::kill(worker.pid, SIGTERM);
+  EXPECT_EQ(testing::Wait(worker, std::chrono::seconds(60)), 0) << testing::ReadText(log);
+  EXPECT_NE(testing::ReadText(log).find("namm-worker: draining"), std::string::npos) << testing::ReadText(log);
+}
+
 TEST(NammWorkerCli, BadInputGetsAClearError) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   const std::string long_prompt = LongPromptFile();

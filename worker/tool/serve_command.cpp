@@ -5,7 +5,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <iostream>
 #include <thread>
 
@@ -43,56 +45,66 @@ std::string TokenizerFile(const ModelOptions& o) {
   return !is_directory(o.model) && path_exists(beside) ? beside : "";
 }
 
-// SIGTERM / SIGINT: the first drains gracefully, the second returns every lease and exits. The signals are
-// blocked (BlockDrainSignals) before any thread starts, so that only this waiter ever receives them.
-sigset_t DrainSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  return set;
-}
+// SIGTERM / SIGINT: the first drains gracefully, the second returns every lease and exits. A handler counts
+// them, whichever thread the kernel picks: blocking them for a waiter left the threads started before main
+// (OpenBLAS starts its pool as it loads) with the default action, which killed the worker instead of draining
+// it. The count is the handler's only state, and a handler can reach nothing but a global.
+std::atomic<int> drain_signals{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the handler's counter must be safe in a signal handler");
 
-void BlockDrainSignals() {
-  const sigset_t set = DrainSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
+extern "C" void CountDrainSignal(int) { drain_signals.fetch_add(1); }
 
+// Counts from its construction (a signal while the model loads is acted on once serving starts), acts from
+// Watch(client), and puts the previous handlers back when it goes.
 class SignalDrain {
  public:
-  explicit SignalDrain(WorkerClient& client) : client_(client) {
-    thread_ = std::thread([this] {
-      const sigset_t set = DrainSignals();
-      const timespec tick{0, 200 * 1000 * 1000};
+  SignalDrain() {
+    drain_signals = 0;
+    struct sigaction action {};
+    action.sa_handler = CountDrainSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &action, &previous_[i]);
+  }
+  ~SignalDrain() {
+    Stop();
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  // Stops acting on signals (they are still counted); before `client` goes.
+  void Stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  void Watch(WorkerClient& client) {
+    thread_ = std::thread([this, &client] {
+      bool draining = false;
       while (!done_) {
-        if (sigtimedwait(&set, nullptr, &tick) <= 0) continue;
-        if (!draining_) {
-          draining_ = true;
+        const int received = drain_signals.load();
+        if (received >= 1 && !draining) {
+          draining = true;
           std::cerr << "namm-worker: draining: finishing running leases, returning the rest (signal again to leave "
                        "at once)\n";
-          client_.Drain(false);
-          continue;
+          client.Drain(false);
         }
-        std::cerr << "namm-worker: leaving now: every lease goes back\n";
-        client_.Drain(true);
-        std::_Exit(1);  // without waiting for running prompts: the coordinator has their leases back
+        if (received >= 2) {
+          std::cerr << "namm-worker: leaving now: every lease goes back\n";
+          client.Drain(true);
+          std::_Exit(1);  // without waiting for running prompts: the coordinator has their leases back
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
   }
-  ~SignalDrain() {
-    done_ = true;
-    thread_.join();
-  }
 
  private:
-  WorkerClient& client_;
+  static constexpr std::array<int, 2> kSignals = {SIGTERM, SIGINT};
+  std::array<struct sigaction, 2> previous_{};
   std::atomic<bool> done_{false};
-  bool draining_ = false;
   std::thread thread_;
 };
 
 Status Serve(const ServeOptions& o) {
-  BlockDrainSignals();  // before loading the model starts its thread pools
+  SignalDrain drain;  // counting from here: a signal while the model loads drains the worker once it serves
   const spdlog::level::level_enum level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off") {
     return Status::InvalidArgument("--log-level must be trace, debug, info, warn, error or off, got '" + o.log_level + "'");
@@ -141,11 +153,9 @@ Status Serve(const ServeOptions& o) {
             << (kv_budget > 0 ? std::to_string(kv_budget >> 20) + " MiB together" : std::string("any size"))
             << (o.kv.kv_block_tokens > 0 ? ", in blocks of " + std::to_string(o.kv.kv_block_tokens) + " tokens" : std::string())
             << "\n";
-  Status status;
-  {
-    SignalDrain drain(worker);
-    status = worker.Run();
-  }
+  drain.Watch(worker);
+  const Status status = worker.Run();
+  drain.Stop();
   const WorkerClientStats s = worker.stats();
   std::cerr << "namm-worker: " << s.leases << " leases, " << s.accepted << " results accepted, " << s.duplicates
             << " duplicates, " << s.cancelled << " cancelled, " << s.failed << " failed prompts\n";
