@@ -24,6 +24,10 @@ void AddReportCommand(CLI::App& app, Action& run);
 // serve and run.
 void AddServeCommands(CLI::App& app, Action& run);
 
+// A run id (or another count that starts at 1) as the user wrote it: 1 to 10^18 in decimal digits. CLI11 alone
+// clamps what overflows int64 (--run 18446744073709551617 was run 9223372036854775807).
+CLI::Validator RunIdNumber();
+
 // Prints "namm-coordinator: error: <message>" to stderr and returns 1.
 int Fail(const std::string& message);
 

@@ -169,7 +169,7 @@ void AddExportCommand(CLI::App& app, Action& run) {
   auto options = std::make_shared<ExportOptions>();
   CLI::App* cmd = app.add_subcommand("export", "Write a NAMM file (.safetensors) or a reference ckpt.pt from a run");
   cmd->add_option("--db", options->db, "Run database")->required();
-  cmd->add_option("--run", options->run, "Run id (default: the newest run)");
+  cmd->add_option("--run", options->run, "Run id (default: the newest run)")->check(RunIdNumber());
   auto* generation = cmd->add_option("--generation", options->generation,
                                      "A completed generation: its mean (as sampled around) or its best candidate")
                         ->check(CLI::Range(int64_t{0}, std::numeric_limits<int64_t>::max()));

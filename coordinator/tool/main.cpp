@@ -1,4 +1,5 @@
 // namm-coordinator: the training run's coordinator (CMA-ES, stage schedule, SQLite store).
+#include <algorithm>
 #include <iostream>
 
 #include "commands.h"
@@ -8,6 +9,17 @@ namespace namm::coordinator::cli {
 int Fail(const std::string& message) {
   std::cerr << "namm-coordinator: error: " << message << "\n";
   return 1;
+}
+
+CLI::Validator RunIdNumber() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const bool digits = !text.empty() && text.size() <= 18 &&
+                            std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || std::stoll(text) < 1) return "'" + text + "' is not a run id (a whole number from 1)";
+        return std::string();
+      },
+      "RUN");
 }
 
 Result<OpenedRun> OpenRun(const Store& store, int64_t run_id) {

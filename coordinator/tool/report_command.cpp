@@ -279,7 +279,7 @@ void AddReportCommand(CLI::App& app, Action& run) {
                                      "Training curves of a run: a self-contained report.html (fitness, "
                                      "sigma, per-task scores, cache size, throughput) and CSVs");
   cmd->add_option("--db", o->db, "The run's database")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--run", o->run, "Run id (default: the newest run)")->check(CLI::PositiveNumber);
+  cmd->add_option("--run", o->run, "Run id (default: the newest run)")->check(RunIdNumber());
   cmd->add_option("--out", o->out, "Output directory")->required();
   cmd->add_option("--explain", o->explain,
                   "A page of what a NAMM keeps (namm-worker generate --explain, eval --explain-rows) to show in the "

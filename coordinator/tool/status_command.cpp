@@ -22,6 +22,10 @@ json OptionalJson(const std::optional<double>& v) { return v ? json(*v) : json(n
 
 Result<json> RunStatus(const Store& store, const RunRecord& run, bool every_generation) {
   NAMM_ASSIGN_OR_RETURN(std::vector<StageRecord> stages, store.GetStages(run.id));
+  if (run.stage < 0 || run.stage >= static_cast<int64_t>(stages.size())) {
+    return Status::Corruption("run " + std::to_string(run.id) + " is at stage " + std::to_string(run.stage) +
+                              " but has " + std::to_string(stages.size()) + " stage(s): the database is inconsistent");
+  }
   NAMM_ASSIGN_OR_RETURN(std::vector<GenerationRecord> generations, store.GetGenerations(run.id));
   NAMM_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> checkpoints, store.ListCheckpoints(run.id));
   int64_t total = 0;
@@ -130,7 +134,7 @@ int RunStatusCommand(const StatusOptions& o) {
     out.push_back(*j);
   }
   if (o.as_json) {
-    std::cout << out.dump(2) << "\n";
+    std::cout << out.dump(2, ' ', false, json::error_handler_t::replace) << "\n";  // a name from an older build
   } else if (out.empty()) {
     std::cout << o.db << " holds no run yet\n";
   } else {
@@ -145,7 +149,7 @@ void AddStatusCommand(CLI::App& app, Action& run) {
   auto options = std::make_shared<StatusOptions>();
   CLI::App* cmd = app.add_subcommand("status", "Runs, stage, generation, fitness, sigma and checkpoints");
   cmd->add_option("--db", options->db, "Run database")->required();
-  cmd->add_option("--run", options->run, "Only this run (default: every run)");
+  cmd->add_option("--run", options->run, "Only this run (default: every run)")->check(RunIdNumber());
   cmd->add_flag("--json", options->as_json, "Machine-readable output");
   cmd->add_flag("--generations", options->generations, "Every generation's fitness and sigma, not only the last");
   cmd->callback([options, &run] { run = [options] { return RunStatusCommand(*options); }; });

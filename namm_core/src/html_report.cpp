@@ -65,7 +65,13 @@ struct Range {
 std::string format_number(double value, int digits) {
   if (std::isnan(value)) return "";
   char text[64];
-  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  // From 1e15 on, every digit that a double holds and an exponent: fixed notation would run past the buffer (1e300
+  // came out as 63 digits, cut short) and its decimals would mean nothing.
+  if (std::abs(value) >= 1e15 && std::isfinite(value)) {
+    std::snprintf(text, sizeof text, "%.17g", value);
+  } else {
+    std::snprintf(text, sizeof text, "%.*f", std::clamp(digits, 0, 20), value);
+  }
   return text;
 }
 

@@ -1,5 +1,6 @@
 // namm-coordinator's status, export and import-reference as real processes, on a database a real training run
 // (the crash tests' helper, run to completion) wrote.
+#include <SQLiteCpp/SQLiteCpp.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -195,6 +196,56 @@ TEST_F(CoordinatorCli, BadRequestsGetClearErrorsAndChangeNothing) {
   EXPECT_EQ(*read_file(*db_), before);
 }
 
+// A database that is inconsistent, locked, or asked for a run id that is no run's: an error naming the problem,
+// the file untouched. (status crashed on a run whose stage index was past its stages.)
+TEST_F(CoordinatorCli, OddDatabasesAndRunIdsGetClearErrors) {
+  for (const char* bad : {"0", "-1", "18446744073709551617", "1x"}) {
+    for (const char* command : {" status", " report --out /nonexistent/r", " export --out /nonexistent/n.safetensors"}) {
+      const auto r = RunProcess(kCoordinator + command + " --db " + *db_ + " --run " + bad);
+      EXPECT_NE(r.exit_code, 0) << command << " --run " << bad;
+      EXPECT_NE(r.output.find(std::string("'") + bad + "' is not a run id"), std::string::npos) << r.output;
+    }
+  }
+  const std::string copy = namm::testing::FreshDatabasePath("inconsistent.db");
+  std::filesystem::copy_file(*db_, copy);
+  {
+    SQLite::Database raw(copy, SQLite::OPEN_READWRITE);
+    raw.exec("UPDATE runs SET stage = 5");
+  }
+  auto r = RunProcess(kCoordinator + " status --db " + copy);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("run 1 is at stage 5 but has 2 stage(s): the database is inconsistent"), std::string::npos)
+      << r.output;
+  {
+    SQLite::Database raw(copy, SQLite::OPEN_READWRITE);
+    raw.exec("UPDATE runs SET stage = 0; DELETE FROM stages");
+  }
+  r = RunProcess(kCoordinator + " status --db " + copy);
+  EXPECT_NE(r.output.find("run 1 in " + copy + " has no stages"), std::string::npos) << r.output;
+  // Numbers past 1e15 in the report's tables: every digit with an exponent, not cut to 63 characters.
+  const std::string huge = namm::testing::FreshDatabasePath("huge.db");
+  std::filesystem::copy_file(*db_, huge);
+  {
+    SQLite::Database raw(huge, SQLite::OPEN_READWRITE);
+    raw.exec("UPDATE generations SET fitness_best = 1e300 WHERE generation = 1");
+  }
+  const std::string report = namm::testing::TempPath("huge_report");
+  std::filesystem::remove_all(report);
+  r = RunProcess(kCoordinator + " report --db " + huge + " --out " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(namm::testing::ReadText(report + "/generations.csv").find(",1.0000000000000001e+300,"), std::string::npos)
+      << namm::testing::ReadText(report + "/generations.csv");
+  // Another process holding the database's exclusive lock for longer than the store waits.
+  {
+    SQLite::Database holder(copy, SQLite::OPEN_READWRITE);
+    holder.exec("PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE");
+    r = RunProcess(kCoordinator + " status --db " + copy);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("is locked by another process"), std::string::npos) << r.output;
+    holder.exec("ROLLBACK");
+  }
+}
+
 TEST_F(CoordinatorCli, ImportsReferenceScoresAndRefusesConflicts) {
   const std::string db = namm::testing::TempPath("refs_cli.db");
   std::filesystem::remove(db);
@@ -207,6 +258,12 @@ TEST_F(CoordinatorCli, ImportsReferenceScoresAndRefusesConflicts) {
   r = RunProcess(kCoordinator + " import-reference --db " + db + " --model-fingerprint m --json " + b);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("lb/x prompt 0"), std::string::npos) << r.output;
+  // Scores that six decimals would show as one are told apart.
+  const std::string close = namm::testing::TempPath("close.json");
+  ASSERT_TRUE(write_file_atomically(close, {R"({"lb/x": {"1": 0.2500001}})"}).ok());
+  r = RunProcess(kCoordinator + " import-reference --db " + db + " --model-fingerprint m --json " + close);
+  EXPECT_NE(r.output.find("holds reference score 0.25 for lb/x prompt 1 of model m and the import says 0.2500001;"),
+            std::string::npos) << r.output;
   r = RunProcess(kCoordinator + " import-reference --db " + db + " --model-fingerprint m --replace --json " + b);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("0 added, 0 unchanged, 1 replaced"), std::string::npos) << r.output;

@@ -115,6 +115,14 @@ TEST(RunSpec, ParsesTheShippedSpecsAndNamesBadKeys) {
   EXPECT_NE(no_fp.status().message().find("missing 'fingerprint'"), std::string::npos);
   EXPECT_FALSE(parse_run_spec("name: x\nmodel: {path: p, fingerprint: f}\ncmaes: {population: 1}\n"
                               "stages: [{tasks: [a], generations: 1}]\n", "pop.yaml").ok());
+  // A name that is not UTF-8 (it would be a protobuf string the workers cannot parse, and JSON's and HTML's).
+  auto bytes = parse_run_spec("name: x\nmodel: {path: p, fingerprint: f}\nstages: [{tasks: [\"a\\xff\"], "
+                              "generations: 1}]\n", "bytes.yaml");
+  ASSERT_TRUE(bytes.ok()) << "an escape in a quoted string is the character U+00FF: valid";
+  auto raw = parse_run_spec("name: \"bad\xff\xfename\"\nmodel: {path: p, fingerprint: f}\n"
+                            "stages: [{tasks: [a], generations: 1}]\n", "raw.yaml");
+  ASSERT_FALSE(raw.ok());
+  EXPECT_EQ(raw.status().message(), "raw.yaml: not valid UTF-8 (line 1, byte 10)");
 }
 
 TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {

@@ -8,6 +8,7 @@
 
 #include "namm/file_util.h"
 #include "namm/tasks/task_variant.h"
+#include "namm/utf8.h"
 
 namespace namm::coordinator {
 
@@ -235,6 +236,14 @@ static std::vector<std::string> AtEachSetting(const std::vector<std::string>& ta
 
 // parse_run_spec() without its guard against yaml-cpp's exceptions.
 static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& source) {
+  // YAML is UTF-8 here; names that are not would end up in protobuf strings (a worker registering for a run so
+  // named looped for ever on the coordinator's answer), JSON and HTML.
+  if (const std::string valid = sanitize_utf8(yaml); valid != yaml) {
+    const auto at = std::mismatch(yaml.begin(), yaml.end(), valid.begin(), valid.end()).first - yaml.begin();
+    return Status::InvalidArgument(source + ": not valid UTF-8 (line " +
+                                   std::to_string(1 + std::count(yaml.begin(), yaml.begin() + at, '\n')) + ", byte " +
+                                   std::to_string(at) + ")");
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -563,14 +564,36 @@ struct FileIdentity {
 Result<FileIdentity> Identify(const std::string& path) {
   try {
     SQLite::Database db(path, SQLite::OPEN_READONLY);
+    // Another process's lock is waited for as the store waits for it (Connect).
+    sqlite3_busy_handler(db.getHandle(), [](void*, int attempts) { return RetryLockedDatabase(attempts); }, nullptr);
     FileIdentity id;
     id.application_id = db.execAndGet("PRAGMA application_id").getInt();
     id.user_version = db.execAndGet("PRAGMA user_version").getInt();
     id.has_tables = db.execAndGet("SELECT count(*) FROM sqlite_master").getInt() > 0;
     return id;
   } catch (const SQLite::Exception& e) {
-    return Status::InvalidArgument(path + " is not a readable SQLite database: " + e.what());
+    // What the file is not is only known when SQLite could read it.
+    switch (e.getErrorCode() & 0xff) {
+      case SQLITE_BUSY:
+      case SQLITE_LOCKED:
+        return Status::FailedPrecondition(path + " is locked by another process (the file was not modified): "
+                                   "try again when it is done");
+      case SQLITE_CANTOPEN:
+      case SQLITE_READONLY:
+        return Status::FailedPrecondition(
+            "cannot open " + path + ": " + e.what() + " (a database in WAL mode needs its -wal and -shm files "
+            "beside it, which SQLite creates on first use: the folder must be writable, or they must exist)");
+      default:
+        return Status::InvalidArgument(path + " is not a readable SQLite database: " + e.what());
+    }
   }
+}
+
+// Every digit of a double (std::to_string's six decimals show two different scores as one).
+std::string Exact(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  return text;
 }
 
 char HexDigit(int v) { return "0123456789abcdef"[v & 15]; }
@@ -821,7 +844,13 @@ Result<std::vector<StageRecord>> Store::GetStages(int64_t run_id) const {
                           s.best_eval_generation = OptionalInt(q.getColumn(6));
                           return s;
                         }));
-  if (stages.empty()) return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+  if (stages.empty()) {
+    NAMM_ASSIGN_OR_RETURN(const std::vector<RunRecord> runs, ReadRuns(run_id));
+    if (!runs.empty()) {
+      return Status::Corruption("run " + std::to_string(run_id) + " in " + path_ + " has no stages: the database is inconsistent");
+    }
+    return Status::NotFound("no run " + std::to_string(run_id) + " in " + path_);
+  }
   return stages;
 }
 
@@ -1452,9 +1481,9 @@ Result<ReferenceImport> Store::ImportReferenceScores(const std::string& fingerpr
           }
           if (!replace) {
             return Status::FailedPrecondition(
-                "the database already holds reference score " + std::to_string(stored) + " for " + task +
-                " prompt " + std::to_string(row) + " of model " + fingerprint + " and the import says " +
-                std::to_string(score) + "; nothing was imported (pass --replace to overwrite)");
+                "the database already holds reference score " + Exact(stored) + " for " + task + " prompt " +
+                std::to_string(row) + " of model " + fingerprint + " and the import says " + Exact(score) +
+                "; nothing was imported (pass --replace to overwrite)");
           }
           ++summary.replaced;
         } else {

@@ -45,7 +45,8 @@ std::string html_page(const std::string& title, const std::string& body_html);
 std::string html_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows,
                        const std::vector<std::size_t>& raw_html_columns = {});
 
-// A number with `digits` decimals, or "" for NaN.
+// A number with `digits` decimals (at most 20), from 1e15 on in 17 significant digits with an exponent, or "" for
+// NaN.
 std::string format_number(double value, int digits);
 
 // A CSV field (RFC 4180), for the reports' CSV files: quoted when it holds a comma, a quote or a line break.
