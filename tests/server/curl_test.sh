@@ -206,7 +206,8 @@ for setting in x=/../../etc/hostname budget=abc ratio=2 prompt=maybe; do
     -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 4, "namm_policy": "default,'"$setting"'"}')
   [ "$code" = 400 ] || fail "default,$setting per request: $code $(cat "$work/body")"
   if grep -q -- "$work" "$work/body"; then fail "an error names the server's NAMM's folder: $(cat "$work/body")"; fi
-  case $setting in x=*) grep -q "unknown option 'x' for namm" "$work/body" || fail "unknown key: $(cat "$work/body")";; esac
+  case $setting in x=*) grep -qF "unknown option 'x' for namm in the cache setting 'x=/../../etc/hostname' of 'namm:" \
+    "$work/body" || fail "unknown key: $(cat "$work/body")";; esac
 done
 base=$(cache default)
 own=$(cache default,heads=own)

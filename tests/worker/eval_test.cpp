@@ -95,7 +95,9 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   // "<its NAMM>,x=/../../etc/hostname" for a client).
   const Result<std::string> unknown = with_cache_setting("namm:/srv/f.safetensors", "x=/../../etc/hostname");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("unknown option 'x' for namm"), std::string::npos)
+  EXPECT_NE(unknown.status().message().find("unknown option 'x' for namm in the cache setting 'x=/../../etc/hostname' "
+                                             "of 'namm:/srv/f.safetensors'"),
+            std::string::npos)
       << unknown.status().ToString();
   // What a cache holds at most over 300 prompt tokens and 50 new ones, adding up to 64 between evictions.
   const auto peak = [](const std::string& policy, int64_t prompt = 300, int64_t new_tokens = 50) {

@@ -85,6 +85,9 @@ TEST(NammWorkerCli, JsonReportWithANammAtFourTimesTheContext) {
   EXPECT_EQ(j["token_ids"].size(), 8u);
   EXPECT_GT(j["prefill_tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["peak_kv_bytes"].get<int64_t>(), 0);
+  // Everything kept: the answer's queries saw more than the mean query did, and at most the peak.
+  EXPECT_GT(j["answer_kv_tokens"].get<double>(), j["mean_kv_tokens"].get<double>());
+  EXPECT_LE(j["answer_kv_tokens"].get<double>(), j["peak_kv_tokens"].get<double>());
   EXPECT_NE(j["policy"].get<std::string>().find("namm("), std::string::npos);
 }
 

@@ -45,6 +45,7 @@ nlohmann::ordered_json Report(const GenerationResult& r, const LlamaModel& model
   j["prefill_tokens_per_second"] = r.prefill_tokens_per_second();
   j["decode_tokens_per_second"] = r.decode_tokens_per_second();
   j["mean_kv_tokens"] = r.mean_kv_tokens;
+  j["answer_kv_tokens"] = r.answer_kv_tokens;
   j["peak_kv_tokens"] = r.peak_kv_tokens;
   j["peak_kv_bytes"] = r.peak_kv_bytes;
   j["peak_policy_state_bytes"] = r.peak_policy_state_bytes;

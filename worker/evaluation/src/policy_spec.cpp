@@ -259,7 +259,13 @@ Result<std::string> with_cache_setting(const std::string& text, const std::strin
     // The setting's keys first: an unknown one would otherwise read as part of the file's name (a client of
     // namm-api made the server open "<its NAMM>,x=/../../etc/hostname").
     NAMM_ASSIGN_OR_RETURN(const OptionSpec named, parse_option_spec("namm:" + setting));
-    NAMM_RETURN_IF_ERROR(named.CheckKeys({"budget", "ratio", "threshold", "prompt", "heads"}));
+    for (const auto& option : named.options) {
+      const std::string& key = option.first;
+      if (key != "budget" && key != "ratio" && key != "threshold" && key != "prompt" && key != "heads") {
+        return Status::InvalidArgument("unknown option '" + key + "' for namm in the cache setting '" + setting +
+                                       "' of '" + text + "' (known: budget, ratio, threshold, prompt, heads)");
+      }
+    }
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(text));
     NAMM_ASSIGN_OR_RETURN(NammSpec with, parse_namm_spec("namm:" + namm.path + "," + setting));
     if (with.setting.empty()) {  // only prompt= or heads=: the NAMM's own knob stays
