@@ -127,10 +127,15 @@ int RunStatusCommand(const StatusOptions& o) {
     if (!all.ok()) return Fail(all.status().message());
     runs = *all;
   }
+  // A run that cannot be shown is named and the others are still listed; the exit code says one failed.
   json out = json::array();
+  int exit_code = 0;
   for (const RunRecord& r : runs) {
     auto j = RunStatus(**store, r, o.generations);
-    if (!j.ok()) return Fail(j.status().message());
+    if (!j.ok()) {
+      exit_code = Fail(j.status().message());
+      continue;
+    }
     out.push_back(*j);
   }
   if (o.as_json) {
@@ -140,7 +145,7 @@ int RunStatusCommand(const StatusOptions& o) {
   } else {
     for (const json& j : out) PrintText(j);
   }
-  return 0;
+  return exit_code;
 }
 
 }  // namespace

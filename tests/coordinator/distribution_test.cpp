@@ -1623,7 +1623,7 @@ TEST(Distribution, OverTlsACallWithoutTheSecretIsRefusedBeforeItsBodyIsRead) {
   // secret, and the address is locked out after three, as in the handlers.
   EXPECT_TRUE(Refused(call("not-the-secret-at-all"), grpc::StatusCode::UNAUTHENTICATED, "wrong shared secret"));
   EXPECT_TRUE(Refused(call("not-the-secret-either"), grpc::StatusCode::UNAUTHENTICATED, "wrong shared secret"));
-  EXPECT_TRUE(Refused(call(""), grpc::StatusCode::RESOURCE_EXHAUSTED, "too many authentication failures"));
+  EXPECT_TRUE(Refused(call(""), grpc::StatusCode::RESOURCE_EXHAUSTED, "too many authentication failures from TLS peers"));
   // A worker with the secret still gets in.
   auto stub = v1::Coordinator::NewStub(channel);
   grpc::ClientContext c;

@@ -50,9 +50,15 @@ std::string TokenizerFile(const ModelOptions& o) {
 // (OpenBLAS starts its pool as it loads) with the default action, which killed the worker instead of draining
 // it. The count is the handler's only state, and a handler can reach nothing but a global.
 std::atomic<int> drain_signals{0};
-static_assert(std::atomic<int>::is_always_lock_free, "the handler's counter must be safe in a signal handler");
+std::atomic<bool> drain_watched{false};  // a thread acts on the count (the worker serves)
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "the handler's state must be safe in a signal handler");
 
-extern "C" void CountDrainSignal(int) { drain_signals.fetch_add(1); }
+// A second signal while nothing acts on them (the model loading, the worker shutting down) leaves at once: no
+// lease is held then.
+extern "C" void CountDrainSignal(int) {
+  if (drain_signals.fetch_add(1) + 1 >= 2 && !drain_watched.load()) ::_exit(1);
+}
 
 // Counts from its construction (a signal while the model loads is acted on once serving starts), acts from
 // Watch(client), and puts the previous handlers back when it goes.
@@ -60,6 +66,7 @@ class SignalDrain {
  public:
   SignalDrain() {
     drain_signals = 0;
+    drain_watched = false;
     struct sigaction action {};
     action.sa_handler = CountDrainSignal;
     sigemptyset(&action.sa_mask);
@@ -74,8 +81,10 @@ class SignalDrain {
   void Stop() {
     done_ = true;
     if (thread_.joinable()) thread_.join();
+    drain_watched = false;
   }
   void Watch(WorkerClient& client) {
+    drain_watched = true;
     thread_ = std::thread([this, &client] {
       bool draining = false;
       while (!done_) {

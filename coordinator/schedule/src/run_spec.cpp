@@ -236,14 +236,6 @@ static std::vector<std::string> AtEachSetting(const std::vector<std::string>& ta
 
 // parse_run_spec() without its guard against yaml-cpp's exceptions.
 static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& source) {
-  // YAML is UTF-8 here; names that are not would end up in protobuf strings (a worker registering for a run so
-  // named looped for ever on the coordinator's answer), JSON and HTML.
-  if (const std::string valid = sanitize_utf8(yaml); valid != yaml) {
-    const auto at = std::mismatch(yaml.begin(), yaml.end(), valid.begin(), valid.end()).first - yaml.begin();
-    return Status::InvalidArgument(source + ": not valid UTF-8 (line " +
-                                   std::to_string(1 + std::count(yaml.begin(), yaml.begin() + at, '\n')) + ", byte " +
-                                   std::to_string(at) + ")");
-  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -360,6 +352,17 @@ static Result<RunSpec> ParseRunSpec(const std::string& yaml, const std::string& 
     }
     NAMM_RETURN_IF_ERROR(GetWeights(s, stage.tasks, &stage.weights));
     spec.stages.push_back(std::move(stage));
+  }
+  // The names that reach protobuf strings (a worker registering for a run so named looped for ever on the
+  // coordinator's answer), JSON and HTML must be UTF-8; the rest of the text may be anything (a stored spec is
+  // parsed again at every resume).
+  const auto utf8 = [&](const std::string& what, const std::string& value) -> Status {
+    if (sanitize_utf8(value) == value) return Status::Ok();
+    return Status::InvalidArgument(source + ": " + what + " '" + sanitize_utf8(value) + "' is not valid UTF-8");
+  };
+  NAMM_RETURN_IF_ERROR(utf8("name", spec.name));
+  for (const StageSpec& stage : spec.stages) {
+    for (const std::string& task : stage.tasks) NAMM_RETURN_IF_ERROR(utf8("the task", task));
   }
   NAMM_RETURN_IF_ERROR(make_cmaes_params(spec.architecture.param_count(), spec.cmaes).status().WithContext(source));
   return spec;

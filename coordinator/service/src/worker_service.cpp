@@ -1,6 +1,5 @@
 #include "worker_service.h"
 
-#include <grpc/grpc_security_constants.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -143,18 +142,15 @@ class SecretBeforeBody final : public grpc::AuthMetadataProcessor {
  public:
   explicit SecretBeforeBody(WorkerService& service) : service_(service) {}
   bool IsBlocking() const override { return false; }  // a comparison and a lock: no thread hop needed
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata*,
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*, OutputMetadata*,
                        OutputMetadata*) override {
     const auto it = metadata.find("x-namm-token");
-    return service_.CheckSecret(it == metadata.end() ? nullptr : &it->second, Peer(*context));
+    // gRPC tells a processor the peer's certificate, not its address: one lockout for all TLS peers, which only
+    // ever refuses calls without the right secret (a worker that has it is never locked out).
+    return service_.CheckSecret(it == metadata.end() ? nullptr : &it->second, "TLS peers");
   }
 
  private:
-  // The lockout's key: the peer's address as gRPC's TLS handshake recorded it, else one key for all of TLS.
-  static std::string Peer(const grpc::AuthContext& context) {
-    const std::vector<grpc::string_ref> ip = context.FindPropertyValues(GRPC_PEER_IP_PROPERTY_NAME);
-    return ip.empty() ? std::string("a TLS peer") : std::string(ip.front().data(), ip.front().size());
-  }
   WorkerService& service_;
 };
 

@@ -100,7 +100,8 @@ class WorkerService final : public v1::Coordinator::WithCallbackMethod_Leases<v1
   // The secret (and the lockout) checked on each call's metadata before its body is read, for a TLS server's
   // credentials (SetAuthMetadataProcessor); holds this service, which must outlive the server.
   std::shared_ptr<grpc::AuthMetadataProcessor> SecretCheckBeforeBody();
-  // The verdict on a presented secret (nullptr: none) from `peer` (an address without its port): OK, or the
+  // The verdict on a presented secret (nullptr: none) from `peer` (an address without its port; "TLS peers"
+  // before a TLS call's body, where gRPC gives no address): OK, or the
   // refusal, counted and logged; a peer with too many recent failures is refused at once without it. Thread-safe.
   grpc::Status CheckSecret(const grpc::string_ref* presented, const std::string& peer);
 

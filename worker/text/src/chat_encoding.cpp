@@ -29,15 +29,24 @@ std::vector<std::string> ContentForms(const std::string& content) {
   return distinct;
 }
 
-// A marker's opening: a private-use character that no content holds (so that a content cannot forge one).
+// A marker's opening: the first private-use character that no content has before "namm-content-" (so that a
+// content cannot forge a marker), found in one pass over the contents.
 std::string MarkerOpening(const std::vector<ChatMessage>& messages) {
-  for (uint32_t code_point = 0xE000;; ++code_point) {
-    const std::string opening = utf8_encode(code_point) + "namm-content-";
-    if (std::none_of(messages.begin(), messages.end(),
-                     [&](const ChatMessage& m) { return m.content.find(opening) != std::string::npos; })) {
-      return opening;
+  const std::string tag = "namm-content-";
+  std::vector<uint32_t> taken;
+  for (const ChatMessage& m : messages) {
+    for (std::size_t at = m.content.find(tag); at != std::string::npos; at = m.content.find(tag, at + 1)) {
+      // U+E000..U+FFFF take 3 bytes led by 0xEE or 0xEF (contents are well-formed UTF-8 here).
+      const auto lead = at >= 3 ? static_cast<unsigned char>(m.content[at - 3]) : 0;
+      if (lead == 0xEE || lead == 0xEF) taken.push_back(utf8_decode(m.content.substr(at - 3, 3)));
     }
   }
+  std::sort(taken.begin(), taken.end());
+  uint32_t code_point = 0xE000;
+  for (uint32_t t : taken) {
+    if (t == code_point) ++code_point;
+  }
+  return utf8_encode(code_point) + tag;  // at most U+E000 + the number of tags: private use up to U+F8FF
 }
 
 // The template's own text in `rendered` (the spans outside the contents), aligning it with `marked` (the same
@@ -90,7 +99,19 @@ std::optional<Tokenizer::Spans> TemplateSpans(const std::string& rendered, const
 Result<std::vector<int64_t>> encode_chat(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
                                          std::vector<ChatMessage> messages, bool add_generation_prompt,
                                          const nlohmann::ordered_json& variables, bool for_model) {
-  for (ChatMessage& m : messages) m.content = sanitize_utf8(m.content);
+  for (ChatMessage& m : messages) {
+    m.content = sanitize_utf8(m.content);
+    m.role = sanitize_utf8(m.role);
+  }
+  // Roles are the template's to test and write, so they stay text only by spelling no special token.
+  for (std::size_t k = 0; k < messages.size(); ++k) {
+    NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_text,
+                          tokenizer.EncodeControlled(messages[k].role, {}, /*for_model=*/false));
+    NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_written, tokenizer.Encode(messages[k].role));
+    if (as_text != as_written) {
+      return Status::InvalidArgument("message " + std::to_string(k) + "'s role writes a special token of the tokenizer");
+    }
+  }
   NAMM_ASSIGN_OR_RETURN(const std::string rendered, chat_template.Render(messages, add_generation_prompt, variables));
   const std::string opening = MarkerOpening(messages);
   std::vector<ChatMessage> marked_messages = messages;

@@ -1,6 +1,7 @@
 #include "namm/worker/hf_tokenizer.h"
 
 #include <algorithm>
+#include <map>
 #include <cctype>
 #include <cstdio>
 #include <array>
@@ -699,7 +700,7 @@ struct HfTokenizer::Impl {
 
   // Splits `text` at the added tokens whose `normalized` flag equals `normalized_tokens` (leftmost, longest
   // first): on_text(begin, end) for the text between them, on_token(id) for each token. A special token matches
-  // only where special_here(begin, end) says it may.
+  // only where special_here(token, begin, end) says it may.
   template <typename OnText, typename OnToken, typename SpecialHere>
   void SplitAtAddedTokens(const std::string& text, bool normalized_tokens, const OnText& on_text,
                           const OnToken& on_token, const SpecialHere& special_here) const {
@@ -709,7 +710,7 @@ struct HfTokenizer::Impl {
       const AddedToken* match = nullptr;
       for (const auto& token : added) {
         if (token.normalized != normalized_tokens || text.compare(pos, token.match.size(), token.match) != 0) continue;
-        if (token.special && !special_here(pos, pos + token.match.size())) continue;
+        if (token.special && !special_here(token, pos, pos + token.match.size())) continue;
         const std::size_t end = pos + token.match.size();
         if (token.single_word && ((pos > 0 && IsWordByte(text[pos - 1])) || (end < text.size() && IsWordByte(text[end])))) {
           continue;
@@ -826,10 +827,13 @@ Result<std::vector<int64_t>> HfTokenizer::EncodeText(const std::string& text, co
              return span.first <= begin && end <= span.second;
            });
   };
+  const auto raw_here = [&](const AddedToken&, std::size_t begin, std::size_t end) { return in_control(begin, end); };
   // As tokenizers does: split at raw (non-normalized) added tokens, normalize each piece, split that at the
   // normalized added tokens, then pre-tokenize and run BPE. A normalized special token (GPT-2's <|endoftext|>)
   // is matched in the normalized piece: where normalizing changed nothing (no normalizer) its offsets are the
-  // text's; elsewhere it counts if its whole piece may.
+  // text's; elsewhere its k-th match is taken for the k-th occurrence of its content in the raw piece
+  // (normalizers rewrite characters and spaces, not such tokens), and when they do not pair up, it counts if its
+  // whole piece may.
   impl_->SplitAtAddedTokens(text, /*normalized_tokens=*/false, [&](std::size_t begin, std::size_t end) {
     if (end <= begin || !failed.ok()) return;
     Result<std::string> normalized = impl_->Normalize(text.substr(begin, end - begin));
@@ -839,6 +843,23 @@ Result<std::vector<int64_t>> HfTokenizer::EncodeText(const std::string& text, co
     }
     const bool unchanged = normalized->size() == end - begin && text.compare(begin, end - begin, *normalized) == 0;
     const bool piece_in_control = in_control(begin, end);
+    std::map<const AddedToken*, std::pair<std::vector<std::size_t>, std::vector<std::size_t>>> occurrences;
+    const auto normalized_here = [&](const AddedToken& token, std::size_t b, std::size_t e) {
+      if (unchanged || control == nullptr) return in_control(begin + b, begin + e);
+      auto& [in_normalized, in_raw] = occurrences[&token];
+      if (in_normalized.empty()) {
+        for (std::size_t p = normalized->find(token.match); p != std::string::npos; p = normalized->find(token.match, p + 1)) {
+          in_normalized.push_back(p);
+        }
+        for (std::size_t p = text.find(token.content, begin); p != std::string::npos && p + token.content.size() <= end;
+             p = text.find(token.content, p + 1)) {
+          in_raw.push_back(p);
+        }
+      }
+      const auto k = static_cast<std::size_t>(std::find(in_normalized.begin(), in_normalized.end(), b) - in_normalized.begin());
+      if (in_normalized.size() != in_raw.size() || k >= in_raw.size()) return piece_in_control;
+      return in_control(in_raw[k], in_raw[k] + token.content.size());
+    };
     impl_->SplitAtAddedTokens(*normalized, /*normalized_tokens=*/true, [&](std::size_t b, std::size_t e) {
       if (e <= b || !failed.ok()) return;
       Result<std::vector<std::string>> words = impl_->PreTokenize(normalized->substr(b, e - b), begin == 0 && b == 0);
@@ -847,8 +868,8 @@ Result<std::vector<int64_t>> HfTokenizer::EncodeText(const std::string& text, co
         return;
       }
       for (const std::string& word : *words) impl_->Bpe(word, &ids);
-    }, push_token, [&](std::size_t b, std::size_t e) { return unchanged ? in_control(begin + b, begin + e) : piece_in_control; });
-  }, push_token, in_control);
+    }, push_token, normalized_here);
+  }, push_token, raw_here);
   if (!failed.ok()) return failed.WithContext("tokenizing a text of " + std::to_string(text.size()) + " bytes");
   return ids;
 }

@@ -6,7 +6,9 @@
 // any chat client can send. We differ deliberately: the contents are located in the rendering (rendered a second
 // time with each content replaced by a marker, and the two aligned, a content standing as itself or stripped of
 // whitespace as trim and strip() leave it), and special tokens count only outside them. The whole string is still
-// tokenized in one pass, so a conversation whose contents spell no special token gets transformers' ids exactly.
+// tokenized in one pass, so a conversation whose contents spell no special token (nor one across a content's edge,
+// as contents "<|eot_" and "id|>" written back to back would) gets transformers' ids exactly. A role that spells
+// one is refused: templates test and write roles as their own text.
 // A template that changes contents otherwise, or decides on them (a content that is a marker takes another
 // branch), cannot be aligned: its conversation is tokenized whole when no content spells a special token, and
 // refused (InvalidArgument) when one does.
