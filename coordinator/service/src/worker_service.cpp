@@ -135,19 +135,36 @@ grpc::Status WorkerService::CheckSecret(const grpc::string_ref* presented, const
 
 namespace {
 
+// Objects handed to gRPC (a processor, reactors returned from a handler or with a write) are called back on its
+// threads. Debian's libgrpc is not built with ThreadSanitizer, so the hand-over it makes is invisible to a
+// `make tsan` build, which would report the callback's first read of the object as a race with its construction
+// (or its destruction, after gRPC let go of it, with the last callback's reads); these declare it (no-ops in
+// other builds).
+#if defined(__SANITIZE_THREAD__)
+void HandedToGrpc(void* object) { __tsan_release(object); }
+void CalledBackByGrpc(void* object) { __tsan_acquire(object); }
+#else
+void HandedToGrpc(void*) {}
+void CalledBackByGrpc(void*) {}
+#endif
+
 // The secret checked on a call's metadata, before gRPC reads its body: a peer without it then costs the
 // coordinator no message (up to --max-message-bytes) buffered and parsed. gRPC runs such processors on secure
 // connections only; in plaintext the handlers' check (the same verdict) is all there is.
 class SecretBeforeBody final : public grpc::AuthMetadataProcessor {
  public:
-  explicit SecretBeforeBody(WorkerService& service) : service_(service) {}
+  explicit SecretBeforeBody(WorkerService& service) : service_(service) { HandedToGrpc(this); }
+  ~SecretBeforeBody() override { CalledBackByGrpc(this); }
   bool IsBlocking() const override { return false; }  // a comparison and a lock: no thread hop needed
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*, OutputMetadata*,
                        OutputMetadata*) override {
+    CalledBackByGrpc(this);
     const auto it = metadata.find("x-namm-token");
     // gRPC tells a processor the peer's certificate, not its address: one lockout for all TLS peers, which only
     // ever refuses calls without the right secret (a worker that has it is never locked out).
-    return service_.CheckSecret(it == metadata.end() ? nullptr : &it->second, "TLS peers");
+    grpc::Status verdict = service_.CheckSecret(it == metadata.end() ? nullptr : &it->second, "TLS peers");
+    HandedToGrpc(this);
+    return verdict;
   }
 
  private:
@@ -178,20 +195,6 @@ grpc::Status WorkerService::FindSession(const std::string& worker_id, std::share
   return Refuse(StatusCode::NOT_FOUND, "unknown worker id '" + worker_id + "' (coordinator restarted or the "
                                        "session ended): register again");
 }
-
-// The reactors below are handed to gRPC (returned from a handler, or with a write) and called back on its
-// threads. Debian's libgrpc is not built with ThreadSanitizer, so the hand-over it makes is invisible to a
-// `make tsan` build, which would report the reaction's first read of the reactor as a race with its
-// construction; these declare it (no-ops in other builds).
-namespace {
-#if defined(__SANITIZE_THREAD__)
-void HandedToGrpc(void* reactor) { __tsan_release(reactor); }
-void CalledBackByGrpc(void* reactor) { __tsan_acquire(reactor); }
-#else
-void HandedToGrpc(void*) {}
-void CalledBackByGrpc(void*) {}
-#endif
-}  // namespace
 
 // One worker's lease stream. Every method but the reactions runs with the service's mutex held; the reactions
 // (OnWriteDone, OnCancel, OnDone) take it. gRPC never runs a write's reaction inside StartWrite (its callback is
