@@ -1201,8 +1201,11 @@ TEST(Distribution, APromptFailingEverywhereIsDroppedForEveryCandidateAndTheRunGo
 class RawClient {
  public:
   explicit RawClient(const std::string& address, const std::string& token = "sim-run-shared-secret-0123456789")
-      : stub_(v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
-        token_(token) {}
+      : RawClient(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), token) {}
+  // Over a channel of the test's own (TLS).
+  explicit RawClient(const std::shared_ptr<grpc::Channel>& channel,
+                     const std::string& token = "sim-run-shared-secret-0123456789")
+      : stub_(v1::Coordinator::NewStub(channel)), token_(token) {}
 
   void Authorize(grpc::ClientContext& c) const {
     if (!token_.empty()) c.AddMetadata("x-namm-token", token_);
@@ -1557,27 +1560,16 @@ TEST(Distribution, MutualTlsAdmitsOnlyWorkersWithACertificateFromTheCa) {
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("localhost");
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    return v1::Coordinator::NewStub(grpc::CreateCustomChannel(r.address(), grpc::SslCredentials(o), args));
+    return RawClient(grpc::CreateCustomChannel(r.address(), grpc::SslCredentials(o), args));
   };
-  auto try_register = [&](v1::Coordinator::Stub& stub) {
-    grpc::ClientContext c;
-    c.AddMetadata("x-namm-token", "sim-run-shared-secret-0123456789");
-    c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::RegisterRequest request;
-    request.set_worker_name("tls");
-    request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
-    request.mutable_capabilities()->set_device("cpu");
-    request.mutable_capabilities()->set_max_concurrent_leases(1);
-    request.set_protocol_version(v1::kProtocolVersion);
+  auto try_register = [&](RawClient&& client) {
     v1::RegisterResponse response;
-    return stub.Register(&c, request, &response);
+    return client.Register("tls", kSimFingerprint, "cpu", 1, &response);
   };
-  auto with_certificate = connect(true);
-  ASSERT_TRUE(WaitUntil([&] { return try_register(*with_certificate).ok(); }, std::chrono::seconds(30)))
+  ASSERT_TRUE(WaitUntil([&] { return try_register(connect(true)).ok(); }, std::chrono::seconds(30)))
       << ReadText(r.log("coordinator"));
-  EXPECT_FALSE(try_register(*connect(false)).ok()) << "a client without a certificate got in";
-  auto plain = v1::Coordinator::NewStub(grpc::CreateChannel(r.address(), grpc::InsecureChannelCredentials()));
-  EXPECT_FALSE(try_register(*plain).ok()) << "a plaintext client got in";
+  EXPECT_FALSE(try_register(connect(false)).ok()) << "a client without a certificate got in";
+  EXPECT_FALSE(try_register(RawClient(r.address())).ok()) << "a plaintext client got in";
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
 }
@@ -1634,17 +1626,8 @@ TEST(Distribution, OverTlsACallWithoutTheSecretIsRefusedBeforeItsBodyIsRead) {
   EXPECT_TRUE(Refused(call("not-the-secret-either"), grpc::StatusCode::UNAUTHENTICATED, "wrong shared secret"));
   EXPECT_TRUE(Refused(call(""), grpc::StatusCode::RESOURCE_EXHAUSTED, "too many authentication failures from TLS peers"));
   // A worker with the secret still gets in.
-  auto stub = v1::Coordinator::NewStub(channel);
-  grpc::ClientContext c;
-  c.AddMetadata("x-namm-token", "sim-run-shared-secret-0123456789");
-  v1::RegisterRequest request;
-  request.set_worker_name("tls");
-  request.mutable_capabilities()->set_model_fingerprint(kSimFingerprint);
-  request.mutable_capabilities()->set_device("cpu");
-  request.mutable_capabilities()->set_max_concurrent_leases(1);
-  request.set_protocol_version(v1::kProtocolVersion);
   v1::RegisterResponse response;
-  EXPECT_TRUE(stub->Register(&c, request, &response).ok());
+  EXPECT_TRUE(RawClient(channel).Register("tls", kSimFingerprint, "cpu", 1, &response).ok());
   ::kill(coordinator.pid, SIGTERM);
   EXPECT_EQ(Wait(coordinator), 0) << ReadText(r.log("coordinator"));
   const std::string log = ReadText(r.log("coordinator"));

@@ -11,6 +11,16 @@ namespace namm::worker {
 
 namespace {
 
+// A marker's end (U+E000; its opening starts with that character or a later one).
+const char kMarkerClosing[] = "\xEE\x80\x80";
+
+// Whether `text` writes a special token of the tokenizer (its ids differ when such tokens stay text).
+Result<bool> SpellsSpecialToken(const Tokenizer& tokenizer, const std::string& text) {
+  NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_text, tokenizer.EncodeControlled(text, {}, /*for_model=*/false));
+  NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_written, tokenizer.Encode(text));
+  return as_text != as_written;
+}
+
 // The whitespace the template's trim and strip() remove (chat_template.cpp).
 bool IsTemplateSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -54,7 +64,7 @@ std::string MarkerOpening(const std::vector<ChatMessage>& messages) {
 // aligned.
 std::optional<Tokenizer::Spans> TemplateSpans(const std::string& rendered, const std::string& marked,
                                               const std::string& opening, const std::vector<ChatMessage>& messages) {
-  const std::string closing = "\xEE\x80\x80";  // U+E000 (the opening starts with it or a later one)
+  const std::string closing = kMarkerClosing;
   Tokenizer::Spans spans;
   std::size_t at = 0, pos = 0;  // in marked, in rendered
   // Template text marked[at, end) must stand at rendered[pos...].
@@ -105,10 +115,8 @@ Result<std::vector<int64_t>> encode_chat(const Tokenizer& tokenizer, const ChatT
   }
   // Roles are the template's to test and write, so they stay text only by spelling no special token.
   for (std::size_t k = 0; k < messages.size(); ++k) {
-    NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_text,
-                          tokenizer.EncodeControlled(messages[k].role, {}, /*for_model=*/false));
-    NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_written, tokenizer.Encode(messages[k].role));
-    if (as_text != as_written) {
+    NAMM_ASSIGN_OR_RETURN(const bool spells, SpellsSpecialToken(tokenizer, messages[k].role));
+    if (spells) {
       return Status::InvalidArgument("message " + std::to_string(k) + "'s role writes a special token of the tokenizer");
     }
   }
@@ -116,7 +124,7 @@ Result<std::vector<int64_t>> encode_chat(const Tokenizer& tokenizer, const ChatT
   const std::string opening = MarkerOpening(messages);
   std::vector<ChatMessage> marked_messages = messages;
   for (std::size_t k = 0; k < marked_messages.size(); ++k) {
-    marked_messages[k].content = opening + std::to_string(k) + "\xEE\x80\x80";
+    marked_messages[k].content = opening + std::to_string(k) + kMarkerClosing;
   }
   // A template that refuses a marker (it inspects contents) leaves the conversation unaligned, not refused.
   Result<std::string> marked = chat_template.Render(marked_messages, add_generation_prompt, variables);
@@ -124,10 +132,8 @@ Result<std::vector<int64_t>> encode_chat(const Tokenizer& tokenizer, const ChatT
   if (marked.ok()) spans = TemplateSpans(rendered, *marked, opening, messages);
   if (spans) return tokenizer.EncodeControlled(rendered, *spans, for_model);
   for (std::size_t k = 0; k < messages.size(); ++k) {
-    NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_text,
-                          tokenizer.EncodeControlled(messages[k].content, {}, /*for_model=*/false));
-    NAMM_ASSIGN_OR_RETURN(const std::vector<int64_t> as_written, tokenizer.Encode(messages[k].content));
-    if (as_text != as_written) {
+    NAMM_ASSIGN_OR_RETURN(const bool spells, SpellsSpecialToken(tokenizer, messages[k].content));
+    if (spells) {
       return Status::InvalidArgument("message " + std::to_string(k) + " (" + messages[k].role +
                                      ") writes a special token of the tokenizer as text, and this chat template "
                                      "changes or inspects contents, so that it cannot be kept apart from the "
