@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <memory>
 #include <vector>
@@ -22,18 +24,56 @@ bool IsRegularFile(const std::string& path) {
 
 std::string FileName(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
 
-// The files that define the model's behaviour, sorted by name.
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A Hugging Face tokenizer's files: what HfTokenizer::Load reads (tokenizer.json, tokenizer_config.json) and what
+// a chat prompt is made with (the template and the special tokens that override the config's).
+constexpr const char* kTokenizerFiles[] = {"chat_template.jinja", "special_tokens_map.json", "tokenizer.json",
+                                           "tokenizer_config.json"};
+
+// The files of `dir` among `wanted` or, with `safetensors`, named *.safetensors: their paths, in name order.
+Result<std::vector<std::string>> FilesOf(const std::string& dir, const std::vector<std::string>& wanted,
+                                         bool safetensors) {
+  NAMM_ASSIGN_OR_RETURN(std::vector<std::string> names, list_directory(dir));
+  const std::string prefix = dir.back() == '/' ? dir : dir + "/";
+  std::vector<std::string> files;
+  for (const std::string& name : names) {
+    const bool listed = std::find(wanted.begin(), wanted.end(), name) != wanted.end();
+    if ((listed || (safetensors && EndsWith(name, ".safetensors"))) && IsRegularFile(prefix + name)) {
+      files.push_back(prefix + name);
+    }
+  }
+  return files;
+}
+
+// The files that define the model's behaviour: a llama2.c checkpoint; or a Hugging Face directory's weights, its
+// architecture and generation settings (generation_config.json's end-of-sequence ids end answers) and the
+// tokenizer files beside them (the tokenizer a directory's model is run with by default), in name order.
 Result<std::vector<std::string>> ModelFiles(const std::string& model_path) {
   if (!is_directory(model_path)) return std::vector<std::string>{model_path};
-  NAMM_ASSIGN_OR_RETURN(std::vector<std::string> names, list_directory(model_path));
-  const std::string prefix = model_path.back() == '/' ? model_path : model_path + "/";
-  std::vector<std::string> files;
-  const std::string extension = ".safetensors";
-  for (const std::string& name : names) {
-    const bool safetensors = name.size() > extension.size() &&
-                             name.compare(name.size() - extension.size(), extension.size(), extension) == 0;
-    if ((name == "config.json" || safetensors) && IsRegularFile(prefix + name)) files.push_back(prefix + name);
-  }
+  std::vector<std::string> wanted = {"config.json", "generation_config.json"};
+  wanted.insert(wanted.end(), std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
+  NAMM_ASSIGN_OR_RETURN(std::vector<std::string> files, FilesOf(model_path, wanted, /*safetensors=*/true));
+  const bool weights_or_config = std::any_of(files.begin(), files.end(), [](const std::string& f) {
+    return EndsWith(f, "/config.json") || EndsWith(f, ".safetensors");
+  });
+  if (!weights_or_config) return std::vector<std::string>{};
+  return files;
+}
+
+// The files of the tokenizer given apart from the model: a llama2.c tokenizer file alone; a tokenizer.json with
+// the settings beside it; a directory's tokenizer files.
+Result<std::vector<std::string>> TokenizerFiles(const std::string& tokenizer_path) {
+  const std::vector<std::string> wanted(std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
+  if (is_directory(tokenizer_path)) return FilesOf(tokenizer_path, wanted, /*safetensors=*/false);
+  if (!EndsWith(tokenizer_path, ".json")) return std::vector<std::string>{tokenizer_path};
+  NAMM_ASSIGN_OR_RETURN(std::vector<std::string> files, FilesOf(parent_directory(tokenizer_path), wanted, false));
+  files.erase(std::remove_if(files.begin(), files.end(), [](const std::string& f) { return EndsWith(f, "/tokenizer.json"); }),
+              files.end());
+  files.push_back(tokenizer_path);
+  std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) { return FileName(a) < FileName(b); });
   return files;
 }
 
@@ -76,9 +116,17 @@ Result<std::string> model_fingerprint(const std::string& model_path, const std::
   if (!path_exists(model_path)) return Status::NotFound(model_path + ": no such model");
   NAMM_ASSIGN_OR_RETURN(std::vector<std::string> files, ModelFiles(model_path));
   if (files.empty()) return Status::NotFound(model_path + ": no config.json or *.safetensors to fingerprint");
-  if (!tokenizer_path.empty() && !is_directory(tokenizer_path) &&
-      std::find(files.begin(), files.end(), tokenizer_path) == files.end()) {
-    files.emplace_back(tokenizer_path);
+  if (!tokenizer_path.empty()) {
+    if (!path_exists(tokenizer_path)) return Status::NotFound(tokenizer_path + ": no such tokenizer");
+    NAMM_ASSIGN_OR_RETURN(const std::vector<std::string> tokenizer_files, TokenizerFiles(tokenizer_path));
+    // A file already covered (the tokenizer given is the model directory's own) counts once.
+    for (const std::string& file : tokenizer_files) {
+      const bool covered = std::any_of(files.begin(), files.end(), [&](const std::string& f) {
+        std::error_code error;
+        return std::filesystem::equivalent(f, file, error);
+      });
+      if (!covered) files.push_back(file);
+    }
   }
   return Digest(files);
 }
