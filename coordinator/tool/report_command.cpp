@@ -210,7 +210,11 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
           "time "
           "since the previous generation completed (timestamps have one-second resolution). CSVs beside this "
           "page: "
-          "generations.csv, eval_tasks.csv, stages.csv.</p>\n";
+          "generations.csv, eval_tasks.csv, stages.csv."
+       << (rows.size() > 2000 ? " Curves of more than 2,000 generations are drawn through the first, lowest, highest "
+                                "and last value of each of 500 spans; the CSVs hold every generation."
+                              : "")
+       << "</p>\n";
   if (explained) {
     body << "<h2>What the best NAMM keeps</h2>\n<p class=\"meta\">One prompt: every token shaded by how long it "
             "stayed in the cache, and the cache size after every memory update (<a href=\"explain.html\">"

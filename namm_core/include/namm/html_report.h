@@ -31,7 +31,8 @@ struct ChartOptions {
 
 // An <svg> element, styled by its own attributes so that it also stands alone as an .svg file: axes with
 // ticks, one polyline per series (class "curve", with data-series), a marker per point (class "point", with
-// data-x / data-y / data-series for the read-out), and a legend.
+// data-x / data-y / data-series for the read-out), and a legend. A series of more than 2,000 points is drawn
+// through the first, lowest, highest and last points of each of 500 spans (its envelope; callers keep the data).
 std::string render_line_chart(const std::vector<ChartSeries>& series, const ChartOptions& options);
 
 // Text escaped for HTML element content and attribute values.
