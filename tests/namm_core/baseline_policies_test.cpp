@@ -285,6 +285,34 @@ TEST(FastGenPolicy, AHeadThatNeedsEverythingKeepsTheLayerWhole) {
   EXPECT_EQ((*policy)->profile(0), (std::vector<int64_t>{5}));
 }
 
+// A head whose every query attends to its own 4 most recent tokens is local, as the paper profiles C_local
+// (a relative distance): with a budget of 8 (4 frequent + 4 local tokens) it recovers all of its attention. Judged
+// by the prompt's last 4 tokens alone, the window's earlier queries recovered little, and the head kept the whole
+// cache at every small budget.
+TEST(FastGenPolicy, AHeadThatAttendsToItsOwnRecentTokensIsLocal) {
+  FastGenOptions options;
+  options.recovery = 0.9;
+  options.window = 8;
+  auto policy = FastGenPolicy::Create(*CacheBudget::Tokens(8), options);
+  ASSERT_TRUE(policy.ok());
+  ASSERT_TRUE((*policy)->BeginSequence(PromptOf(40)).ok());
+  LayerKVCache cache = CacheOf(**policy, 1, 40);
+  at::Tensor attention = at::zeros({1, 40, 40});
+  for (int q = 0; q < 40; ++q) {
+    for (int j = std::max(0, q - 3); j <= q; ++j) attention[0][q][j] = 1.0 / (q - std::max(0, q - 3) + 1);
+  }
+  ASSERT_TRUE(observe_newest(**policy, 0, attention, cache).ok());
+  auto keep = (*policy)->EndPrefill(0, cache);
+  ASSERT_TRUE(keep.ok() && keep->has_value()) << keep.status().ToString();
+  EXPECT_EQ((*policy)->profile(0), (std::vector<int64_t>{4}));
+  // The 4 most attended others (over all queries: 0, 1 and 2, which the first queries attend to alone, then one
+  // of the many tokens at 1.0) and the last 4 tokens.
+  const std::vector<int64_t> kept = Row(**keep, 0);
+  ASSERT_EQ(kept.size(), 8u);
+  EXPECT_EQ(std::vector<int64_t>(kept.begin(), kept.begin() + 3), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(std::vector<int64_t>(kept.begin() + 4, kept.end()), (std::vector<int64_t>{36, 37, 38, 39}));
+}
+
 TEST(OraclePolicy, EvictsExactlyTheMarkedPositions) {
   auto policy = OraclePolicy::Create({{2, 5}});
   ASSERT_TRUE(policy.ok());

@@ -13,6 +13,7 @@ namespace namm {
 namespace {
 constexpr const char* kAttentionState = "fastgen.attention";
 constexpr const char* kWindowState = "fastgen.window";
+constexpr const char* kNearState = "fastgen.near";
 constexpr int64_t kPolicies = 5;
 
 // ids [kv_heads, n] -> whether each is one of `members`.
@@ -21,6 +22,8 @@ at::Tensor IsOneOf(const at::Tensor& ids, const std::vector<int64_t>& members) {
   const at::Tensor set = at::tensor(members, ids.options());
   return at::isin(ids, set);
 }
+// The locality part's size: half the budget (the frequency part takes the other half), within the prompt.
+int64_t LocalTokens(int64_t budget, int64_t prompt) { return std::min(budget - budget / 2, prompt); }
 }  // namespace
 
 Result<std::unique_ptr<FastGenPolicy>> FastGenPolicy::Create(CacheBudget budget, FastGenOptions options) {
@@ -39,7 +42,7 @@ std::string FastGenPolicy::name() const {
 }
 
 std::vector<TokenStateSpec> FastGenPolicy::token_state() const {
-  return {{kAttentionState, {}, at::kFloat}, {kWindowState, {}, at::kFloat}};
+  return {{kAttentionState, {}, at::kFloat}, {kWindowState, {}, at::kFloat}, {kNearState, {}, at::kFloat}};
 }
 
 Status FastGenPolicy::BeginSequence(const SequenceInfo& info) {
@@ -54,11 +57,22 @@ Status FastGenPolicy::Observe(int /*layer*/, const at::Tensor& attention, int64_
   NAMM_RETURN_IF_ERROR(validate_observed_attention(attention, first_query, cache));
   const auto prompt = static_cast<int64_t>(prompt_ids_.size());
   if (prompt == 0) return Status::FailedPrecondition("FastGen needs BeginSequence() before Observe()");
+  NAMM_ASSIGN_OR_RETURN(const int64_t budget, budget_tokens());
+  const int64_t local = LocalTokens(budget, prompt);
   return internal::catch_torch_errors("FastGen observe", [&] {
     const at::Tensor mean = gqa_mean(attention, cache.kv_heads(), AttentionPrecision::kF32);  // [kv, n_q, n]
     cache.state(kAttentionState).add_(mean.sum(1));
     const auto [begin, end] = prompt_window_rows(attention, first_query, prompt, options_.window);
-    if (begin < end) cache.state(kWindowState).add_(mean.narrow(1, begin, end - begin).sum(1));
+    if (begin >= end) return Status::Ok();
+    const at::Tensor window = mean.narrow(1, begin, end - begin);  // [kv, rows, n]
+    cache.state(kWindowState).add_(window.sum(1));
+    // C_local as the paper profiles it: each query's own `local` most recent tokens (a relative distance), not
+    // the prompt's last ones, which a query 20 tokens before the prompt's end hardly attends to.
+    const at::Tensor query_positions =
+        at::arange(first_query + begin, first_query + end, cache.positions().options()).view({1, -1, 1});
+    const at::Tensor distance = query_positions - cache.positions().unsqueeze(1);  // [kv, rows, n]
+    const at::Tensor near = distance.ge(0).logical_and_(distance.lt(local));
+    cache.state(kNearState).add_((window * near.to(at::kFloat)).sum(1));
     return Status::Ok();
   });
 }
@@ -93,7 +107,7 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
     // The nested policies' masks, [kPolicies, kv, n].
     const at::Tensor special = IsOneOf(ids, options_.special_ids).logical_or_(newest);
     const at::Tensor with_punctuation = IsOneOf(ids, options_.punctuation_ids).logical_or_(special);
-    const int64_t frequent = std::min(budget / 2, n), local = std::min(budget - budget / 2, n);
+    const int64_t frequent = std::min(budget / 2, n), local = std::min(LocalTokens(budget, prompt), n);
     at::Tensor with_frequent = with_punctuation.clone();
     if (frequent > 0) {
       const at::Tensor others =
@@ -108,8 +122,10 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
 
     // Recovered attention of each policy, and each head's cheapest policy that recovers enough.
     const at::Tensor total = window.sum(1).clamp_min(std::numeric_limits<float>::min());  // [kv]
-    const at::Tensor recovered =
-        (masks.to(at::kFloat) * window.unsqueeze(0)).sum(2) / total;  // [kPolicies, kv]
+    at::Tensor recovered = (masks.to(at::kFloat) * window.unsqueeze(0)).sum(2) / total;  // [kPolicies, kv]
+    // Policy 4 recovers what the smaller ones do plus, of the rest, what each query gives its own recent tokens.
+    const at::Tensor near_rest = (cache.state(kNearState) * with_frequent.logical_not().to(at::kFloat)).sum(1);
+    recovered.select(0, 3).copy_(recovered.select(0, 2) + near_rest / total);
     at::Tensor enough = recovered.ge(options_.recovery);
     enough.select(0, kPolicies - 1).fill_(true);
     const at::Tensor chosen = enough.to(at::kLong).argmax(0);  // first policy that recovers enough, [kv]

@@ -5,6 +5,8 @@
 //   accumulated attention (C_frequent), 4. + the `local` most recent tokens (C_local), 5. the full cache.
 // A policy's recovered attention is the share of the attention of the last `window` prompt queries (averaged
 // over the query heads of the KV group) that falls on the tokens it keeps; the newest token is always kept.
+// Locality is relative, as the paper's C_local: for each profiling query, its own `local` most recent tokens
+// count as kept (the policy then keeps the prompt's last `local` tokens, the newest query's own).
 // The budget sets the sizes of the frequency and locality parts: half of it each (the paper gives them as
 // ratios of the prompt, r_f = r_l).
 //
@@ -40,8 +42,9 @@ class FastGenPolicy final : public BudgetedPolicy {
   static Result<std::unique_ptr<FastGenPolicy>> Create(CacheBudget budget, FastGenOptions options);
 
   std::string name() const override;
-  // "fastgen.attention" (accumulated attention, the frequency ranking) and "fastgen.window" (attention from
-  // the profiling window), [] float32 each.
+  // "fastgen.attention" (accumulated attention, the frequency ranking), "fastgen.window" (attention from the
+  // profiling window) and "fastgen.near" (the part of it each query gives its own `local` most recent tokens),
+  // [] float32 each.
   std::vector<TokenStateSpec> token_state() const override;
   bool needs_attention() const override { return true; }
   Status BeginSequence(const SequenceInfo& info) override;
