@@ -81,6 +81,23 @@ TEST(L2Policy, KeepsTheLowestKeyNormsAndTheNewest) {
   EXPECT_EQ(Row(*keep, 1), (std::vector<int64_t>{2, 3}));
 }
 
+// The authors' scripts leave the first layers uncompressed (skip_layers=[0, 1]); skip_layers=N does the same.
+TEST(L2Policy, TheFirstSkipLayersKeepEveryToken) {
+  auto policy = L2Policy::Create(CacheBudget::Tokens(2).value(), /*skip_layers=*/1);
+  ASSERT_TRUE(policy.ok());
+  EXPECT_EQ((*policy)->name(), "l2(budget=2, skip_layers=1)");
+  LayerKVCache cache(1, 1, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor keys = at::tensor({3.0f, 1.0f, 2.0f, 9.0f}).view({1, 4, 1});
+  ASSERT_TRUE(cache.Append(keys, keys, Positions(4)).ok());
+  auto first = (*policy)->Select(0, cache);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(Row(*first, 0), (std::vector<int64_t>{0, 1, 2, 3}));
+  auto second = (*policy)->Select(1, cache);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(Row(*second, 0), (std::vector<int64_t>{1, 3}));
+  EXPECT_FALSE(L2Policy::Create(CacheBudget::Tokens(2).value(), -1).ok());
+}
+
 // Norms that differ only in their last bits (one token's keys rotated to different positions, rounded by
 // different hardware) are ties, kept newest first, whatever the order of those last bits.
 TEST(L2Policy, NormsEqualButForRoundingAreTiesKeptNewestFirst) {

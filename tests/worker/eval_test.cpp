@@ -118,6 +118,8 @@ TEST(EvalPolicies, ListsSplitExpandAndPutTheFullCacheFirst) {
   EXPECT_EQ(peak("snapkv:budget=16", 40, 200), 16 + 200);
   EXPECT_EQ(peak("snapkv:budget=64", 40, 200), 240);
   EXPECT_EQ(peak("fastgen:budget=16"), 350);
+  EXPECT_EQ(peak("l2:budget=16"), 16 + 64);
+  EXPECT_EQ(peak("l2:budget=16,skip_layers=1"), 350) << "its first layer keeps every token";
   EXPECT_TRUE(policy_keeps_prompt("snapkv:budget=16") && policy_keeps_prompt("fastgen:ratio=0.1"));
   EXPECT_FALSE(policy_keeps_prompt("h2o:budget=16") || policy_keeps_prompt("namm:f.safetensors,budget=4"));
   EXPECT_FALSE(policy_peak_tokens("h2o:budget=-3", 300, 50, 64).ok());

@@ -653,6 +653,7 @@ TEST(Stories260K, NoPolicysCacheHoldsMoreThanItsPeakBoundSays) {
       if (family == "namm" && draw(0, 3) > 0) spec += "," + amount;
       if (family == "namm" && draw(0, 1) == 0) spec += ",prompt=keep";
       if ((family == "namm" || family == "fastgen") && draw(0, 1) == 0) spec += ",heads=own";
+      if (family == "l2" && draw(0, 1) == 0) spec += ",skip_layers=" + std::to_string(draw(1, 2));
       SCOPED_TRACE(spec + ", " + std::to_string(prompt_tokens) + " + " + std::to_string(new_tokens) + " tokens");
       std::vector<int64_t> prompt = {1};
       while (static_cast<int64_t>(prompt.size()) < prompt_tokens) prompt.push_back(draw(3, 511));

@@ -8,16 +8,19 @@
 
 namespace namm {
 
-Result<std::unique_ptr<L2Policy>> L2Policy::Create(CacheBudget budget) {
-  return std::unique_ptr<L2Policy>(new L2Policy(budget));
+Result<std::unique_ptr<L2Policy>> L2Policy::Create(CacheBudget budget, int64_t skip_layers) {
+  if (skip_layers < 0) return Status::InvalidArgument("L2 needs skip_layers >= 0, got " + std::to_string(skip_layers));
+  return std::unique_ptr<L2Policy>(new L2Policy(budget, skip_layers));
 }
 
-std::string L2Policy::name() const { return "l2(" + budget().ToString() + ")"; }
+std::string L2Policy::name() const {
+  return "l2(" + budget().ToString() + (skip_layers_ > 0 ? ", skip_layers=" + std::to_string(skip_layers_) : "") + ")";
+}
 
-Result<at::Tensor> L2Policy::Select(int /*layer*/, LayerKVCache& cache) {
+Result<at::Tensor> L2Policy::Select(int layer, LayerKVCache& cache) {
   NAMM_ASSIGN_OR_RETURN(int64_t budget, budget_tokens());
   const int64_t n = cache.size();
-  if (n <= budget) return all_token_indices(cache);
+  if (n <= budget || layer < skip_layers_) return all_token_indices(cache);
   if (cache.head_dim() == 0) return Status::FailedPrecondition("the L2 policy needs the cache's keys");
   return internal::catch_torch_errors("L2 select", [&]() -> Result<at::Tensor> {
     // Norms compared on a log2 grid of 2^-10 (0.07%), a deliberate difference from the L2 paper: the keys of

@@ -21,7 +21,7 @@ namespace namm::worker {
 namespace {
 
 constexpr const char* kKnown =
-    "full, h2o:budget=N|ratio=R[,recent=N], l2:budget=N|ratio=R, streaming:budget=N|ratio=R[,sinks=S], "
+    "full, h2o:budget=N|ratio=R[,recent=N], l2:budget=N|ratio=R[,skip_layers=L], streaming:budget=N|ratio=R[,sinks=S], "
     "tova:budget=N|ratio=R, snapkv:budget=N|ratio=R[,window=W,kernel=K], "
     "fastgen:budget=N|ratio=R[,recovery=T,window=W], namm:FILE.safetensors, oracle";
 
@@ -107,8 +107,11 @@ Result<std::unique_ptr<MemoryPolicy>> PolicyFactory::Make(const std::string& tex
     return Upcast(H2OPolicy::Create(budget, recent));
   }
   if (spec.name == "l2") {
-    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio"})));
-    return Upcast(L2Policy::Create(budget));
+    NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "skip_layers"})));
+    NAMM_ASSIGN_OR_RETURN(int64_t skip_layers, spec.GetInt("skip_layers", 0));
+    Result<std::unique_ptr<L2Policy>> l2 = L2Policy::Create(budget, skip_layers);
+    if (!l2.ok()) return where(l2.status());
+    return Upcast(std::move(l2));
   }
   if (spec.name == "streaming") {
     NAMM_RETURN_IF_ERROR(where(spec.CheckKeys({"budget", "ratio", "sinks"})));
@@ -237,6 +240,10 @@ Result<int64_t> policy_peak_tokens(const std::string& text, int64_t prompt_token
     if (is_budgeted_family(family) && family != "fastgen") {
       NAMM_ASSIGN_OR_RETURN(OptionSpec spec, parse_option_spec(text));
       NAMM_ASSIGN_OR_RETURN(budget, CacheBudget::FromSpec(spec));
+      if (family == "l2") {  // its uncompressed first layers hold every token
+        NAMM_ASSIGN_OR_RETURN(const int64_t skip_layers, spec.GetInt("skip_layers", 0));
+        if (skip_layers > 0) return whole;
+      }
     }
   }
   if (!budget) return whole;

@@ -5,9 +5,9 @@
 // Every token after the prompt is kept (SnapKV compresses the prompt once and never evicts during
 // generation). Memory updates during prefill evict nothing.
 //
-// Votes are the attention of each window query averaged over the query heads of its KV group, summed over the
-// window. The paper re-normalizes the window's attention over the earlier tokens only; here the probabilities
-// over the whole prompt are used, which ranks the earlier tokens identically for each query.
+// Votes are the attention of each window query (its softmax over the whole prompt, as the official code takes it
+// before slicing off the window) averaged over the query heads of its KV group, summed over the window. Averaging
+// per KV group, as kvpress does, differs from the official per-query-head selection.
 #pragma once
 
 #include <cstdint>

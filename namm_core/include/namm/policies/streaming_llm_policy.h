@@ -4,7 +4,8 @@
 // attention.
 //
 // The original rolls the window after every token; here eviction happens at the engine's memory updates, like
-// every other policy's, so between updates the cache may exceed the budget by up to n_up tokens.
+// every other policy's, so between updates the cache may exceed the budget by up to n_up tokens. The original also
+// re-rotates the cached keys to their slots in the cache; here keys keep their positions (docs/namm-core.md).
 #pragma once
 
 #include <cstdint>
