@@ -1004,5 +1004,35 @@ TEST(Trainer, ADroppedPromptLeavesItsGenerationForEveryCandidateAndTheRunGoesOn)
   EXPECT_GT(counts.planned, 5 * t.spec().prompts_per_task);
 }
 
+// The mean's evaluation at generation 2 (stage 0's only eligible one) loses a prompt: it is recorded, but not
+// comparable with an evaluation over every prompt, so it cannot become the stage's best; stage 1 then continues from
+// where stage 0 ended (spec §7.3's fallback). Without the drop, generation 2 is the stage's best.
+TEST(Trainer, AnEvaluationOfTheMeanThatLostPromptsCannotBecomeTheStagesBest) {
+  SyntheticRun r = StartSyntheticRun(FreshDatabasePath("partial_eval.db"));
+  Trainer& t = *r.trainer;
+  ASSERT_TRUE(DriveRun(t, 3).ok());  // statistics, generations 0 and 1
+  ASSERT_EQ(t.plan().generation, 2);
+  ASSERT_TRUE(t.plan().schedule.eval_eligible);
+  const int64_t eval_prompt = t.plan().eval_prompts.at("t/a").front();
+  ASSERT_TRUE(t.Drop("t/a", eval_prompt, "out of memory on every worker").ok());
+  std::vector<CmaesState> starts;
+  while (!t.finished()) {
+    starts.push_back(t.settled_state());
+    ASSERT_TRUE(DriveRun(t, 1).ok());
+  }
+  const auto generations = *r.store->GetGenerations(t.run_id());
+  ASSERT_TRUE(generations[2].eval_fitness.has_value()) << "recorded, over the prompts left";
+  const auto stages = *r.store->GetStages(t.run_id());
+  EXPECT_FALSE(stages[0].best_eval_fitness.has_value());
+  EXPECT_FALSE(r.store->GetCheckpoint(t.run_id(), "stage_best", 0, t.params()).ok());
+  // Stage 1 (generation 3) started where stage 0 ended, after generation 2's tell(), not from generation 2's start.
+  EXPECT_FALSE(starts[1] == starts[0]);
+  EXPECT_EQ(generations[3].cmaes_generation, 3);
+
+  SyntheticRun plain = StartSyntheticRun(FreshDatabasePath("complete_eval.db"));
+  ASSERT_TRUE(DriveRun(*plain.trainer).ok());
+  EXPECT_EQ(plain.store->GetStages(1)->at(0).best_eval_generation, 2);
+}
+
 }  // namespace
 }  // namespace namm::coordinator

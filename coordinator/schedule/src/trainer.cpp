@@ -932,7 +932,11 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
 
   NAMM_ASSIGN_OR_RETURN(scored.stages, store_.GetStages(run_id_));
   const StageRecord& stage = scored.stages[static_cast<std::size_t>(g.stage)];
-  c.new_stage_best = p.schedule.eval_eligible && g.eval_fitness &&
+  // An evaluation that lost prompts (dropped: they failed on every worker) is recorded but cannot become the
+  // stage's best: it is not comparable with the others, over every prompt (spec §7.5), and a mean that keeps more
+  // cache fails more on long prompts, so it would win by losing its hardest ones.
+  const bool eval_complete = eval_prompts == p.eval_prompts;
+  c.new_stage_best = p.schedule.eval_eligible && eval_complete && g.eval_fitness &&
                      (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
   return scored;
 }

@@ -112,7 +112,8 @@ Result<std::optional<at::Tensor>> FastGenPolicy::EndPrefill(int layer, LayerKVCa
     if (frequent > 0) {
       const at::Tensor others =
           accumulated.masked_fill(with_punctuation, -std::numeric_limits<float>::infinity());
-      const at::Tensor top = std::get<1>(others.topk(frequent, 1));
+      // Ties to the more recent token, as every policy breaks them (topk's order among ties is the device's).
+      const at::Tensor top = keep_top_k_per_head(others, frequent);
       with_frequent.scatter_(1, top, true);  // with fewer others than `frequent`, -inf picks are already kept
     }
     at::Tensor with_local = with_frequent.clone();
