@@ -325,6 +325,23 @@ TEST(LeaseScheduler, ADroppedPromptLeavesThePhaseForEveryCandidate) {
   EXPECT_TRUE(s.Done());
 }
 
+// A run over budgets: the reference unit of a prompt is named by its base task ("t"), its candidates' units by
+// the variants; dropping the prompt under either name takes every one of them out, and no other task's.
+TEST(LeaseScheduler, ADroppedPromptLeavesEveryVariantOfItsTask) {
+  for (const char* named : {"t", "t@budget=8"}) {
+    SCOPED_TRACE(named);
+    LeaseScheduler s(Options(2));
+    std::vector<ScheduledUnit> units;
+    for (const char* task : {"t@budget=8", "t@budget=16", "u@budget=8"}) {
+      for (int64_t p = 0; p < 2; ++p) units.push_back({UnitKey{UnitKind::kCandidate, 0, task, p}, 1.0});
+    }
+    units.push_back({UnitKey{UnitKind::kReference, 0, "t", 1}, 1.0});
+    s.StartPhase(units);
+    s.Drop(named, 1);
+    EXPECT_EQ(s.units_done(), 3) << "t@budget=8 and t@budget=16's prompt 1, and its reference";
+  }
+}
+
 TEST(LeaseScheduler, ARestartedCoordinatorKeepsLeasesForTheirHoldersUntilTheyComeBackOrTimeOut) {
   SchedulerOptions o = Options(2, 1000);
   o.first_lease_id = (uint64_t{7} << 32) + 1;

@@ -405,6 +405,39 @@ TEST(Trainer, ARunOverBudgetsScoresEveryCandidateAtEachBudgetOnTheSamePrompts) {
   }
 }
 
+// A prompt that fails everywhere leaves every variant of its task: over budgets only, its failed reference unit
+// names the base task, which is no planned task itself (the run stopped: "not part of generation 0"); with the
+// task among its variants, one variant's failure takes the others' too, so that the budgets still pair.
+TEST(Trainer, ADroppedPromptLeavesEveryVariantOfItsTask) {
+  const std::vector<std::pair<std::string, std::string>> cases = {{"[8, 16]", "t/a"}, {"[own, 8]", "t/a@budget=8"}};
+  int round = 0;
+  for (const auto& [budgets, named] : cases) {
+    SCOPED_TRACE(budgets);
+    std::string yaml = SyntheticSpecYaml();
+    yaml.insert(yaml.find("stages:"), "budgets: " + budgets + "\n");
+    const RunSpec spec = parse_run_spec(yaml, "spec").value();
+    std::map<std::string, int64_t> rows = SyntheticTaskRows();
+    const std::vector<std::string> tasks = {"t/a", "t/b"}, variants = {"@budget=8", "@budget=16"};
+    for (const std::string& task : tasks) {
+      for (const std::string& variant : variants) rows[task + variant] = rows.at(task);
+    }
+    auto store = Store::Open(FreshDatabasePath("variant_drop" + std::to_string(round++) + ".db"), OpenMode::kCreate).value();
+    ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                             "test", false).ok());
+    auto t = Trainer::Create(*store, spec, rows).value();
+    ASSERT_TRUE(DriveRun(*t, 1).ok());  // the statistics phase
+    const int64_t prompt = t->plan().samples.begin()->second.front();
+    const Result<DropCounts> drops = t->Drop(named, prompt, "out of memory on every worker");
+    ASSERT_TRUE(drops.ok()) << drops.status().ToString();
+    EXPECT_EQ(drops->dropped, 2) << "both variants of t/a";
+    const std::vector<WorkUnit> missing = t->Missing().value();
+    for (const WorkUnit& u : missing) EXPECT_FALSE(u.prompt == prompt && u.task.rfind("t/a", 0) == 0) << u.task;
+    EXPECT_EQ(store->GetDroppedPrompts(t->run_id())->size(), 2u);
+    ASSERT_TRUE(DriveRun(*t).ok());
+    EXPECT_TRUE(t->finished());
+  }
+}
+
 // fitness: mean_rank: a candidate's fitness is the mean over tasks (budgets) of its rank among the candidates,
 // in [0, 1], so a budget whose scores vary little weighs as much as one whose scores vary a lot.
 TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {

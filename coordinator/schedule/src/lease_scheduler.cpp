@@ -5,6 +5,8 @@
 #include <numeric>
 #include <tuple>
 
+#include "namm/tasks/task_variant.h"
+
 namespace namm::coordinator {
 
 namespace {
@@ -633,9 +635,11 @@ void LeaseScheduler::Requeue(uint64_t lease, bool lost) {
 }
 
 void LeaseScheduler::Drop(const std::string& task, int64_t prompt) {
+  const std::string base = tasks::base_task(task);
+  const auto dropped = [&](const UnitKey& key) { return key.prompt == prompt && tasks::base_task(key.task) == base; };
   for (int64_t u = 0; u < static_cast<int64_t>(units_.size()); ++u) {
     Unit& unit = units_[u];
-    if (unit.done || unit.scheduled.key.task != task || unit.scheduled.key.prompt != prompt) continue;
+    if (unit.done || !dropped(unit.scheduled.key)) continue;
     unit.done = true;
     unit.abandoned = false;
     ++done_count_;
@@ -646,8 +650,7 @@ void LeaseScheduler::Drop(const std::string& task, int64_t prompt) {
       if (std::all_of(a.units.begin(), a.units.end(), [&](int64_t i) { return units_[i].done; })) EndLease(h, true);
     }
   }
-  abandoned_.erase(std::remove_if(abandoned_.begin(), abandoned_.end(),
-                                  [&](const AbandonedUnit& a) { return a.key.task == task && a.key.prompt == prompt; }),
+  abandoned_.erase(std::remove_if(abandoned_.begin(), abandoned_.end(), [&](const AbandonedUnit& a) { return dropped(a.key); }),
                    abandoned_.end());
 }
 

@@ -689,16 +689,23 @@ Result<int64_t> Trainer::Record(const std::vector<EvaluationRecord>& results, Du
 Result<DropCounts> Trainer::Drop(const std::string& task, int64_t prompt, const std::string& error) {
   NAMM_RETURN_IF_ERROR(broken_);
   if (finished_) return Status::FailedPrecondition("run " + std::to_string(run_id_) + " is finished");
-  const bool planned = std::any_of(plan_.units.begin(), plan_.units.end(),
-                                   [&](const WorkUnit& u) { return u.task == task && u.prompt == prompt; });
-  if (!planned) {
+  // Every planned task that reads the prompt: the base task's variants share its prompts and its reference score
+  // (a failed reference unit is named by the base task alone), and they pair on the same prompts.
+  const std::string base = tasks::base_task(task);
+  std::set<std::string> planned;
+  for (const WorkUnit& u : plan_.units) {
+    if (u.prompt == prompt && tasks::base_task(u.task) == base) planned.insert(u.task);
+  }
+  if (planned.empty()) {
     return Status::InvalidArgument(task + " prompt " + std::to_string(prompt) + " is not part of generation " +
                                    std::to_string(generation_));
   }
-  if (plan_.dropped.count({task, prompt}) > 0) return drops_;
-  NAMM_RETURN_IF_ERROR(store_.RecordDroppedPrompt(run_id_, DroppedPrompt{generation_, task, prompt, error, ""}));
-  plan_.dropped.emplace(task, prompt);
-  ++drops_.dropped;
+  for (const std::string& t : planned) {
+    if (plan_.dropped.count({t, prompt}) > 0) continue;
+    NAMM_RETURN_IF_ERROR(store_.RecordDroppedPrompt(run_id_, DroppedPrompt{generation_, t, prompt, error, ""}));
+    plan_.dropped.emplace(t, prompt);
+    ++drops_.dropped;
+  }
   return drops_;
 }
 

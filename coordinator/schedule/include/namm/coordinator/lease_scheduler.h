@@ -182,8 +182,9 @@ class LeaseScheduler {
   // Records that the worker of `lease` could not run `prompt` (Check() accepted the pair): the prompt leaves the
   // lease and goes back to the queue, or is abandoned.
   void Fail(uint64_t lease, int64_t prompt, const std::string& error);
-  // Takes every unit of (task, prompt), of any candidate or kind, out of the phase: they count as done, their
-  // leases are cancelled, and results for them are duplicates. For a prompt the run gave up on (abandoned()).
+  // Takes every unit of (task, prompt), of any candidate or kind and of every variant of the task's base task (as
+  // Trainer::Drop), out of the phase: they count as done, their leases are cancelled, and results for them are
+  // duplicates. For a prompt the run gave up on (abandoned()).
   void Drop(const std::string& task, int64_t prompt);
   // Counts a result for a lease of an earlier phase.
   void CountStale() { ++counters_.results_duplicate; }

@@ -130,7 +130,9 @@ class Trainer {
   // Returns how many were new. `durability`: see TrainingStore::RecordEvaluations.
   Result<int64_t> Record(const std::vector<EvaluationRecord>& results, Durability durability = Durability::kSynced);
   // Gives up on `prompt` of `task` for the current generation (it failed on too many workers): stored with
-  // `error`, then no candidate's unit of it is waited for or scored. Idempotent.
+  // `error`, then no candidate's unit of it is waited for or scored. The prompt leaves every variant of the
+  // task's base task with it (they share its prompts and reference score, and pair on them); `task` may name the
+  // base task alone (a reference unit's). Idempotent.
   Result<DropCounts> Drop(const std::string& task, int64_t prompt, const std::string& error);
   const DropCounts& drop_counts() const { return drops_; }
   // The plan's units with no recorded result yet.
