@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <iterator>
 #include <fstream>
 #include <memory>
@@ -20,6 +19,12 @@ namespace {
 bool IsRegularFile(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Whether two paths name one file (however spelled: "dir/" and "dir", a link).
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 std::string FileName(const std::string& path) { return path.substr(path.find_last_of('/') + 1); }
@@ -121,10 +126,8 @@ Result<std::string> model_fingerprint(const std::string& model_path, const std::
     NAMM_ASSIGN_OR_RETURN(const std::vector<std::string> tokenizer_files, TokenizerFiles(tokenizer_path));
     // A file already covered (the tokenizer given is the model directory's own) counts once.
     for (const std::string& file : tokenizer_files) {
-      const bool covered = std::any_of(files.begin(), files.end(), [&](const std::string& f) {
-        std::error_code error;
-        return std::filesystem::equivalent(f, file, error);
-      });
+      const bool covered =
+          std::any_of(files.begin(), files.end(), [&](const std::string& f) { return SameFile(f, file); });
       if (!covered) files.push_back(file);
     }
   }
