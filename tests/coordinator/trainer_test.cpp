@@ -438,6 +438,38 @@ TEST(Trainer, ADroppedPromptLeavesEveryVariantOfItsTask) {
   }
 }
 
+// The statistics are gathered with the full cache (spec §7.6): over budgets with "own", from the zero mean at its own
+// selection alone (which keeps everything), not from the budgets' evicted caches as well.
+TEST(Trainer, NormalizationStatisticsComeFromTheTasksAtTheirOwnSelection) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\n");
+  const RunSpec spec = parse_run_spec(yaml, "spec").value();
+  std::map<std::string, int64_t> rows = SyntheticTaskRows();
+  rows["t/a@budget=8"] = rows.at("t/a");
+  rows["t/b@budget=8"] = rows.at("t/b");
+  auto store = Store::Open(FreshDatabasePath("own_stats.db"), OpenMode::kCreate).value();
+  ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                           "test", false).ok());
+  auto t = Trainer::Create(*store, spec, rows).value();
+  ASSERT_TRUE(t->plan().collect_norm_stats);
+  const std::vector<int64_t> prompts = t->plan().eval_prompts.at("t/a");
+  // The budget's collection differs (evicted caches), so that mixing it in would show.
+  const Evaluator evaluate = [](const Trainer& trainer, const std::vector<WorkUnit>& units) {
+    std::vector<EvaluationRecord> out = EvaluateUnits(trainer, units);
+    for (EvaluationRecord& e : out) {
+      if (e.norm_stats && e.task.find('@') != std::string::npos) e.norm_stats = SyntheticNormStats("t/b", e.prompt);
+    }
+    return out;
+  };
+  ASSERT_TRUE(DriveRun(*t, 1, evaluate).ok());
+  NormStats expected;
+  for (int64_t prompt : prompts) expected = expected.Merge(SyntheticNormStats("t/a", prompt));
+  const NormStats frozen = *store->GetRun(t->run_id())->norm_stats;
+  EXPECT_EQ(frozen.count, expected.count);
+  EXPECT_EQ(frozen.mean, expected.mean);
+  EXPECT_EQ(frozen.var, expected.var);
+}
+
 // fitness: mean_rank: a candidate's fitness is the mean over tasks (budgets) of its rank among the candidates,
 // in [0, 1], so a budget whose scores vary little weighs as much as one whose scores vary a lot.
 TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
