@@ -211,8 +211,9 @@ std::string ReportHtml(const OpenedRun& opened, const std::vector<StageRecord>& 
           "since the previous generation completed (timestamps have one-second resolution). CSVs beside this "
           "page: "
           "generations.csv, eval_tasks.csv, stages.csv."
-       << (rows.size() > 2000 ? " Curves of more than 2,000 generations are drawn through the first, lowest, highest "
-                                "and last value of each of 500 spans; the CSVs hold every generation."
+       << (rows.size() > 2000 ? " A curve of more than 2,000 points (each generation's, here) is drawn through the "
+                                "first, lowest, highest and last value of each of 500 spans; the CSVs hold every "
+                                "generation."
                               : "")
        << "</p>\n";
   if (explained) {

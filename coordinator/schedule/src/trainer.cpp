@@ -940,22 +940,46 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
     fitness = MeanRanks(c.candidates, weights);
     for (std::size_t k = 0; k < fitness.size(); ++k) c.candidates[k].fitness = fitness[k];
   }
-  if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
-    auto f = tasks::normalized_fitness(ScoresOf(done, kMeanCandidate, eval_prompts), reference, spec_.zero_base,
-                                       weights);
+  // The mean's evaluation over `prompts`, from `records` (this generation's, or an earlier one's).
+  const auto mean_fitness = [&](const std::vector<EvaluationRecord>& records,
+                                const PromptSample& prompts) -> Result<std::pair<double, tasks::Fitness>> {
+    auto f = tasks::normalized_fitness(ScoresOf(records, kMeanCandidate, prompts), reference, spec_.zero_base, weights);
     if (!f.ok()) return f.status().WithContext("evaluation of the mean");
-    g.eval_fitness = Charged(f->value, spec_.cache_weight, done, kMeanCandidate, eval_prompts);
-    g.eval_tasks = TaskScores(*f);
+    const double charged = Charged(f->value, spec_.cache_weight, records, kMeanCandidate, prompts);
+    return std::make_pair(charged, std::move(*f));
+  };
+  if (p.schedule.evaluate_mean && !eval_prompts.empty()) {
+    NAMM_ASSIGN_OR_RETURN(auto f, mean_fitness(done, eval_prompts));
+    g.eval_fitness = f.first;
+    g.eval_tasks = TaskScores(f.second);
   }
 
   NAMM_ASSIGN_OR_RETURN(scored.stages, store_.GetStages(run_id_));
   const StageRecord& stage = scored.stages[static_cast<std::size_t>(g.stage)];
-  // An evaluation that lost prompts (dropped: they failed on every worker) is recorded but cannot become the
-  // stage's best: it is not comparable with the others, over every prompt (spec §7.5), and a mean that keeps more
-  // cache fails more on long prompts, so it would win by losing its hardest ones.
-  const bool eval_complete = eval_prompts == p.eval_prompts;
-  c.new_stage_best = p.schedule.eval_eligible && eval_complete && g.eval_fitness &&
-                     (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
+  const bool eligible = p.schedule.eval_eligible && g.eval_fitness.has_value();
+  c.new_stage_best = eligible && (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
+  if (eligible && stage.best_eval_fitness && stage.best_eval_generation) {
+    // Evaluations that lost prompts (dropped: they failed on every worker) are compared over the prompts both kept
+    // (a stage's evaluations share their prompts, spec §7.5): a mean that keeps more cache fails more on long
+    // prompts, and would otherwise win by losing its hardest ones.
+    const int64_t best = *stage.best_eval_generation;
+    NAMM_ASSIGN_OR_RETURN(const std::vector<DroppedPrompt> stored, store_.GetDroppedPrompts(run_id_));
+    std::set<std::pair<std::string, int64_t>> lost = p.dropped;
+    bool best_lost = false;
+    for (const DroppedPrompt& d : stored) {
+      if (d.generation == best) best_lost = lost.emplace(d.task, d.prompt).second || best_lost;
+    }
+    if (eval_prompts != p.eval_prompts || best_lost) {
+      const PromptSample common = Without(p.eval_prompts, lost);
+      c.new_stage_best = false;
+      if (!common.empty()) {
+        NAMM_ASSIGN_OR_RETURN(const std::vector<EvaluationRecord> best_records, store_.GetEvaluations(run_id_, best));
+        NAMM_ASSIGN_OR_RETURN(const auto now, mean_fitness(done, common));
+        NAMM_ASSIGN_OR_RETURN(const auto then, mean_fitness(best_records, common));
+        c.new_stage_best = now.first > then.first;
+      }
+    }
+  }
   return scored;
 }
 
