@@ -468,6 +468,22 @@ TEST(Trainer, NormalizationStatisticsComeFromTheTasksAtTheirOwnSelection) {
   EXPECT_EQ(frozen.count, expected.count);
   EXPECT_EQ(frozen.mean, expected.mean);
   EXPECT_EQ(frozen.var, expected.var);
+
+  // A task planned at a budget only (t/b@budget=8 beside t/a) still counts: it has nothing else.
+  std::string mixed = SyntheticSpecYaml();
+  mixed.replace(mixed.find("tasks: [t/a]"), 12, "tasks: [t/a, t/b@budget=8]");
+  const RunSpec mixed_spec = parse_run_spec(mixed, "spec").value();
+  auto mixed_store = Store::Open(FreshDatabasePath("mixed_stats.db"), OpenMode::kCreate).value();
+  ASSERT_TRUE(mixed_store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
+                                                 "test", false).ok());
+  auto m = Trainer::Create(*mixed_store, mixed_spec, rows).value();
+  const std::vector<int64_t> a = m->plan().eval_prompts.at("t/a"), b = m->plan().eval_prompts.at("t/b@budget=8");
+  ASSERT_TRUE(DriveRun(*m, 1, evaluate).ok());
+  NormStats both;
+  for (int64_t prompt : a) both = both.Merge(SyntheticNormStats("t/a", prompt));
+  for (int64_t prompt : b) both = both.Merge(SyntheticNormStats("t/b", prompt));
+  EXPECT_EQ(mixed_store->GetRun(m->run_id())->norm_stats->count, both.count);
+  EXPECT_EQ(mixed_store->GetRun(m->run_id())->norm_stats->mean, both.mean);
 }
 
 // fitness: mean_rank: a candidate's fitness is the mean over tasks (budgets) of its rank among the candidates,

@@ -741,20 +741,21 @@ Result<AdvanceSummary> Trainer::Advance() {
 
 Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationRecord>& done) {
   // In (task, prompt) order, whichever worker finished first: the merged statistics do not depend on timing.
-  // The spec gathers them with the full cache (§7.6), which the zero mean keeps under its own selection: a stage
-  // with a task at its own selection ("own" among budgets) collects from it alone, not from the variants whose
-  // budgets evict (a stage of budgets only has nothing else: docs/coordinator.md).
+  // The spec gathers them with the full cache (§7.6), which the zero mean keeps under its own selection: a task
+  // planned at its own selection ("own" among budgets) is collected from alone, not from its variants whose
+  // budgets evict (a task planned at budgets only has nothing else: docs/coordinator.md).
   const auto own_selection = [](const std::string& task) {
     const Result<tasks::TaskVariant> variant = tasks::parse_task_variant(task);
     return variant.ok() && !variant->budget;
   };
-  const bool any_own = std::any_of(done.begin(), done.end(), [&](const EvaluationRecord& e) {
-    return e.candidate == kMeanCandidate && own_selection(e.task);
-  });
+  std::set<std::string> own_bases;  // base tasks planned at their own selection
+  for (const WorkUnit& u : plan_.units) {
+    if (own_selection(u.task)) own_bases.insert(tasks::base_task(u.task));
+  }
   NormStats merged;
   for (const EvaluationRecord& e : done) {
     if (e.candidate == kMeanCandidate && e.norm_stats && !plan_.dropped.count({e.task, e.prompt}) &&
-        (!any_own || own_selection(e.task))) {
+        (own_selection(e.task) || own_bases.count(tasks::base_task(e.task)) == 0)) {
       merged = merged.Merge(*e.norm_stats);
     }
   }
