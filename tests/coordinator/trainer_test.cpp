@@ -438,6 +438,34 @@ TEST(Trainer, ADroppedPromptLeavesEveryVariantOfItsTask) {
   }
 }
 
+// A prompt dropped because its base-model reference failed everywhere (the statistics phase, before any reference
+// was stored) is not asked for again: neither when the phase ends nor by a resumed run.
+TEST(Trainer, ADroppedPromptsReferenceIsNotAskedForAgain) {
+  std::string yaml = SyntheticSpecYaml();
+  yaml.insert(yaml.find("stages:"), "budgets: [8, 16]\n");
+  const RunSpec spec = parse_run_spec(yaml, "spec").value();
+  std::map<std::string, int64_t> rows = SyntheticTaskRows();
+  for (const char* task : {"t/a@budget=8", "t/a@budget=16", "t/b@budget=8", "t/b@budget=16"}) {
+    rows[task] = rows.at(std::string(task).substr(0, 3));
+  }
+  const std::string db = FreshDatabasePath("reference_dropped.db");
+  auto store = Store::Open(db, OpenMode::kCreate).value();
+  auto t = Trainer::Create(*store, spec, rows).value();
+  ASSERT_FALSE(t->plan().missing_references.empty());
+  const auto [task, prompt] = t->plan().missing_references.front();
+  ASSERT_TRUE(t->Drop(task, prompt, "out of memory on every worker").ok());
+  const auto asks = [&](const Trainer& trainer) {
+    const auto& missing = trainer.plan().missing_references;
+    return std::find(missing.begin(), missing.end(), std::make_pair(task, prompt)) != missing.end();
+  };
+  ASSERT_TRUE(t->Record(EvaluateUnits(*t, t->Missing().value())).ok());
+  ASSERT_TRUE(t->Advance().ok());  // the statistics phase ends; generation 0 keeps its drops
+  EXPECT_FALSE(asks(*t));
+  EXPECT_FALSE(t->plan().missing_references.empty()) << "the other prompts' references are still wanted";
+  auto resumed = Trainer::Resume(*store, t->run_id(), rows).value();
+  EXPECT_FALSE(asks(*resumed));
+}
+
 // The statistics are gathered with the full cache (spec §7.6): over budgets with "own", from the zero mean at its own
 // selection alone (which keeps everything), not from the budgets' evicted caches as well.
 TEST(Trainer, NormalizationStatisticsComeFromTheTasksAtTheirOwnSelection) {

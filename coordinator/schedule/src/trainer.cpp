@@ -406,7 +406,16 @@ Status Trainer::Load() {
   for (const DroppedPrompt& d : dropped) {
     if (d.generation == generation_) plan_.dropped.emplace(d.task, d.prompt);
   }
+  ForgetDroppedReferences();
   return Status::Ok();
+}
+
+void Trainer::ForgetDroppedReferences() {
+  std::set<std::pair<std::string, int64_t>> dropped;
+  for (const auto& [task, prompt] : plan_.dropped) dropped.emplace(tasks::base_task(task), prompt);
+  std::vector<std::pair<std::string, int64_t>>& missing = plan_.missing_references;
+  missing.erase(std::remove_if(missing.begin(), missing.end(), [&](const auto& r) { return dropped.count(r) > 0; }),
+                missing.end());
 }
 
 Result<std::vector<Trainer::Segment>> Trainer::PathTo(int64_t stage, int64_t generation) const {
@@ -768,6 +777,7 @@ Result<AdvanceSummary> Trainer::FreezeNormStats(const std::vector<EvaluationReco
   std::set<std::pair<std::string, int64_t>> dropped = std::move(plan_.dropped);  // still generation 0's
   NAMM_RETURN_IF_ERROR(MakePlan());
   plan_.dropped = std::move(dropped);
+  ForgetDroppedReferences();
   AdvanceSummary s;
   s.generation = generation_;
   s.stage = plan_.schedule.stage;

@@ -151,6 +151,9 @@ class Trainer {
   Status Load();      // state, progress and plan from the store
   // Applies a due decomposition (from the background job when it has one), then plans the generation.
   Status MakePlan();
+  // Takes the dropped prompts (plan_.dropped, by base task) out of plan_.missing_references: a reference that
+  // failed everywhere would only fail again.
+  void ForgetDroppedReferences();
 
   // A complete optimizer state and the snapshots its eigensystem and pending decomposition come from (-1: none).
   struct Rebuilt {
