@@ -13,6 +13,7 @@
 #include "namm/coordinator/spec_revision.h"
 #include "namm/coordinator/stage_schedule.h"
 #include "namm/namm_file.h"
+#include "namm/tasks/task_variant.h"
 #include "synthetic_run.h"
 
 namespace namm::coordinator {
@@ -126,6 +127,15 @@ TEST(RunSpec, ParsesTheShippedSpecsAndNamesBadKeys) {
   // Elsewhere (a comment) such bytes are no name: a stored spec from an older build still parses.
   EXPECT_TRUE(parse_run_spec("# caf\xe9\nname: x\nmodel: {path: p, fingerprint: f}\n"
                              "stages: [{tasks: [a], generations: 1}]\n", "comment.yaml").ok());
+}
+
+// The rows of every task of `spec`'s stages: a variant's are its base task's (SyntheticTaskRows).
+std::map<std::string, int64_t> VariantRows(const RunSpec& spec) {
+  std::map<std::string, int64_t> rows = SyntheticTaskRows();
+  for (const StageSpec& stage : spec.stages) {
+    for (const std::string& task : stage.tasks) rows.emplace(task, rows.at(tasks::base_task(task)));
+  }
+  return rows;
 }
 
 TEST(Trainer, RunsTheStatisticsPhaseThenGenerationsThenHandsOverTheStageBest) {
@@ -374,9 +384,7 @@ TEST(Trainer, ARunOverBudgetsScoresEveryCandidateAtEachBudgetOnTheSamePrompts) {
   std::string yaml = SyntheticSpecYaml();
   yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\n");
   const RunSpec spec = parse_run_spec(yaml, "spec").value();
-  std::map<std::string, int64_t> rows = SyntheticTaskRows();
-  rows["t/a@budget=8"] = rows.at("t/a");
-  rows["t/b@budget=8"] = rows.at("t/b");
+  const std::map<std::string, int64_t> rows = VariantRows(spec);
   auto store = Store::Open(FreshDatabasePath("budgets.db"), OpenMode::kCreate).value();
   auto t = Trainer::Create(*store, spec, rows).value();
   std::set<std::string> reference_tasks;
@@ -416,11 +424,7 @@ TEST(Trainer, ADroppedPromptLeavesEveryVariantOfItsTask) {
     std::string yaml = SyntheticSpecYaml();
     yaml.insert(yaml.find("stages:"), "budgets: " + budgets + "\n");
     const RunSpec spec = parse_run_spec(yaml, "spec").value();
-    std::map<std::string, int64_t> rows = SyntheticTaskRows();
-    const std::vector<std::string> tasks = {"t/a", "t/b"}, variants = {"@budget=8", "@budget=16"};
-    for (const std::string& task : tasks) {
-      for (const std::string& variant : variants) rows[task + variant] = rows.at(task);
-    }
+    const std::map<std::string, int64_t> rows = VariantRows(spec);
     auto store = Store::Open(FreshDatabasePath("variant_drop" + std::to_string(round++) + ".db"), OpenMode::kCreate).value();
     ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
                                              "test", false).ok());
@@ -444,10 +448,7 @@ TEST(Trainer, ADroppedPromptsReferenceIsNotAskedForAgain) {
   std::string yaml = SyntheticSpecYaml();
   yaml.insert(yaml.find("stages:"), "budgets: [8, 16]\n");
   const RunSpec spec = parse_run_spec(yaml, "spec").value();
-  std::map<std::string, int64_t> rows = SyntheticTaskRows();
-  for (const char* task : {"t/a@budget=8", "t/a@budget=16", "t/b@budget=8", "t/b@budget=16"}) {
-    rows[task] = rows.at(std::string(task).substr(0, 3));
-  }
+  const std::map<std::string, int64_t> rows = VariantRows(spec);
   const std::string db = FreshDatabasePath("reference_dropped.db");
   auto store = Store::Open(db, OpenMode::kCreate).value();
   auto t = Trainer::Create(*store, spec, rows).value();
@@ -472,9 +473,7 @@ TEST(Trainer, NormalizationStatisticsComeFromTheTasksAtTheirOwnSelection) {
   std::string yaml = SyntheticSpecYaml();
   yaml.insert(yaml.find("stages:"), "budgets: [own, 8]\n");
   const RunSpec spec = parse_run_spec(yaml, "spec").value();
-  std::map<std::string, int64_t> rows = SyntheticTaskRows();
-  rows["t/a@budget=8"] = rows.at("t/a");
-  rows["t/b@budget=8"] = rows.at("t/b");
+  const std::map<std::string, int64_t> rows = VariantRows(spec);
   auto store = Store::Open(FreshDatabasePath("own_stats.db"), OpenMode::kCreate).value();
   ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
                                            "test", false).ok());
@@ -504,7 +503,7 @@ TEST(Trainer, NormalizationStatisticsComeFromTheTasksAtTheirOwnSelection) {
   auto mixed_store = Store::Open(FreshDatabasePath("mixed_stats.db"), OpenMode::kCreate).value();
   ASSERT_TRUE(mixed_store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
                                                  "test", false).ok());
-  auto m = Trainer::Create(*mixed_store, mixed_spec, rows).value();
+  auto m = Trainer::Create(*mixed_store, mixed_spec, VariantRows(mixed_spec)).value();
   const std::vector<int64_t> a = m->plan().eval_prompts.at("t/a"), b = m->plan().eval_prompts.at("t/b@budget=8");
   ASSERT_TRUE(DriveRun(*m, 1, evaluate).ok());
   NormStats both;
@@ -524,9 +523,7 @@ TEST(Trainer, RankFitnessIsTheMeanOfEachCandidatesRanksOverTasks) {
   std::string bad = SyntheticSpecYaml();
   bad.insert(bad.find("stages:"), "fitness: best\n");
   EXPECT_NE(parse_run_spec(bad, "b.yaml").status().message().find("'best' is not mean or mean_rank"), std::string::npos);
-  std::map<std::string, int64_t> rows = SyntheticTaskRows();
-  rows["t/a@budget=8"] = rows.at("t/a");
-  rows["t/b@budget=8"] = rows.at("t/b");
+  const std::map<std::string, int64_t> rows = VariantRows(spec);
   const std::string db = FreshDatabasePath("rank_fitness.db");
   auto store = Store::Open(db, OpenMode::kCreate).value();
   ASSERT_TRUE(store->ImportReferenceScores("synthetic-model", SyntheticReference(spec.architecture.param_count()),
@@ -597,9 +594,7 @@ TEST(Trainer, StageWeightsWeighEachTaskInTheFitnessAndInTheEvaluationOfTheMean) 
   const Status refused = check_spec_revision(spec, *parse_run_spec(reweighed, "reweighed"), false);
   EXPECT_NE(refused.message().find("stages[0].weights"), std::string::npos) << refused.ToString();
 
-  std::map<std::string, int64_t> rows = SyntheticTaskRows();
-  rows["t/a@budget=8"] = rows.at("t/a");
-  rows["t/b@budget=8"] = rows.at("t/b");
+  const std::map<std::string, int64_t> rows = VariantRows(spec);
   // At budget 8 a candidate's order is reversed and compressed, as in the rank test.
   const Evaluator evaluate = [](const Trainer& trainer, const std::vector<WorkUnit>& units) {
     std::vector<EvaluationRecord> out = EvaluateUnits(trainer, units);

@@ -969,10 +969,10 @@ Result<Trainer::Scored> Trainer::Score(const std::vector<EvaluationRecord>& done
   const StageRecord& stage = scored.stages[static_cast<std::size_t>(g.stage)];
   const bool eligible = p.schedule.eval_eligible && g.eval_fitness.has_value();
   c.new_stage_best = eligible && (!stage.best_eval_fitness || *g.eval_fitness > *stage.best_eval_fitness);
-  if (eligible && stage.best_eval_fitness && stage.best_eval_generation) {
+  if (eligible && stage.best_eval_generation && drops_.dropped > 0) {
     // Evaluations that lost prompts (dropped: they failed on every worker) are compared over the prompts both kept
     // (a stage's evaluations share their prompts, spec §7.5): a mean that keeps more cache fails more on long
-    // prompts, and would otherwise win by losing its hardest ones.
+    // prompts, and would otherwise win by losing its hardest ones. A run that never dropped a prompt reads nothing.
     const int64_t best = *stage.best_eval_generation;
     NAMM_ASSIGN_OR_RETURN(const std::vector<DroppedPrompt> stored, store_.GetDroppedPrompts(run_id_));
     std::set<std::pair<std::string, int64_t>> lost = p.dropped;

@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <vector>
 
