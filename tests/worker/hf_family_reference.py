@@ -39,6 +39,13 @@ CASES = {
                                                  "beta_slow": 2.0, "truncate": False,
                                                  "attention_factor": 1.2}}, 20, 6),
     # Dynamic NTK: the prompt already runs past the trained 16 positions, and every decoded token stretches more.
+    # transformers v5's form: theta and the Llama 3.1 bands in one rope_parameters object, no rope_theta or
+    # rope_scaling at the top level.
+    "llama3_rope_parameters": ({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                "max_position_embeddings": 64,
+                                "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 16}}, 20, 6),
     "llama_dynamic": ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "max_position_embeddings": 16,
                        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, 20, 6),
     # Qwen2: q/k/v biases, tied embeddings, and a sliding_window that use_sliding_window false switches off.
@@ -64,6 +71,8 @@ def make_config(overrides):
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "bos_token_id": 1, "eos_token_id": 2}
     config.update(overrides)
+    if "rope_parameters" in config:
+        del config["rope_theta"]
     return config
 
 
@@ -116,10 +125,16 @@ def write_safetensors(path, tensors):
 
 # ---- RoPE ------------------------------------------------------------------------------------------------------------
 
+def rope_settings(config):
+    """(theta, scaling): transformers v5's one rope_parameters object, else rope_theta and rope_scaling."""
+    if config.get("rope_parameters"):
+        return config["rope_parameters"]["rope_theta"], config["rope_parameters"]
+    return config["rope_theta"], config.get("rope_scaling") or {}
+
+
 def inverse_frequencies(config, sequence_length):
     d = head_dim(config)
-    base = config["rope_theta"]
-    scaling = config.get("rope_scaling") or {}
+    base, scaling = rope_settings(config)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     factor = scaling.get("factor", 1.0)
     trained = config["max_position_embeddings"]
@@ -158,7 +173,7 @@ def inverse_frequencies(config, sequence_length):
 
 
 def attention_scale(config):
-    scaling = config.get("rope_scaling") or {}
+    scaling = rope_settings(config)[1]
     if scaling.get("rope_type", scaling.get("type")) != "yarn":
         return 1.0
     return scaling.get("attention_factor") or 0.1 * math.log(scaling["factor"]) + 1.0

@@ -81,7 +81,7 @@ TEST_P(ModelFamily, MatchesNumpyLogitsAndGreedyTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamily,
-                         ::testing::Values("llama3_rope", "qwen2_yarn", "llama_yarn_untruncated", "llama_dynamic",
+                         ::testing::Values("llama3_rope", "llama3_rope_parameters", "qwen2_yarn", "llama_yarn_untruncated", "llama_dynamic",
                                            "qwen2", "qwen2_window", "qwen3", "mistral_window"));
 
 // What each family's config turns on, and what is refused.
@@ -125,6 +125,44 @@ TEST(ModelFamilyConfig, EachFamilySetsItsSwitches) {
   EXPECT_EQ(llama.context_length(), 256);
 }
 
+// transformers v5 writes RoPE's settings as one rope_parameters object and leaves rope_theta and rope_scaling out;
+// read as the older keys, such a model ran with theta 10000 and no scaling, silently.
+TEST(ModelFamilyConfig, ReadsRopeParametersAsTransformersV5WritesThem) {
+  const LlamaConfig v5 = Parse(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}})");
+  EXPECT_EQ(v5.rope_theta, 500000.0);
+  EXPECT_EQ(v5.rope_scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(v5.rope_scaling.factor, 8.0);
+  EXPECT_EQ(v5.rope_scaling.original_max_position_embeddings, 16);
+  const LlamaConfig plain = Parse(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
+  EXPECT_EQ(plain.rope_theta, 1000000.0);  // rope_parameters is what transformers reads
+  EXPECT_EQ(plain.rope_scaling.kind, RopeScaling::Kind::kNone);
+  const auto per_layer = parse_hf_config(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})", "config.json");
+  ASSERT_FALSE(per_layer.ok());
+  EXPECT_NE(per_layer.status().message().find("per layer type"), std::string::npos) << per_layer.status().ToString();
+}
+
+// Keys a config leaves out take transformers' defaults for the family.
+TEST(ModelFamilyConfig, AbsentKeysTakeTransformersDefaults) {
+  const LlamaConfig llama = Parse(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"]})");
+  EXPECT_EQ(llama.norm_eps, 1e-6);
+  EXPECT_EQ(llama.window_of(3), 0);
+  const LlamaConfig mistral = Parse(std::string("{") + kShape + R"(, "architectures": ["MistralForCausalLM"]})");
+  EXPECT_EQ(mistral.window_of(0), 4096);
+  const LlamaConfig mistral_null = Parse(std::string("{") + kShape + R"(, "architectures": ["MistralForCausalLM"],
+      "sliding_window": null})");
+  EXPECT_EQ(mistral_null.window_of(0), 0);
+  const LlamaConfig qwen = Parse(R"({"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 30,
+      "num_attention_heads": 4, "vocab_size": 64, "max_position_embeddings": 64, "architectures": ["Qwen2ForCausalLM"],
+      "use_sliding_window": true})");
+  EXPECT_EQ(qwen.window_of(27), 0);
+  EXPECT_EQ(qwen.window_of(28), 4096);
+}
+
 TEST(ModelFamilyConfig, RefusesWhatItDoesNotRunNamingTheSupportedFamilies) {
   auto refused = [](const std::string& json) {
     auto config = parse_hf_config(json, "config.json");
@@ -149,6 +187,19 @@ TEST(ModelFamilyConfig, RefusesWhatItDoesNotRunNamingTheSupportedFamilies) {
   EXPECT_NE(refused(std::string("{") + kShape + R"(, "architectures": ["MistralForCausalLM"], "sliding_window": 0})")
                 .find("sliding_window"),
             std::string::npos);
+  // An MLP other than SwiGLU, and RoPE scalings whose factor is missing or not a number (which scaled nothing).
+  const std::string gelu = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "hidden_act": "gelu"})");
+  EXPECT_NE(gelu.find("hidden_act \"gelu\" is not supported"), std::string::npos) << gelu;
+  const std::string no_factor = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_scaling": {"type": "linear"}})");
+  EXPECT_NE(no_factor.find("rope_scaling of type 'linear' needs a factor"), std::string::npos) << no_factor;
+  const std::string text_factor = refused(std::string("{") + kShape + R"(, "architectures": ["Qwen2ForCausalLM"],
+      "rope_scaling": {"type": "yarn", "factor": "4.0", "original_max_position_embeddings": 64}})");
+  EXPECT_NE(text_factor.find("rope_scaling.factor must be a number"), std::string::npos) << text_factor;
+  const std::string text_beta = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": "32"}})");
+  EXPECT_NE(text_beta.find("rope_parameters.beta_fast must be a number"), std::string::npos) << text_beta;
 }
 
 // A config's numbers cannot make the loader allocate or loop past what a model could be, or convert out of range.

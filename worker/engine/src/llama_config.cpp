@@ -259,8 +259,15 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
   NAMM_RETURN_IF_ERROR(integer("max_position_embeddings", &c.max_position_embeddings, true));
   if (c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
   NAMM_RETURN_IF_ERROR(integer("head_dim", &c.head_dim, false));
+  c.norm_eps = 1e-6;  // transformers' default for every family here (llama2.c files state theirs)
   NAMM_RETURN_IF_ERROR(number("rms_norm_eps", &c.norm_eps));
   NAMM_RETURN_IF_ERROR(number("rope_theta", &c.rope_theta));
+  // Every family's MLP is SwiGLU; a config naming another activation (ReLU-fied Llamas exist) is refused rather
+  // than run with the wrong one.
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null() &&
+      !(j["hidden_act"].is_string() && j["hidden_act"].get<std::string>() == "silu")) {
+    return Status::Unimplemented(source + ": hidden_act " + j["hidden_act"].dump() + " is not supported (only silu)");
+  }
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   const bool attention_bias = j.value("attention_bias", false);
   c.qkv_bias = attention_bias || family->qkv_bias;
@@ -272,44 +279,79 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
   // Mistral windows every layer when sliding_window is set; Qwen keeps sliding_window in every config and
   // windows only when use_sliding_window is true, and then only the layers from max_window_layers on.
   const bool windowed = family->window_switch ? j.value("use_sliding_window", false) : true;
+  // Absent keys take transformers' defaults: Mistral's and Qwen's windows are 4,096 positions, Qwen's from
+  // layer 28 on (Llama has none).
+  const bool has_window = family->model_type != std::string("llama");
+  if (has_window && windowed && !j.contains("sliding_window")) c.sliding_window = 4096;
   if (windowed && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     NAMM_RETURN_IF_ERROR(integer("sliding_window", &c.sliding_window, false));
     if (c.sliding_window <= 0) return bad("'sliding_window' must be positive or null");
-    if (family->window_switch) NAMM_RETURN_IF_ERROR(integer("max_window_layers", &c.first_sliding_layer, false));
   }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const auto& r = j["rope_scaling"];
-    if (!r.is_object()) return bad("'rope_scaling' must be an object or null");
+  if (c.sliding_window > 0 && family->window_switch) {
+    c.first_sliding_layer = 28;
+    NAMM_RETURN_IF_ERROR(integer("max_window_layers", &c.first_sliding_layer, false));
+  }
+  // RoPE's settings: transformers v5 writes them as one `rope_parameters` object (theta and scaling together)
+  // and drops the top-level `rope_theta` and `rope_scaling`; earlier versions wrote those two. Where both
+  // forms are present, `rope_parameters` is what transformers reads.
+  const nlohmann::json* rope = nullptr;
+  std::string rope_key = "rope_scaling";
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    rope_key = "rope_parameters";
+    rope = &j["rope_parameters"];
+    if (!rope->is_object()) return bad("'rope_parameters' must be an object or null");
+    if (!rope->contains("rope_type") && !rope->contains("rope_theta") && !rope->empty() && rope->begin()->is_object()) {
+      return Status::Unimplemented(source + ": rope_parameters per layer type (" + rope->begin().key() +
+                                   ", ...) are not supported");
+    }
+    if (rope->contains("rope_theta") && !(*rope)["rope_theta"].is_null()) {
+      if (!(*rope)["rope_theta"].is_number()) return bad("'rope_parameters.rope_theta' must be a number");
+      c.rope_theta = (*rope)["rope_theta"].get<double>();
+    }
+  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    rope = &j["rope_scaling"];
+    if (!rope->is_object()) return bad("'rope_scaling' must be an object or null");
+  }
+  if (rope != nullptr) {
+    const auto& r = *rope;
     std::string type = r.value("rope_type", r.value("type", std::string("default")));
     // The reference passes {type: dynamic, override: ntk, factor, alpha}, which it runs as static NTK.
     if (type == "dynamic" && r.value("override", std::string()) == "ntk") type = "ntk";
-    auto get = [&](const char* key, double fallback) {
-      return r.contains(key) && r[key].is_number() ? r[key].get<double>() : fallback;
+    // A number the config gives, or `fallback` when it gives none; a value that is not a number is refused (a
+    // factor written as a string would otherwise scale nothing).
+    auto get = [&](const char* key, double fallback) -> Result<double> {
+      if (!r.contains(key) || r[key].is_null()) return fallback;
+      if (!r[key].is_number()) return bad(rope_key + "." + key + " must be a number, got " + r[key].dump());
+      return r[key].get<double>();
     };
     // A position count as an integer, refused beyond kMaxPositions before the conversion (a double past int64's
     // range has no defined conversion).
     auto positions = [&](const char* key) -> Result<int64_t> {
-      const double v = get(key, 0);
+      NAMM_ASSIGN_OR_RETURN(const double v, get(key, 0));
       if (!(v >= 0 && v <= static_cast<double>(kMaxPositions))) {
-        return bad("rope_scaling." + std::string(key) + " must be in 0.." + std::to_string(kMaxPositions));
+        return bad(rope_key + "." + key + " must be in 0.." + std::to_string(kMaxPositions));
       }
       return static_cast<int64_t>(v);
     };
     RopeScaling& s = c.rope_scaling;
-    s.factor = get("factor", 1.0);
+    // Every scaling names its factor (transformers refuses a config without one).
+    if (type != "default") {
+      if (!r.contains("factor") || r["factor"].is_null()) return bad(rope_key + " of type '" + type + "' needs a factor");
+      NAMM_ASSIGN_OR_RETURN(s.factor, get("factor", 1.0));
+    }
     if (type == "default") {
       s.kind = RopeScaling::Kind::kNone;
     } else if (type == "ntk") {
       s.kind = RopeScaling::Kind::kNtk;
-      s.alpha = get("alpha", 1.0);
+      NAMM_ASSIGN_OR_RETURN(s.alpha, get("alpha", 1.0));
     } else if (type == "linear") {
       s.kind = RopeScaling::Kind::kLinear;
     } else if (type == "dynamic") {
       s.kind = RopeScaling::Kind::kDynamic;
     } else if (type == "llama3") {
       s.kind = RopeScaling::Kind::kLlama3;
-      s.low_freq_factor = get("low_freq_factor", 1.0);
-      s.high_freq_factor = get("high_freq_factor", 4.0);
+      NAMM_ASSIGN_OR_RETURN(s.low_freq_factor, get("low_freq_factor", 1.0));
+      NAMM_ASSIGN_OR_RETURN(s.high_freq_factor, get("high_freq_factor", 4.0));
       NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings, positions("original_max_position_embeddings"));
     } else if (type == "yarn") {
       s.kind = RopeScaling::Kind::kYarn;
@@ -319,12 +361,12 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
         }
       }
       NAMM_ASSIGN_OR_RETURN(s.original_max_position_embeddings, positions("original_max_position_embeddings"));
-      s.beta_fast = get("beta_fast", 32.0);
-      s.beta_slow = get("beta_slow", 1.0);
-      s.attention_factor = get("attention_factor", 0.0);
+      NAMM_ASSIGN_OR_RETURN(s.beta_fast, get("beta_fast", 32.0));
+      NAMM_ASSIGN_OR_RETURN(s.beta_slow, get("beta_slow", 1.0));
+      NAMM_ASSIGN_OR_RETURN(s.attention_factor, get("attention_factor", 0.0));
       s.truncate = r.value("truncate", true);
     } else {
-      return Status::Unimplemented(source + ": rope_scaling type '" + type +
+      return Status::Unimplemented(source + ": " + rope_key + " type '" + type +
                                    "' is not supported (supported: default, linear, ntk, dynamic, llama3, yarn)");
     }
   }
