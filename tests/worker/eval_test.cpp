@@ -559,6 +559,30 @@ TEST_F(Eval, RefusesToMixFilesItCannotVouchFor) {
   EXPECT_NE(rescored.output.find("holds another evaluation (fingerprints:"), std::string::npos)
       << rescored.output;
 
+  // Another tokenizer.bin beside a llama2.c model loaded without --tokenizer (before, the fingerprint covered only
+  // a tokenizer given on the command line, and the resumed rows were tokenized with the other one).
+  const std::string beside = *dir_ + "/beside", beside_out = *dir_ + "/beside-out";
+  std::filesystem::remove_all(beside);
+  std::filesystem::remove_all(beside_out);
+  std::filesystem::create_directories(beside);
+  std::filesystem::copy_file(testing::SharedPath(testing::kStoriesModel), beside + "/model.bin");
+  std::filesystem::copy_file(testing::SharedPath(testing::kStoriesTokenizer), beside + "/tokenizer.bin");
+  const std::string beside_eval = kWorker + " eval --model " + beside + "/model.bin --tasks syn/interruption_heldout" +
+                                   " --data-dir synthetic=" + *dir_ + "/data --threads 1 --policies h2o:budget=16" +
+                                   " --rows 0:2 --out " + beside_out;
+  const auto first = RunProcess(beside_eval);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  {
+    // The first token's score (a float after the header's int): still a valid tokenizer, another one.
+    std::fstream tokenizer(beside + "/tokenizer.bin", std::ios::in | std::ios::out | std::ios::binary);
+    tokenizer.seekp(4);
+    tokenizer.put('\x42');
+  }
+  const auto other_tokenizer = RunProcess(beside_eval);
+  EXPECT_NE(other_tokenizer.exit_code, 0);
+  EXPECT_NE(other_tokenizer.output.find("holds another evaluation (fingerprints:"), std::string::npos)
+      << other_tokenizer.output;
+
   // --overwrite removes only an evaluation's own files: not a configuration it cannot read...
   const std::string foreign = *dir_ + "/foreign";
   std::filesystem::remove_all(foreign);

@@ -106,5 +106,22 @@ TEST(ModelFingerprint, Llama2cCheckpointsKeepTheirFingerprint) {
             "sha256:e50c5b2f34dda36627f94c1d4a196afd36f3fbf9956fb11daeffecbba6b2508b");
 }
 
+// `--chat` reads the template beside a llama2.c tokenizer too: a resumed evaluation must not mix rows formatted
+// by two templates.
+TEST(ModelFingerprint, ALlama2cTokenizersChatTemplateBesideItCounts) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  const std::string dir = testing::TempPath("fingerprint-llama2c-chat");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(testing::SharedPath(testing::kStoriesTokenizer), dir + "/tokenizer.bin");
+  const std::string model = testing::SharedPath(testing::kStoriesModel);
+  const std::string alone = Fingerprint(model, dir + "/tokenizer.bin");
+  Write(dir + "/chat_template.jinja", "{{ messages[0]['content'] }}");
+  const std::string with_template = Fingerprint(model, dir + "/tokenizer.bin");
+  EXPECT_NE(with_template, alone);
+  Write(dir + "/chat_template.jinja", "User: {{ messages[0]['content'] }}");
+  EXPECT_NE(Fingerprint(model, dir + "/tokenizer.bin"), with_template);
+}
+
 }  // namespace
 }  // namespace namm::worker

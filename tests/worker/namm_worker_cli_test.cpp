@@ -211,7 +211,29 @@ TEST(NammWorkerCli, BadInputGetsAClearError) {
       {StoriesArgs() + " --prompt hi --max-new-tokens 1000000000000000 --max-context 2000000000000000",
        "allocate"},
   };
-  for (const auto& c : cases) {
+  // build-synthetic: a NaN temperature sampled greedily (every seed the same stories), seeds wrapped or clamped
+  // into each other, lengths overflowed their sums or grew memory without end, and options of the other family
+  // were ignored.
+  const std::string synthetic = "build-synthetic --model " + SharedPath(testing::kStoriesModel) + tok + " --out " +
+                                testing::TempPath("synthetic-refused.jsonl") + " --rows 2 --pool 2 --story-tokens 20";
+  const std::vector<Case> synthetic_cases = {
+      {synthetic + " --temperature nan", "temperature must be a positive finite number"},
+      {synthetic + " --temperature inf", "temperature must be a positive finite number"},
+      {synthetic + " --seed -1", "--seed expects an integer in 0..18446744073709551615, got '-1'"},
+      {synthetic + " --seed 18446744073709551616", "--seed expects an integer"},
+      {synthetic + " --seed 0x10", "--seed expects an integer"},
+      {synthetic + " --prefix-tokens 9223372036854775807 --continuation-tokens 1", "the prefix must be at most"},
+      {synthetic + " --family interruption --resume-range 0:9223372036854775807", "the resumption must be at most"},
+      {synthetic + " --family interruption --interruption-range 1:9223372036854775807 --kind random",
+       "the interruption must be at most"},
+      {synthetic + " --distractor-tokens 9223372036854775807", "the distractors must be at most"},
+      {synthetic + " --kind random", "--kind applies to --family interruption only, not story_recall"},
+      {synthetic + " --family interruption --distractor-tokens 5", "--distractor-tokens applies to --family story_recall"},
+      {synthetic + " --rows 0", "not in range 1 to 1048576"},
+  };
+  std::vector<Case> all = cases;
+  all.insert(all.end(), synthetic_cases.begin(), synthetic_cases.end());
+  for (const auto& c : all) {
     auto run = Worker(c.args);
     EXPECT_NE(run.exit_code, 0) << c.args;
     EXPECT_NE(run.output.find(c.message), std::string::npos) << c.args << "\n" << run.output;

@@ -295,7 +295,7 @@ Status RunEval(const EvalOptions& o) {
   }
 
   // What the model and the NAMM files are, beyond their paths.
-  NAMM_ASSIGN_OR_RETURN(config.fingerprints["model"], model_fingerprint(o.model.model, o.model.tokenizer));
+  NAMM_ASSIGN_OR_RETURN(config.fingerprints["model"], model_fingerprint(o.model.model, FingerprintedTokenizer(o.model)));
   for (const auto& spec : config.policies) {
     if (spec.rfind("namm:", 0) != 0) continue;
     NAMM_ASSIGN_OR_RETURN(const NammSpec namm, parse_namm_spec(spec));  // one file, whatever its knob

@@ -38,13 +38,6 @@ struct ServeOptions {
   bool exit_when_done = false;
 };
 
-// The tokenizer file that the fingerprint covers: the one given, else the one beside the model.
-std::string TokenizerFile(const ModelOptions& o) {
-  if (!o.tokenizer.empty()) return o.tokenizer;
-  const std::string beside = parent_directory(o.model) + "/tokenizer.bin";
-  return !is_directory(o.model) && path_exists(beside) ? beside : "";
-}
-
 // SIGTERM / SIGINT: the first drains gracefully, the second returns every lease and exits. A handler counts
 // them, whichever thread the kernel picks: blocking them for a waiter left the threads started before main
 // (OpenBLAS starts its pool as it loads) with the default action, which killed the worker instead of draining
@@ -135,7 +128,7 @@ Status Serve(const ServeOptions& o) {
     std::cerr << "namm-worker: metrics at " << metrics->url() << "\n";
   }
   NAMM_ASSIGN_OR_RETURN(tasks::TaskPaths paths, tasks::task_paths_from_flags(o.paths));
-  NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, TokenizerFile(o.model)));
+  NAMM_ASSIGN_OR_RETURN(std::string fingerprint, model_fingerprint(o.model.model, FingerprintedTokenizer(o.model)));
   NAMM_ASSIGN_OR_RETURN(LoadedModelAndTokenizer loaded, LoadModelAndTokenizer(o.model));
   NAMM_ASSIGN_OR_RETURN(const int64_t kv_budget, ApplyKvMemory(*loaded.model, o.kv));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -216,7 +209,7 @@ void AddServeCommand(CLI::App& app, Action& run) {
   fp->add_option("--tokenizer", f->tokenizer, "Tokenizer file (default: a tokenizer.bin beside a llama2.c model)");
   fp->callback([f, &run] {
     run = [f] {
-      Result<std::string> r = model_fingerprint(f->model, TokenizerFile(*f));
+      Result<std::string> r = model_fingerprint(f->model, FingerprintedTokenizer(*f));
       if (!r.ok()) return Fail(r.status().message());
       std::cout << *r << "\n";
       return 0;

@@ -10,14 +10,19 @@
 
 namespace namm::worker::cli {
 
+std::string FingerprintedTokenizer(const ModelOptions& o) {
+  if (!o.tokenizer.empty()) return o.tokenizer;
+  const std::string beside = parent_directory(o.model) + "/tokenizer.bin";
+  return !is_directory(o.model) && path_exists(beside) ? beside : "";
+}
+
 namespace {
 
 // The tokenizer to use: --tokenizer, else the model directory, else a tokenizer.bin beside a llama2.c model.
 Result<std::string> TokenizerPath(const ModelOptions& o) {
-  if (!o.tokenizer.empty()) return o.tokenizer;
+  const std::string file = FingerprintedTokenizer(o);
+  if (!file.empty()) return file;
   if (is_directory(o.model)) return o.model;
-  const std::string beside = parent_directory(o.model) + "/tokenizer.bin";
-  if (path_exists(beside)) return beside;
   return Status::InvalidArgument("--tokenizer is required for the llama2.c model " + o.model +
                                  " (no tokenizer.bin beside it)");
 }

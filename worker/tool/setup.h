@@ -23,6 +23,10 @@ struct ModelOptions {
 // --model (required unless said otherwise), --tokenizer, --rope-scaling, --device, --dtype, --chat.
 void AddModelOptions(CLI::App* cmd, ModelOptions& options, bool required = true);
 
+// The tokenizer a model fingerprint covers besides the model's own files: the one given, else the tokenizer.bin
+// that a llama2.c model is loaded with from beside it ("" for a directory, whose files cover its tokenizer).
+std::string FingerprintedTokenizer(const ModelOptions& options);
+
 struct LoadedModelAndTokenizer {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Tokenizer> tokenizer;

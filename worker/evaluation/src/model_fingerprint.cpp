@@ -68,12 +68,11 @@ Result<std::vector<std::string>> ModelFiles(const std::string& model_path) {
   return files;
 }
 
-// The files of the tokenizer given apart from the model: a llama2.c tokenizer file alone; a tokenizer.json with
-// the settings beside it; a directory's tokenizer files.
+// The files of the tokenizer given apart from the model: a directory's tokenizer files; a tokenizer file (a
+// tokenizer.json or a llama2.c one) with the settings beside it (`--chat` reads its template from there).
 Result<std::vector<std::string>> TokenizerFiles(const std::string& tokenizer_path) {
   const std::vector<std::string> wanted(std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
   if (is_directory(tokenizer_path)) return FilesOf(tokenizer_path, wanted, /*safetensors=*/false);
-  if (!EndsWith(tokenizer_path, ".json")) return std::vector<std::string>{tokenizer_path};
   NAMM_ASSIGN_OR_RETURN(std::vector<std::string> files, FilesOf(parent_directory(tokenizer_path), wanted, false));
   files.erase(std::remove_if(files.begin(), files.end(), [](const std::string& f) { return EndsWith(f, "/tokenizer.json"); }),
               files.end());

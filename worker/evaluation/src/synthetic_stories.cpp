@@ -1,6 +1,8 @@
 #include "namm/worker/synthetic_stories.h"
 
 #include <algorithm>
+#include <cmath>
+#include <initializer_list>
 
 #include "namm/policies/full_cache_policy.h"
 #include "namm/worker/generator.h"
@@ -20,6 +22,31 @@ uint64_t Mix(uint64_t seed, uint64_t a, uint64_t b) {
 // Draws from [lo, hi] with the counter-keyed generator.
 int64_t Uniform(uint64_t seed, uint64_t a, uint64_t b, int64_t lo, int64_t hi) {
   return lo + static_cast<int64_t>(Mix(seed, a, b) % static_cast<uint64_t>(hi - lo + 1));
+}
+
+// The most rows, and tokens in any one length, a row set may ask for: bounds that keep every sum of lengths far
+// from overflow and the rows' memory finite (a million-token prompt is past any model here).
+constexpr int64_t kMaxRows = int64_t{1} << 20, kMaxTokens = int64_t{1} << 20;
+
+// Refuses what no row set can be built from: a temperature that is not a positive finite number (NaN fell back to
+// greedy decoding, so every seed sampled the same stories) and counts or lengths past the bounds above.
+Status CheckCommon(int64_t rows, int64_t story_tokens, double temperature,
+                   std::initializer_list<std::pair<const char*, int64_t>> lengths) {
+  if (!(temperature > 0) || !std::isfinite(temperature)) {
+    return Status::InvalidArgument("temperature must be a positive finite number, got " + std::to_string(temperature));
+  }
+  if (rows > kMaxRows) return Status::InvalidArgument("at most " + std::to_string(kMaxRows) + " rows, got " + std::to_string(rows));
+  if (story_tokens <= 0 || story_tokens > kMaxTokens) {
+    return Status::InvalidArgument("story tokens must be in 1.." + std::to_string(kMaxTokens) + ", got " +
+                                   std::to_string(story_tokens));
+  }
+  for (const auto& [name, length] : lengths) {
+    if (length > kMaxTokens) {
+      return Status::InvalidArgument(std::string(name) + " must be at most " + std::to_string(kMaxTokens) +
+                                     " tokens, got " + std::to_string(length));
+    }
+  }
+  return Status::Ok();
 }
 
 struct StoryPool {
@@ -61,6 +88,9 @@ Result<std::vector<nlohmann::json>> build_story_recall_rows(const LlamaModel& mo
   if (o.rows <= 0 || o.pool < 2 || o.prefix_tokens <= 0 || o.continuation_tokens <= 0 || o.distractor_tokens < 0) {
     return Status::InvalidArgument("story recall needs rows > 0, a pool of at least 2 stories and positive lengths");
   }
+  NAMM_RETURN_IF_ERROR(CheckCommon(o.rows, o.story_tokens, o.temperature,
+                                   {{"the prefix", o.prefix_tokens}, {"the continuation", o.continuation_tokens},
+                                    {"the distractors", o.distractor_tokens}}));
   if (o.prefix_tokens + o.continuation_tokens > o.story_tokens) {
     return Status::InvalidArgument("prefix + continuation (" + std::to_string(o.prefix_tokens + o.continuation_tokens) +
                                    " tokens) must fit in a story of " + std::to_string(o.story_tokens));
@@ -123,6 +153,9 @@ Result<std::vector<nlohmann::json>> build_interruption_rows(const LlamaModel& mo
     return Status::InvalidArgument("interruption rows need rows > 0, a pool of at least 2 stories, a positive "
                                    "continuation and length ranges with 0 < min <= max (resumption: 0 <= min)");
   }
+  NAMM_RETURN_IF_ERROR(CheckCommon(o.rows, o.story_tokens, o.temperature,
+                                   {{"the prefix", o.prefix_max}, {"the interruption", o.interruption_max},
+                                    {"the resumption", o.resume_max}, {"the continuation", o.continuation_tokens}}));
   if (o.prefix_max + o.resume_max + o.continuation_tokens > o.story_tokens) {
     return Status::InvalidArgument("the longest prefix + resumption + continuation (" +
                                    std::to_string(o.prefix_max + o.resume_max + o.continuation_tokens) +
