@@ -176,8 +176,11 @@ int Run(const Options& o) {
   }
   const int64_t vocab = std::min<int64_t>(model->config().vocab_size, (*tokenizer)->vocab_size());
   std::vector<int64_t> prompt = RandomPrompt(vocab, o.prompt_tokens);
+  // Every request makes max_tokens tokens (ignore_eos, as vLLM's serving benchmark asks), so that policies and
+  // runs compare the same work.
   const nlohmann::json body = {{"model", "bench"}, {"prompt", prompt}, {"max_tokens", o.max_tokens},
-                               {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+                               {"temperature", 0}, {"ignore_eos", true}, {"stream", true},
+                               {"stream_options", {{"include_usage", true}}}};
   std::printf("api_server_bench: %s, prompt %lld random tokens + %lld new, chunk %lld, memory update every %lld, "
               "%lld threads, %lld requests per client\n\n",
               model->config().Describe().c_str(), static_cast<long long>(o.prompt_tokens),

@@ -740,12 +740,15 @@ struct ApiServer::Impl {
                    param, "context_length_exceeded");
     }
     if (job.max_tokens > max_tokens) {
-      return Error(400, "max_tokens is " + std::to_string(job.max_tokens) + ", over the server's limit of " +
-                            std::to_string(max_tokens) + " (--max-tokens)", "max_tokens");
+      return Error(400, r.max_tokens_field + " is " + std::to_string(job.max_tokens) + ", over the server's limit of " +
+                            std::to_string(max_tokens) + " (--max-tokens)", r.max_tokens_field);
     }
     job.temperature = r.temperature;
     job.seed = r.seed;
     job.stop = r.stop;
+    job.text_continues_prompt = r.endpoint == Endpoint::kCompletions;
+    job.max_tokens_field = r.max_tokens_field;
+    job.ignore_eos = r.ignore_eos;
     job.stream = r.stream;
     return job;
   }

@@ -168,6 +168,7 @@ struct CompletionScheduler::Impl {
     int64_t admitted_bytes = 0;  // KvBytesAtStart when it joined: counted while it holds less
     int64_t peak_bytes = 0;      // the most it held and was about to add at a step
     bool held = false;           // waits this step for memory (GenerationBatch::Hold)
+    std::vector<int64_t> text_context;  // the prompt tokens its text is decoded after (worker::answer_context)
   };
 
   Impl(const worker::LlamaModel& m, const worker::Tokenizer& t, SchedulerOptions o, ApiMetrics* mx)
@@ -361,6 +362,8 @@ struct CompletionScheduler::Impl {
       worker::GenerationOptions& o = request.options;
       o.max_new_tokens = next.job.max_tokens;
       o.stop_strings = next.job.stop;
+      o.text_continues_prompt = next.job.text_continues_prompt;
+      row.text_context = worker::answer_context(next.job.prompt_ids, o);
       o.chunk_size = options.chunk_size;
       o.memory_update_interval = options.update_interval;
       o.max_context = options.max_context;
@@ -368,6 +371,7 @@ struct CompletionScheduler::Impl {
       for (int64_t id : tokenizer.eos_ids()) {
         if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) == o.eos_ids.end()) o.eos_ids.push_back(id);
       }
+      if (next.job.ignore_eos) o.eos_ids.clear();
       o.temperature = next.job.temperature;
       o.seed = next.seed;
       row.admitted_bytes = KvBytesAtStart(next.job);
@@ -497,7 +501,7 @@ struct CompletionScheduler::Impl {
       }
       // A streaming row's new text: its whole answer decoded again (a tokenizer may rewrite what it decoded before).
       if (made > 0 && row.request.job.stream) {
-        std::string text = tokenizer.Decode(tokens);
+        std::string text = worker::decode_continuation(tokenizer, row.text_context, tokens);
         // A whole stop string ends the answer where it begins (the sequence finishes at this step): it and what
         // follows it are never sent.
         for (const std::string& stop : row.request.job.stop) {
@@ -629,12 +633,12 @@ std::shared_ptr<CompletionHandle> CompletionScheduler::Submit(CompletionJob job,
     };
     handle->Fail(ApiError{400,
                           "the request may need " + mib(need) + " of KV cache (" +
-                              std::to_string(job.prompt_ids.size()) + " prompt tokens + max_tokens " +
+                              std::to_string(job.prompt_ids.size()) + " prompt tokens + " + job.max_tokens_field + " " +
                               std::to_string(job.max_tokens) + " with " + job.policy_label +
                               "), more than the server holds for all requests together (--max-kv-bytes, " +
-                              mib(impl_->options.max_kv_bytes) + "): ask for fewer max_tokens or a policy with a "
+                              mib(impl_->options.max_kv_bytes) + "): ask for fewer tokens or a policy with a "
                               "budget",
-                          "invalid_request_error", "max_tokens", "context_length_exceeded"});
+                          "invalid_request_error", job.max_tokens_field, "context_length_exceeded"});
     return handle;
   }
   {

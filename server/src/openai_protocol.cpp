@@ -32,11 +32,11 @@ const std::set<std::string>& KnownFields(Endpoint endpoint) {
   static const std::set<std::string> completions = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
       "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "suffix", "best_of", "logit_bias",
-      "namm_policy"};
+      "namm_policy", "ignore_eos"};
   static const std::set<std::string> chat = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
       "stream_options", "stop", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
-      "logit_bias", "namm_policy"};
+      "logit_bias", "namm_policy", "ignore_eos"};
   return endpoint == Endpoint::kCompletions ? completions : chat;
 }
 
@@ -264,10 +264,12 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(Endpoint endp
   if (auto error = ReadInteger(body, "max_tokens", 0, &max_tokens)) return *error;
   if (auto error = ReadInteger(body, "max_completion_tokens", 0, &max_completion_tokens)) return *error;
   request.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  if (max_completion_tokens) request.max_tokens_field = "max_completion_tokens";
   if (auto error = ReadInteger(body, "seed", std::numeric_limits<int64_t>::min(), &seed)) return *error;
   if (seed) request.seed = static_cast<uint64_t>(*seed);
   if (auto error = ReadNumber(body, "temperature", 0.0, 2.0, &request.temperature)) return *error;
   if (auto error = ReadBool(body, "stream", &request.stream)) return *error;
+  if (auto error = ReadBool(body, "ignore_eos", &request.ignore_eos)) return *error;
   if (auto error = ReadStop(body, &request.stop)) return *error;
   if (const auto options = body.find("stream_options"); options != body.end() && !options->is_null()) {
     if (!options->is_object()) return Invalid("stream_options must be an object", "stream_options");
@@ -309,6 +311,7 @@ std::string stream_text_chunk(const CompletionRequest& request, const ResponseHe
                               bool first) {
   ordered chunk = Header(request, header, true);
   chunk["choices"] = ordered::array({ChunkChoice(request, text, first, "")});
+  if (request.include_usage) chunk["usage"] = nullptr;  // OpenAI's: null on every chunk but the last
   return Dump(chunk);
 }
 
@@ -317,6 +320,7 @@ std::vector<std::string> stream_final_chunks(const CompletionRequest& request, c
   std::vector<std::string> chunks;
   ordered last = Header(request, header, true);
   last["choices"] = ordered::array({ChunkChoice(request, "", false, outcome.finish_reason)});
+  if (request.include_usage) last["usage"] = nullptr;
   last["namm"] = NammExtension(outcome);
   chunks.push_back(Dump(last));
   if (request.include_usage) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <iostream>
 #include <optional>
+#include <random>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -91,7 +92,7 @@ int Run(Options& o) {
             << (s.scheduler.max_kv_bytes > 0 ? std::to_string(s.scheduler.max_kv_bytes >> 20) + " MiB together"
                                              : std::string("any size (no --max-kv-bytes)"))
             << (o.kv.kv_block_tokens > 0 ? ", in blocks of " + std::to_string(o.kv.kv_block_tokens) + " tokens" : std::string())
-            << std::endl;
+            << "; requests without a seed draw theirs from --seed " << s.scheduler.seed << std::endl;
   int signal = 0;
   sigwait(&signals, &signal);
   std::cout << "namm-api: " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to " << o.drain_seconds
@@ -158,9 +159,15 @@ int main(int argc, char** argv) {
                  "(default: those with a token budget or a share of the prompt, except FastGen, whose heads may keep "
                  "every token; the full cache and FastGen only if they are the server's)")
       ->delimiter(',');
-  app.add_option("--seed", s.scheduler.seed, "Seed of the sampling seeds drawn for requests that give none (default 0)");
+  CLI::Option* seed = app.add_option("--seed", s.scheduler.seed,
+                                     "Seed of the sampling seeds drawn for requests that give none (default: drawn "
+                                     "from the OS at start and printed, so that restarts and replicas differ)");
   app.add_option("--log-level", o.log_level, "trace, debug, info (default), warn, error or off");
   CLI11_PARSE(app, argc, argv);
+  if (seed->count() == 0) {
+    std::random_device entropy;
+    s.scheduler.seed = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  }
   try {
     return Run(o);
   } catch (const std::exception& e) {

@@ -173,6 +173,48 @@ void LoadStories(std::unique_ptr<worker::LlamaModel>* model, std::unique_ptr<wor
   *tokenizer = std::move(*read);
 }
 
+// A completion's text continues its prompt's (OpenAI's: prompt + text is the whole text): llama2.c's decoder drops
+// the leading space of a text, and the answer to "Once upon a" came back as "time, there", so a stop string
+// " time" never matched. A chat reply (text_continues_prompt false) is decoded alone, as before.
+TEST(CompletionScheduler, ACompletionKeepsTheSpaceItsFirstTokenCarries) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::Tokenizer> tokenizer;
+  LoadStories(&model, &tokenizer);
+  SchedulerOptions options;
+  options.chunk_size = 32;
+  options.update_interval = 64;
+  auto scheduler = CompletionScheduler::Start(*model, *tokenizer, "full", options, nullptr);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status().ToString();
+  const auto answer = [&](bool continues, std::vector<std::string> stop) {
+    CompletionJob job;
+    job.prompt_ids = tokenizer->EncodeForModel("Once upon a").value();
+    job.policy = job.policy_label = "full";
+    job.max_tokens = 4;
+    job.text_continues_prompt = continues;
+    job.stop = std::move(stop);
+    std::shared_ptr<CompletionHandle> handle = (*scheduler)->Submit(std::move(job));
+    EXPECT_NE(handle, nullptr);
+    std::string streamed;
+    while (true) {
+      CompletionUpdate update = handle->Wait(std::chrono::milliseconds(100));
+      streamed += update.text;
+      if (update.finished) {
+        EXPECT_EQ(streamed, update.outcome.text);
+        return update.outcome;
+      }
+    }
+  };
+  const CompletionOutcome completion = answer(true, {});
+  EXPECT_EQ(completion.text.rfind(" time,", 0), 0u) << completion.text;
+  EXPECT_EQ(answer(false, {}).text, completion.text.substr(1));
+  const CompletionOutcome stopped = answer(true, {" time"});
+  EXPECT_EQ(stopped.text, "");
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.completion_tokens, 1);
+  (*scheduler)->Stop();
+}
+
 // Admission (SchedulerOptions::max_kv_bytes): 16 requests, 12 of which fit two at a time and 2 of which could
 // never fit, on a budget of 500 tokens' keys and values (1,280 bytes a token on stories260K in float32): the two are
 // refused at once with a 400 naming the limit, the twelve all finish, never more than two running at once; the same

@@ -167,7 +167,27 @@ code=$(curl -sS -o /dev/null -w '%{http_code}' "$URL/v1/completions" -H 'Content
 out=$(curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Once upon a time", "temperature": 0}')
 [ "$(echo "$out" | json 'd["usage"]["completion_tokens"]')" -le 8 ] || fail "the default max_tokens under --max-tokens 8: $out"
+# The error names the field the client sent (it said max_tokens to a client that sent max_completion_tokens).
+code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/chat/completions" -H 'Content-Type: application/json'   -d '{"model": "stories260K", "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 9}')
+[ "$code" = 400 ] && [ "$(json 'd["error"]["param"]' < "$work/body")" = max_completion_tokens ] &&
+  grep -q 'max_completion_tokens is 9' "$work/body" || fail "max_completion_tokens over --max-tokens: $code $(cat "$work/body")"
 kill "$PID"; wait "$PID" 2>/dev/null || true
+
+echo "== requests without a seed: another server seed at each start (printed); the same ones with --seed"
+seed_of() {
+  curl -sS "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "stories260K", "prompt": "Once", "max_tokens": 2}' | json 'd["namm"]["seed"]'
+}
+seeds=()
+for flags in "" "" "--seed 5" "--seed 5"; do
+  # shellcheck disable=SC2086
+  start $flags
+  grep -q "requests without a seed draw theirs from --seed" "$work/out" || fail "no server seed printed: $(cat "$work/out")"
+  seeds+=("$(seed_of)")
+  kill "$PID"; wait "$PID" 2>/dev/null || true
+done
+[ "${seeds[0]}" != "${seeds[1]}" ] || fail "two starts without --seed drew the same seed ${seeds[0]}"
+[ "${seeds[2]}" = "${seeds[3]}" ] || fail "--seed 5 twice drew ${seeds[2]} and ${seeds[3]}"
 
 echo "== a NAMM's budget knob per request ('default,budget=N'): a smaller budget holds fewer KV bytes"
 "$TOOL" init --arch bam --seed 7 --scale 0.1 --out "$work/namm.safetensors" > /dev/null
@@ -236,7 +256,8 @@ start --max-context 4096
 
 echo "== SIGTERM drains: a running stream completes, new connections are refused, exit 0"
 curl -sSN "$URL/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stream": true}' > "$work/drain" &
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stream": true,
+       "ignore_eos": true}' > "$work/drain" &
 curl_pid=$!
 while [ ! -s "$work/drain" ]; do sleep 0.01; done
 kill -TERM "$PID"
@@ -253,7 +274,7 @@ grep -q 'draining' "$work/out" || fail "no drain message"
 echo "== --request-timeout ends a running request (not only a queued one) with 408, and frees its row"
 start --max-context 4096 --request-timeout 0.25
 code=$(curl -sS -o "$work/body" -w '%{http_code}' "$URL/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0}')
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true}')
 [ "$code" = 408 ] && [ "$(json 'd["error"]["code"]' < "$work/body")" = request_timeout ] ||
   fail "a running request past --request-timeout gave $code $(cat "$work/body")"
 grep -q "limit of 0.25 s" "$work/body" || fail "the 408 does not name the limit: $(cat "$work/body")"
@@ -266,7 +287,8 @@ wait "$PID" || fail "namm-api exited with $? after SIGTERM"
 echo "== --drain-timeout: a stream still running when it passes ends with an error event, exit 0"
 start --max-context 4096 --drain-timeout 1
 curl -sSN "$URL/v1/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "stream": true}' > "$work/cut" &
+  -d '{"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "stream": true,
+       "ignore_eos": true}' > "$work/cut" &
 curl_pid=$!
 while [ ! -s "$work/cut" ]; do sleep 0.01; done
 kill -TERM "$PID"

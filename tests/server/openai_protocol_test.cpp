@@ -24,7 +24,8 @@ ApiError Refused(Endpoint endpoint, const std::string& body) {
 TEST(OpenAIProtocol, ReadsACompletionRequestWithEveryOption) {
   const CompletionRequest r = Parsed(Endpoint::kCompletions, R"({"model": "m", "prompt": "Once", "max_tokens": 7,
       "temperature": 0.5, "seed": -2, "stop": ["\n", "", "The"], "stream": true, "stream_options": {"include_usage": true},
-      "n": 1, "top_p": 1.0, "logprobs": null, "echo": false, "user": "u", "namm_policy": "h2o:budget=8"})");
+      "n": 1, "top_p": 1.0, "logprobs": null, "echo": false, "user": "u", "namm_policy": "h2o:budget=8",
+      "ignore_eos": true})");
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.prompt, "Once");
   EXPECT_FALSE(r.prompt_is_ids);
@@ -35,6 +36,7 @@ TEST(OpenAIProtocol, ReadsACompletionRequestWithEveryOption) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.policy, "h2o:budget=8");
+  EXPECT_TRUE(r.ignore_eos);
 
   const CompletionRequest defaults = Parsed(Endpoint::kCompletions, R"({"model": "m", "prompt": ["Once"]})");
   EXPECT_EQ(defaults.prompt, "Once");
@@ -42,6 +44,7 @@ TEST(OpenAIProtocol, ReadsACompletionRequestWithEveryOption) {
   EXPECT_DOUBLE_EQ(defaults.temperature, 1.0);
   EXPECT_FALSE(defaults.seed.has_value());
   EXPECT_FALSE(defaults.stream);
+  EXPECT_FALSE(defaults.ignore_eos);
 
   const CompletionRequest ids = Parsed(Endpoint::kCompletions, R"({"model": "m", "prompt": [1, 2, 3], "stop": "x"})");
   EXPECT_TRUE(ids.prompt_is_ids);
@@ -59,6 +62,10 @@ TEST(OpenAIProtocol, ReadsChatMessagesAsStringsOrTextParts) {
   EXPECT_EQ(r.messages[1].content, "Hi there");
   EXPECT_EQ(r.messages[2].content, "");
   EXPECT_EQ(r.max_tokens, 3);  // max_completion_tokens wins, as OpenAI's newer name
+  EXPECT_EQ(r.max_tokens_field, "max_completion_tokens");  // errors name the field the client sent
+  const CompletionRequest plain = Parsed(Endpoint::kChatCompletions, R"({"model": "m", "max_tokens": 9,
+      "messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_EQ(plain.max_tokens_field, "max_tokens");
 }
 
 TEST(OpenAIProtocol, RefusesWhatItCannotHonourNamingTheField) {
@@ -152,6 +159,13 @@ TEST(OpenAIProtocol, AnswersInOpenAIsShapes) {
   EXPECT_EQ(json::parse(last[0])["choices"][0]["delta"], json::object());
   EXPECT_TRUE(json::parse(last[1])["choices"].empty());
   EXPECT_EQ(json::parse(last[1])["usage"]["total_tokens"], 9);
+  // With include_usage every other chunk says usage: null (clients read chunk.usage on each); without, none does.
+  for (const json& chunk : {first, piece, json::parse(last[0])}) {
+    ASSERT_TRUE(chunk.contains("usage"));
+    EXPECT_TRUE(chunk["usage"].is_null());
+  }
+  CompletionRequest plain = Parsed(Endpoint::kCompletions, R"({"model": "m", "prompt": "x", "stream": true})");
+  EXPECT_FALSE(json::parse(stream_text_chunk(plain, header, "Lily", false)).contains("usage"));
 
   // Invalid UTF-8 from a client comes back replaced, not as an exception.
   outcome.text = "bad \xff byte";

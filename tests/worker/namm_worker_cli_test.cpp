@@ -40,6 +40,22 @@ TEST(NammWorkerCli, GeneratesTheKnownStory) {
   EXPECT_EQ(run.output.rfind(", there was a little girl named Lily.", 0), 0u) << run.output;
 }
 
+// llama2.c's run.c ends a sequence at BOS, which delimits the TinyStories: the story ends there (it ran on into
+// another story, "Once upon a time" again, until the token limit, the BOS dropped from the text).
+TEST(NammWorkerCli, AStoryEndsAtTheBosThatDelimitsIt) {
+  NAMM_REQUIRE_SHARED(testing::kStoriesModel);
+  auto run = Worker(StoriesArgs() + " --prompt 'Once upon a time' --max-new-tokens 400 --json");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json report = nlohmann::json::parse(run.output);
+  EXPECT_EQ(report["stop_reason"], "eos");
+  EXPECT_LT(report["generated_tokens"].get<int64_t>(), 400);
+  const std::string text = report["text"];
+  EXPECT_EQ(text.find("Once upon a time"), std::string::npos) << text;
+  const std::string end = "You are a good friend.\"";
+  ASSERT_GE(text.size(), end.size());
+  EXPECT_EQ(text.substr(text.size() - end.size()), end) << text;
+}
+
 TEST(NammWorkerCli, ChatFormatsThePromptWithTheModelsTemplate) {
   NAMM_REQUIRE_SHARED(testing::kStoriesModel);
   // The stories tokenizer, with a chat template beside it.

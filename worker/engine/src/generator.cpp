@@ -13,6 +13,15 @@
 
 namespace namm::worker {
 
+std::vector<int64_t> answer_context(const std::vector<int64_t>& prompt_ids, const GenerationOptions& options) {
+  // A few tokens: enough for a decoder's treatment of the text's start (a leading space dropped, spaces cleaned
+  // up before punctuation).
+  constexpr std::size_t kContextTokens = 4;
+  if (!options.text_continues_prompt) return {};
+  const std::size_t keep = std::min(kContextTokens, prompt_ids.size());
+  return std::vector<int64_t>(prompt_ids.end() - static_cast<std::ptrdiff_t>(keep), prompt_ids.end());
+}
+
 // Named rather than anonymous: GenerationBatch::Entry (declared in the header) holds a Sequence.
 namespace generation_internal {
 
@@ -443,7 +452,7 @@ class Sequence {
     }
     result_.token_ids.push_back(next);
     if (!options_.stop_strings.empty()) {
-      const std::string text = tokenizer_.Decode(result_.token_ids);
+      const std::string text = AnswerText();
       if (std::any_of(options_.stop_strings.begin(), options_.stop_strings.end(),
                       [&](const std::string& stop) { return text.find(stop) != std::string::npos; })) {
         return Finish("stop_string");
@@ -454,11 +463,15 @@ class Sequence {
     return Status::Ok();
   }
 
+  std::string AnswerText() const {
+    return decode_continuation(tokenizer_, answer_context(request_.prompt_ids, options_), result_.token_ids);
+  }
+
   Status Finish(const std::string& stop_reason) {
     result_.stop_reason = stop_reason;
     if (!generated_logits_.empty()) result_.generated_logits = at::cat(generated_logits_, 0);
     if (!options_.teacher_forcing) {
-      result_.text = tokenizer_.Decode(result_.token_ids);
+      result_.text = AnswerText();
       for (const auto& stop : options_.stop_strings) {
         const auto pos = result_.text.find(stop);
         if (pos != std::string::npos) result_.text.resize(pos);

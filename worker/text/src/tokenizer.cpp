@@ -42,4 +42,14 @@ Result<ContextPrompt> truncate_to_context(const Tokenizer& tokenizer, const std:
   return out;
 }
 
+std::string decode_continuation(const Tokenizer& tokenizer, const std::vector<int64_t>& context,
+                                const std::vector<int64_t>& ids) {
+  if (context.empty()) return tokenizer.Decode(ids);
+  std::vector<int64_t> joined = context;
+  joined.insert(joined.end(), ids.begin(), ids.end());
+  const std::string before = tokenizer.Decode(context), whole = tokenizer.Decode(joined);
+  if (whole.compare(0, before.size(), before) != 0) return tokenizer.Decode(ids);
+  return whole.substr(before.size());
+}
+
 }  // namespace namm::worker

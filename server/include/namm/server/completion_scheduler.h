@@ -54,9 +54,14 @@ struct CompletionJob {
   std::string policy;               // a policy spec (worker/policy_spec.h)
   std::string policy_label;         // what responses report (the spec without server paths)
   int64_t max_tokens = 16;
+  std::string max_tokens_field = "max_tokens";  // the request's field, named in errors
   double temperature = 0;  // 0: greedy
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  // The answer's text continues the prompt's (a completion: it keeps the leading space its first token carries;
+  // GenerationOptions::text_continues_prompt); false: decoded alone (a chat reply).
+  bool text_continues_prompt = false;
+  bool ignore_eos = false;  // max_tokens tokens, end-of-sequence tokens or not (benchmarks' fixed lengths)
   // Text sent as it is generated (CompletionHandle::Wait); false: only the whole answer when it finishes, and the
   // answer is decoded once instead of at every step.
   bool stream = true;

@@ -44,10 +44,12 @@ struct CompletionRequest {
   std::vector<worker::ChatMessage> messages;
   // Absent: 16 for completions (OpenAI's default), what the context leaves for chat.
   std::optional<int64_t> max_tokens;
+  std::string max_tokens_field = "max_tokens";  // the field it came from (chat: max_completion_tokens wins), for errors
   double temperature = 1.0;  // 0: greedy
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
+  bool ignore_eos = false;  // vLLM's extension: generate max_tokens tokens whatever end-of-sequence token comes
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   std::string policy;          // namm_policy; empty: the server's default
 };

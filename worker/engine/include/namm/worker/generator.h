@@ -26,6 +26,9 @@ namespace namm::worker {
 struct GenerationOptions {
   int64_t max_new_tokens = 128;
   std::vector<std::string> stop_strings;  // the text is cut before the first occurrence, and generation stops
+  // The answer's text as the prompt's continuation (decode_continuation over the prompt's last tokens: a
+  // completion keeps the leading space its first token carries); false: decoded alone, as the reference does.
+  bool text_continues_prompt = false;
   int64_t chunk_size = 128;               // prefill chunk length; must divide memory_update_interval
   int64_t memory_update_interval = 512;   // n_up
   // Longest sequence (prompt + new tokens) allowed; 0: the model's context length. Larger values run the model
@@ -47,6 +50,10 @@ struct GenerationOptions {
   // `generate --explain` draws.
   bool record_retention = false;
 };
+
+// The prompt tokens an answer's text is decoded after (GenerationOptions::text_continues_prompt): the prompt's
+// last few, or none.
+std::vector<int64_t> answer_context(const std::vector<int64_t>& prompt_ids, const GenerationOptions& options);
 
 // When every token of a sequence left the cache: evicted_at[(layer * kv_heads + head) * positions + p] is the
 // sequence length at the memory update (or end-of-prefill compression) that dropped position p from that head

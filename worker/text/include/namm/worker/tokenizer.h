@@ -50,6 +50,13 @@ class Tokenizer {
 // or a llama2.c tokenizer .bin file.
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
 
+// The text of `ids` as it continues `context` (a prompt's last tokens): where a decoder drops the leading space of
+// a text (SentencePiece's Metaspace, llama2.c), the space the first of `ids` carries is kept, as in the text of
+// context + ids. Decode(ids) when `context` is empty or its text is not a prefix of the joined text's (a UTF-8
+// character split between the two).
+std::string decode_continuation(const Tokenizer& tokenizer, const std::vector<int64_t>& context,
+                                const std::vector<int64_t>& ids);
+
 // Ids of `text` for the model, truncated in the middle to at most about max_tokens as the reference does
 // (spec §1.5): encode without template tokens; if longer than max_tokens, decode the first and the last
 // max_tokens / 2 tokens separately (special tokens skipped), join the two strings and encode again (so the
