@@ -197,6 +197,11 @@ TEST(ModelFamilyConfig, RefusesWhatItDoesNotRunNamingTheSupportedFamilies) {
   const std::string text_factor = refused(std::string("{") + kShape + R"(, "architectures": ["Qwen2ForCausalLM"],
       "rope_scaling": {"type": "yarn", "factor": "4.0", "original_max_position_embeddings": 64}})");
   EXPECT_NE(text_factor.find("rope_scaling.factor must be a number"), std::string::npos) << text_factor;
+  // An unsupported type is named as such, factor or not (Phi-3.5's longrope has none).
+  const std::string longrope_no_factor = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
+      "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}})");
+  EXPECT_NE(longrope_no_factor.find("type 'longrope' is not supported"), std::string::npos) << longrope_no_factor;
+  Parse(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"], "hidden_act": "swish"})");
   const std::string text_beta = refused(std::string("{") + kShape + R"(, "architectures": ["LlamaForCausalLM"],
       "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": "32"}})");
   EXPECT_NE(text_beta.find("rope_parameters.beta_fast must be a number"), std::string::npos) << text_beta;

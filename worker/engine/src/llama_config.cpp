@@ -259,14 +259,14 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
   NAMM_RETURN_IF_ERROR(integer("max_position_embeddings", &c.max_position_embeddings, true));
   if (c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
   NAMM_RETURN_IF_ERROR(integer("head_dim", &c.head_dim, false));
-  c.norm_eps = 1e-6;  // transformers' default for every family here (llama2.c files state theirs)
+  c.norm_eps = 1e-6;  // transformers' default for every family here (llama2.c's loader sets its own 1e-5)
   NAMM_RETURN_IF_ERROR(number("rms_norm_eps", &c.norm_eps));
   NAMM_RETURN_IF_ERROR(number("rope_theta", &c.rope_theta));
   // Every family's MLP is SwiGLU; a config naming another activation (ReLU-fied Llamas exist) is refused rather
   // than run with the wrong one.
-  if (j.contains("hidden_act") && !j["hidden_act"].is_null() &&
-      !(j["hidden_act"].is_string() && j["hidden_act"].get<std::string>() == "silu")) {
-    return Status::Unimplemented(source + ": hidden_act " + j["hidden_act"].dump() + " is not supported (only silu)");
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null() && j["hidden_act"] != "silu" && j["hidden_act"] != "swish") {
+    return Status::Unimplemented(source + ": hidden_act " + j["hidden_act"].dump() +
+                                 " is not supported (only silu, or its alias swish)");
   }
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   const bool attention_bias = j.value("attention_bias", false);
@@ -334,8 +334,10 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
       return static_cast<int64_t>(v);
     };
     RopeScaling& s = c.rope_scaling;
-    // Every scaling names its factor (transformers refuses a config without one).
-    if (type != "default") {
+    // Every scaling namm runs names its factor (transformers refuses a config without one); a type it does not run
+    // is refused below as such.
+    static const char* const kKnownTypes[] = {"ntk", "linear", "dynamic", "llama3", "yarn"};
+    if (std::find(std::begin(kKnownTypes), std::end(kKnownTypes), type) != std::end(kKnownTypes)) {
       if (!r.contains("factor") || r["factor"].is_null()) return bad(rope_key + " of type '" + type + "' needs a factor");
       NAMM_ASSIGN_OR_RETURN(s.factor, get("factor", 1.0));
     }

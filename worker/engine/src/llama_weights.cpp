@@ -215,8 +215,8 @@ Result<LoadedModel> load_llama2c_model(const std::string& path, const LoadOption
   c.rope_theta = 10000.0;
   c.tie_word_embeddings = shared_classifier;
   c.bos_token_ids = {1};
-  // llama2.c's run.c ends a sequence at BOS as well as EOS: its TinyStories data delimits stories with BOS, so
-  // a story's end is a BOS (which decoding drops), and generating past it starts another story.
+  // llama2.c's run.c ends a sequence at BOS (EOS kept too): its TinyStories data delimits stories with BOS, so a
+  // story's end is a BOS (which decoding drops), and generating past it starts another story.
   c.eos_token_ids = {2, 1};
   if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
       c.vocab_size <= 0 || c.max_position_embeddings <= 0 || c.dim % c.n_heads != 0 || c.n_layers > 4096 ||

@@ -1,7 +1,7 @@
 // Hyper-parameters of a Llama-family decoder and its RoPE scaling. One forward pass serves every supported
 // family; they differ only in the switches below:
 //   Llama 1/2/3 (LlamaForCausalLM), llama2.c checkpoints: the plain pre-norm decoder (optional biases)
-//   Mistral (MistralForCausalLM): sliding-window attention when config.sliding_window is set
+//   Mistral (MistralForCausalLM): sliding-window attention unless config.sliding_window is null (4,096 when absent)
 //   Qwen2/Qwen2.5 (Qwen2ForCausalLM): biases on the q/k/v projections (not o); optional sliding window on
 //     the layers from max_window_layers on
 //   Qwen3 (Qwen3ForCausalLM): RMSNorm of each query and key head before RoPE (q_norm, k_norm)
