@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
@@ -98,6 +99,28 @@ TEST(NammExecutor, OutOfMemoryRetriesWithHalvedChunksAndOtherTorchErrorsBecomePr
   // The executor goes on serving.
   other_error = false;
   EXPECT_TRUE(run_one(1).ok());
+
+  // An error that one prompt causes in a batch fails that prompt only: the batch is run again in halves down to
+  // it (every prompt of the batch was failed with it, and a worker batching it was quarantined for it).
+  bool poison = true;  // prompt 1 fails wherever it runs
+  NammExecutor poisoned(*model, **tokenizer, paths, [&](const std::vector<PromptJob>& jobs, int64_t) {
+    const bool holds = std::any_of(jobs.begin(), jobs.end(), [](const PromptJob& job) { return job.prompt == 1; });
+    if (poison && holds) C10_THROW_ERROR(Error, "an injected failure of prompt 1");
+  });
+  const std::vector<Result<PromptOutcome>> isolated =
+      poisoned.RunPrompts({{&lease, 0}, {&lease, 1}, {&lease, 0}, {&lease, 0}}, 0);
+  ASSERT_EQ(isolated.size(), 4u);
+  ASSERT_FALSE(isolated[1].ok());
+  EXPECT_NE(isolated[1].status().message().find("torch failed on syn/story_recall prompt 1: an injected failure"),
+            std::string::npos)
+      << isolated[1].status().ToString();
+  poison = false;
+  const Result<PromptOutcome> zero_alone = run_one(0);
+  ASSERT_TRUE(zero_alone.ok());
+  for (std::size_t j : {0, 2, 3}) {
+    ASSERT_TRUE(isolated[j].ok()) << j << ": " << isolated[j].status().ToString();
+    EXPECT_EQ(isolated[j]->score, zero_alone->score) << j;
+  }
 
   // A batch of four that runs out of memory above two prompts is split in halves, each run at the full chunk,
   // and every prompt gets what it gets alone; a prompt that does not exist fails alone.

@@ -183,22 +183,32 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunSplitting(const std::vector<
     return jobs.front().lease->task + (jobs.size() == 1 ? " prompt " : " prompts ") + prompts;
   };
   const auto all_fail = [&](const Status& status) { return std::vector<Result<PromptOutcome>>(jobs.size(), status); };
+  // Each half apart, at `chunk` (a prompt's outcome does not depend on its batch).
+  const auto halves = [&](int64_t chunk) {
+    const auto half = static_cast<std::ptrdiff_t>(jobs.size() / 2);
+    std::vector<Result<PromptOutcome>> first = RunSplitting({jobs.begin(), jobs.begin() + half}, task, chunk);
+    std::vector<Result<PromptOutcome>> second = RunSplitting({jobs.begin() + half, jobs.end()}, task, chunk);
+    for (auto& r : second) first.push_back(std::move(r));
+    return first;
+  };
+  // Another error fails the prompt that causes it, not the prompts batched with it: a batch is run again in
+  // halves down to the one that fails alone.
+  const auto failed = [&](const std::string& error) {
+    if (jobs.size() == 1) return all_fail(Status::Internal(error));
+    spdlog::warn("{}: running the prompts apart to find the one that fails", error);
+    return halves(chunk_size);
+  };
   for (int64_t chunk = chunk_size;;) {
     try {
       if (before_attempt_) before_attempt_(jobs, chunk);
       return Attempt(jobs, task, chunk);
     } catch (const c10::Error& e) {
       const std::string message = FirstLine(e.what_without_backtrace());
-      if (!IsOutOfMemory(e)) return all_fail(Status::Internal("torch failed on " + describe() + ": " + message));
-      if (jobs.size() > 1) {
-        // Fewer rows first: each half alone (a prompt's outcome does not depend on its batch).
-        const auto half = static_cast<std::ptrdiff_t>(jobs.size() / 2);
-        spdlog::warn("out of memory on {} together: running {} and {} apart ({})", describe(), half,
-                     jobs.size() - static_cast<std::size_t>(half), message);
-        std::vector<Result<PromptOutcome>> first = RunSplitting({jobs.begin(), jobs.begin() + half}, task, chunk);
-        std::vector<Result<PromptOutcome>> second = RunSplitting({jobs.begin() + half, jobs.end()}, task, chunk);
-        for (auto& r : second) first.push_back(std::move(r));
-        return first;
+      if (!IsOutOfMemory(e)) return failed("torch failed on " + describe() + ": " + message);
+      if (jobs.size() > 1) {  // fewer rows first
+        spdlog::warn("out of memory on {} together: running {} and {} apart ({})", describe(), jobs.size() / 2,
+                     jobs.size() - jobs.size() / 2, message);
+        return halves(chunk);
       }
       if (chunk / 2 < kMinChunkSize) {
         return all_fail(Status::Internal("out of memory on " + describe() + " even with a prefill chunk of " +
@@ -208,7 +218,7 @@ std::vector<Result<PromptOutcome>> NammExecutor::RunSplitting(const std::vector<
                    chunk / 2, message);
       chunk /= 2;
     } catch (const std::exception& e) {
-      return all_fail(Status::Internal("failed on " + describe() + ": " + e.what()));
+      return failed("failed on " + describe() + ": " + e.what());
     }
   }
 }

@@ -51,7 +51,8 @@ class NammExecutor final : public LeaseExecutor {
   // (the reference and the candidates apart) fits in the pool, a prompt not yet run counting nothing; those that
   // find the pool dry run again with fewer beside them, then alone. Out of memory (the last resort) splits the
   // batch in halves and runs each; a single prompt out of memory is retried with the prefill chunk halved, down to
-  // kMinChunkSize; any other torch error becomes the batch's prompts' error.
+  // kMinChunkSize; any other error splits the batch in halves down to the prompt that fails alone, whose error
+  // it becomes (the others are not failed with it).
   std::vector<Result<PromptOutcome>> RunPrompts(const std::vector<PromptJob>& jobs, int slot) override;
 
  private:
