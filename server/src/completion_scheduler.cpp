@@ -367,11 +367,12 @@ struct CompletionScheduler::Impl {
       o.chunk_size = options.chunk_size;
       o.memory_update_interval = options.update_interval;
       o.max_context = options.max_context;
-      o.eos_ids = model.config().eos_token_ids;
-      for (int64_t id : tokenizer.eos_ids()) {
-        if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) == o.eos_ids.end()) o.eos_ids.push_back(id);
+      if (!next.job.ignore_eos) {
+        o.eos_ids = model.config().eos_token_ids;
+        for (int64_t id : tokenizer.eos_ids()) {
+          if (std::find(o.eos_ids.begin(), o.eos_ids.end(), id) == o.eos_ids.end()) o.eos_ids.push_back(id);
+        }
       }
-      if (next.job.ignore_eos) o.eos_ids.clear();
       o.temperature = next.job.temperature;
       o.seed = next.seed;
       row.admitted_bytes = KvBytesAtStart(next.job);

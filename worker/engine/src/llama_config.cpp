@@ -334,13 +334,6 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
       return static_cast<int64_t>(v);
     };
     RopeScaling& s = c.rope_scaling;
-    // Every scaling namm runs names its factor (transformers refuses a config without one); a type it does not run
-    // is refused below as such.
-    static const char* const kKnownTypes[] = {"ntk", "linear", "dynamic", "llama3", "yarn"};
-    if (std::find(std::begin(kKnownTypes), std::end(kKnownTypes), type) != std::end(kKnownTypes)) {
-      if (!r.contains("factor") || r["factor"].is_null()) return bad(rope_key + " of type '" + type + "' needs a factor");
-      NAMM_ASSIGN_OR_RETURN(s.factor, get("factor", 1.0));
-    }
     if (type == "default") {
       s.kind = RopeScaling::Kind::kNone;
     } else if (type == "ntk") {
@@ -370,6 +363,11 @@ Result<LlamaConfig> ParseHfConfig(const std::string& json_text, const std::strin
     } else {
       return Status::Unimplemented(source + ": " + rope_key + " type '" + type +
                                    "' is not supported (supported: default, linear, ntk, dynamic, llama3, yarn)");
+    }
+    // Every scaling namm runs names its factor (transformers refuses a config without one).
+    if (s.kind != RopeScaling::Kind::kNone) {
+      if (!r.contains("factor") || r["factor"].is_null()) return bad(rope_key + " of type '" + type + "' needs a factor");
+      NAMM_ASSIGN_OR_RETURN(s.factor, get("factor", 1.0));
     }
   }
   Status valid = c.Validate();
